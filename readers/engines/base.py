@@ -1,0 +1,88 @@
+"""The engine seam: one async read of next-token log-probs, plus what the engine can do.
+
+Engines are the only code that talks to a model. The reader builds token-id prompts and label ids;
+an engine returns log-probs for the next token and says what those numbers are (``ReadMode``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class ReadMode(enum.StrEnum):
+    """What an engine's log-probs cover, best first.
+
+    - ``exact``: full-vocabulary log-probs of every label token (GPU/CPU vLLM ``logprob_token_ids``,
+      the in-process model).
+    - ``masked``: the engine masks the vocabulary to the label tokens before computing log-probs, so
+      every label comes back and differences between labels are exact (structured-output choice).
+    - ``topk``: only the top-k tokens come back; a missing label gets the floor.
+    """
+
+    EXACT = "exact"
+    MASKED = "masked"
+    TOPK = "topk"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Which model answers, as reported in every answer and manifest."""
+
+    name: str
+    revision: str
+    description: str
+    release_date: str
+    context_length: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the engine accepts, found at start-up (probe evidence kept for manifests)."""
+
+    read_mode: ReadMode
+    max_logprobs: int
+    top_k: int
+    probe: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """One next-token read: the prompt cut at the answer slot and the label tokens to read."""
+
+    prompt_ids: tuple[int, ...]
+    label_ids: tuple[int, ...]
+    label_texts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EngineLogprobs:
+    """Next-token log-probs as the engine returned them.
+
+    ``logprobs`` maps token id to log-prob. In ``topk`` mode it holds the k tokens returned (labels
+    may be missing); in ``exact`` and ``masked`` mode it holds at least the label tokens.
+    ``normalised_over_labels`` is true when the values are renormalised over the label tokens only
+    (a mask applied before the log-softmax), so their total mass says nothing about the vocabulary.
+    """
+
+    logprobs: dict[int, float]
+    mode: ReadMode
+    prompt_tokens: int
+    latency_ms: float
+    normalised_over_labels: bool = False
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the reader needs from an engine. ``read`` is the only call that reaches a model."""
+
+    kind: str
+    info: ModelInfo
+    capabilities: Capabilities
+    tokenizer: Any
+
+    async def read(self, request: ReadRequest) -> EngineLogprobs: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,262 @@
+"""The vLLM engine: ``POST /v1/completions`` with a token-id prompt and ONE output token.
+
+Three read modes, the best the server accepts chosen by a start-up probe (evidence kept in
+``capabilities.probe``):
+
+1. ``exact``  — ``logprob_token_ids: [label ids]``: full-vocabulary log-probs of every label
+   (vLLM-CPU 0.32 and GPU vLLM; the TPU backend ignores the field).
+2. ``masked`` — ``structured_outputs: {"choice": [label texts]}``: the grammar mask is applied to the
+   logits before log-probs, so every label comes back, renormalised over the tokens the grammar
+   allows; differences between labels equal the exact ones.
+3. ``topk``   — ``logprobs: k`` only; a label outside the top-k gets the floor.
+
+vLLM clamps ``-inf`` to ``-9999.0`` in replies (masked tokens pad a masked top-k); such entries are
+dropped, never read as log-probs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from readers.embedded import model_manifest
+from readers.engines.base import Capabilities, EngineLogprobs, ModelInfo, ReadMode, ReadRequest
+from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable
+
+CLAMPED_LOGPROB = -9999.0
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_MAX_IN_FLIGHT = 16
+_MAX_ALLOWED = re.compile(r"max allowed:\s*(\d+)")
+
+
+class VLLMEngine:
+    """An async, pooled client of one vLLM server serving one model."""
+
+    kind = "vllm"
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        served_name: str,
+        tokenizer: Any,
+        info: ModelInfo,
+        capabilities: Capabilities,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        self._client = client
+        self.served_name = served_name
+        self.tokenizer = tokenizer
+        self.info = info
+        self.capabilities = capabilities
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        top_k: int = 32,
+        tokenizer: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> VLLMEngine:
+        """Find the served model, load its tokenizer locally, and probe which read mode works."""
+        limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
+        client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout_s, limits=limits, transport=transport)
+        try:
+            models = await _call(client, "GET", "/v1/models")
+            served = _first_model(models)
+            loaded_tokenizer, source = load_tokenizer(served, tokenizer)
+            info = _model_info(served, loaded_tokenizer, source)
+            capabilities = await probe(client, served["id"], loaded_tokenizer, top_k=top_k)
+        except BaseException:
+            await client.aclose()
+            raise
+        return cls(
+            client,
+            served_name=served["id"],
+            tokenizer=loaded_tokenizer,
+            info=info,
+            capabilities=capabilities,
+            max_in_flight=max_in_flight,
+        )
+
+    async def read(self, request: ReadRequest) -> EngineLogprobs:
+        mode = self.capabilities.read_mode
+        body = completion_body(self.served_name, request.prompt_ids, top_k=self.capabilities.top_k)
+        if mode is ReadMode.EXACT:
+            body["logprob_token_ids"] = list(request.label_ids)
+        elif mode is ReadMode.MASKED:
+            body["structured_outputs"] = {"choice": list(request.label_texts)}
+        started = time.monotonic()
+        async with self._in_flight:
+            reply = await _call(self._client, "POST", "/v1/completions", json=body)
+        logprobs, prompt_tokens = parse_completion(reply)
+        return EngineLogprobs(
+            logprobs=logprobs,
+            mode=mode,
+            prompt_tokens=prompt_tokens if prompt_tokens is not None else len(request.prompt_ids),
+            latency_ms=(time.monotonic() - started) * 1000,
+            normalised_over_labels=mode is ReadMode.MASKED,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def completion_body(model: str, prompt_ids: tuple[int, ...] | list[int], *, top_k: int) -> dict[str, Any]:
+    """The one request shape: a token-id prompt, one greedy token, top-k log-probs as token ids."""
+    return {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": top_k,
+        "return_tokens_as_token_ids": True,
+    }
+
+
+def parse_completion(reply: Any) -> tuple[dict[int, float], int | None]:
+    """``choices[0].logprobs.top_logprobs[0]`` as {token id: log-prob}, and the prompt token count."""
+    try:
+        top = reply["choices"][0]["logprobs"]["top_logprobs"][0]
+        items = top.items()
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise EngineBadReply("engine reply has no choices[0].logprobs.top_logprobs[0]") from None
+    logprobs: dict[int, float] = {}
+    for key, value in items:
+        if not isinstance(key, str) or not key.startswith("token_id:"):
+            raise EngineBadReply(f"engine returned token {key!r}, not a token id (is return_tokens_as_token_ids supported?)")
+        if not isinstance(value, (int, float)):
+            raise EngineBadReply(f"engine returned log-prob {value!r} for {key}")
+        if value > CLAMPED_LOGPROB:
+            logprobs[int(key.removeprefix("token_id:"))] = float(value)
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return logprobs, prompt_tokens if isinstance(prompt_tokens, int) else None
+
+
+async def _call(client: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> Any:
+    """One HTTP call, every failure mapped onto the engine error tree."""
+    try:
+        response = await client.request(method, path, **kwargs)
+    except httpx.TimeoutException as error:
+        raise EngineTimeout(f"engine at {client.base_url} did not answer {path} in time ({type(error).__name__})") from None
+    except httpx.TransportError as error:
+        raise EngineUnavailable(f"engine at {client.base_url} is unreachable: {error or type(error).__name__}") from None
+    if response.status_code in (429, 503):
+        retry_after = response.headers.get("retry-after", "")
+        raise EngineUnavailable(
+            f"engine at {client.base_url} is busy or starting ({response.status_code})",
+            retry_after_s=int(retry_after) if retry_after.isdigit() else 5,
+        )
+    if response.status_code >= 400:
+        raise EngineBadReply(f"engine answered {path} with {response.status_code}: {_error_message(response)}")
+    try:
+        return response.json()
+    except ValueError:
+        raise EngineBadReply(f"engine answered {path} with non-JSON content") from None
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error", {})
+        return str(error.get("message") if isinstance(error, dict) else error)[:500]
+    except (ValueError, AttributeError):
+        return response.text[:500]
+
+
+def _first_model(models: Any) -> dict[str, Any]:
+    try:
+        served = models["data"][0]
+        served["id"]
+    except (KeyError, IndexError, TypeError):
+        raise EngineBadReply("engine's /v1/models lists no model") from None
+    return served
+
+
+def load_tokenizer(served: dict[str, Any], tokenizer: str | None) -> tuple[Any, str]:
+    """The served model's tokenizer, loaded here once: explicit path or id, the server's own model
+    folder when it is on this machine, or the local Hugging Face cache. Never a network call."""
+    from transformers import AutoTokenizer
+
+    candidates = [tokenizer] if tokenizer else [served.get("root"), served["id"]]
+    failures = []
+    for candidate in filter(None, candidates):
+        try:
+            return AutoTokenizer.from_pretrained(candidate, local_files_only=True), str(candidate)
+        except (OSError, ValueError) as error:
+            failures.append(f"{candidate}: {error}")
+    raise EngineError(
+        f"no local tokenizer for served model {served['id']!r}; pass --tokenizer PATH ({'; '.join(failures)[:400]})"
+    )
+
+
+def _model_info(served: dict[str, Any], tokenizer: Any, source: str) -> ModelInfo:
+    manifest = model_manifest(Path(source)) if Path(source).is_dir() else {}
+    snapshot = re.search(r"snapshots/([0-9a-f]{40})", source)
+    revision = manifest.get("revision") or (snapshot.group(1) if snapshot else f"served:{served.get('root') or served['id']}")
+    return ModelInfo(
+        name=manifest.get("name", served["id"]),
+        revision=revision,
+        description=manifest.get("description", f"{served['id']} served by vLLM"),
+        release_date=manifest.get("release_date", ""),
+        context_length=int(served.get("max_model_len") or tokenizer.model_max_length),
+        vocab_size=len(tokenizer),
+    )
+
+
+async def probe(client: httpx.AsyncClient, model: str, tokenizer: Any, *, top_k: int) -> Capabilities:
+    """Which request shapes the server accepts, best read mode first; raw replies kept as evidence."""
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Reply with exactly one word: yes or no."}, {"role": "user", "content": "Is water wet?"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    labels = ("yes", "no")
+    label_ids = [tokenizer.encode(label, add_special_tokens=False)[0] for label in labels]
+    evidence: dict[str, Any] = {"prompt_tokens": len(prompt_ids), "requested_top_k": top_k}
+
+    max_logprobs = top_k
+    try:
+        evidence["topk"] = await _call(client, "POST", "/v1/completions", json=completion_body(model, prompt_ids, top_k=top_k))
+    except EngineBadReply as error:
+        capped = _MAX_ALLOWED.search(error.message)
+        if not capped:
+            raise
+        max_logprobs = int(capped.group(1))
+        evidence["topk_refused"] = error.message
+        evidence["topk"] = await _call(client, "POST", "/v1/completions", json=completion_body(model, prompt_ids, top_k=max_logprobs))
+    parse_completion(evidence["topk"])
+    top_k = min(top_k, max_logprobs)
+
+    # Ids far down the vocabulary cannot be in a top-k: a server that ignores the field gives them away.
+    far_ids = [0, len(tokenizer) - 1]
+    exact_body = completion_body(model, prompt_ids, top_k=1) | {"logprob_token_ids": far_ids + label_ids}
+    exact_ok = False
+    try:
+        evidence["exact"] = await _call(client, "POST", "/v1/completions", json=exact_body)
+        exact_ok = all(token_id in parse_completion(evidence["exact"])[0] for token_id in far_ids + label_ids)
+    except EngineBadReply as error:
+        evidence["exact_refused"] = error.message
+
+    masked_body = completion_body(model, prompt_ids, top_k=top_k) | {"structured_outputs": {"choice": list(labels)}}
+    masked_ok = False
+    try:
+        evidence["masked"] = await _call(client, "POST", "/v1/completions", json=masked_body)
+        masked = parse_completion(evidence["masked"])[0]
+        masked_ok = all(token_id in masked for token_id in label_ids) and len(masked) < top_k
+    except EngineBadReply as error:
+        evidence["masked_refused"] = error.message
+
+    mode = ReadMode.EXACT if exact_ok else ReadMode.MASKED if masked_ok else ReadMode.TOPK
+    evidence["supports"] = {"exact": exact_ok, "masked": masked_ok, "topk": True}
+    return Capabilities(read_mode=mode, max_logprobs=max_logprobs, top_k=top_k, probe=evidence)

@@ -1,0 +1,115 @@
+"""Prompt text for one question: pure, versioned, no tokenizer.
+
+Layout (static part first so an engine's prefix cache reuses it across states):
+
+- system: the question, its options with their descriptions, and the answer format;
+- user: the state;
+- assistant: the answer slot, where the label token goes.
+
+Changing any text here changes what the model reads: bump ``PROMPT_VERSION``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+PROMPT_VERSION = "decide-prompt/1"
+
+QuestionKind = Literal["noul", "choice", "score"]
+
+
+class LabelStyle(enum.StrEnum):
+    """How options are named in the answer slot."""
+
+    WORDS = "words"  # the options' own words (yes/no for noul)
+    CODES = "codes"  # letter codes A, B, …: only where the words do not resolve to distinct tokens
+    DIGITS = "digits"  # score levels 0 … 9
+
+
+@dataclass(frozen=True)
+class QuestionSpec:
+    """A question as the reader sees it: options in order, descriptions rendered to text."""
+
+    kind: QuestionKind
+    instructions: str | None
+    options: tuple[str, ...]
+    descriptions: tuple[str | None, ...]
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """The two message texts of a prompt, and the label text each option answers with."""
+
+    system: str
+    user: str
+    labels: tuple[str, ...]
+    label_style: LabelStyle
+
+
+def content_text(content: Any) -> str:
+    """Render Jev content (text, object or array) as prompt text; objects become compact JSON."""
+    if isinstance(content, str):
+        return content
+    return json.dumps(content, ensure_ascii=False, separators=(", ", ": "))
+
+
+def letter_codes(count: int) -> list[str]:
+    """A, B, …, Z, then AA, AB, … (whether each is one token is for the tokenizer to say)."""
+    letters = string.ascii_uppercase
+    codes = list(letters)
+    codes += [first + second for first in letters for second in letters]
+    if count > len(codes):
+        raise ValueError(f"no letter codes for {count} options")
+    return codes[:count]
+
+
+def label_candidates(question: QuestionSpec) -> Iterator[tuple[LabelStyle, tuple[str, ...]]]:
+    """Label sets to try for a question, preferred first."""
+    n = len(question.options)
+    if question.kind == "noul":
+        yield LabelStyle.WORDS, ("Yes", "No")  # sentence-initial: 4x the label mass of yes/no on SmolLM2
+        yield LabelStyle.CODES, ("A", "B")
+    elif question.kind == "choice":
+        yield LabelStyle.WORDS, question.options
+        yield LabelStyle.CODES, tuple(letter_codes(n))
+    else:
+        yield LabelStyle.DIGITS, tuple(str(level) for level in range(n))
+
+
+def _or_list(labels: tuple[str, ...]) -> str:
+    if len(labels) == 2:
+        return f"{labels[0]} or {labels[1]}"
+    return ", ".join(labels[:-1]) + f" or {labels[-1]}"
+
+
+def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
+    """The system and user texts for ``question`` about ``state``, answering with ``labels``.
+
+    Kept short: on SmolLM2-135M (120 SST-2 reviews) this compact layout separated the classes
+    better (AUROC 0.81–0.86) than a longer preamble (0.79).
+    """
+    lines = [f"Question: {question.instructions}"] if question.instructions else []
+    if question.kind == "noul":
+        for label, description in zip(labels, question.descriptions):
+            if description:
+                lines.append(f"{label}: {description}")
+        lines.append(f"Reply with exactly one word: {_or_list(labels)}.")
+    elif question.kind == "choice" and style is LabelStyle.WORDS:
+        lines.append("Options: " + ", ".join(labels))
+        lines += [f"- {label}: {description}" for label, description in zip(labels, question.descriptions) if description]
+        lines.append("Reply with exactly one option.")
+    elif question.kind == "choice":
+        lines.append("Options:")
+        for label, option, description in zip(labels, question.options, question.descriptions):
+            lines.append(f"{label}. {option}: {description}" if description else f"{label}. {option}")
+        lines.append(f"Reply with exactly one letter: {_or_list(labels)}.")
+    else:
+        lines.append("Levels:")
+        lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
+        lines.append(f"Reply with exactly one number from {labels[0]} to {labels[-1]}.")
+    return PromptText("\n".join(lines), state, labels, style)

@@ -1,0 +1,82 @@
+"""The reader: one question about one state → label probabilities, through one engine call."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from readers.engines.base import Engine, ReadRequest
+from readers.errors import InvalidQuestion, PromptTooLong
+from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
+from readers.prompt import LabelStyle, QuestionSpec, build_prompt, label_candidates
+from readers.reading import DEFAULT_FLOOR_OFFSET, LabelRead, read_labels
+
+
+@dataclass(frozen=True)
+class QuestionReading:
+    """Everything one read produced, in option order."""
+
+    question: QuestionSpec
+    label_style: LabelStyle
+    labels: tuple[str, ...]
+    label_ids: tuple[int, ...]
+    read: LabelRead
+    mode: str
+    prompt_tokens: int
+    engine_latency_ms: float
+    latency_ms: float
+
+
+class Reader:
+    """Builds prompts with the engine's own chat template and reads label tokens through it."""
+
+    def __init__(self, engine: Engine, *, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> None:
+        self.engine = engine
+        self.template = ChatTemplate(engine.tokenizer)
+        self.floor_offset = floor_offset
+
+    def prepare(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> tuple[AnswerSlot, LabelStyle]:
+        """Prompt ids and label ids for ``question``, trying label styles in order of preference."""
+        failures = []
+        for style, labels in label_candidates(question):
+            prompt = build_prompt(question, state, labels, style)
+            try:
+                slot = self.template.slot(prompt.system, prompt.user, labels)
+            except LabelsUnresolvable as error:
+                failures.append(f"{style}: {error}")
+                continue
+            self._check_length(len(slot.prompt_ids), loc)
+            return slot, style
+        raise InvalidQuestion(
+            f"{len(question.options)} options cannot each be named by one distinct token of "
+            f"{self.engine.info.name} ({'; '.join(failures)})",
+            loc=(*loc, "criteria"),
+        )
+
+    def _check_length(self, prompt_tokens: int, loc: tuple[str | int, ...]) -> None:
+        context = self.engine.info.context_length
+        if prompt_tokens + 1 > context:
+            raise PromptTooLong(
+                f"state and question take {prompt_tokens} tokens; {self.engine.info.name} holds "
+                f"{context} tokens including the answer token",
+                prompt_tokens=prompt_tokens,
+                context_length=context,
+                param=".".join(str(part) for part in loc) or None,
+            )
+
+    async def read(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> QuestionReading:
+        started = time.monotonic()
+        slot, style = self.prepare(question, state, loc=loc)
+        reply = await self.engine.read(ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels))
+        read = read_labels(reply, slot.label_ids, floor_offset=self.floor_offset)
+        return QuestionReading(
+            question=question,
+            label_style=style,
+            labels=slot.labels,
+            label_ids=slot.label_ids,
+            read=read,
+            mode=reply.mode.value,
+            prompt_tokens=len(slot.prompt_ids),
+            engine_latency_ms=reply.latency_ms,
+            latency_ms=(time.monotonic() - started) * 1000,
+        )

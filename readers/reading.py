@@ -1,0 +1,132 @@
+"""From an engine's log-probs to label probabilities: a pure function, no model involved.
+
+Conventions (natural logs throughout):
+
+- A label whose token came back keeps its log-prob. A label missing from a top-k reply gets the
+  *floor*: the lowest log-prob the engine returned, minus ``floor_offset`` (5 by default). The read
+  is then not exact, and the answer says so.
+- Probabilities are a softmax over the label log-probs (floored where missing).
+- Bounds: a missing label's true log-prob lies anywhere in (-inf, lowest returned]. Each label's
+  probability bounds are the extremes of the softmax over that range; an exact read has lo == hi.
+- ``label_mass`` is the vocabulary probability the returned labels hold (sum of exp), or None when
+  the engine renormalised over the labels (a masked read) so the mass carries no information.
+- If no label came back the read carries no information: ``informative`` is False, every bound is
+  [0, 1], and the caller must not present the tie as an answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from readers.engines.base import EngineLogprobs, ReadMode
+from readers.errors import EngineBadReply
+
+DEFAULT_FLOOR_OFFSET = 5.0
+
+
+@dataclass(frozen=True)
+class LabelRead:
+    """Probabilities over the labels of one question, with how they were obtained."""
+
+    logprobs: tuple[float | None, ...]
+    """Per label, the log-prob the engine returned, or None where it was missing."""
+    probabilities: tuple[float, ...]
+    bounds: tuple[tuple[float, float], ...]
+    returned: tuple[bool, ...]
+    floor: float | None
+    label_mass: float | None
+
+    @property
+    def labels_returned(self) -> int:
+        return sum(self.returned)
+
+    @property
+    def exact(self) -> bool:
+        return all(self.returned)
+
+    @property
+    def floor_used(self) -> bool:
+        return self.floor is not None
+
+    @property
+    def informative(self) -> bool:
+        return any(self.returned)
+
+
+def softmax(logits: Sequence[float]) -> list[float]:
+    """Numerically stable softmax of natural-log scores."""
+    top = max(logits)
+    weights = [math.exp(value - top) for value in logits]
+    total = sum(weights)
+    return [weight / total for weight in weights]
+
+
+def read_labels(
+    reply: EngineLogprobs,
+    label_ids: Sequence[int],
+    *,
+    floor_offset: float = DEFAULT_FLOOR_OFFSET,
+) -> LabelRead:
+    """Turn one engine reply into label probabilities.
+
+    Raises ``EngineBadReply`` when the reply cannot support a read: no log-probs at all, a
+    non-finite value, or a label missing from a reply that claimed to cover every label.
+    """
+    if floor_offset < 0 or not math.isfinite(floor_offset):
+        raise ValueError("floor_offset must be a finite, non-negative number")
+    logprobs = reply.logprobs
+    if not logprobs:
+        raise EngineBadReply("engine reply carried no log-probs")
+    for token_id, value in logprobs.items():
+        if math.isnan(value) or value > 1e-6:
+            raise EngineBadReply(f"engine returned log-prob {value!r} for token {token_id}")
+    returned = tuple(token_id in logprobs and math.isfinite(logprobs[token_id]) for token_id in label_ids)
+    if reply.mode is ReadMode.EXACT and not all(returned):
+        missing = [token_id for token_id, ok in zip(label_ids, returned) if not ok]
+        raise EngineBadReply(f"exact read is missing label tokens {missing}")
+
+    label_logprobs = tuple(logprobs[token_id] if ok else None for token_id, ok in zip(label_ids, returned))
+    label_mass = None if reply.normalised_over_labels else _mass(label_logprobs)
+
+    if all(returned):
+        probabilities = tuple(softmax([value for value in label_logprobs if value is not None]))
+        bounds = tuple((p, p) for p in probabilities)
+        return LabelRead(label_logprobs, probabilities, bounds, returned, None, label_mass)
+
+    lowest = min(value for value in logprobs.values() if math.isfinite(value))
+    floor = lowest - floor_offset
+    if not any(returned):
+        n = len(label_ids)
+        return LabelRead(label_logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), returned, floor, label_mass)
+
+    filled = [value if value is not None else floor for value in label_logprobs]
+    probabilities = tuple(softmax(filled))
+    bounds = _bounds(label_logprobs, ceiling=lowest)
+    return LabelRead(label_logprobs, probabilities, bounds, returned, floor, label_mass)
+
+
+def _mass(label_logprobs: Sequence[float | None]) -> float | None:
+    values = [math.exp(value) for value in label_logprobs if value is not None]
+    return sum(values) if values else None
+
+
+def _bounds(label_logprobs: Sequence[float | None], *, ceiling: float) -> tuple[tuple[float, float], ...]:
+    """Probability bounds when missing labels lie anywhere in (-inf, ceiling].
+
+    A returned label is least likely when every missing label sits at the ceiling and most likely
+    when they all vanish; a missing label is most likely alone at the ceiling, least likely at -inf.
+    """
+    shift = max([ceiling, *(value for value in label_logprobs if value is not None)])
+    present = sum(math.exp(value - shift) for value in label_logprobs if value is not None)
+    missing = sum(1 for value in label_logprobs if value is None)
+    at_ceiling = math.exp(ceiling - shift)
+    bounds = []
+    for value in label_logprobs:
+        if value is None:
+            bounds.append((0.0, at_ceiling / (present + at_ceiling)))
+        else:
+            weight = math.exp(value - shift)
+            bounds.append((weight / (present + missing * at_ceiling), weight / present))
+    return tuple(bounds)

@@ -1,0 +1,120 @@
+"""ASGI middleware: decode ``Content-Encoding: zstd | gzip`` request bodies, with a size limit.
+
+``typesafe-sdk`` compresses bodies of 1 KiB and more with zstd whenever zstd is available, so a Jev
+drop-in must accept it. The limit applies to the decoded size (no decompression bombs) and to plain
+bodies alike; over it the client gets 413, an unknown encoding gets 415.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import zstandard
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+class DecompressMiddleware:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        if max_body_bytes <= 0:
+            raise ValueError("max_body_bytes must be positive")
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = [(name, value) for name, value in scope["headers"]]
+        encodings = [value.decode("latin-1").strip().lower() for name, value in headers if name == b"content-encoding"]
+        encoding = ",".join(encodings) or "identity"
+        if encoding not in ("identity", "zstd", "gzip"):
+            await _error(send, 415, f"unsupported Content-Encoding {encoding!r}; use zstd, gzip or none", "unsupported_encoding")
+            return
+        try:
+            raw = await _read_body(receive, self.max_body_bytes)
+            body = _decode(raw, encoding, self.max_body_bytes)
+        except BodyTooLarge:
+            await _error(send, 413, f"request body exceeds {self.max_body_bytes} bytes", "body_too_large")
+            return
+        except (zstandard.ZstdError, OSError, EOFError, zlib.error) as error:
+            await _error(send, 400, f"request body is not valid {encoding}: {error}", "bad_encoding")
+            return
+
+        kept = [(name, value) for name, value in headers if name not in (b"content-encoding", b"content-length")]
+        scope = dict(scope, headers=[*kept, (b"content-length", str(len(body)).encode())])
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _decode(raw: bytes, encoding: str, limit: int) -> bytes:
+    if encoding == "identity":
+        return raw
+    if encoding == "gzip":
+        decoder = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        out = decoder.decompress(raw, limit + 1)
+        if len(out) > limit:
+            raise BodyTooLarge
+        if not decoder.eof:
+            raise EOFError("truncated gzip stream")
+        return out
+    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := reader.read(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _error(send: Send, status: int, message: str, error_type: str) -> None:
+    body = json.dumps({"detail": {"message": message, "type": error_type, "param": "Content-Encoding"}}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+

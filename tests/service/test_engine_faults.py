@@ -1,0 +1,80 @@
+"""Engine faults map to 502/503/504 with a reason; no distribution is ever made up.
+
+A function engine (named as such) injects faults a real engine cannot produce on demand; it uses
+the embedded model's real tokenizer so prompts and labels are resolved as in production.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from readers.engines.base import Capabilities, EngineLogprobs, ReadMode, ReadRequest
+from readers.engines.function import FunctionEngine
+from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
+
+pytestmark = pytest.mark.anyio
+
+BODY = {"state": "The parcel never arrived.", "questions": {"late": {"type": "noul", "instructions": "Is the customer complaining?"}}}
+
+
+def function_engine(local_engine, fn, mode=ReadMode.TOPK) -> FunctionEngine:
+    capabilities = Capabilities(read_mode=mode, max_logprobs=32, top_k=32, probe={"engine": "function"})
+    return FunctionEngine(fn, tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=capabilities)
+
+
+def raises(error):
+    def fn(request: ReadRequest):
+        raise error
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "error, status, error_type",
+    [
+        (EngineUnavailable("engine at http://127.0.0.1:1 is unreachable", retry_after_s=7), 503, "engine_unavailable"),
+        (EngineTimeout("engine did not answer in time"), 504, "engine_timeout"),
+        (EngineBadReply("engine reply has no logprobs"), 502, "engine_bad_reply"),
+    ],
+)
+async def test_engine_errors_keep_their_status_and_reason(client_factory, local_engine, error, status, error_type):
+    async with client_factory(function_engine(local_engine, raises(error))) as client:
+        response = await client.post("/v1/systemone", json=BODY)
+    assert response.status_code == status
+    detail = response.json()["detail"]
+    assert detail["type"] == error_type and detail["message"] == error.message
+    if status == 503:
+        assert response.headers["retry-after"] == "7"
+
+
+async def test_reply_without_logprobs_is_a_502_not_a_guess(client_factory, local_engine):
+    empty = lambda request: EngineLogprobs({}, ReadMode.TOPK, len(request.prompt_ids), 1.0)  # noqa: E731
+    async with client_factory(function_engine(local_engine, empty)) as client:
+        response = await client.post("/v1/systemone", json=BODY)
+    assert response.status_code == 502 and "no log-probs" in response.json()["detail"]["message"]
+
+
+async def test_exact_reply_missing_a_label_is_a_502(client_factory, local_engine):
+    def partial(request: ReadRequest) -> EngineLogprobs:
+        return EngineLogprobs({request.label_ids[0]: -0.5}, ReadMode.EXACT, len(request.prompt_ids), 1.0)
+
+    async with client_factory(function_engine(local_engine, partial, ReadMode.EXACT)) as client:
+        response = await client.post("/v1/systemone", json=BODY)
+    assert response.status_code == 502 and "missing label tokens" in response.json()["detail"]["message"]
+
+
+async def test_no_label_in_the_top_k_is_an_abstention(client_factory, local_engine):
+    def elsewhere(request: ReadRequest) -> EngineLogprobs:
+        others = [token for token in range(100, 140) if token not in request.label_ids][:32]
+        return EngineLogprobs({token: -1.0 - i * 0.1 for i, token in enumerate(others)}, ReadMode.TOPK, len(request.prompt_ids), 1.0)
+
+    body = {"state": "s", "questions": {"c": {"type": "choice", "criteria": {"positive": None, "negative": None}}}}
+    async with client_factory(function_engine(local_engine, elsewhere)) as client:
+        response = await client.post("/v1/systemone", json=body)
+    assert response.status_code == 200
+    answer = response.json()["answers"]["c"]
+    reading = answer["reading"]
+    assert not reading["informative"] and reading["labels_returned"] == 0
+    assert answer["confidence"] == 0.0
+    assert reading["probability_bounds"] == {"positive": [0.0, 1.0], "negative": [0.0, 1.0]}
+    assert reading["floor_logprob"] == pytest.approx(-1.0 - 31 * 0.1 - 5.0)

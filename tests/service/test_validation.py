@@ -1,0 +1,83 @@
+"""Bad input gets a 4xx naming the field; nothing is truncated."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+
+def choice(criteria) -> dict:
+    return {"state": "text", "questions": {"q": {"type": "choice", "instructions": "Which?", "criteria": criteria}}}
+
+
+CASES = [
+    ("one option", choice({"a": None}), ["body", "questions", "q", "criteria"], "2 to 255 options"),
+    ("empty criteria", choice({}), ["body", "questions", "q", "criteria"], "2 to 255 options"),
+    ("256 options", choice({f"o{i}": None for i in range(256)}), ["body", "questions", "q", "criteria"], "got 256"),
+    ("same option twice", choice({"yes": None, "yes ": None}), ["body", "questions", "q", "criteria"], "duplicate options"),
+    ("empty option name", choice({"": None, "b": None}), ["body", "questions", "q", "criteria"], "must not be empty"),
+    (
+        "score with 1 level",
+        {"state": "s", "questions": {"q": {"type": "score", "instructions": "How?", "criteria": ["only"]}}},
+        ["body", "questions", "q", "criteria"],
+        "2 to 10 levels",
+    ),
+    (
+        "score with 11 levels",
+        {"state": "s", "questions": {"q": {"type": "score", "instructions": "How?", "criteria": [str(i) for i in range(11)]}}},
+        ["body", "questions", "q", "criteria"],
+        "got 11",
+    ),
+    ("unknown type", {"state": "s", "questions": {"q": {"type": "box"}}}, ["body", "questions", "q"], "'noul', 'choice', 'score'"),
+    ("no questions", {"state": "s", "questions": {}}, ["body", "questions"], "at least one question"),
+    ("no state", {"questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "state"], "Field required"),
+    ("unknown field", {"state": "s", "stream": True, "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "stream"], "Extra inputs"),
+    ("noul asks nothing", {"state": "s", "questions": {"q": {"type": "noul"}}}, ["body", "questions", "q"], "needs instructions"),
+    ("unknown model", {"model": "gpt-9", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "model"], "unknown model"),
+]
+
+
+@pytest.mark.parametrize("name, body, loc, message", CASES, ids=[case[0] for case in CASES])
+async def test_invalid_requests_name_the_field(client_factory, local_engine, name, body, loc, message):
+    async with client_factory(local_engine) as client:
+        response = await client.post("/v1/systemone", json=body)
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert any(item["loc"] == loc and message in item["msg"] for item in detail), detail
+
+
+async def test_duplicate_json_keys_are_refused_not_collapsed(client_factory, local_engine):
+    raw = b'{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"yes": null, "no": null, "yes": "again"}}}}'
+    async with client_factory(local_engine) as client:
+        response = await client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert "duplicate key 'yes'" in response.json()["detail"][0]["msg"]
+
+
+async def test_invalid_json_is_a_422(client_factory, local_engine):
+    async with client_factory(local_engine) as client:
+        response = await client.post("/v1/systemone", content=b'{"state": ', headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["detail"][0]["type"] == "json_invalid"
+
+
+async def test_state_longer_than_the_context_is_refused_with_its_token_count(client_factory, local_engine, tokenizer):
+    state = "The quick brown fox jumps over the lazy dog. " * 1000
+    body = {"state": state, "questions": {"q": {"type": "noul", "instructions": "Is it about a fox?"}}}
+    async with client_factory(local_engine) as client:
+        response = await client.post("/v1/systemone", json=body)
+    assert response.status_code == 413
+    detail = response.json()["detail"]
+    assert detail["type"] == "prompt_too_long" and detail["param"] == "body.questions.q"
+    assert detail["context_length"] == 8192
+    assert detail["prompt_tokens"] > len(tokenizer.encode(state, add_special_tokens=False)) > 8192
+    assert str(detail["prompt_tokens"]) in detail["message"]
+
+
+async def test_options_no_single_token_can_name_are_refused(client_factory, local_engine):
+    body = choice({f"option number {i}": None for i in range(255)})
+    async with client_factory(local_engine) as client:
+        response = await client.post("/v1/systemone", json=body)
+    assert response.status_code == 422
+    item = response.json()["detail"][0]
+    assert item["loc"] == ["body", "questions", "q", "criteria"] and "one distinct token" in item["msg"]
