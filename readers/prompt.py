@@ -58,27 +58,26 @@ def content_text(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False, separators=(", ", ": "))
 
 
-def letter_codes(count: int) -> list[str]:
-    """A, B, …, Z, then AA, AB, … (whether each is one token is for the tokenizer to say)."""
+def letter_codes() -> list[str]:
+    """A, B, …, Z, then AA, AB, …, ZZ: code candidates in order (the tokenizer says which are one token)."""
     letters = string.ascii_uppercase
-    codes = list(letters)
-    codes += [first + second for first in letters for second in letters]
-    if count > len(codes):
-        raise ValueError(f"no letter codes for {count} options")
-    return codes[:count]
+    return list(letters) + [first + second for first in letters for second in letters]
 
 
 def label_candidates(question: QuestionSpec) -> Iterator[tuple[LabelStyle, tuple[str, ...]]]:
-    """Label sets to try for a question, preferred first."""
-    n = len(question.options)
-    if question.kind == "noul":
-        yield LabelStyle.WORDS, ("Yes", "No")  # sentence-initial: 4x the label mass of yes/no on SmolLM2
-        yield LabelStyle.CODES, ("A", "B")
-    elif question.kind == "choice":
-        yield LabelStyle.WORDS, question.options
-        yield LabelStyle.CODES, tuple(letter_codes(n))
-    else:
-        yield LabelStyle.DIGITS, tuple(str(level) for level in range(n))
+    """Label sets to try for a question, preferred first.
+
+    For ``codes`` the set is the pool of candidates, minus the options' own names (option "B" must
+    not be read from code "B" of another option); the reader keeps the first ones that are single
+    tokens.
+    """
+    if question.kind == "score":
+        yield LabelStyle.DIGITS, tuple(str(level) for level in range(len(question.options)))
+        return
+    words = ("Yes", "No") if question.kind == "noul" else question.options  # Yes/No: sentence-initial, 4x the mass of yes/no on SmolLM2
+    yield LabelStyle.WORDS, words
+    taken = set(question.options) | set(words)
+    yield LabelStyle.CODES, tuple(code for code in letter_codes() if code not in taken)
 
 
 def _or_list(labels: tuple[str, ...]) -> str:

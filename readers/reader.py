@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -37,8 +38,15 @@ class Reader:
 
     def prepare(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> tuple[AnswerSlot, LabelStyle]:
         """Prompt ids and label ids for ``question``, trying label styles in order of preference."""
+        self._check_length_bound(question, state, loc)
         failures = []
+        n = len(question.options)
         for style, labels in label_candidates(question):
+            if style is LabelStyle.CODES:
+                labels = self.template.single_token_labels(labels, n)
+                if len(labels) < n:
+                    failures.append(f"codes: only {len(labels)} letter codes are single tokens")
+                    continue
             prompt = build_prompt(question, state, labels, style)
             try:
                 slot = self.template.slot(prompt.system, prompt.user, labels)
@@ -53,6 +61,21 @@ class Reader:
             loc=(*loc, "criteria"),
         )
 
+    def _check_length_bound(self, question: QuestionSpec, state: str, loc: tuple[str | int, ...]) -> None:
+        """Refuse, without tokenizing, text that cannot fit: no token spans more than
+        ``max_token_chars`` characters, so characters / max_token_chars is a lower bound on tokens."""
+        chars = len(state) + len(question.instructions or "") + sum(len(d or "") + len(o) for o, d in zip(question.options, question.descriptions))
+        at_least = chars // self.template.max_token_chars
+        if at_least + 1 > self.engine.info.context_length:
+            raise PromptTooLong(
+                f"state and question take at least {at_least} tokens ({chars} characters); {self.engine.info.name} "
+                f"holds {self.engine.info.context_length} tokens including the answer token",
+                prompt_tokens=at_least,
+                context_length=self.engine.info.context_length,
+                param=_param(loc),
+                exact_count=False,
+            )
+
     def _check_length(self, prompt_tokens: int, loc: tuple[str | int, ...]) -> None:
         context = self.engine.info.context_length
         if prompt_tokens + 1 > context:
@@ -61,12 +84,13 @@ class Reader:
                 f"{context} tokens including the answer token",
                 prompt_tokens=prompt_tokens,
                 context_length=context,
-                param=".".join(str(part) for part in loc) or None,
+                param=_param(loc),
             )
 
     async def read(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> QuestionReading:
         started = time.monotonic()
-        slot, style = self.prepare(question, state, loc=loc)
+        # Rendering and tokenizing a long state takes milliseconds to seconds: off the event loop.
+        slot, style = await asyncio.to_thread(self.prepare, question, state, loc=loc)
         reply = await self.engine.read(ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels))
         read = read_labels(reply, slot.label_ids, floor_offset=self.floor_offset)
         return QuestionReading(
@@ -80,3 +104,7 @@ class Reader:
             engine_latency_ms=reply.latency_ms,
             latency_ms=(time.monotonic() - started) * 1000,
         )
+
+
+def _param(loc: tuple[str | int, ...]) -> str | None:
+    return ".".join(str(part) for part in loc) or None

@@ -95,7 +95,10 @@ def read_labels(
         bounds = tuple((p, p) for p in probabilities)
         return LabelRead(label_logprobs, probabilities, bounds, returned, None, label_mass)
 
-    lowest = min(value for value in logprobs.values() if math.isfinite(value))
+    finite = [value for value in logprobs.values() if math.isfinite(value)]
+    if not finite:
+        raise EngineBadReply("engine reply carried no finite log-probs")
+    lowest = min(finite)
     floor = lowest - floor_offset
     if not any(returned):
         n = len(label_ids)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -14,14 +16,26 @@ from pydantic import ValidationError
 from starlette.middleware import Middleware
 
 from readers.engines.base import Engine
-from readers.errors import DecideError, EngineUnavailable, InvalidQuestion, PromptTooLong
+from readers.errors import DecideError, EngineError, EngineUnavailable, InvalidQuestion, PromptTooLong
 from readers.reader import Reader
-from service.decide import JEV_ALIASES, decide
+from service.decide import JEV_ALIASES, decide, decide_batch
 from service.decompress import DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
-from service.protocol import ErrorDetail, ErrorResponse, ModelCard, ModelList, SystemOneRequest, SystemOneResponse
+from service.protocol import (
+    BatchRequest,
+    BatchResponse,
+    ErrorDetail,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    SystemOneRequest,
+    SystemOneResponse,
+)
 from service.request_id import RequestIdMiddleware
 
+logger = logging.getLogger("opendecide.service")
+
 EngineOpener = Callable[[], Awaitable[Engine]]
+RequestT = TypeVar("RequestT", SystemOneRequest, BatchRequest)
 
 
 class DuplicateKey(ValueError):
@@ -42,7 +56,7 @@ def _validation_error(loc: tuple, message: str, error_type: str, value: Any = No
     return RequestValidationError([{"loc": loc, "msg": message, "type": error_type, "input": value}])
 
 
-def parse_decision_request(body: bytes) -> SystemOneRequest:
+def parse_decision_request(body: bytes, model: type[RequestT] = SystemOneRequest) -> RequestT:
     """Bytes → validated request, every failure a 422 whose ``loc`` names the field."""
     try:
         payload = json.loads(body, object_pairs_hook=_reject_duplicate_keys)
@@ -50,19 +64,13 @@ def parse_decision_request(body: bytes) -> SystemOneRequest:
         raise _validation_error(("body",), str(error), "duplicate_key") from None
     except ValueError as error:
         raise _validation_error(("body",), f"body is not valid JSON: {error}", "json_invalid") from None
+    except RecursionError:
+        raise _validation_error(("body",), "body nests JSON too deeply", "json_invalid") from None
     try:
-        return SystemOneRequest.model_validate(payload)
+        return model.model_validate(payload)
     except ValidationError as error:
-        raise RequestValidationError(
-            [{**item, "loc": ("body", *_without_tag(item["loc"]))} for item in error.errors(include_url=False)]
-        ) from None
-
-
-def _without_tag(loc: tuple) -> tuple:
-    # pydantic puts the union tag in the path (questions.q.choice.criteria); the field is questions.q.criteria.
-    if len(loc) > 2 and loc[0] == "questions" and loc[2] in ("noul", "choice", "score"):
-        return (*loc[:2], *loc[3:])
-    return loc
+        # Jev keeps the question type in the path, as pydantic does: body.questions.q.score.criteria.
+        raise RequestValidationError([{**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)]) from None
 
 
 def _error_response(error: DecideError) -> JSONResponse:
@@ -70,6 +78,7 @@ def _error_response(error: DecideError) -> JSONResponse:
     headers = {}
     if isinstance(error, PromptTooLong):
         detail.prompt_tokens, detail.context_length = error.prompt_tokens, error.context_length
+        detail.prompt_tokens_exact = error.exact_count
     if isinstance(error, EngineUnavailable):
         headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, InvalidQuestion):
@@ -78,6 +87,25 @@ def _error_response(error: DecideError) -> JSONResponse:
         return JSONResponse(content, status_code=error.status_code)
     body = ErrorResponse(detail=detail).model_dump(mode="json", exclude_none=True)
     return JSONResponse(body, status_code=error.status_code, headers=headers)
+
+
+async def _open_until_ready(app: FastAPI, open_engine: EngineOpener, *, first_wait_s: float = 1.0, max_wait_s: float = 30.0) -> None:
+    wait = first_wait_s
+    while True:
+        try:
+            app.state.reader = Reader(await open_engine())
+            app.state.engine_error = None
+            logger.info("engine ready: %s", app.state.reader.engine.info.name)
+            return
+        except (EngineError, OSError) as error:  # not up yet: try again
+            app.state.engine_error = str(getattr(error, "message", error))
+            logger.warning("engine not ready (%s); retrying in %.0f s", app.state.engine_error, wait)
+        except Exception as error:  # a configuration mistake: retrying cannot fix it
+            app.state.engine_error = f"engine failed to open: {error}"
+            logger.exception("engine failed to open; requests will get 503")
+            return
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, max_wait_s)
 
 
 def create_app(
@@ -92,15 +120,19 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        opened = None
-        if open_engine is not None:
-            opened = await open_engine()
-            app.state.reader = Reader(opened)
+        # The engine opens in the background: until it answers (a vLLM server still loading, a model
+        # still converting) requests get 503 with the reason, instead of the service failing to start.
+        task = asyncio.create_task(_open_until_ready(app, open_engine)) if open_engine is not None else None
         try:
             yield
         finally:
-            if opened is not None:
-                await opened.aclose()
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            reader = getattr(app.state, "reader", None)
+            if task is not None and reader is not None:
+                await reader.engine.aclose()
 
     app = FastAPI(
         title="opendecide",
@@ -118,10 +150,17 @@ def create_app(
     async def on_decide_error(request: Request, error: DecideError) -> JSONResponse:
         return _error_response(error)
 
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error serving %s", request.url.path)
+        detail = ErrorDetail(message=f"internal error ({type(error).__name__})", type="internal_error")
+        return JSONResponse(ErrorResponse(detail=detail).model_dump(mode="json", exclude_none=True), status_code=500)
+
     def reader_of(request: Request) -> Reader:
         reader = getattr(request.app.state, "reader", None)
         if reader is None:
-            raise EngineUnavailable("the engine is starting")
+            reason = getattr(request.app.state, "engine_error", None) or "the engine is starting"
+            raise EngineUnavailable(f"not ready: {reason}")
         return reader
 
     @app.get("/v1/models", response_model=ModelList)
@@ -141,31 +180,37 @@ def create_app(
         )
         return ModelList(models=[card])
 
-    request_schema = {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": SystemOneRequest.model_json_schema(ref_template="#/components/schemas/{model}")}},
-        }
-    }
+    def schema_of(model: type) -> dict:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
-    async def answer(request: Request) -> JSONResponse:
+    errors = {code: {"model": ErrorResponse} for code in (413, 502, 503, 504)}
+
+    async def validated(request: Request, model: type[RequestT]) -> tuple[Reader, RequestT]:
         reader = reader_of(request)
-        decision = parse_decision_request(await request.body())
+        decision = parse_decision_request(await request.body(), model)
         served = reader.engine.info.name
         if decision.model not in (None, served, *JEV_ALIASES):
             raise _validation_error(
                 ("body", "model"), f"unknown model {decision.model!r}; this server serves {served!r}", "unknown_model", decision.model
             )
+        return reader, decision
+
+    async def answer(request: Request) -> JSONResponse:
+        reader, decision = await validated(request, SystemOneRequest)
         response = await decide(decision, reader, request_id=request.scope["state"]["request_id"])
+        return JSONResponse(response.model_dump(mode="json"))
+
+    async def answer_batch(request: Request) -> JSONResponse:
+        reader, decision = await validated(request, BatchRequest)
+        response = await decide_batch(decision, reader, request_id=request.scope["state"]["request_id"])
         return JSONResponse(response.model_dump(mode="json"))
 
     for path in ("/v1/systemone", "/decide"):
         app.add_api_route(
-            path,
-            answer,
-            methods=["POST"],
-            response_model=SystemOneResponse,
-            openapi_extra=request_schema,
-            responses={413: {"model": ErrorResponse}, 502: {"model": ErrorResponse}, 503: {"model": ErrorResponse}, 504: {"model": ErrorResponse}},
+            path, answer, methods=["POST"], response_model=SystemOneResponse, openapi_extra=schema_of(SystemOneRequest), responses=errors
         )
+    app.add_api_route(
+        "/decide/batch", answer_batch, methods=["POST"], response_model=BatchResponse, openapi_extra=schema_of(BatchRequest), responses=errors
+    )
     return app

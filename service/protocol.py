@@ -21,6 +21,7 @@ Content = str | dict[str, Any] | list[Any]
 
 MIN_OPTIONS, MAX_OPTIONS = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
+MAX_QUESTIONS = 64
 
 
 class RequestModel(BaseModel):
@@ -142,16 +143,50 @@ class SystemOneRequest(RequestModel):
     model: str | None = None
     state: Content
     questions: dict[str, Question]
+    assets: Any = None
 
     @field_validator("questions")
     @classmethod
     def check_has_questions(cls, questions: dict[str, Question]) -> dict[str, Question]:
-        if not questions:
-            raise ValueError("at least one question is required")
+        if not 1 <= len(questions) <= MAX_QUESTIONS:
+            raise ValueError(f"a request asks 1 to {MAX_QUESTIONS} questions, got {len(questions)}")
         return questions
+
+    @field_validator("assets")
+    @classmethod
+    def check_no_assets(cls, assets: Any) -> None:
+        if assets is not None:
+            raise ValueError("image assets need a vision model; this server reads text decisions only")
+        return None
 
     def state_text(self) -> str:
         return content_text(self.state)
+
+
+MAX_BATCH_STATES = 1024
+MAX_BATCH_READS = 4096
+
+
+class BatchRequest(RequestModel):
+    """``POST /decide/batch``: many states, the same questions (opendecide extension)."""
+
+    model: str | None = None
+    states: list[Content] = Field(min_length=1, max_length=MAX_BATCH_STATES)
+    questions: dict[str, Question]
+
+    @field_validator("questions")
+    @classmethod
+    def check_has_questions(cls, questions: dict[str, Question]) -> dict[str, Question]:
+        return SystemOneRequest.check_has_questions(questions)
+
+    @model_validator(mode="after")
+    def check_total_reads(self) -> BatchRequest:
+        if len(self.states) * len(self.questions) > MAX_BATCH_READS:
+            raise ValueError(f"a batch reads at most {MAX_BATCH_READS} states × questions, got {len(self.states) * len(self.questions)}")
+        return self
+
+    def requests(self) -> list[SystemOneRequest]:
+        return [SystemOneRequest.model_construct(model=self.model, state=state, questions=self.questions) for state in self.states]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,6 +275,20 @@ class SystemOneResponse(ResponseModel):
     provenance: Provenance
 
 
+class BatchResult(ResponseModel):
+    answers: dict[str, Answer]
+    usage: Usage
+
+
+class BatchResponse(ResponseModel):
+    """One result per state, in request order."""
+
+    model: str
+    results: list[BatchResult]
+    usage: Usage
+    provenance: Provenance
+
+
 # ---------------------------------------------------------------------------------------------
 # Models and errors
 
@@ -267,6 +316,7 @@ class ErrorDetail(ResponseModel):
     type: str
     param: str | None = None
     prompt_tokens: int | None = None
+    prompt_tokens_exact: bool | None = None
     context_length: int | None = None
 
 

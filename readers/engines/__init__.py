@@ -21,20 +21,32 @@ async def open_engine(
     model_dir: Path | None = None,
     top_k: int | None = None,
     tokenizer: str | None = None,
+    read_mode: ReadMode | None = None,
     workers: int = 2,
+    max_in_flight: int = 16,
+    timeout_s: float = 30.0,
 ) -> Engine:
     """Build the engine ``kind``; the vLLM engine probes the server before it is returned."""
     if kind == "local":
         from readers.embedded import prepare_embedded_model
         from readers.engines.local import LocalEngine
 
+        if read_mode not in (None, ReadMode.EXACT if top_k is None else ReadMode.TOPK):
+            raise ValueError("the local engine reads exact, or top-k with --top-k")
         return LocalEngine(model_dir or prepare_embedded_model(), top_k=top_k, workers=workers)
     if kind == "vllm":
         from readers.engines.vllm import VLLMEngine
 
         if not url:
             raise ValueError("the vllm engine needs --engine-url")
-        return await VLLMEngine.connect(url, top_k=top_k or DEFAULT_VLLM_TOP_K, tokenizer=tokenizer or (str(model_dir) if model_dir else None))
+        return await VLLMEngine.connect(
+            url,
+            top_k=top_k or DEFAULT_VLLM_TOP_K,
+            tokenizer=tokenizer or (str(model_dir) if model_dir else None),
+            read_mode=read_mode,
+            max_in_flight=max_in_flight,
+            timeout_s=timeout_s,
+        )
     raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
 
 
@@ -48,4 +60,30 @@ __all__ = [
     "ReadMode",
     "ReadRequest",
     "open_engine",
+    "open_engine_spec",
+    "parse_engine_spec",
 ]
+
+
+def parse_engine_spec(spec: str) -> tuple[str, ReadMode | None, str | None]:
+    """``KIND[:MODE][@URL]`` → (kind, read mode, url); e.g. ``local``, ``local:topk``,
+    ``vllm:masked@http://127.0.0.1:8100``."""
+    head, _, url = spec.partition("@")
+    kind, _, mode = head.partition(":")
+    if kind not in ENGINE_KINDS:
+        raise ValueError(f"unknown engine {kind!r} in {spec!r}; choose one of {', '.join(ENGINE_KINDS)}")
+    try:
+        read_mode = ReadMode(mode) if mode else None
+    except ValueError:
+        raise ValueError(f"unknown read mode {mode!r} in {spec!r}; choose one of {', '.join(m.value for m in ReadMode)}") from None
+    return kind, read_mode, url or None
+
+
+async def open_engine_spec(spec: str, *, top_k: int | None = None, engine_url: str | None = None, **options) -> Engine:
+    """Open the engine a spec names; ``local:topk`` reads the top ``top_k`` (default 32)."""
+    kind, read_mode, url = parse_engine_spec(spec)
+    if kind == "local" and read_mode is ReadMode.TOPK:
+        top_k = top_k or DEFAULT_VLLM_TOP_K
+    elif kind == "local":
+        top_k = None
+    return await open_engine(kind, url=url or engine_url, top_k=top_k, read_mode=read_mode, **options)

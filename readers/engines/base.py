@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 
 class ReadMode(enum.StrEnum):
@@ -74,7 +74,6 @@ class EngineLogprobs:
     normalised_over_labels: bool = False
 
 
-@runtime_checkable
 class Engine(Protocol):
     """What the reader needs from an engine. ``read`` is the only call that reaches a model."""
 

@@ -17,6 +17,7 @@ dropped, never read as log-probs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from pathlib import Path
@@ -63,11 +64,16 @@ class VLLMEngine:
         *,
         top_k: int = 32,
         tokenizer: str | None = None,
+        read_mode: ReadMode | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> VLLMEngine:
-        """Find the served model, load its tokenizer locally, and probe which read mode works."""
+        """Find the served model, load its tokenizer locally, and probe which read mode works.
+
+        ``read_mode`` forces a mode the probe found supported (to compare modes on one server);
+        by default the best supported mode is used.
+        """
         limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
         client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout_s, limits=limits, transport=transport)
         try:
@@ -76,6 +82,10 @@ class VLLMEngine:
             loaded_tokenizer, source = load_tokenizer(served, tokenizer)
             info = _model_info(served, loaded_tokenizer, source)
             capabilities = await probe(client, served["id"], loaded_tokenizer, top_k=top_k)
+            if read_mode is not None:
+                if not capabilities.probe["supports"][read_mode.value]:
+                    raise EngineError(f"engine at {url} does not support {read_mode.value} reads (probe: {capabilities.probe['supports']})")
+                capabilities = dataclasses.replace(capabilities, read_mode=read_mode)
         except BaseException:
             await client.aclose()
             raise
@@ -99,10 +109,14 @@ class VLLMEngine:
         async with self._in_flight:
             reply = await _call(self._client, "POST", "/v1/completions", json=body)
         logprobs, prompt_tokens = parse_completion(reply)
+        if prompt_tokens is not None and prompt_tokens != len(request.prompt_ids):
+            raise EngineBadReply(
+                f"engine counted {prompt_tokens} prompt tokens for {len(request.prompt_ids)} ids: is it serving another model?"
+            )
         return EngineLogprobs(
             logprobs=logprobs,
             mode=mode,
-            prompt_tokens=prompt_tokens if prompt_tokens is not None else len(request.prompt_ids),
+            prompt_tokens=len(request.prompt_ids),
             latency_ms=(time.monotonic() - started) * 1000,
             normalised_over_labels=mode is ReadMode.MASKED,
         )
@@ -136,8 +150,11 @@ def parse_completion(reply: Any) -> tuple[dict[int, float], int | None]:
             raise EngineBadReply(f"engine returned token {key!r}, not a token id (is return_tokens_as_token_ids supported?)")
         if not isinstance(value, (int, float)):
             raise EngineBadReply(f"engine returned log-prob {value!r} for {key}")
+        token = key.removeprefix("token_id:")
+        if not token.isdigit():
+            raise EngineBadReply(f"engine returned token {key!r}, not a token id")
         if value > CLAMPED_LOGPROB:
-            logprobs[int(key.removeprefix("token_id:"))] = float(value)
+            logprobs[int(token)] = float(value)
     usage = reply.get("usage") if isinstance(reply, dict) else None
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     return logprobs, prompt_tokens if isinstance(prompt_tokens, int) else None
@@ -147,10 +164,15 @@ async def _call(client: httpx.AsyncClient, method: str, path: str, **kwargs: Any
     """One HTTP call, every failure mapped onto the engine error tree."""
     try:
         response = await client.request(method, path, **kwargs)
+    except (httpx.ConnectTimeout, httpx.PoolTimeout) as error:
+        # No connection at all (or none free): the engine is unreachable or saturated, not slow.
+        raise EngineUnavailable(f"engine at {client.base_url} is unreachable ({type(error).__name__})") from None
     except httpx.TimeoutException as error:
         raise EngineTimeout(f"engine at {client.base_url} did not answer {path} in time ({type(error).__name__})") from None
     except httpx.TransportError as error:
         raise EngineUnavailable(f"engine at {client.base_url} is unreachable: {error or type(error).__name__}") from None
+    except httpx.HTTPError as error:  # e.g. a reply body that fails to decode
+        raise EngineBadReply(f"engine reply to {path} could not be read: {error or type(error).__name__}") from None
     if response.status_code in (429, 503):
         retry_after = response.headers.get("retry-after", "")
         raise EngineUnavailable(

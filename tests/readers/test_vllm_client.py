@@ -86,11 +86,11 @@ async def test_read_request_shapes_per_mode(embedded_model_dir):
         fake = FakeVLLM(embedded_model_dir, exact=exact, masked=masked)
         engine = await connect(fake)
         try:
-            reply = await engine.read(ReadRequest((1, 2, 3), (10407, 4607), ("yes", "no")))
+            reply = await engine.read(ReadRequest(tuple(range(40)), (10407, 4607), ("yes", "no")))
         finally:
             await engine.aclose()
         body = fake.bodies[-1]
-        assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 1 and body["temperature"] == 0
+        assert body["prompt"] == list(range(40)) and body["max_tokens"] == 1 and body["temperature"] == 0
         assert body["return_tokens_as_token_ids"] is True and body["logprobs"] == 32
         if extra == "logprob_token_ids":
             assert body[extra] == [10407, 4607] and reply.logprobs[10407] == -3.0
@@ -126,11 +126,14 @@ async def test_engine_timeouts_and_busy_replies_map_to_504_and_503(embedded_mode
             (lambda request: httpx.Response(503, headers={"retry-after": "9"}), EngineUnavailable),
             (lambda request: httpx.Response(500, text="boom"), EngineBadReply),
             (lambda request: httpx.Response(200, text="<html>"), EngineBadReply),
+            (lambda request: (_ for _ in ()).throw(httpx.ConnectTimeout("no route", request=request)), EngineUnavailable),
+            (lambda request: httpx.Response(200, json=completion({7: -0.1}, prompt_tokens=41)), EngineBadReply),
+            (lambda request: httpx.Response(200, json={"choices": [{"logprobs": {"top_logprobs": [{"token_id:x": -1.0}]}}]}), EngineBadReply),
         ]:
             fake.fault = handler
             with pytest.raises(error) as raised:
-                await engine.read(ReadRequest((1, 2), (10407, 4607), ("yes", "no")))
-            if error is EngineUnavailable:
+                await engine.read(ReadRequest(tuple(range(40)), (10407, 4607), ("yes", "no")))
+            if error is EngineUnavailable and "busy" in raised.value.message:
                 assert raised.value.retry_after_s == 9
     finally:
         await engine.aclose()

@@ -45,6 +45,21 @@ async def test_corrupt_stream_is_400(client_factory, local_engine):
     assert response.status_code == 400 and response.json()["detail"]["type"] == "bad_encoding"
 
 
+@pytest.mark.parametrize(
+    "encoding, content",
+    [
+        ("zstd", zstandard.ZstdCompressor().compress(json.dumps(BODY).encode())[:-8]),  # truncated frame
+        ("zstd", zstandard.ZstdCompressor().compress(json.dumps(BODY).encode()) + b"junk"),
+        ("gzip", gzip.compress(json.dumps(BODY).encode()) + gzip.compress(b"{}")),  # a second member
+    ],
+    ids=["truncated-zstd", "zstd-trailing-junk", "gzip-two-members"],
+)
+async def test_incomplete_or_padded_streams_are_400(client_factory, local_engine, encoding, content):
+    async with client_factory(local_engine) as client:
+        response = await post(client, content, encoding)
+    assert response.status_code == 400, response.text
+
+
 async def test_decoded_size_is_limited(client_factory, local_engine):
     bomb = zstandard.ZstdCompressor().compress(b" " * 200_000)  # a few hundred bytes on the wire
     async with client_factory(local_engine, max_body_bytes=100_000) as client:

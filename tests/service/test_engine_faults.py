@@ -47,6 +47,17 @@ async def test_engine_errors_keep_their_status_and_reason(client_factory, local_
         assert response.headers["retry-after"] == "7"
 
 
+async def test_an_unexpected_failure_is_a_json_500(local_engine):
+    import httpx
+
+    from service.app import create_app
+
+    app = create_app(function_engine(local_engine, raises(RuntimeError("boom"))))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://t") as client:
+        response = await client.post("/v1/systemone", json=BODY)
+    assert response.status_code == 500 and response.json()["detail"]["type"] == "internal_error"
+
+
 async def test_reply_without_logprobs_is_a_502_not_a_guess(client_factory, local_engine):
     empty = lambda request: EngineLogprobs({}, ReadMode.TOPK, len(request.prompt_ids), 1.0)  # noqa: E731
     async with client_factory(function_engine(local_engine, empty)) as client:
@@ -68,10 +79,15 @@ async def test_no_label_in_the_top_k_is_an_abstention(client_factory, local_engi
         others = [token for token in range(100, 140) if token not in request.label_ids][:32]
         return EngineLogprobs({token: -1.0 - i * 0.1 for i, token in enumerate(others)}, ReadMode.TOPK, len(request.prompt_ids), 1.0)
 
-    body = {"state": "s", "questions": {"c": {"type": "choice", "criteria": {"positive": None, "negative": None}}}}
+    body = {
+        "state": "s",
+        "questions": {"c": {"type": "choice", "criteria": {"positive": None, "negative": None}}, "n": {"type": "noul", "instructions": "?"}},
+    }
     async with client_factory(function_engine(local_engine, elsewhere)) as client:
         response = await client.post("/v1/systemone", json=body)
     assert response.status_code == 200
+    noul = response.json()["answers"]["n"]
+    assert noul["noul"] == 0.5 and not noul["reading"]["informative"]  # Jev's "uncertain", flagged as no read
     answer = response.json()["answers"]["c"]
     reading = answer["reading"]
     assert not reading["informative"] and reading["labels_returned"] == 0

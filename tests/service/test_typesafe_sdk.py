@@ -90,4 +90,4 @@ def test_sdk_lists_models(sdk_client, local_engine):
 def test_sdk_raises_the_validation_error(sdk_client):
     with pytest.raises(typesafe_sdk.TypeSafeUnprocessableEntityError) as raised:
         sdk_client.system_one(state="s", questions={"q": {"type": "score", "instructions": "?", "criteria": ["one"]}})
-    assert "questions.q.criteria" in str(raised.value)
+    assert "questions.q.score.criteria" in str(raised.value)

@@ -12,28 +12,30 @@ def choice(criteria) -> dict:
 
 
 CASES = [
-    ("one option", choice({"a": None}), ["body", "questions", "q", "criteria"], "2 to 255 options"),
-    ("empty criteria", choice({}), ["body", "questions", "q", "criteria"], "2 to 255 options"),
-    ("256 options", choice({f"o{i}": None for i in range(256)}), ["body", "questions", "q", "criteria"], "got 256"),
-    ("same option twice", choice({"yes": None, "yes ": None}), ["body", "questions", "q", "criteria"], "duplicate options"),
-    ("empty option name", choice({"": None, "b": None}), ["body", "questions", "q", "criteria"], "must not be empty"),
+    ("one option", choice({"a": None}), ["body", "questions", "q", "choice", "criteria"], "2 to 255 options"),
+    ("empty criteria", choice({}), ["body", "questions", "q", "choice", "criteria"], "2 to 255 options"),
+    ("256 options", choice({f"o{i}": None for i in range(256)}), ["body", "questions", "q", "choice", "criteria"], "got 256"),
+    ("same option twice", choice({"yes": None, "yes ": None}), ["body", "questions", "q", "choice", "criteria"], "duplicate options"),
+    ("empty option name", choice({"": None, "b": None}), ["body", "questions", "q", "choice", "criteria"], "must not be empty"),
     (
         "score with 1 level",
         {"state": "s", "questions": {"q": {"type": "score", "instructions": "How?", "criteria": ["only"]}}},
-        ["body", "questions", "q", "criteria"],
+        ["body", "questions", "q", "score", "criteria"],
         "2 to 10 levels",
     ),
     (
         "score with 11 levels",
         {"state": "s", "questions": {"q": {"type": "score", "instructions": "How?", "criteria": [str(i) for i in range(11)]}}},
-        ["body", "questions", "q", "criteria"],
+        ["body", "questions", "q", "score", "criteria"],
         "got 11",
     ),
     ("unknown type", {"state": "s", "questions": {"q": {"type": "box"}}}, ["body", "questions", "q"], "'noul', 'choice', 'score'"),
-    ("no questions", {"state": "s", "questions": {}}, ["body", "questions"], "at least one question"),
+    ("no questions", {"state": "s", "questions": {}}, ["body", "questions"], "1 to 64 questions"),
     ("no state", {"questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "state"], "Field required"),
     ("unknown field", {"state": "s", "stream": True, "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "stream"], "Extra inputs"),
-    ("noul asks nothing", {"state": "s", "questions": {"q": {"type": "noul"}}}, ["body", "questions", "q"], "needs instructions"),
+    ("noul asks nothing", {"state": "s", "questions": {"q": {"type": "noul"}}}, ["body", "questions", "q", "noul"], "needs instructions"),
+    ("65 questions", {"state": "s", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(65)}}, ["body", "questions"], "got 65"),
+    ("image assets", {"state": "s", "assets": {"img": {"type": "image"}}, "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "assets"], "vision model"),
     ("unknown model", {"model": "gpt-9", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "model"], "unknown model"),
 ]
 
@@ -69,15 +71,23 @@ async def test_state_longer_than_the_context_is_refused_with_its_token_count(cli
     assert response.status_code == 413
     detail = response.json()["detail"]
     assert detail["type"] == "prompt_too_long" and detail["param"] == "body.questions.q"
-    assert detail["context_length"] == 8192
+    assert detail["context_length"] == 8192 and detail["prompt_tokens_exact"] is True
     assert detail["prompt_tokens"] > len(tokenizer.encode(state, add_special_tokens=False)) > 8192
     assert str(detail["prompt_tokens"]) in detail["message"]
 
 
-async def test_options_no_single_token_can_name_are_refused(client_factory, local_engine):
-    body = choice({f"option number {i}": None for i in range(255)})
+async def test_deeply_nested_json_is_a_422_not_a_crash(client_factory, local_engine):
+    deep = "[" * 5000 + "]" * 5000
+    raw = ('{"state": ' + deep + ', "questions": {"q": {"type": "noul", "instructions": "?"}}}').encode()
+    async with client_factory(local_engine) as client:
+        response = await client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "too deeply" in response.json()["detail"][0]["msg"]
+
+
+async def test_a_state_far_too_long_is_refused_before_tokenizing(client_factory, local_engine):
+    body = {"state": "x" * 2_000_000, "questions": {"q": {"type": "noul", "instructions": "?"}}}
     async with client_factory(local_engine) as client:
         response = await client.post("/v1/systemone", json=body)
-    assert response.status_code == 422
-    item = response.json()["detail"][0]
-    assert item["loc"] == ["body", "questions", "q", "criteria"] and "one distinct token" in item["msg"]
+    detail = response.json()["detail"]
+    assert response.status_code == 413 and detail["prompt_tokens_exact"] is False
+    assert detail["prompt_tokens"] > detail["context_length"]

