@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import socket
 import subprocess
@@ -38,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.agree import spread  # noqa: E402
-from eval.load import run_load  # noqa: E402
+from eval.load import machine_info, run_load  # noqa: E402
 from eval.tasks import load_sample  # noqa: E402
 from readers.engines.base import ReadMode  # noqa: E402
 from readers.engines.vllm import VLLMEngine, completion_body  # noqa: E402
@@ -63,11 +61,6 @@ OPTIONS = {
 
 def question() -> QuestionSpec:
     return QuestionSpec("choice", INSTRUCTIONS, tuple(OPTIONS), tuple(OPTIONS.values()))
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "")
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
 
 async def prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
@@ -164,7 +157,7 @@ async def main(args: argparse.Namespace) -> dict:
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "bench": "service_overhead",
-        "machine": machine(),
+        "machine": machine_info(),
         "engine_url": args.engine_url,
         "args": vars(args) | {"out": str(args.out) if args.out else None},
         "throughput": throughput,

@@ -9,7 +9,9 @@
   (15 by default; 10 for the public-suite tables).
 - **Brier** is multiclass: Σ_k (p_k − y_k)², averaged over rows (2× the binary Brier score on
   two classes).
-- **NLL** is the mean of −log p(true class), with p clipped at 1e-15.
+- **NLL** is the mean of −log p(true class), with p clipped at 1e-15 (scikit-learn's ``log_loss``
+  on the same rows).
+- **AUROC** (noul) is scikit-learn's ``roc_auc_score`` of P(true) against the true answers.
 """
 
 from __future__ import annotations
@@ -67,6 +69,13 @@ def brier_loss(probabilities, labels) -> float:
     onehot = np.zeros_like(p)
     onehot[np.arange(len(p)), y] = 1.0
     return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
+
+
+def auroc_score(p_true, is_true) -> float:
+    """Area under the ROC curve of P(true) for noul decisions (scikit-learn's ``roc_auc_score``)."""
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(np.asarray(is_true, dtype=int), np.asarray(p_true, dtype=float)))
 
 
 def nll_loss(probabilities, labels) -> float:

@@ -8,14 +8,25 @@ are counted beside successes, never dropped.
 from __future__ import annotations
 
 import asyncio
+import os
+import platform
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 Send = Callable[[int], Awaitable[bool]]
+
+
+def machine_info() -> dict:
+    """The machine a measurement ran on, for every benchmark and load report."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ cached on that tail, never on the state.
 
 from __future__ import annotations
 
+import copy
 import functools
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +52,13 @@ class ChatTemplate:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
+        # transformers flips a flag on the shared Rust tokenizer for split_special_tokens=True on every
+        # call, so concurrent calls would tokenize with each other's setting: caller text gets its own
+        # copy with the flag set for good, and every encode holds a lock (tokenizing takes far less
+        # than the forward pass).
+        self._text_tokenizer = copy.deepcopy(tokenizer)
+        self._text_tokenizer.split_special_tokens = True
+        self._lock = threading.Lock()
         specials = set(tokenizer.all_special_tokens)
         specials.update(token.content for token in tokenizer.added_tokens_decoder.values() if token.special)
         self._specials = tuple(sorted((s for s in specials if s), key=len, reverse=True))
@@ -59,11 +68,13 @@ class ChatTemplate:
 
     def encode(self, text: str) -> list[int]:
         """Template text: special-token strings are special tokens."""
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        with self._lock:
+            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=False)
 
     def encode_text(self, text: str) -> list[int]:
         """Caller text: special-token strings stay plain text."""
-        return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        with self._lock:
+            return self._text_tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
 
     def _render(self, system: str, user: str, answer: str) -> str:
         messages = [
@@ -71,7 +82,8 @@ class ChatTemplate:
             {"role": "user", "content": user},
             {"role": "assistant", "content": answer},
         ]
-        return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        with self._lock:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
 
     def closing(self) -> tuple[str, str]:
         """The template text from the last special token before the answer slot, and after it."""

@@ -16,13 +16,21 @@ from pydantic import ValidationError
 from starlette.middleware import Middleware
 
 from readers.engines.base import Engine
-from readers.errors import DecideError, EngineError, EngineUnavailable, InvalidQuestion, PromptTooLong
+from readers.errors import DecideError, EngineError, EngineUnavailable, InvalidQuestion, PromptTooLong, UnknownDecision
 from readers.reader import Reader
+from calibration.store import CalibrationKey, CalibrationStore
+from service.calibrate import MIN_LABELS, fit_and_store, fit_from_examples, gold_index
 from service.decide import JEV_ALIASES, decide, decide_batch
 from service.decompress import DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
 from service.protocol import (
     BatchRequest,
     BatchResponse,
+    CalibrationList,
+    CalibrationOut,
+    CalibrationRequest,
+    FeedbackRequest,
+    FeedbackResponse,
+    RefitRequest,
     ErrorDetail,
     ErrorResponse,
     ModelCard,
@@ -35,7 +43,7 @@ from service.request_id import RequestIdMiddleware
 logger = logging.getLogger("opendecide.service")
 
 EngineOpener = Callable[[], Awaitable[Engine]]
-RequestT = TypeVar("RequestT", SystemOneRequest, BatchRequest)
+RequestT = TypeVar("RequestT", SystemOneRequest, BatchRequest, CalibrationRequest, FeedbackRequest, RefitRequest)
 
 
 class DuplicateKey(ValueError):
@@ -112,9 +120,18 @@ def create_app(
     engine: Engine | None = None,
     *,
     open_engine: EngineOpener | None = None,
+    store: CalibrationStore | None = None,
+    auto_refit_every: int | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    """The service around one engine: pass it built, or ``open_engine`` to build it at start-up."""
+    """The service around one engine: pass it built, or ``open_engine`` to build it at start-up.
+
+    With a calibration ``store``, answers apply the most specific stored calibration, every decision
+    is recorded for feedback, and the /v1/calibrations and /v1/feedback routes exist;
+    ``auto_refit_every`` refits a key from its feedback every N labels.
+    """
+    if auto_refit_every is not None and auto_refit_every < 1:
+        raise ValueError("auto_refit_every must be positive")
     if (engine is None) == (open_engine is None):
         raise ValueError("pass exactly one of engine and open_engine")
 
@@ -198,12 +215,12 @@ def create_app(
 
     async def answer(request: Request) -> JSONResponse:
         reader, decision = await validated(request, SystemOneRequest)
-        response = await decide(decision, reader, request_id=request.scope["state"]["request_id"])
+        response = await decide(decision, reader, request_id=request.scope["state"]["request_id"], store=store)
         return JSONResponse(response.model_dump(mode="json"))
 
     async def answer_batch(request: Request) -> JSONResponse:
         reader, decision = await validated(request, BatchRequest)
-        response = await decide_batch(decision, reader, request_id=request.scope["state"]["request_id"])
+        response = await decide_batch(decision, reader, request_id=request.scope["state"]["request_id"], store=store)
         return JSONResponse(response.model_dump(mode="json"))
 
     for path in ("/v1/systemone", "/decide"):
@@ -213,4 +230,52 @@ def create_app(
     app.add_api_route(
         "/decide/batch", answer_batch, methods=["POST"], response_model=BatchResponse, openapi_extra=schema_of(BatchRequest), responses=errors
     )
+    if store is not None:
+        add_calibration_routes(app, store, reader_of=reader_of, validated=validated, auto_refit_every=auto_refit_every)
     return app
+
+
+def add_calibration_routes(app: FastAPI, store: CalibrationStore, *, reader_of, validated, auto_refit_every: int | None) -> None:
+    def out(calibration) -> CalibrationOut:
+        return CalibrationOut(**calibration.as_json())
+
+    @app.post("/v1/calibrations", response_model=CalibrationList)
+    async def create_calibrations(request: Request) -> CalibrationList:
+        reader, body = await validated(request, CalibrationRequest)
+        fitted = await fit_from_examples(body, reader, store)
+        return CalibrationList(calibrations=[out(c) for c in fitted])
+
+    @app.get("/v1/calibrations", response_model=CalibrationList)
+    async def list_calibrations() -> CalibrationList:
+        return CalibrationList(calibrations=[out(c) for c in store.calibrations()])
+
+    @app.post("/v1/feedback", response_model=FeedbackResponse)
+    async def feedback(request: Request) -> FeedbackResponse:
+        body = parse_decision_request(await request.body(), FeedbackRequest)
+        decision = await asyncio.to_thread(store.decision, body.decision_id)
+        if decision is None:
+            raise UnknownDecision(f"no decision {body.decision_id!r} is recorded here")
+        try:
+            gold = gold_index(decision.question_type, decision.options, body.gold)
+        except ValueError as error:
+            raise _validation_error(("body", "gold"), str(error), "invalid_gold", body.gold) from None
+        recorded = await asyncio.to_thread(store.add_feedback, decision.id, decision.options[gold])
+        key = CalibrationKey(decision.model, decision.revision, decision.question_type, decision.option_count, decision.domain)
+        labelled = await asyncio.to_thread(store.labelled, key)
+        refit = None
+        if auto_refit_every and len(labelled) >= MIN_LABELS and len(labelled) % auto_refit_every == 0:
+            refit = out(await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback"))
+        return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
+
+    @app.post("/v1/calibrations/refit", response_model=CalibrationOut)
+    async def refit(request: Request) -> CalibrationOut:
+        reader = reader_of(request)
+        body = parse_decision_request(await request.body(), RefitRequest)
+        info = reader.engine.info
+        key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain)
+        labelled = await asyncio.to_thread(store.labelled, key)
+        try:
+            fitted = await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback")
+        except ValueError as error:
+            raise _validation_error(("body",), str(error), "not_enough_feedback") from None
+        return out(fitted)

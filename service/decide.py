@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
+from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord
+from calibration.temperature import apply_temperature, as_logits
+from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
 from readers.reader import QuestionReading, Reader
 from service.protocol import (
@@ -11,6 +15,7 @@ from service.protocol import (
     BatchRequest,
     BatchResponse,
     BatchResult,
+    CalibrationUsed,
     ChoiceAnswer,
     NoulAnswer,
     Provenance,
@@ -26,19 +31,63 @@ from service.protocol import (
 JEV_ALIASES = ("jev-latest", "jev-preview")
 
 
-async def decide(request: SystemOneRequest, reader: Reader, *, request_id: str) -> SystemOneResponse:
-    """Read every question of ``request`` and build the response."""
+async def decide(
+    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None = None
+) -> SystemOneResponse:
+    """Read every question of ``request``, apply calibrations, record the decisions, respond."""
+    response, decisions = await _decide(request, reader, request_id=request_id, store=store)
+    if store is not None:
+        await asyncio.to_thread(store.add_decisions, decisions)
+    return response
+
+
+async def decide_batch(
+    request: BatchRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None = None
+) -> BatchResponse:
+    """Every state × question read concurrently; the engine's own in-flight limit bounds the load."""
+    outcomes = await asyncio.gather(*(_decide(one, reader, request_id=request_id, store=store) for one in request.requests()))
+    if store is not None:
+        await asyncio.to_thread(store.add_decisions, [d for _, decisions in outcomes for d in decisions])
+    responses = [response for response, _ in outcomes]
+    return BatchResponse(
+        model=reader.engine.info.name,
+        results=[BatchResult(answers=r.answers, usage=r.usage) for r in responses],
+        usage=Usage(
+            input_tokens=sum(r.usage.input_tokens for r in responses),
+            output_tokens=sum(r.usage.output_tokens for r in responses),
+        ),
+        provenance=responses[0].provenance,
+    )
+
+
+async def _decide(
+    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None
+) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
     names = list(request.questions)
     readings = await asyncio.gather(
-        *(
-            reader.read(request.questions[name].to_spec(), state, loc=("body", "questions", name))
-            for name in names
-        )
+        *(reader.read(request.questions[name].to_spec(), state, loc=("body", "questions", name)) for name in names)
     )
-    answers = {name: build_answer(request.questions[name], reading) for name, reading in zip(names, readings)}
     engine = reader.engine
-    return SystemOneResponse(
+    answers, decisions = {}, []
+    for name, reading in zip(names, readings):
+        key = calibration_key(engine.info, reading, request.domain)
+        calibration = store.lookup(key) if store is not None else None
+        answer = build_answer(request.questions[name], reading, calibration)
+        answers[name] = answer
+        decisions.append(
+            DecisionRecord(
+                id=answer.reading.decision_id,
+                model=key.model,
+                revision=key.revision,
+                question_type=key.question_type,
+                option_count=key.option_count,
+                domain=key.domain,
+                options=list(reading.question.options),
+                raw_probabilities=list(reading.read.probabilities),
+            )
+        )
+    response = SystemOneResponse(
         model=engine.info.name,
         answers=answers,
         usage=Usage(input_tokens=sum(r.prompt_tokens for r in readings), output_tokens=len(readings)),
@@ -52,26 +101,18 @@ async def decide(request: SystemOneRequest, reader: Reader, *, request_id: str) 
             request_id=request_id,
         ),
     )
+    return response, decisions
 
 
-async def decide_batch(request: BatchRequest, reader: Reader, *, request_id: str) -> BatchResponse:
-    """Every state × question read concurrently; the engine's own in-flight limit bounds the load."""
-    responses = await asyncio.gather(*(decide(one, reader, request_id=request_id) for one in request.requests()))
-    return BatchResponse(
-        model=reader.engine.info.name,
-        results=[BatchResult(answers=r.answers, usage=r.usage) for r in responses],
-        usage=Usage(
-            input_tokens=sum(r.usage.input_tokens for r in responses),
-            output_tokens=sum(r.usage.output_tokens for r in responses),
-        ),
-        provenance=responses[0].provenance,
-    )
+def calibration_key(info: ModelInfo, reading: QuestionReading, domain: str | None) -> CalibrationKey:
+    return CalibrationKey(info.name, info.revision, reading.question.kind, len(reading.question.options), domain)
 
 
-def build_reading(reading: QuestionReading) -> Reading:
+def build_reading(reading: QuestionReading, calibration: Calibration | None = None) -> Reading:
     options = reading.question.options
     read = reading.read
     return Reading(
+        decision_id=f"dec_{uuid.uuid4().hex}",
         read_mode=reading.mode,
         label_style=reading.label_style.value,
         labels=dict(zip(options, reading.labels)),
@@ -85,22 +126,27 @@ def build_reading(reading: QuestionReading) -> Reading:
         label_logprobs=dict(zip(options, read.logprobs)),
         probability_bounds=dict(zip(options, read.bounds)),
         raw_probabilities=dict(zip(options, read.probabilities)),
-        calibration=None,
+        calibration=CalibrationUsed(id=calibration.id, temperature=calibration.temperature, n=calibration.n) if calibration else None,
         prompt_tokens=reading.prompt_tokens,
         engine_latency_ms=round(reading.engine_latency_ms, 3),
         latency_ms=round(reading.latency_ms, 3),
     )
 
 
-def build_answer(question, reading: QuestionReading) -> Answer:
-    """Jev's answer fields from a reading.
+def build_answer(question, reading: QuestionReading, calibration: Calibration | None = None) -> Answer:
+    """Jev's answer fields from a reading, calibrated when a calibration applies.
 
     An uninformative read (no label came back) is an abstention: probabilities are the floor's tie,
-    ``confidence`` is 0 and ``reading.informative`` is false, so no client takes it as an answer.
+    ``confidence`` is 0 and ``reading.informative`` is false, so no client takes it as an answer; no
+    calibration is applied to it.
     """
-    extension = build_reading(reading)
-    probabilities = extension.raw_probabilities
     informative = reading.read.informative
+    calibration = calibration if informative else None
+    extension = build_reading(reading, calibration)
+    probabilities = extension.raw_probabilities
+    if calibration is not None:
+        calibrated = apply_temperature(as_logits(reading.read.probabilities), calibration.temperature)
+        probabilities = dict(zip(reading.question.options, (float(p) for p in calibrated)))
     if reading.question.kind == "noul":
         return NoulAnswer(noul=probabilities["true"], reading=extension)
     best = max(probabilities, key=probabilities.__getitem__)

@@ -144,6 +144,8 @@ class SystemOneRequest(RequestModel):
     state: Content
     questions: dict[str, Question]
     assets: Any = None
+    # -- opendecide extensions
+    domain: str | None = Field(default=None, max_length=200, description="calibration domain tag (optional)")
 
     @field_validator("questions")
     @classmethod
@@ -173,6 +175,7 @@ class BatchRequest(RequestModel):
     model: str | None = None
     states: list[Content] = Field(min_length=1, max_length=MAX_BATCH_STATES)
     questions: dict[str, Question]
+    domain: str | None = Field(default=None, max_length=200)
 
     @field_validator("questions")
     @classmethod
@@ -186,7 +189,10 @@ class BatchRequest(RequestModel):
         return self
 
     def requests(self) -> list[SystemOneRequest]:
-        return [SystemOneRequest.model_construct(model=self.model, state=state, questions=self.questions) for state in self.states]
+        return [
+            SystemOneRequest.model_construct(model=self.model, state=state, questions=self.questions, assets=None, domain=self.domain)
+            for state in self.states
+        ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +208,7 @@ class CalibrationUsed(ResponseModel):
 class Reading(ResponseModel):
     """How an answer was read (opendecide extension; Jev clients ignore it)."""
 
+    decision_id: str = Field(description="send it to POST /v1/feedback with the true answer")
     read_mode: Literal["exact", "masked", "topk"]
     label_style: Literal["words", "codes", "digits"]
     labels: dict[str, str] = Field(description="option (or level) → the label token text it was read from")
@@ -287,6 +294,77 @@ class BatchResponse(ResponseModel):
     results: list[BatchResult]
     usage: Usage
     provenance: Provenance
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration (opendecide extension)
+
+Gold = bool | int | str
+"""A true answer: noul true/false, a choice option's name, a score level (0-based)."""
+
+
+class LabelledExample(RequestModel):
+    state: Content
+    questions: dict[str, Question]
+    gold: dict[str, Gold]
+
+    @model_validator(mode="after")
+    def check_gold_names_questions(self) -> LabelledExample:
+        missing = set(self.questions) - set(self.gold)
+        extra = set(self.gold) - set(self.questions)
+        if missing or extra:
+            raise ValueError(f"gold must answer every question and only those (missing {sorted(missing)}, unknown {sorted(extra)})")
+        return self
+
+
+class CalibrationRequest(RequestModel):
+    """``POST /v1/calibrations``: labelled decisions to fit temperatures on."""
+
+    model: str | None = None
+    domain: str | None = Field(default=None, max_length=200)
+    examples: list[LabelledExample] = Field(min_length=1, max_length=5000)
+    seed: int = 0
+
+
+class CalibrationOut(ResponseModel):
+    id: str
+    model: str
+    revision: str
+    question_type: str
+    option_count: int | None
+    domain: str | None
+    temperature: float
+    n: int
+    nll_before: float | None
+    nll_after: float | None
+    heldout_n: int | None
+    heldout_ece_before: float | None = Field(description="ECE (15 bins) at T = 1 on the held-out half")
+    heldout_ece_after: float | None = Field(description="ECE (15 bins) with T fitted on the other half")
+    source: str
+    fitted_at: str
+
+
+class CalibrationList(ResponseModel):
+    calibrations: list[CalibrationOut]
+
+
+class FeedbackRequest(RequestModel):
+    decision_id: str
+    gold: Gold
+
+
+class FeedbackResponse(ResponseModel):
+    decision_id: str
+    recorded: int = Field(description="feedback sequence number: the write is durable")
+    labelled: int = Field(description="labelled decisions now stored for this decision's calibration key")
+    refit: CalibrationOut | None = None
+
+
+class RefitRequest(RequestModel):
+    question_type: Literal["noul", "choice", "score"]
+    option_count: int | None = None
+    domain: str | None = None
+    model: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------

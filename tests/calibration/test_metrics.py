@@ -55,3 +55,18 @@ def test_shapes_are_checked():
         ece([0.5, 0.5], [0])
     with pytest.raises(ValueError):
         brier_loss(np.zeros((0, 2)), [])
+
+
+def test_ours_agree_with_scikit_learn():
+    from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
+
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(500, 3))
+    p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    y = rng.integers(0, 3, 500)
+    assert nll_loss(p, y) == pytest.approx(log_loss(y, p, labels=[0, 1, 2]))
+    binary = p[:, :2] / p[:, :2].sum(axis=1, keepdims=True)
+    yb = rng.integers(0, 2, 500)
+    # multiclass Brier on two classes is twice the binary Brier of P(class 1)
+    assert brier_loss(binary, yb) == pytest.approx(2 * brier_score_loss(yb, binary[:, 1]))
+    assert metrics.auroc_score(binary[:, 1], yb) == pytest.approx(roc_auc_score(yb, binary[:, 1]))

@@ -85,3 +85,14 @@ def test_255_multi_word_options_are_read_with_codes(local_engine):
     options = tuple(f"option number {i}" for i in range(255))
     slot, style = Reader(local_engine).prepare(choice(*options), "s")
     assert style is LabelStyle.CODES and len(set(slot.label_ids)) == 255
+
+
+def test_concurrent_slots_tokenize_like_sequential_ones(tokenizer):
+    from concurrent.futures import ThreadPoolExecutor
+
+    template = ChatTemplate(tokenizer)
+    jobs = [("Q", state * (i % 5 + 1), ("positive", "negative")) for i, state in enumerate(STATES * 8)]
+    sequential = [template.slot(*job) for job in jobs]
+    with ThreadPoolExecutor(8) as pool:
+        concurrent = list(pool.map(lambda job: template.slot(*job), jobs))
+    assert concurrent == sequential

@@ -1,0 +1,119 @@
+"""Latency of each read mode on one vLLM engine: exact, masked (structured-output choice), top-k.
+
+The same prompts through ``VLLMEngine.read`` in each mode, one at a time (concurrency 1) and at
+concurrency 8, modes interleaved pass by pass so drift hits them alike. Prints p50/p90 per mode and
+each mode's p50 ÷ exact's.
+
+Run (the engine from ``make engine``):
+
+    make engine
+    .venv/bin/python bench/read_mode_latency.py --engine-url http://127.0.0.1:8100 \
+        --out bench/results/read-mode-latency-vllm-cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eval.agree import spread  # noqa: E402
+from eval.load import machine_info, run_load  # noqa: E402
+from eval.tasks import TASKS, load_sample  # noqa: E402
+from readers.engines.base import ReadMode, ReadRequest  # noqa: E402
+from readers.engines.vllm import VLLMEngine  # noqa: E402
+from readers.reader import Reader  # noqa: E402
+from service.protocol import ChoiceQuestion  # noqa: E402
+
+
+async def main(args: argparse.Namespace) -> dict:
+    random.seed(args.seed)
+    engines = {mode: await VLLMEngine.connect(args.engine_url, read_mode=mode) for mode in ReadMode}
+    try:
+        task = TASKS[args.task]
+        spec = ChoiceQuestion.model_validate(task.question()).to_spec()
+        reader = Reader(engines[ReadMode.EXACT])
+        requests = []
+        for record in spread(load_sample(args.task), args.records):
+            slot, _ = reader.prepare(spec, record.text)
+            requests.append(ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels))
+
+        results: dict[str, dict[int, list[dict]]] = {mode.value: {c: [] for c in args.concurrency} for mode in ReadMode}
+        for _ in range(args.passes):
+            for concurrency in args.concurrency:
+                for mode, engine in engines.items():
+
+                    async def send(i: int, engine=engine) -> bool:
+                        await engine.read(requests[i % len(requests)])
+                        return True
+
+                    outcome = await run_load(send, requests=len(requests), concurrency=concurrency)
+                    results[mode.value][concurrency].append(outcome.as_json())
+    finally:
+        for engine in engines.values():
+            await engine.aclose()
+
+    summary = []
+    for concurrency in args.concurrency:
+        exact_p50 = np.median([r["p50_ms"] for r in results["exact"][concurrency]])
+        for mode in ReadMode:
+            runs = results[mode.value][concurrency]
+            p50 = float(np.median([r["p50_ms"] for r in runs]))
+            summary.append(
+                {
+                    "mode": mode.value,
+                    "concurrency": concurrency,
+                    "p50_ms": p50,
+                    "p90_ms": float(np.median([r["p90_ms"] for r in runs])),
+                    "decisions_per_s": float(np.median([r["decisions_per_s"] for r in runs])),
+                    "failed": int(sum(r["failed"] for r in runs)),
+                    "p50_over_exact": p50 / exact_p50,
+                }
+            )
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "bench": "read_mode_latency",
+        "machine": machine_info(),
+        "engine_url": args.engine_url,
+        "args": vars(args) | {"out": str(args.out) if args.out else None},
+        "summary": summary,
+        "runs": results,
+    }
+
+
+def report(result: dict) -> str:
+    lines = [f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores), task {result['args']['task']}", ""]
+    lines += ["| mode | concurrency | p50 ms | p90 ms | decisions/s | p50 ÷ exact |", "|---|---|---|---|---|---|"]
+    for row in result["summary"]:
+        lines.append(
+            f"| {row['mode']} | {row['concurrency']} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} | {row['decisions_per_s']:.2f} | {row['p50_over_exact']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine-url", default="http://127.0.0.1:8100")
+    parser.add_argument("--task", default="ag_news", choices=[name for name, task in TASKS.items() if task.kind == "choice"])
+    parser.add_argument("--records", type=int, default=40)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    arguments = parser.parse_args()
+    print("args:", json.dumps(vars(arguments) | {"out": str(arguments.out) if arguments.out else None}))
+    outcome = asyncio.run(main(arguments))
+    print(report(outcome))
+    if arguments.out:
+        arguments.out.parent.mkdir(parents=True, exist_ok=True)
+        arguments.out.write_text(json.dumps(outcome, indent=2) + "\n")
+        arguments.out.with_suffix(".md").write_text(report(outcome) + "\n")

@@ -1,0 +1,94 @@
+"""Calibration on the served route, on real reads of the embedded model and a real SQLite file."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from calibration.store import CalibrationStore
+from eval.agree import spread
+from eval.tasks import TASKS, load_sample
+from service.app import create_app
+
+pytestmark = pytest.mark.anyio
+
+QUESTION = TASKS["sst2"].question()
+
+
+def examples(n: int) -> list[dict]:
+    return [{"state": r.text, "questions": {"sentiment": QUESTION}, "gold": {"sentiment": r.gold}} for r in spread(load_sample("sst2"), n)]
+
+
+async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engine, tmp_path):
+    path = tmp_path / "calibration.sqlite3"
+    async with client_factory(local_engine, store=CalibrationStore(path)) as client:
+        fitted = await client.post("/v1/calibrations", json={"examples": examples(60), "seed": 1})
+        assert fitted.status_code == 200, fitted.text
+        (calibration,) = fitted.json()["calibrations"]
+        assert calibration["question_type"] == "choice" and calibration["option_count"] == 2 and calibration["n"] == 60
+        assert 0.05 <= calibration["temperature"] <= 20 and calibration["nll_after"] <= calibration["nll_before"]
+        assert calibration["heldout_n"] == 30 and calibration["heldout_ece_before"] is not None
+        listed = (await client.get("/v1/calibrations")).json()["calibrations"]
+        assert [c["id"] for c in listed] == [calibration["id"]]
+        answer = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()["answers"]["s"]
+
+    used = answer["reading"]["calibration"]
+    assert used == {"id": calibration["id"], "temperature": calibration["temperature"], "n": 60}
+    raw = answer["reading"]["raw_probabilities"]
+    t = calibration["temperature"]
+    weights = {o: math.exp(math.log(p) / t) for o, p in raw.items()}
+    expected = {o: w / sum(weights.values()) for o, w in weights.items()}
+    assert answer["probabilities"] == pytest.approx(expected)
+    assert answer["confidence"] == pytest.approx(max(expected.values()))
+
+    restarted = create_app(local_engine, store=CalibrationStore(path))
+    async with client_factory(local_engine, store=CalibrationStore(path)) as client:
+        again = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()
+    assert again["answers"]["s"]["reading"]["calibration"]["id"] == calibration["id"]
+    assert restarted is not None
+
+
+async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_path):
+    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
+        answer = (await client.post("/v1/systemone", json={"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})).json()
+    reading = answer["answers"]["q"]["reading"]
+    assert reading["calibration"] is None and reading["decision_id"].startswith("dec_")
+
+
+async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, local_engine, tmp_path):
+    records = spread(load_sample("sst2"), 12)
+    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3"), auto_refit_every=10) as client:
+        batch = (await client.post("/decide/batch", json={"states": [r.text for r in records], "questions": {"s": QUESTION}})).json()
+        ids = [result["answers"]["s"]["reading"]["decision_id"] for result in batch["results"]]
+        replies = []
+        for decision_id, record in zip(ids, records):
+            reply = await client.post("/v1/feedback", json={"decision_id": decision_id, "gold": record.gold})
+            assert reply.status_code == 200, reply.text
+            replies.append(reply.json())
+        assert [r["labelled"] for r in replies] == list(range(1, 13))
+        assert [r["refit"] is not None for r in replies] == [i == 9 for i in range(12)]
+        assert replies[9]["refit"]["source"] == "feedback" and replies[9]["refit"]["n"] == 10
+
+        unknown = await client.post("/v1/feedback", json={"decision_id": "dec_nope", "gold": "positive"})
+        assert unknown.status_code == 404 and unknown.json()["detail"]["type"] == "unknown_decision"
+        invalid = await client.post("/v1/feedback", json={"decision_id": ids[0], "gold": "neutral"})
+        assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "gold"]
+
+        refit = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "option_count": 2})
+        assert refit.status_code == 200 and refit.json()["n"] == 12
+        answer = (await client.post("/decide", json={"state": "fine", "questions": {"s": QUESTION}})).json()["answers"]["s"]
+        assert answer["reading"]["calibration"]["id"] == refit.json()["id"]
+
+
+async def test_too_few_labels_are_refused(client_factory, local_engine, tmp_path):
+    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
+        response = await client.post("/v1/calibrations", json={"examples": examples(4)})
+        bad_gold = await client.post("/v1/calibrations", json={"examples": [{**examples(1)[0], "gold": {"sentiment": "meh"}}]})
+    assert response.status_code == 422 and "at least 10" in response.json()["detail"][0]["msg"]
+    assert bad_gold.status_code == 422 and bad_gold.json()["detail"][0]["loc"] == ["body", "examples", 0, "gold", "sentiment"]
+
+
+def test_refit_policy_is_validated(local_engine, tmp_path):
+    with pytest.raises(ValueError):
+        create_app(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3"), auto_refit_every=0)
