@@ -42,6 +42,10 @@ def serve(
     model_dir: ModelDirOption = None,
     tokenizer: TokenizerOption = None,
     workers: Annotated[int, typer.Option(help="local engine: forward passes run at once")] = 2,
+    store: Annotated[
+        Optional[Path], typer.Option(help="calibration store (SQLite); default ~/.cache/opendecide/calibration.sqlite3")
+    ] = None,
+    auto_refit_every: Annotated[Optional[int], typer.Option(help="refit a calibration from feedback every N labels")] = None,
     max_in_flight: Annotated[int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")] = 16,
     engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
 ) -> None:
@@ -64,7 +68,12 @@ def serve(
             max_in_flight=max_in_flight, timeout_s=engine_timeout,
         )
 
-    uvicorn.run(create_app(open_engine=opener), host=host, port=port, log_level="info")
+    from calibration.store import CalibrationStore
+    from readers.embedded import default_cache_dir
+
+    calibrations = CalibrationStore(store or default_cache_dir() / "calibration.sqlite3")
+    app_ = create_app(open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every)
+    uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
 @app.command()
@@ -173,6 +182,91 @@ def eval_agree(
         )
     )
     typer.echo(agreement_table(rows, a, b))
+
+
+@eval_app.command("tasks")
+def eval_tasks(
+    out: Annotated[Path, typer.Option(help="run directory: records.jsonl + manifest.json (resumed if it exists)")],
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")] = "local",
+    engine_url: EngineUrlOption = None,
+    top_k: TopKOption = None,
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    limit: Annotated[Optional[int], typer.Option(help="records per task (default all 300)")] = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    image_digest: Annotated[Optional[str], typer.Option(help="serving image digest, recorded in the manifest")] = None,
+    latency: Annotated[bool, typer.Option("--latency/--no-latency", help="also measure latency at c=1 and decisions/s at c=8")] = True,
+    seed: Annotated[int, typer.Option(help="recorded; the samples themselves are fixed")] = 0,
+) -> None:
+    """Read the shipped tasks (and reversed options) through an engine; write per-record evidence."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from eval.runner import measure_latency, run_tasks
+    from readers.engines import open_engine_spec
+
+    passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency}
+
+    async def go() -> dict:
+        served = await open_engine_spec(engine, top_k=top_k, engine_url=engine_url)
+        try:
+            with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
+                job = bar.add_task(f"{served.info.name} ({served.capabilities.read_mode.value})", total=None)
+                manifest = await run_tasks(
+                    served, out, tasks=tasks.split(","), limit=limit, concurrency=concurrency, image_digest=image_digest,
+                    seed=seed, args_passed=passed, progress=lambda done, total: bar.update(job, completed=done, total=total),
+                )
+            if latency:
+                await measure_latency(served, out)
+            return manifest
+        finally:
+            await served.aclose()
+
+    manifest = asyncio.run(go())
+    typer.echo(f"{manifest['records']} records in {out} ({manifest['status']})")
+
+
+@eval_app.command("score")
+def eval_score(
+    run: Annotated[Path, typer.Argument(help="a run directory written by `decide eval tasks`")],
+    seed: Annotated[int, typer.Option(help="seed of the label splits")] = 0,
+) -> None:
+    """Per-task scores from the run's evidence only: score.json, score.md and figures beside it."""
+    from eval.score import score_run, score_table, write_figures
+
+    report = score_run(run, seed=seed)
+    (run / "score.json").write_text(json.dumps(report, indent=2) + "\n")
+    (run / "score.md").write_text(score_table(report))
+    write_figures(run, report)
+    typer.echo(score_table(report))
+
+
+@eval_app.command("compare")
+def eval_compare(
+    run_a: Annotated[Path, typer.Argument(help="run directory A")],
+    run_b: Annotated[Path, typer.Argument(help="run directory B")],
+    allow_different_image: Annotated[bool, typer.Option(help="compare runs over different data or serving images")] = False,
+) -> None:
+    """Paired comparison of two runs: same labels, accuracy difference (bootstrap CI), McNemar."""
+    from eval.compare import ComparisonRefused, compare_runs, compare_table
+
+    try:
+        report = compare_runs(run_a, run_b, allow_different_image=allow_different_image)
+    except ComparisonRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(compare_table(report))
+
+
+@eval_app.command("label-curve")
+def eval_label_curve(
+    reads: Annotated[Path, typer.Argument(help="per-record reads (JSON lines), e.g. a.jsonl from `decide eval agree`")],
+    out: Annotated[Path, typer.Option(help="directory for label-curve.{json,md,png} and reliability-<task>.png")],
+    splits: Annotated[int, typer.Option(help="random splits per N")] = 20,
+    seed: Annotated[int, typer.Option(help="split seed")] = 0,
+) -> None:
+    """ECE after N ∈ {0, 25, 50, 100, 150} labels per task, over random half splits, with figures."""
+    from eval.label_curve import label_curve_table, run_label_curve
+
+    typer.echo(label_curve_table(run_label_curve(reads, out, splits=splits, seed=seed)))
 
 
 @eval_app.command("read-modes")

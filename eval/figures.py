@@ -1,0 +1,83 @@
+"""Figures from evidence: label curves and reliability diagrams (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers or CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_label_curves(report: dict, path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    for task, entry in report["tasks"].items():
+        points = entry["curve"]["points"]
+        xs = [p["labels"] for p in points]
+        ys = [p["ece_mean"] for p in points]
+        errors = [p["ece_std"] for p in points]
+        axis.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=task)
+    n_bins = next(iter(report["tasks"].values()))["curve"]["n_bins"] if report["tasks"] else 15
+    axis.set_xlabel("labelled decisions used to fit the temperature")
+    axis.set_ylabel(f"held-out ECE ({n_bins} bins)")
+    axis.set_title("ECE after N labels (mean ± sd over splits)")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_reliability(diagrams: dict, path: Path, *, title: str) -> None:
+    figure, axes = plt.subplots(1, 2, figsize=(8.4, 4.0), dpi=120, sharey=True)
+    for axis, (name, label) in zip(axes, [("raw", "raw (T = 1)"), ("after_50", f"T = {diagrams['temperature_50']:.2f} (50 labels)")]):
+        bins = diagrams[name]
+        centres = [(b["lo"] + b["hi"]) / 2 for b in bins]
+        widths = [b["hi"] - b["lo"] for b in bins]
+        axis.bar(centres, [b["accuracy"] for b in bins], width=widths, edgecolor="black", alpha=0.7, label="accuracy")
+        axis.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+        axis.scatter([b["confidence"] for b in bins], [b["accuracy"] for b in bins], color="black", s=[8 + b["count"] for b in bins], zorder=3, label="bin (size = count)")
+        axis.set_xlim(0, 1)
+        axis.set_ylim(0, 1)
+        axis.set_xlabel("top-label confidence")
+        axis.set_title(label)
+        axis.grid(alpha=0.3)
+    axes[0].set_ylabel("accuracy")
+    axes[0].legend(loc="upper left", fontsize=8)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_accuracy(report: dict, path: Path) -> None:
+    tasks = [task for task, s in report["tasks"].items() if s["n"]]
+    figure, axis = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    accuracy = [report["tasks"][t]["accuracy"] for t in tasks]
+    errors = [[a - report["tasks"][t]["accuracy_ci95"][0] for a, t in zip(accuracy, tasks)], [report["tasks"][t]["accuracy_ci95"][1] - a for a, t in zip(accuracy, tasks)]]
+    axis.bar(tasks, accuracy, yerr=errors, capsize=4, alpha=0.8, label="accuracy (Wilson 95%)")
+    axis.scatter(tasks, [report["tasks"][t]["majority"] for t in tasks], marker="_", s=600, color="black", label="majority baseline", zorder=3)
+    axis.set_ylim(0, 1)
+    axis.set_ylabel("accuracy")
+    axis.set_title(f"{report['engine']['model']} ({report['engine']['kind']}, {report['engine']['read_mode']})")
+    axis.legend()
+    axis.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def plot_reliability_raw(bins: list[dict], path: Path, *, title: str) -> None:
+    figure, axis = plt.subplots(figsize=(4.4, 4.0), dpi=120)
+    axis.bar([(b["lo"] + b["hi"]) / 2 for b in bins], [b["accuracy"] for b in bins], width=[b["hi"] - b["lo"] for b in bins], edgecolor="black", alpha=0.7)
+    axis.plot([0, 1], [0, 1], linestyle="--", color="grey")
+    axis.set_xlim(0, 1)
+    axis.set_ylim(0, 1)
+    axis.set_xlabel("top-label confidence")
+    axis.set_ylabel("accuracy")
+    axis.set_title(title, fontsize=9)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

@@ -1,0 +1,182 @@
+"""``decide eval score DIR``: per-task figures from a run's evidence files only.
+
+Conventions: accuracy with a Wilson 95% interval; ECE top-label on 15 equal-width bins (see
+``calibration.metrics``); Brier multiclass; "after 50 labels" = temperature fitted on 50 records of
+one random half, ECE of the other half (single split = split 0 of the seeded sequence; the mean is over
+20 splits). Records whose read failed are counted on their own line and excluded from every metric;
+the last row written for a record wins (a resumed run may retry a failed one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from calibration.metrics import N_BINS, brier_loss, ece
+from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
+from eval.label_curve import label_curve
+from eval.runner import MANIFEST, RECORDS
+from readers.reading import DEFAULT_FLOOR_OFFSET, softmax
+
+Z95 = 1.959963984540054
+
+
+def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a proportion.
+
+    >>> [round(x, 4) for x in wilson_interval(8, 10)]
+    [0.4902, 0.9433]
+    """
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (centre - half, centre + half)
+
+
+def load_rows(run: Path) -> list[dict]:
+    """The last row per (id, variant), in file order."""
+    rows: dict[tuple[str, str], dict] = {}
+    for line in (run / RECORDS).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line from a killed run
+            continue
+        rows[(row["id"], row["variant"])] = row
+    return list(rows.values())
+
+
+def _arrays(rows: list[dict], probabilities_of=lambda row: row["probabilities"]) -> tuple[np.ndarray, np.ndarray]:
+    options = rows[0]["options"]
+    p = np.array([[probabilities_of(row)[o] for o in options] for row in rows])
+    y = np.array([options.index(row["gold"]) for row in rows])
+    return p, y
+
+
+def at_top_k_bound(row: dict, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dict[str, float]:
+    """Probabilities with every missing label at the top-k bound (the lowest returned log-prob),
+    the most generous value a missing label can have, instead of the floor."""
+    reading = row["reading"]
+    if reading["floor_logprob"] is None:
+        return row["probabilities"]
+    bound = reading["floor_logprob"] + floor_offset
+    options = row["options"]
+    logprobs = [reading["label_logprobs"][o] if reading["label_logprobs"][o] is not None else bound for o in options]
+    return dict(zip(options, softmax(logprobs)))
+
+
+def after_labels(p: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict:
+    """ECE after 50 labels: single split and 20-split mean, with the single split's T."""
+    logits = as_logits(p)
+    curve = {point["labels"]: point for point in label_curve(logits, y, counts=(50,), splits=20, seed=seed)["points"]}
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(y))
+    half = len(y) // 2
+    fit, held_out = order[:half][:50], order[half:]
+    t = TemperatureScaler().fit(logits[fit], y[fit]).temperature_
+    return {
+        "ece_after_50_single": ece(apply_temperature(logits[held_out], t), y[held_out], N_BINS),
+        "ece_after_50_mean": curve[50]["ece_mean"] if 50 in curve else float("nan"),
+        "temperature_at_50": t,
+    }
+
+
+def score_task(rows: list[dict], *, seed: int = 0) -> dict:
+    original = [row for row in rows if row["variant"] == "original"]
+    ok = [row for row in original if row["status"] == "ok"]
+    errors = len(original) - len(ok)
+    if not ok:
+        return {"n": 0, "errors": errors}
+    p, y = _arrays(ok)
+    correct = int((p.argmax(axis=1) == y).sum())
+    lo, hi = wilson_interval(correct, len(ok))
+    majority = Counter(row["gold"] for row in ok).most_common(1)[0][1] / len(ok)
+    bounded, _ = _arrays(ok, at_top_k_bound)
+    result = {
+        "n": len(ok),
+        "errors": errors,
+        "accuracy": correct / len(ok),
+        "accuracy_ci95": [lo, hi],
+        "majority": majority,
+        "ece": ece(p, y, N_BINS),
+        "brier": brier_loss(p, y),
+        **(after_labels(p, y, seed=seed) if len(ok) >= 100 else {}),
+        "all_labels_returned": float(np.mean([row["reading"]["exact"] for row in ok])),
+        "ece_at_top_k_bound": ece(bounded, y, N_BINS),
+        "ece_after_50_at_top_k_bound": after_labels(bounded, y, seed=seed)["ece_after_50_mean"] if len(ok) >= 100 else None,
+        "median_latency_ms": statistics.median(row["latency_ms"] for row in ok),
+        "abstentions": int(sum(not row["reading"]["informative"] for row in ok)),
+    }
+    reversed_rows = {row["id"]: row for row in rows if row["variant"] == "reversed" and row["status"] == "ok"}
+    if reversed_rows:
+        paired = [(row, reversed_rows[row["id"]]) for row in ok if row["id"] in reversed_rows]
+        result["reversed_changes"] = sum(a["predicted"] != b["predicted"] for a, b in paired)
+        result["reversed_pairs"] = len(paired)
+    return result
+
+
+def score_run(run: Path, *, seed: int = 0) -> dict:
+    manifest = json.loads((run / MANIFEST).read_text())
+    rows = load_rows(run)
+    tasks = sorted({row["task"] for row in rows}, key=[*manifest["args"]["tasks"]].index)
+    report = {
+        "run": str(run),
+        "n_bins": N_BINS,
+        "engine": manifest["engines"]["run"],
+        "status": manifest["status"],
+        "tasks": {task: score_task([row for row in rows if row["task"] == task], seed=seed) for task in tasks},
+    }
+    latency = run / "latency.json"
+    if latency.is_file():
+        report["latency"] = json.loads(latency.read_text())
+    return report
+
+
+def score_table(report: dict) -> str:
+    engine = report["engine"]
+    lines = [
+        f"Engine {engine['kind']} ({engine['read_mode']}, top-k {engine['top_k']}), model {engine['model']} @ {engine['revision']}; "
+        f"ECE over {report['n_bins']} bins; run status {report['status']}.",
+        "",
+        "| task | n | accuracy (95% CI) | majority | ECE | Brier | ECE after 50 labels, single / 20-split mean | T at 50 | reversed-order changes | all labels returned | ECE raw / after 50, missing at top-k bound | median ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task, s in report["tasks"].items():
+        if not s["n"]:
+            lines.append(f"| {task} | 0 | — | — | — | — | — | — | — | — | — | — | {s['errors']} |")
+            continue
+        lo, hi = s["accuracy_ci95"]
+        changes = f"{s['reversed_changes']} of {s['reversed_pairs']}" if "reversed_changes" in s else "—"
+        after = f"{s['ece_after_50_single']:.3f} / {s['ece_after_50_mean']:.3f}" if "ece_after_50_single" in s else "—"
+        t50 = f"{s['temperature_at_50']:.2f}" if "temperature_at_50" in s else "—"
+        bound_after = f"{s['ece_after_50_at_top_k_bound']:.3f}" if s.get("ece_after_50_at_top_k_bound") is not None else "—"
+        lines.append(
+            f"| {task} | {s['n']} | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {s['majority']:.1%} | {s['ece']:.3f} | {s['brier']:.3f} | "
+            f"{after} | {t50} | {changes} | {s['all_labels_returned']:.1%} | {s['ece_at_top_k_bound']:.3f} / {bound_after} | "
+            f"{s['median_latency_ms']:.0f} | {s['errors']} |"
+        )
+    if "latency" in report:
+        lat = report["latency"]
+        lines += ["", f"Latency at concurrency 1: median {lat['c1']['p50_ms']:.0f} ms, p90 {lat['c1']['p90_ms']:.0f} ms; "
+                  f"decisions/s at concurrency 8: {lat['c8']['decisions_per_s']:.2f} ({lat['machine']['cpu']}, {lat['machine']['cores']} cores)."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def write_figures(run: Path, report: dict) -> None:
+    """accuracy.png (accuracy with Wilson CIs and the majority baseline) and reliability-<task>.png."""
+    from eval.figures import plot_accuracy, plot_reliability_raw
+    from eval.label_curve import reliability
+
+    plot_accuracy(report, run / "accuracy.png")
+    rows = load_rows(run)
+    for task in report["tasks"]:
+        ok = [row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"]
+        if ok:
+            p, y = _arrays(ok)
+            plot_reliability_raw(reliability(p, y), run / f"reliability-{task}.png", title=f"{task}: raw reads, {len(ok)} records")

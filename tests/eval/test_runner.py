@@ -1,0 +1,65 @@
+"""``decide eval tasks`` end to end on the embedded model: evidence, manifest, scores, resume."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eval.runner import RunRefused, run_tasks
+from eval.score import score_run, score_table, write_figures
+
+pytestmark = pytest.mark.anyio
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
+    manifest = await run_tasks(local_engine, tmp_path, limit=6, concurrency=4, image_digest="sha256:test")
+    rows = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(rows) == manifest["records"] == 6 * 4 + 6 * 3  # three choice tasks also run reversed
+    assert {row["task"] for row in rows} == {"sst2", "ag_news", "emotion", "irony"}
+    assert {row["variant"] for row in rows if row["task"] == "irony"} == {"original"}
+    assert all(row["status"] == "ok" and row["reading"]["read_mode"] == "exact" for row in rows)
+    assert manifest["status"] == "success" and manifest["image_digest"] == "sha256:test"
+    assert manifest["engines"]["run"]["revision"] == local_engine.info.revision
+    assert set(manifest["data_sha256"]) == {"sst2", "ag_news", "emotion", "irony"}
+    assert manifest["git"]["commit"] and manifest["prompt_version"]
+
+    report = score_run(tmp_path)
+    sst2 = report["tasks"]["sst2"]
+    assert sst2["n"] == 6 and sst2["reversed_pairs"] == 6 and 0 <= sst2["accuracy"] <= 1
+    assert "reversed_changes" not in report["tasks"]["irony"]
+    write_figures(tmp_path, report)
+    assert (tmp_path / "accuracy.png").stat().st_size > 0 and (tmp_path / "reliability-emotion.png").stat().st_size > 0
+    assert "| sst2 | 6 |" in score_table(report)
+
+
+async def test_a_directory_of_another_model_is_refused(local_engine, tmp_path):
+    await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=5)
+    with pytest.raises(RunRefused, match="read mode .exact., not .topk."):
+        await run_tasks(local_engine.with_top_k(5), tmp_path, tasks=["irony"], limit=5)
+
+
+def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "service.cli", "eval", "tasks", "--out", str(out), "--tasks", "sst2,irony", "--limit", "20", "--no-latency"]
+    child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = out / "records.jsonl"
+    deadline = time.monotonic() + 120
+    while not (records.is_file() and len(records.read_text().splitlines()) >= 12):
+        assert child.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    partial = len(records.read_text().splitlines())
+    assert partial < 60
+    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    keys = [(row["id"], row["variant"]) for row in rows]
+    assert len(keys) == len(set(keys)) == 20 * 2 + 20  # sst2 original + reversed, irony original
+    assert json.loads((out / "manifest.json").read_text())["status"] == "success"

@@ -1,0 +1,79 @@
+"""Scoring and comparison functions against hand-computed values."""
+
+from __future__ import annotations
+
+import doctest
+import json
+import math
+
+import numpy as np
+import pytest
+
+import eval.score
+from eval.compare import ComparisonRefused, compare_runs, mcnemar_exact, paired_bootstrap
+from eval.score import at_top_k_bound, wilson_interval
+
+
+def test_doctests():
+    assert doctest.testmod(eval.score).failed == 0
+
+
+def test_wilson_interval_hand_computed():
+    # n = 100, 50 successes: centre 0.5, half-width z·sqrt(0.25/100 + z²/40000)/(1 + z²/100)
+    z = 1.959963984540054
+    half = z * math.sqrt(0.0025 + z * z / 40000) / (1 + z * z / 100)
+    assert wilson_interval(50, 100) == pytest.approx((0.5 - half, 0.5 + half))
+    lo, hi = wilson_interval(0, 20)
+    assert lo == pytest.approx(0.0, abs=1e-12) and hi == pytest.approx(z * z / 20 / (1 + z * z / 20))
+
+
+def test_missing_labels_move_to_the_top_k_bound():
+    row = {
+        "options": ["a", "b"],
+        "probabilities": {"a": 0.99, "b": 0.01},
+        "reading": {"floor_logprob": -8.0, "label_logprobs": {"a": -1.0, "b": None}},
+    }
+    bounded = at_top_k_bound(row)  # b at −3 (floor −8 plus the offset 5)
+    assert bounded["b"] == pytest.approx(math.exp(-3) / (math.exp(-1) + math.exp(-3)))
+
+
+def test_paired_bootstrap_on_known_data():
+    a = np.array([1] * 70 + [0] * 30)
+    b = np.array([1] * 80 + [0] * 20)  # B right on every record A is, plus ten more
+    difference, lo, hi = paired_bootstrap(a, b)
+    assert difference == pytest.approx(0.10)
+    # the paired difference is a mean of 100 draws of {0, 1} with p = 0.1: sd ≈ 0.03
+    assert lo == pytest.approx(0.10 - 1.96 * 0.03, abs=0.015) and hi == pytest.approx(0.10 + 1.96 * 0.03, abs=0.015)
+    assert paired_bootstrap(a, b) == (difference, lo, hi)  # fixed seed: reproducible
+    same = paired_bootstrap(a, a)
+    assert same == (0.0, 0.0, 0.0)
+
+
+def test_mcnemar_exact():
+    a = np.array([True] * 10 + [False] * 2 + [True] * 5)
+    b = np.array([False] * 10 + [True] * 2 + [True] * 5)
+    result = mcnemar_exact(a, b)
+    assert (result["only_a_right"], result["only_b_right"]) == (10, 2)
+    assert result["p_value"] == pytest.approx(2 * sum(math.comb(12, k) for k in range(3)) / 2**12)
+
+
+def write_run(path, *, digest, correct):
+    path.mkdir()
+    (path / "manifest.json").write_text(json.dumps({"data_sha256": {"sst2": "x"}, "image_digest": digest}))
+    rows = [
+        {"id": f"sst2-{i}", "task": "sst2", "variant": "original", "status": "ok", "gold": "positive", "predicted": "positive" if ok else "negative"}
+        for i, ok in enumerate(correct)
+    ]
+    (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_compare_refuses_other_images_unless_allowed(tmp_path):
+    write_run(tmp_path / "a", digest="sha256:1", correct=[1, 1, 0, 0])
+    write_run(tmp_path / "b", digest="sha256:2", correct=[1, 0, 1, 1])
+    with pytest.raises(ComparisonRefused):
+        compare_runs(tmp_path / "a", tmp_path / "b")
+    report = compare_runs(tmp_path / "a", tmp_path / "b", allow_different_image=True)
+    assert report["warnings"] and report["tasks"]["sst2"]["same_label"] == 1
+    from eval.compare import compare_table
+
+    assert compare_table(report).startswith("WARNING: the runs were served from different images")
