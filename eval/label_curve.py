@@ -33,7 +33,9 @@ def task_arrays(reads: Sequence[dict], task: str) -> tuple[np.ndarray, np.ndarra
     return logits, np.array([options.index(read["gold"]) for read in rows])
 
 
-def label_curve(logits: np.ndarray, labels: np.ndarray, *, counts=LABEL_COUNTS, splits: int = SPLITS, seed: int = 0) -> dict:
+def label_curve(
+    logits: np.ndarray, labels: np.ndarray, *, counts=LABEL_COUNTS, splits: int = SPLITS, seed: int = 0, n_bins: int = N_BINS
+) -> dict:
     """ECE on the held-out half after fitting on N labels, for each N, over ``splits`` splits."""
     rng = np.random.default_rng(seed)
     half = len(labels) // 2
@@ -46,9 +48,9 @@ def label_curve(logits: np.ndarray, labels: np.ndarray, *, counts=LABEL_COUNTS, 
             fit = rng.choice(pool, size=n, replace=False)
             t = TemperatureScaler().fit(logits[fit], labels[fit]).temperature_ if n else 1.0
             temperatures[n].append(t)
-            results[n].append(ece(apply_temperature(logits[held_out], t), labels[held_out], N_BINS))
+            results[n].append(ece(apply_temperature(logits[held_out], t), labels[held_out], n_bins))
     return {
-        "n_bins": N_BINS,
+        "n_bins": n_bins,
         "splits": splits,
         "held_out": len(labels) - half,
         "points": [

@@ -256,6 +256,51 @@ def eval_compare(
     typer.echo(compare_table(report))
 
 
+suite_app = typer.Typer(help="The public suite in Nimble's record format.", invoke_without_command=True)
+eval_app.add_typer(suite_app, name="suite")
+
+
+@suite_app.callback()
+def eval_suite(
+    context: typer.Context,
+    data: Annotated[Optional[Path], typer.Option(help="suite directory: <subset>/all.jsonl (+ manifest.json)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="run directory (resumed if it exists)")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]")] = "local",
+    engine_url: EngineUrlOption = None,
+    top_k: TopKOption = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+) -> None:
+    """Run the suite at --data through an engine into --out, then score it (suite.json, suite.md)."""
+    if context.invoked_subcommand is not None:
+        return
+    if data is None or out is None:
+        raise typer.BadParameter("give --data and --out (or a subcommand)")
+    from eval.suite import run_suite, score_suite, suite_table
+    from readers.engines import open_engine_spec
+
+    async def go() -> None:
+        served = await open_engine_spec(engine, top_k=top_k, engine_url=engine_url)
+        try:
+            await run_suite(served, data, out, concurrency=concurrency)
+        finally:
+            await served.aclose()
+
+    asyncio.run(go())
+    report = score_suite(out)
+    (out / "suite.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "suite.md").write_text(suite_table(report))
+    typer.echo(suite_table(report))
+
+
+@suite_app.command("build-from-tasks")
+def eval_suite_build(out: Annotated[Path, typer.Option(help="directory to write <task>/all.jsonl and manifest.json")]) -> None:
+    """Write the shipped task samples as a Nimble-format suite (one subset per task)."""
+    from eval.suite import build_from_tasks
+
+    for subset, digest in build_from_tasks(out).items():
+        typer.echo(f"{subset}: {digest}")
+
+
 @eval_app.command("label-curve")
 def eval_label_curve(
     reads: Annotated[Path, typer.Argument(help="per-record reads (JSON lines), e.g. a.jsonl from `decide eval agree`")],

@@ -1,0 +1,246 @@
+"""The public suite in Nimble's record format: build, run, score against Jev's published figures.
+
+A suite directory holds ``<subset>/all.jsonl`` (one record per line, split on ``\\n`` only: lines
+may contain U+2028) and ``<subset>/manifest.json``. Each record is
+``{id, split, domain, family, input: {state, questions}, reference: {target, …}}`` and ``input`` is a
+Jev request. When a manifest gives ``dataset_sha256``, the subset's bytes must match it.
+
+Scores per subset, per question type and overall (pooled over records): accuracy with a Wilson 95%
+interval, ECE on 10 bins (as the published tables), Brier, ECE after 50 labels (20 splits) and its
+median over subsets, and "Jev minus arm" with an unpaired two-proportion 95% interval against
+``eval/data/reference/published_jev_nimble.json`` (Jev 1.13.0 as published by Bespoke Labs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from calibration.metrics import SUITE_N_BINS, brier_loss, ece
+from calibration.temperature import as_logits
+from eval.label_curve import label_curve
+from eval.manifest import run_manifest, write_json
+from eval.reads import read_one
+from eval.runner import MANIFEST, RECORDS, RunRefused, done_keys
+from eval.score import Z95, load_rows, wilson_interval
+from eval.tasks import TASKS, load_sample
+from readers.engines.base import Engine
+from readers.errors import DecideError
+from readers.reader import Reader
+from service.calibrate import gold_index
+from service.protocol import SystemOneRequest
+
+
+@dataclass(frozen=True)
+class SuiteRecord:
+    subset: str
+    id: str
+    family: str
+    body: dict[str, Any]
+    question: str
+    kind: str
+    options: tuple[str, ...]
+    gold: str
+
+
+def published_jev() -> dict:
+    return json.loads(resources.files("eval.data.reference").joinpath("published_jev_nimble.json").read_text())
+
+
+def build_from_tasks(out: Path) -> dict[str, str]:
+    """A Nimble-format suite from the shipped task samples (one subset per task); returns sha256s."""
+    digests = {}
+    for name, task in TASKS.items():
+        records = load_sample(name)
+        lines = [
+            json.dumps(
+                {
+                    "id": record.id, "split": "test", "domain": name, "family": record.id, "source_family": name,
+                    "input": {"state": record.text, "questions": {"answer": task.question()}},
+                    "reference": {"target": record.gold == "true" if task.kind == "noul" else record.gold},
+                },
+                ensure_ascii=False,
+            )  # fmt: skip
+            for record in records
+        ]
+        payload = ("\n".join(lines) + "\n").encode()
+        (out / name).mkdir(parents=True, exist_ok=True)
+        (out / name / "all.jsonl").write_bytes(payload)
+        digests[name] = hashlib.sha256(payload).hexdigest()
+        manifest = {
+            "source": "opendecide shipped task sample (eval/data)", "dataset_sha256": digests[name],
+            "count": len(records), "types": [task.kind], "ids": [record.id for record in records],
+        }  # fmt: skip
+        write_json(out / name / "manifest.json", manifest)
+    return digests
+
+
+def load_suite(data: Path) -> tuple[list[SuiteRecord], dict[str, str]]:
+    """Every record of every subset, after checking each subset's sha256 against its manifest."""
+    records, digests = [], {}
+    subsets = sorted(path.parent for path in data.glob("*/all.jsonl"))
+    if not subsets:
+        raise RunRefused(f"{data} holds no <subset>/all.jsonl")
+    for folder in subsets:
+        payload = (folder / "all.jsonl").read_bytes()
+        digest = hashlib.sha256(payload).hexdigest()
+        manifest_path = folder / "manifest.json"
+        if manifest_path.is_file():
+            expected = json.loads(manifest_path.read_text()).get("dataset_sha256")
+            if expected and expected != digest:
+                raise RunRefused(f"{folder.name}/all.jsonl has sha256 {digest}, its manifest says {expected}")
+        digests[folder.name] = digest
+        for line in payload.decode("utf-8").split("\n"):
+            if line.strip():
+                records.append(_record(folder.name, json.loads(line)))
+    return records, digests
+
+
+def _record(subset: str, raw: dict) -> SuiteRecord:
+    body = raw["input"]
+    request = SystemOneRequest.model_validate(body)
+    (name, question), *rest = request.questions.items()
+    if rest:
+        raise RunRefused(f"{subset}/{raw['id']}: one question per record expected")
+    spec = question.to_spec()
+    target = raw["reference"]["target"]
+    gold = spec.options[gold_index(spec.kind, spec.options, target)]
+    return SuiteRecord(subset, raw["id"], str(raw.get("family", raw["id"])), body, name, spec.kind, spec.options, gold)
+
+
+async def run_suite(engine: Engine, data: Path, out: Path, *, concurrency: int = 4) -> dict:
+    records, digests = load_suite(data)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = run_manifest("suite", engines={"run": engine}, args={"data": str(data), "concurrency": concurrency}, status="started")
+    manifest["data_sha256"] = digests
+    existing = out / MANIFEST
+    if existing.is_file():
+        before = json.loads(existing.read_text())
+        if before["data_sha256"] != digests or before["engines"]["run"]["revision"] != engine.info.revision:
+            raise RunRefused(f"{out} holds a run over other data or another model revision")
+    write_json(existing, manifest)
+    reader = Reader(engine)
+    done = done_keys(out / RECORDS)
+    gate = asyncio.Semaphore(concurrency)
+    lock = asyncio.Lock()
+
+    async def one(record: SuiteRecord, sink) -> None:
+        base = {"id": record.id, "subset": record.subset, "task": record.subset, "variant": "original", "type": record.kind,
+                "family": record.family, "options": list(record.options), "gold": record.gold}  # fmt: skip
+        async with gate:
+            try:
+                reading, latency = await read_one(reader, record.body, record.question)
+                probabilities = reading["raw_probabilities"]
+                row = {**base, "status": "ok", "probabilities": probabilities, "predicted": max(probabilities, key=probabilities.get),
+                       "reading": reading, "latency_ms": latency}  # fmt: skip
+            except DecideError as error:
+                row = {**base, "status": "error", "error": {"type": error.error_type, "message": error.message}}
+        async with lock:
+            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+            sink.flush()
+
+    with (out / RECORDS).open("a", encoding="utf-8") as sink:
+        await asyncio.gather(*(one(r, sink) for r in records if (r.id, "original") not in done))
+    manifest["status"] = "success"
+    manifest["records"] = len(records)
+    write_json(existing, manifest)
+    return manifest
+
+
+def jev_minus_arm(jev_accuracy: float, jev_n: int, arm_accuracy: float, arm_n: int) -> tuple[float, float, float]:
+    """Difference of two independent proportions with its normal 95% interval (unpaired)."""
+    se = math.sqrt(jev_accuracy * (1 - jev_accuracy) / jev_n + arm_accuracy * (1 - arm_accuracy) / arm_n)
+    difference = jev_accuracy - arm_accuracy
+    return difference, difference - Z95 * se, difference + Z95 * se
+
+
+def _group_scores(rows: list[dict], jev: tuple[float, int] | None) -> dict:
+    correct = sum(row["predicted"] == row["gold"] for row in rows)
+    lo, hi = wilson_interval(correct, len(rows))
+    result = {"n": len(rows), "accuracy": correct / len(rows), "accuracy_ci95": [lo, hi]}
+    if jev is not None:
+        difference, d_lo, d_hi = jev_minus_arm(jev[0], jev[1], result["accuracy"], len(rows))
+        result |= {"jev_accuracy": jev[0], "jev_minus_arm": difference, "jev_minus_arm_ci95": [d_lo, d_hi]}
+    return result
+
+
+def score_suite(run: Path, *, seed: int = 0) -> dict:
+    rows = [row for row in load_rows(run) if row["status"] == "ok"]
+    errors = sum(1 for row in load_rows(run) if row["status"] != "ok")
+    published = published_jev()["subsets"]
+    subsets = {}
+    for subset in sorted({row["subset"] for row in rows}):
+        mine = [row for row in rows if row["subset"] == subset]
+        options = mine[0]["options"]
+        p = np.array([[row["probabilities"][o] for o in options] for row in mine])
+        y = np.array([options.index(row["gold"]) for row in mine])
+        jev = published.get(subset)
+        entry = _group_scores(mine, (jev["jev_acc"], jev["n"]) if jev else None)
+        entry |= {"type": mine[0]["type"], "ece": ece(p, y, SUITE_N_BINS), "brier": brier_loss(p, y)}
+        if len(mine) >= 100:
+            points = label_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed, n_bins=SUITE_N_BINS)["points"]
+            entry["ece_after_50"] = points[0]["ece_mean"]
+        if jev:
+            entry |= {"jev_ece": jev["jev_ece"], "jev_brier": jev["jev_brier"]}
+        subsets[subset] = entry
+
+    def pooled(kind: str | None) -> dict | None:
+        chosen = [row for row in rows if kind is None or row["type"] == kind]
+        if not chosen:
+            return None
+        names = {row["subset"] for row in chosen}
+        jev = None
+        if names <= set(published):
+            n = sum(published[s]["n"] for s in names)
+            jev = (sum(published[s]["jev_acc"] * published[s]["n"] for s in names) / n, n)
+        return _group_scores(chosen, jev)
+
+    types = {kind: pooled(kind) for kind in ("noul", "choice", "score") if pooled(kind)}
+    after = [s["ece_after_50"] for s in subsets.values() if "ece_after_50" in s]
+    return {
+        "run": str(run),
+        "n_bins": SUITE_N_BINS,
+        "errors": errors,
+        "subsets": subsets,
+        "types": types,
+        "overall": pooled(None),
+        "median_ece": statistics.median(s["ece"] for s in subsets.values()),
+        "median_ece_after_50": statistics.median(after) if after else None,
+        "median_brier": statistics.median(s["brier"] for s in subsets.values()),
+    }
+
+
+def suite_table(report: dict) -> str:
+    def jev_cells(entry: dict) -> str:
+        if "jev_accuracy" not in entry:
+            return "— | —"
+        lo, hi = entry["jev_minus_arm_ci95"]
+        return f"{entry['jev_accuracy']:.1%} | {entry['jev_minus_arm'] * 100:+.1f} ({lo * 100:+.1f} to {hi * 100:+.1f})"
+
+    lines = [
+        f"Accuracy with Wilson 95% ranges; Jev minus arm is unpaired (two-proportion normal interval); ECE over {report['n_bins']} bins.",
+        "",
+        "| questions | records | accuracy (95% range) | Jev (published) | Jev minus arm, points (95% range) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, entry in [("all", report["overall"]), *report["types"].items()]:
+        lo, hi = entry["accuracy_ci95"]
+        lines.append(f"| {name} | {entry['n']} | {entry['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {jev_cells(entry)} |")
+    lines += ["", "| subset | type | n | accuracy (95% range) | ECE | ECE after 50 labels | Brier | Jev accuracy / ECE / Brier |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in report["subsets"].items():
+        lo, hi = s["accuracy_ci95"]
+        jev = f"{s['jev_accuracy']:.1%} / {s['jev_ece']:.3f} / {s['jev_brier']:.3f}" if "jev_accuracy" in s else "—"
+        after = f"{s['ece_after_50']:.3f}" if "ece_after_50" in s else "—"
+        lines.append(f"| {name} | {s['type']} | {s['n']} | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {s['ece']:.3f} | {after} | {s['brier']:.3f} | {jev} |")
+    after = report["median_ece_after_50"]
+    lines.append(f"\nMedian over subsets: ECE {report['median_ece']:.3f}, after 50 labels {'—' if after is None else f'{after:.3f}'}, Brier {report['median_brier']:.3f} (Jev 1.13.0 published: ECE 0.071, Brier 0.267). Unreadable records: {report['errors']}.")
+    return "\n".join(lines) + "\n"

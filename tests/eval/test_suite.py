@@ -1,0 +1,50 @@
+"""The public suite's format: build from the shipped tasks, verify, run on the embedded model, score."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.runner import RunRefused
+from eval.suite import build_from_tasks, jev_minus_arm, load_suite, run_suite, score_suite, suite_table
+
+pytestmark = pytest.mark.anyio
+
+
+def test_build_and_verify(tmp_path):
+    digests = build_from_tasks(tmp_path)
+    records, verified = load_suite(tmp_path)
+    assert verified == digests and len(records) == 1200
+    irony = [r for r in records if r.subset == "irony"]
+    assert {r.gold for r in irony} == {"true", "false"} and irony[0].kind == "noul"
+    (tmp_path / "sst2" / "all.jsonl").write_bytes((tmp_path / "sst2" / "all.jsonl").read_bytes() + b"\n")
+    with pytest.raises(RunRefused, match="sha256"):
+        load_suite(tmp_path)
+
+
+def test_jev_minus_arm_hand_computed():
+    difference, lo, hi = jev_minus_arm(0.8, 400, 0.7, 300)
+    se = (0.8 * 0.2 / 400 + 0.7 * 0.3 / 300) ** 0.5
+    assert difference == pytest.approx(0.1) and (lo, hi) == pytest.approx((0.1 - 1.959964 * se, 0.1 + 1.959964 * se))
+
+
+async def test_run_and_score_a_small_suite(local_engine, tmp_path):
+    data = tmp_path / "suite"
+    build_from_tasks(data)
+    for subset in ("sst2", "ag_news", "emotion", "irony"):  # keep 12 records of each subset (manifests dropped)
+        lines = (data / subset / "all.jsonl").read_text().splitlines()[:12]
+        (data / subset / "all.jsonl").write_text("\n".join(lines) + "\n")
+        (data / subset / "manifest.json").unlink()
+    # one subset named as a published one, so "Jev minus arm" is computed against its published figure
+    (data / "sst2").rename(data / "boolq")
+    out = tmp_path / "run"
+    manifest = await run_suite(local_engine, data, out)
+    assert manifest["status"] == "success" and manifest["records"] == 48
+    report = score_suite(out)
+    assert report["overall"]["n"] == 48 and report["errors"] == 0
+    assert "jev_minus_arm" in report["subsets"]["boolq"] and "jev_minus_arm" not in report["subsets"]["irony"]
+    assert set(report["types"]) == {"choice", "noul"}
+    assert "| all | 48 |" in suite_table(report)
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len({row["id"] for row in rows}) == 48
