@@ -14,8 +14,6 @@ Run (the engine from ``make engine``):
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import random
 import sys
 from datetime import datetime, timezone
@@ -27,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.agree import spread  # noqa: E402
-from eval.load import machine_info, run_load  # noqa: E402
+from eval.load import machine_info, run_bench, run_load  # noqa: E402
 from eval.tasks import TASKS, load_sample  # noqa: E402
 from readers.engines.base import ReadMode, ReadRequest  # noqa: E402
 from readers.engines.vllm import VLLMEngine  # noqa: E402
@@ -109,11 +107,4 @@ if __name__ == "__main__":
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
-    arguments = parser.parse_args()
-    print("args:", json.dumps(vars(arguments) | {"out": str(arguments.out) if arguments.out else None}))
-    outcome = asyncio.run(main(arguments))
-    print(report(outcome))
-    if arguments.out:
-        arguments.out.parent.mkdir(parents=True, exist_ok=True)
-        arguments.out.write_text(json.dumps(outcome, indent=2) + "\n")
-        arguments.out.with_suffix(".md").write_text(report(outcome) + "\n")
+    run_bench(parser, main, report)

@@ -45,6 +45,22 @@ class LoadResult:
         return dict(self.__dict__)
 
 
+def run_bench(parser, main, report) -> dict:
+    """A benchmark's command line: print the resolved args, run, print the report, save JSON + markdown."""
+    import argparse
+    import json
+
+    arguments: argparse.Namespace = parser.parse_args()
+    print("args:", json.dumps({key: str(value) if isinstance(value, Path) else value for key, value in vars(arguments).items()}))
+    outcome = asyncio.run(main(arguments))
+    print(report(outcome))
+    if arguments.out:
+        arguments.out.parent.mkdir(parents=True, exist_ok=True)
+        arguments.out.write_text(json.dumps(outcome, indent=2) + "\n")
+        arguments.out.with_suffix(".md").write_text(report(outcome) + "\n")
+    return outcome
+
+
 async def run_load(send: Send, *, requests: int, concurrency: int) -> LoadResult:
     """Issue ``requests`` calls of ``send`` with at most ``concurrency`` in flight."""
     if requests < 1 or concurrency < 1:

@@ -17,7 +17,7 @@ Conventions (natural logs throughout):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from readers.engines.base import EngineLogprobs, ReadMode
