@@ -26,6 +26,7 @@ class QuestionReading:
     prompt_tokens: int
     engine_latency_ms: float
     latency_ms: float
+    queued_ms: float = 0.0
 
 
 class Reader:
@@ -102,6 +103,7 @@ class Reader:
             mode=reply.mode.value,
             prompt_tokens=len(slot.prompt_ids),
             engine_latency_ms=reply.latency_ms,
+            queued_ms=reply.queued_ms,
             latency_ms=(time.monotonic() - started) * 1000,
         )
 

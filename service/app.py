@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.middleware import Middleware
 
@@ -38,6 +38,8 @@ from service.protocol import (
     SystemOneRequest,
     SystemOneResponse,
 )
+from service.metrics import ServiceMetrics
+from service.observe import ObserveMiddleware
 from service.request_id import RequestIdMiddleware
 
 logger = logging.getLogger("opendecide.service")
@@ -103,6 +105,7 @@ async def _open_until_ready(app: FastAPI, open_engine: EngineOpener, *, first_wa
         try:
             app.state.reader = Reader(await open_engine())
             app.state.engine_error = None
+            app.state.metrics.set_engine(app.state.reader.engine)
             logger.info("engine ready: %s", app.state.reader.engine.info.name)
             return
         except (EngineError, OSError) as error:  # not up yet: try again
@@ -151,21 +154,31 @@ def create_app(
             if task is not None and reader is not None:
                 await reader.engine.aclose()
 
+    metrics = ServiceMetrics()
     app = FastAPI(
         title="opendecide",
         summary="Typed decisions with probabilities, in Jev's System One wire format.",
         lifespan=lifespan,
         middleware=[
             Middleware(RequestIdMiddleware),
+            Middleware(ObserveMiddleware, metrics=metrics),
             Middleware(DecompressMiddleware, max_body_bytes=max_body_bytes),
         ],
     )
+    app.state.metrics = metrics
     if engine is not None:
         app.state.reader = Reader(engine)
+        metrics.set_engine(engine)
 
     @app.exception_handler(DecideError)
     async def on_decide_error(request: Request, error: DecideError) -> JSONResponse:
+        metrics.observe_error(error.error_type)
         return _error_response(error)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
@@ -213,14 +226,25 @@ def create_app(
             )
         return reader, decision
 
+    def observed(request: Request, model: str, answer_sets) -> None:
+        """Per-question metrics, and the model and decision ids for the access log."""
+        ids = request.scope["state"].setdefault("decision_ids", [])
+        request.scope["state"]["model"] = model
+        for answers in answer_sets:
+            for answer in answers.values():
+                metrics.observe_answer(model, answer.type, answer.reading)
+                ids.append(answer.reading.decision_id)
+
     async def answer(request: Request) -> JSONResponse:
         reader, decision = await validated(request, SystemOneRequest)
         response = await decide(decision, reader, request_id=request.scope["state"]["request_id"], store=store)
+        observed(request, response.model, [response.answers])
         return JSONResponse(response.model_dump(mode="json"))
 
     async def answer_batch(request: Request) -> JSONResponse:
         reader, decision = await validated(request, BatchRequest)
         response = await decide_batch(decision, reader, request_id=request.scope["state"]["request_id"], store=store)
+        observed(request, response.model, [result.answers for result in response.results])
         return JSONResponse(response.model_dump(mode="json"))
 
     for path in ("/v1/systemone", "/decide"):

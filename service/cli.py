@@ -71,6 +71,14 @@ def serve(
     from calibration.store import CalibrationStore
     from readers.embedded import default_cache_dir
 
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    service_log = logging.getLogger("opendecide")
+    service_log.addHandler(handler)
+    service_log.setLevel(logging.INFO)  # JSON access lines from opendecide.access, engine start-up notes
+
     calibrations = CalibrationStore(store or default_cache_dir() / "calibration.sqlite3")
     app_ = create_app(open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every)
     uvicorn.run(app_, host=host, port=port, log_level="info")

@@ -129,6 +129,7 @@ def build_reading(reading: QuestionReading, calibration: Calibration | None = No
         calibration=CalibrationUsed(id=calibration.id, temperature=calibration.temperature, n=calibration.n) if calibration else None,
         prompt_tokens=reading.prompt_tokens,
         engine_latency_ms=round(reading.engine_latency_ms, 3),
+        queued_ms=round(reading.queued_ms, 3),
         latency_ms=round(reading.latency_ms, 3),
     )
 

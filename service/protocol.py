@@ -225,6 +225,7 @@ class Reading(ResponseModel):
     calibration: CalibrationUsed | None = None
     prompt_tokens: int
     engine_latency_ms: float
+    queued_ms: float = Field(description="time waiting for a free engine slot")
     latency_ms: float
 
 

@@ -72,6 +72,8 @@ class EngineLogprobs:
     prompt_tokens: int
     latency_ms: float
     normalised_over_labels: bool = False
+    queued_ms: float = 0.0
+    """Time the read waited for a free engine slot before ``latency_ms`` began."""
 
 
 class Engine(Protocol):

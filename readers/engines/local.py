@@ -73,21 +73,26 @@ class LocalEngine:
             logits = self.model(input_ids=ids, logits_to_keep=1, use_cache=False).logits[0, -1]
             return torch.log_softmax(logits.float(), dim=-1)
 
-    def _read(self, request: ReadRequest) -> dict[int, float]:
+    def _read(self, request: ReadRequest, submitted: float) -> tuple[dict[int, float], float, float]:
+        started = time.monotonic()
         logprobs = self.next_token_logprobs(request.prompt_ids)
         if self.top_k is None:
-            return {token_id: float(logprobs[token_id]) for token_id in request.label_ids}
-        values, ids = torch.topk(logprobs, self.top_k)
-        return dict(zip(ids.tolist(), values.tolist()))
+            result = {token_id: float(logprobs[token_id]) for token_id in request.label_ids}
+        else:
+            values, ids = torch.topk(logprobs, self.top_k)
+            result = dict(zip(ids.tolist(), values.tolist()))
+        return result, (started - submitted) * 1000, (time.monotonic() - started) * 1000
 
     async def read(self, request: ReadRequest) -> EngineLogprobs:
-        started = time.monotonic()
-        logprobs = await asyncio.get_running_loop().run_in_executor(self._pool, self._read, request)
+        logprobs, queued_ms, latency_ms = await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._read, request, time.monotonic()
+        )
         return EngineLogprobs(
             logprobs=logprobs,
             mode=self.capabilities.read_mode,
             prompt_tokens=len(request.prompt_ids),
-            latency_ms=(time.monotonic() - started) * 1000,
+            latency_ms=latency_ms,
+            queued_ms=queued_ms,
         )
 
     async def aclose(self) -> None:

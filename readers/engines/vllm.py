@@ -105,8 +105,9 @@ class VLLMEngine:
             body["logprob_token_ids"] = list(request.label_ids)
         elif mode is ReadMode.MASKED:
             body["structured_outputs"] = {"choice": list(request.label_texts)}
-        started = time.monotonic()
+        waiting = time.monotonic()
         async with self._in_flight:
+            started = time.monotonic()
             reply = await _call(self._client, "POST", "/v1/completions", json=body)
         logprobs, prompt_tokens = parse_completion(reply)
         if prompt_tokens is not None and prompt_tokens != len(request.prompt_ids):
@@ -118,6 +119,7 @@ class VLLMEngine:
             mode=mode,
             prompt_tokens=len(request.prompt_ids),
             latency_ms=(time.monotonic() - started) * 1000,
+            queued_ms=(started - waiting) * 1000,
             normalised_over_labels=mode is ReadMode.MASKED,
         )
 

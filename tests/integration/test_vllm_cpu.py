@@ -111,3 +111,14 @@ async def test_the_service_fronts_vllm_in_each_mode(vllm_url, client_factory):
     exact, masked = answers[ReadMode.EXACT], answers[ReadMode.MASKED]
     assert masked["angry"]["noul"] == pytest.approx(exact["angry"]["noul"], abs=1e-4)
     assert masked["urgency"]["score"] == pytest.approx(exact["urgency"]["score"], abs=1e-4)
+
+
+async def test_every_vllm_metric_in_the_dashboard_is_scraped(vllm_url):
+    import httpx
+
+    from tests.dashboard import dashboard_metric_names, scraped_sample_names
+
+    async with httpx.AsyncClient(base_url=vllm_url) as client:
+        scraped = scraped_sample_names((await client.get("/metrics")).text)
+    missing = {name for name in dashboard_metric_names() if name.startswith("vllm:")} - scraped
+    assert not missing, missing
