@@ -83,6 +83,5 @@ async def open_engine_spec(spec: str, *, top_k: int | None = None, engine_url: s
     """Open the engine a spec names; ``local:topk`` reads the top ``top_k`` (default 32)."""
     kind, read_mode, url = parse_engine_spec(spec)
     if kind == "local":
-        options.pop("timeout_s", None)
         top_k = (top_k or DEFAULT_VLLM_TOP_K) if read_mode is ReadMode.TOPK else None
     return await open_engine(kind, url=url or engine_url, top_k=top_k, read_mode=read_mode, **options)
