@@ -84,3 +84,20 @@ async def test_one_json_access_line_per_request(client_factory, local_engine, ca
     ids = sorted(answer["reading"]["decision_id"] for answer in response.json()["answers"].values())
     assert line["request_id"] == "trace-42" and line["status"] == 200 and line["route"] == "/v1/systemone"
     assert sorted(line["decision_ids"]) == ids and line["model"] == local_engine.info.name and line["latency_ms"] > 0
+
+
+def test_several_worker_processes_aggregate(tmp_path):
+    """prometheus-client's multiprocess mode: two workers count, a third serves the sum."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
+    count = "from service.metrics import ServiceMetrics; m = ServiceMetrics(); m.requests.labels('/decide', '200').inc({n})"
+    for n in (2, 3):
+        subprocess.run([sys.executable, "-c", count.format(n=n)], cwd=root, env=env, check=True)
+    show = "from service.metrics import ServiceMetrics; print(ServiceMetrics().exposition()[0].decode())"
+    text = subprocess.run([sys.executable, "-c", show], cwd=root, env=env, check=True, capture_output=True, text=True).stdout
+    assert value(samples(text), "decide_requests_total", route="/decide", status="200") == 5
