@@ -81,3 +81,17 @@ def plot_reliability_raw(bins: list[dict], path: Path, *, title: str) -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def plot_costs(rows: list[dict], path: Path) -> None:
+    figure, axis = plt.subplots(figsize=(7.0, 0.5 + 0.45 * len(rows)), dpi=120)
+    labels = [f"{row['label']} · {row['price']}" for row in rows]
+    axis.barh(labels, [row["usd_per_million"] for row in rows], alpha=0.8)
+    for y, row in enumerate(rows):
+        axis.text(row["usd_per_million"], y, f" ${row['usd_per_million']:.2f}", va="center", fontsize=8)
+    axis.set_xlabel("$ per million decisions")
+    axis.invert_yaxis()
+    axis.grid(alpha=0.3, axis="x")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

@@ -111,6 +111,7 @@ async def run_tasks(
     seed: int = 0,
     args_passed: dict | None = None,
     progress: Callable[[int, int], None] | None = None,
+    engine_log: str | None = None,
 ) -> dict:
     """Run (or resume) the evidence for ``tasks`` into ``out``; returns the final manifest."""
     out.mkdir(parents=True, exist_ok=True)
@@ -118,6 +119,11 @@ async def run_tasks(
     manifest = run_manifest("tasks", engines={"run": engine}, args=args, status="started")
     manifest["args_passed"] = args_passed or {}
     manifest["image_digest"] = image_digest
+    if engine_log is not None:
+        from eval.kv_log import memory_statistics, parse_kv_capacity
+
+        manifest["kv_capacity"] = parse_kv_capacity(engine_log)
+        manifest["memory_statistics"] = memory_statistics(engine_log)
     check_directory(out, manifest)
     reader = Reader(engine)
     jobs = plan(tasks, limit)

@@ -203,6 +203,7 @@ def eval_tasks(
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     image_digest: Annotated[Optional[str], typer.Option(help="serving image digest, recorded in the manifest")] = None,
     latency: Annotated[bool, typer.Option("--latency/--no-latency", help="also measure latency at c=1 and decisions/s at c=8")] = True,
+    engine_log: Annotated[Optional[Path], typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest")] = None,
     seed: Annotated[int, typer.Option(help="recorded; the samples themselves are fixed")] = 0,
 ) -> None:
     """Read the shipped tasks (and reversed options) through an engine; write per-record evidence."""
@@ -221,6 +222,7 @@ def eval_tasks(
                 manifest = await run_tasks(
                     served, out, tasks=tasks.split(","), limit=limit, concurrency=concurrency, image_digest=image_digest,
                     seed=seed, args_passed=passed, progress=lambda done, total: bar.update(job, completed=done, total=total),
+                    engine_log=engine_log.read_text(errors="replace") if engine_log else None,
                 )
             if latency:
                 await measure_latency(served, out)
@@ -230,6 +232,38 @@ def eval_tasks(
 
     manifest = asyncio.run(go())
     typer.echo(f"{manifest['records']} records in {out} ({manifest['status']})")
+
+
+@app.command()
+def cost(
+    runs: Annotated[list[Path], typer.Argument(help="run directories from `decide eval tasks` (latency.json + records.jsonl)")],
+    chip: Annotated[str, typer.Option(help="the chip the runs were measured on: price rows with this chip apply")],
+    price: Annotated[list[str], typer.Option(help="NAME=USD_PER_HOUR: a price row for --chip (repeatable)")] = [],  # noqa: B006
+    prices: Annotated[Optional[Path], typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")] = None,
+    utilisation: Annotated[float, typer.Option(help="share of billed time the chip is busy deciding")] = 1.0,
+    concurrency: Annotated[int, typer.Option(help="the measured concurrency to cost (latency.json holds 1 and 8)")] = 8,
+    out: Annotated[Optional[Path], typer.Option(help="also write cost.json and cost.png here")] = None,
+) -> None:
+    """Cost per million decisions: $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶, and Jev's at the same prompts."""
+    from eval.cost import cost_rows, cost_table, load_prices, throughput_of_run
+
+    overrides = {}
+    for item in price:
+        name, _, usd = item.partition("=")
+        try:
+            overrides[name] = (chip, float(usd))
+        except ValueError:
+            raise typer.BadParameter(f"{item!r} is not NAME=USD_PER_HOUR", param_hint="--price") from None
+    price_rows, jev = load_prices(prices, overrides)
+    throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs]
+    rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
+    if out:
+        from eval.figures import plot_costs
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cost.json").write_text(json.dumps(rows, indent=2) + "\n")
+        plot_costs(rows, out / "cost.png")
+    typer.echo(cost_table(rows))
 
 
 @eval_app.command("score")

@@ -1,0 +1,103 @@
+"""Cost per million decisions from measured throughput, for each price row (``decide cost``).
+
+    cost per million decisions = $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶
+
+``utilisation`` is the share of billed time the chip spends deciding (1.0: busy all the time it is
+billed; 0.25: billed around the clock, busy a quarter of it). Jev bills input tokens only, so its
+cost per million decisions is the median prompt tokens × its price per million tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Price:
+    name: str
+    chip: str
+    usd_per_hour: float
+    billing: str
+    source: str
+    date: str
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Decisions/s measured (or quoted, with its source) for one model on one chip."""
+
+    label: str
+    chip: str
+    decisions_per_s: float
+    prompt_tokens_median: float | None
+    source: str
+
+
+def load_prices(path: Path | None = None, overrides: dict[str, tuple[str, float]] | None = None) -> tuple[list[Price], dict]:
+    """Price rows and Jev's price: the shipped file (or ``path``), plus ``overrides`` name → (chip, $/h)."""
+    text = path.read_text() if path else resources.files("eval.data").joinpath("prices.toml").read_text()
+    data = tomllib.loads(text)
+    prices = [Price(**row) for row in data["price"]]
+    for name, (chip, usd) in (overrides or {}).items():
+        prices = [p for p in prices if p.name != name] + [Price(name, chip, usd, "user", "given on the command line", "")]
+    return prices, data["jev"]
+
+
+def cost_per_million(usd_per_hour: float, decisions_per_s: float, utilisation: float = 1.0) -> float:
+    """
+    >>> round(cost_per_million(2.97, 274), 2)
+    3.01
+    """
+    if decisions_per_s <= 0 or not 0 < utilisation <= 1:
+        raise ValueError("decisions/s must be positive and utilisation in (0, 1]")
+    return usd_per_hour / 3600 / (decisions_per_s * utilisation) * 1e6
+
+
+def jev_cost_per_million(prompt_tokens: float, usd_per_million_tokens: float) -> float:
+    """
+    >>> round(jev_cost_per_million(132, 0.042), 2)
+    5.54
+    """
+    return prompt_tokens * usd_per_million_tokens
+
+
+def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8) -> Throughput:
+    """Decisions/s at ``concurrency`` from a run's latency.json, and its median prompt tokens."""
+    latency = json.loads((run / "latency.json").read_text())
+    key = f"c{concurrency}"
+    if key not in latency:
+        raise ValueError(f"{run}/latency.json has no concurrency-{concurrency} measurement")
+    tokens = [json.loads(line)["reading"]["prompt_tokens"] for line in (run / "records.jsonl").read_text().splitlines() if '"status": "ok"' in line]
+    return Throughput(label, chip, latency[key]["decisions_per_s"], statistics.median(tokens) if tokens else None, f"{run}/latency.json ({latency['machine']['cpu']})")
+
+
+def cost_rows(throughputs: list[Throughput], prices: list[Price], jev: dict, *, utilisation: float = 1.0) -> list[dict]:
+    """One row per (throughput, price on the same chip), then Jev at each run's median prompt tokens."""
+    rows = []
+    for t in throughputs:
+        for p in prices:
+            if p.chip == t.chip:
+                rows.append({"label": t.label, "price": p.name, "usd_per_hour": p.usd_per_hour, "decisions_per_s": t.decisions_per_s,
+                             "utilisation": utilisation, "usd_per_million": cost_per_million(p.usd_per_hour, t.decisions_per_s, utilisation),
+                             "throughput_source": t.source, "price_source": p.source})  # fmt: skip
+    for t in throughputs:
+        if t.prompt_tokens_median:
+            rows.append({"label": f"Jev at {t.label}'s prompt size", "price": jev["name"], "prompt_tokens": t.prompt_tokens_median,
+                         "usd_per_million": jev_cost_per_million(t.prompt_tokens_median, jev["usd_per_million_input_tokens"]),
+                         "price_source": jev["source"]})  # fmt: skip
+    return rows
+
+
+def cost_table(rows: list[dict]) -> str:
+    lines = ["| throughput | price row | $/h | decisions/s | utilisation | $ per million decisions |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "usd_per_hour" in r:
+            lines.append(f"| {r['label']} | {r['price']} | {r['usd_per_hour']:.4g} | {r['decisions_per_s']:.1f} | {r['utilisation']:.0%} | {r['usd_per_million']:.2f} |")
+        else:
+            lines.append(f"| {r['label']} | {r['price']} ({r['prompt_tokens']:.0f} input tokens) | — | — | — | {r['usd_per_million']:.2f} |")
+    return "\n".join(lines) + "\n"
