@@ -266,6 +266,36 @@ def cost(
     typer.echo(cost_table(rows))
 
 
+@app.command()
+def survey(
+    models: Annotated[list[str], typer.Argument(help="Hugging Face model ids")],
+    chip: Annotated[str, typer.Option(help="v5e, v6e or l4")],
+    metadata: Annotated[Optional[Path], typer.Option(help="saved metadata JSON (offline); default: fetch from the Hub")] = None,
+    max_model_len: Annotated[int, typer.Option(help="tokens per request the server is started with")] = 4096,
+    license: Annotated[Optional[str], typer.Option("--license", help="comma-separated licences to keep, e.g. apache-2.0,mit")] = None,
+    reserve_gib: Annotated[float, typer.Option(help="activation reserve subtracted from usable memory")] = 0.25,
+) -> None:
+    """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict."""
+    from eval.survey import CHIP_USABLE_GIB, fetch_metadata, load_metadata, survey_model, survey_table
+
+    if chip not in CHIP_USABLE_GIB:
+        raise typer.BadParameter(f"choose one of {', '.join(CHIP_USABLE_GIB)}", param_hint="--chip")
+    saved = load_metadata(metadata) if metadata else {}
+    allowed = {name.strip() for name in license.split(",")} if license else None
+    rows, skipped = [], []
+    for model in models:
+        meta = saved.get(model) or (None if metadata else fetch_metadata(model))
+        if meta is None:
+            raise typer.BadParameter(f"{model} is not in {metadata}")
+        if allowed and meta.get("license") not in allowed:
+            skipped.append(f"{model} (licence {meta.get('license')})")
+            continue
+        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib))
+    typer.echo(survey_table(rows))
+    if skipped:
+        typer.echo("left out by --license: " + ", ".join(skipped))
+
+
 @eval_app.command("score")
 def eval_score(
     run: Annotated[Path, typer.Argument(help="a run directory written by `decide eval tasks`")],
