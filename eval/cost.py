@@ -67,7 +67,14 @@ def jev_cost_per_million(prompt_tokens: float, usd_per_million_tokens: float) ->
 
 
 def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8) -> Throughput:
-    """Decisions/s at ``concurrency`` from a run's latency.json, and its median prompt tokens."""
+    """Decisions/s at ``concurrency`` from a load sweep (``summary.json``, short states) or an eval
+    run's ``latency.json``, and the median prompt tokens."""
+    if (run / "summary.json").is_file():
+        rows = [r for r in json.loads((run / "summary.json").read_text()) if r["kind"] == "short" and r["concurrency"] == concurrency]
+        if not rows:
+            raise ValueError(f"{run}/summary.json has no short-state run at concurrency {concurrency}")
+        machine = json.loads((run / "manifest.json").read_text()).get("machine", {}).get("cpu", "")
+        return Throughput(label, chip, rows[0]["decisions_per_s"], rows[0]["prompt_tokens_median"], f"{run}/summary.json ({machine})")
     latency = json.loads((run / "latency.json").read_text())
     key = f"c{concurrency}"
     if key not in latency:

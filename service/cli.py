@@ -296,6 +296,37 @@ def survey(
         typer.echo("left out by --license: " + ", ".join(skipped))
 
 
+@eval_app.command("load")
+def eval_load(
+    out: Annotated[Path, typer.Option(help="directory for load.jsonl, load.md, load.png, manifest.json")],
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]: the engine behind the service")] = "local",
+    engine_url: EngineUrlOption = None,
+    url: Annotated[Optional[str], typer.Option(help="a running service to load instead of an in-process one")] = None,
+    concurrency: Annotated[list[int], typer.Option(help="concurrencies for short states (repeatable)")] = [1, 4, 8, 16],  # noqa: B006
+    passes: Annotated[int, typer.Option(help="passes per concurrency")] = 3,
+    requests: Annotated[int, typer.Option(help="requests per short-state pass")] = 48,
+    long_requests: Annotated[int, typer.Option(help="requests per long-state pass (~1,024 and ~3,072 tokens)")] = 16,
+) -> None:
+    """Decisions/s and latency percentiles through the service by concurrency, plus long unique states."""
+    from eval.sweep import plot_sweep, run_sweep, summarise, sweep_table
+    from readers.engines import open_engine_spec
+
+    async def go():
+        served = await open_engine_spec(engine, engine_url=engine_url)
+        try:
+            rows = await run_sweep(served, out, url=url, concurrencies=tuple(concurrency), passes=passes, requests=requests, long_requests=long_requests)
+            return rows, f"{served.info.name} ({served.kind}, {served.capabilities.read_mode.value})"
+        finally:
+            await served.aclose()
+
+    rows, title = asyncio.run(go())
+    summary = summarise(rows)
+    (out / "load.md").write_text(sweep_table(summary))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_sweep(summary, out / "load.png", title)
+    typer.echo(sweep_table(summary))
+
+
 @eval_app.command("score")
 def eval_score(
     run: Annotated[Path, typer.Argument(help="a run directory written by `decide eval tasks`")],

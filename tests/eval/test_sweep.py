@@ -1,0 +1,32 @@
+"""The load sweep through the service on the embedded model (small sizes), and its summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from eval.cost import throughput_of_run
+from eval.sweep import long_states, plot_sweep, run_sweep, summarise, sweep_table
+
+pytestmark = pytest.mark.anyio
+
+
+def test_long_states_are_unique_and_about_the_asked_length(tokenizer):
+    states = long_states(tokenizer, 1024, 3)
+    assert len(set(states)) == 3 and len({s.split()[1] for s in states}) == 3  # unique from the first words
+    for state in states:
+        assert 1000 <= len(tokenizer.encode(state, add_special_tokens=False)) <= 1030
+
+
+async def test_sweep_rows_summary_figure_and_cost_input(local_engine, tmp_path):
+    rows = await run_sweep(local_engine, tmp_path, concurrencies=(1, 8), passes=2, requests=8, long_tokens=(1024,), long_requests=2, long_concurrency=2)
+    assert {(r["kind"], r["concurrency"]) for r in rows} == {("short", 1), ("short", 8), ("long-1024", 2)}
+    assert all(r["failed"] == 0 and r["completed"] == r["requests"] for r in rows)
+    summary = summarise(rows)
+    long_row = next(s for s in summary if s["kind"] == "long-1024")
+    assert long_row["prompt_tokens_median"] > 1024 and long_row["passes"] == 2
+    (tmp_path / "summary.json").write_text(__import__("json").dumps(summary))
+    plot_sweep(summary, tmp_path / "load.png", "test")
+    assert (tmp_path / "load.png").stat().st_size > 0 and "| short |" in sweep_table(summary)
+    throughput = throughput_of_run(tmp_path, label="cpu", chip="cpu", concurrency=8)
+    short8 = next(s for s in summary if s["kind"] == "short" and s["concurrency"] == 8)
+    assert throughput.decisions_per_s == short8["decisions_per_s"]
