@@ -83,8 +83,14 @@ def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8)
     return Throughput(label, chip, latency[key]["decisions_per_s"], statistics.median(tokens) if tokens else None, f"{run}/latency.json ({latency['machine']['cpu']})")
 
 
+def quoted_v6e_throughputs() -> list[Throughput]:
+    """The reference study's published v6e decisions/s (quoted, with their source)."""
+    data = tomllib.loads(resources.files("eval.data.reference").joinpath("v6e-throughput.toml").read_text())
+    return [Throughput(f"{row['label']} (quoted)", "v6e", row["decisions_per_s"], data["prompt_tokens_median"], data["source"]) for row in data["rate"]]
+
+
 def cost_rows(throughputs: list[Throughput], prices: list[Price], jev: dict, *, utilisation: float = 1.0) -> list[dict]:
-    """One row per (throughput, price on the same chip), then Jev at each run's median prompt tokens."""
+    """One row per (throughput, price on the same chip), then Jev at each distinct median prompt size."""
     rows = []
     for t in throughputs:
         for p in prices:
@@ -92,8 +98,10 @@ def cost_rows(throughputs: list[Throughput], prices: list[Price], jev: dict, *, 
                 rows.append({"label": t.label, "price": p.name, "usd_per_hour": p.usd_per_hour, "decisions_per_s": t.decisions_per_s,
                              "utilisation": utilisation, "usd_per_million": cost_per_million(p.usd_per_hour, t.decisions_per_s, utilisation),
                              "throughput_source": t.source, "price_source": p.source})  # fmt: skip
+    seen = set()
     for t in throughputs:
-        if t.prompt_tokens_median:
+        if t.prompt_tokens_median and t.prompt_tokens_median not in seen:
+            seen.add(t.prompt_tokens_median)
             rows.append({"label": f"Jev at {t.label}'s prompt size", "price": jev["name"], "prompt_tokens": t.prompt_tokens_median,
                          "usd_per_million": jev_cost_per_million(t.prompt_tokens_median, jev["usd_per_million_input_tokens"]),
                          "price_source": jev["source"]})  # fmt: skip

@@ -236,8 +236,9 @@ def eval_tasks(
 
 @app.command()
 def cost(
-    runs: Annotated[list[Path], typer.Argument(help="run directories from `decide eval tasks` (latency.json + records.jsonl)")],
-    chip: Annotated[str, typer.Option(help="the chip the runs were measured on: price rows with this chip apply")],
+    runs: Annotated[Optional[list[Path]], typer.Argument(help="`decide eval load` or `decide eval tasks` run directories")] = None,
+    chip: Annotated[str, typer.Option(help="the chip the runs were measured on: price rows with this chip apply")] = "cpu",
+    quoted: Annotated[bool, typer.Option(help="add the reference study's published v6e decisions/s (marked quoted)")] = False,
     price: Annotated[list[str], typer.Option(help="NAME=USD_PER_HOUR: a price row for --chip (repeatable)")] = [],  # noqa: B006
     prices: Annotated[Optional[Path], typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")] = None,
     utilisation: Annotated[float, typer.Option(help="share of billed time the chip is busy deciding")] = 1.0,
@@ -245,7 +246,7 @@ def cost(
     out: Annotated[Optional[Path], typer.Option(help="also write cost.json and cost.png here")] = None,
 ) -> None:
     """Cost per million decisions: $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶, and Jev's at the same prompts."""
-    from eval.cost import cost_rows, cost_table, load_prices, throughput_of_run
+    from eval.cost import cost_rows, cost_table, load_prices, quoted_v6e_throughputs, throughput_of_run
 
     overrides = {}
     for item in price:
@@ -255,7 +256,9 @@ def cost(
         except ValueError:
             raise typer.BadParameter(f"{item!r} is not NAME=USD_PER_HOUR", param_hint="--price") from None
     price_rows, jev = load_prices(prices, overrides)
-    throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs]
+    throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
+    if quoted:
+        throughputs += quoted_v6e_throughputs()
     rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
     if out:
         from eval.figures import plot_costs

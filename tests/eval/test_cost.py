@@ -87,3 +87,14 @@ def test_cost_command_on_run_evidence(tmp_path):
     assert "| cpu-run | cpu-2core | 0.36 | 10.0 | 100% | 10.00 |" in result.stdout
     assert "(100 input tokens) | — | — | — | 4.20 |" in result.stdout
     assert (tmp_path / "out" / "cost.png").stat().st_size > 0
+
+
+def test_quoted_v6e_rates_reproduce_the_published_costs():
+    from eval.cost import quoted_v6e_throughputs
+
+    prices, jev = load_prices()
+    rows = {(r["label"], r["price"]): r["usd_per_million"] for r in cost_rows(quoted_v6e_throughputs(), prices, jev)}
+    assert round(rows[("v6e arm A (quoted)", "tpu-v6e-1-on-demand-europe-west4")], 2) == 3.01
+    assert round(rows[("v6e arm B (quoted)", "tpu-v6e-1-flex-start")], 2) == 1.82
+    assert round(rows[("Jev at v6e arm A (quoted)'s prompt size", "jev-1.13")], 2) == 5.54
+    assert sum(1 for label, _ in rows if label.startswith("Jev")) == 1
