@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS decisions (
     domain TEXT,
     options TEXT NOT NULL,
     raw_probabilities TEXT NOT NULL,
+    informative INTEGER NOT NULL,
     created_at TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS feedback (
@@ -116,6 +117,7 @@ class DecisionRecord:
     domain: str | None
     options: list[str]
     raw_probabilities: list[float]
+    informative: bool = True
 
 
 class CalibrationStore:
@@ -126,9 +128,17 @@ class CalibrationStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._raw().executescript(SCHEMA)
+        self._migrate()
         self._latest: dict[CalibrationKey, Calibration] = {}
         self._cache_lock = threading.Lock()
         self._reload()
+
+    def _migrate(self) -> None:
+        """Bring a file written by an earlier version up to this schema (columns only ever added)."""
+        columns = {row["name"] for row in self._raw().execute("PRAGMA table_info(decisions)")}
+        if "informative" not in columns:
+            with self._connect() as db:
+                db.execute("ALTER TABLE decisions ADD COLUMN informative INTEGER NOT NULL DEFAULT 1")
 
     def _connect(self) -> _Transaction:
         return _Transaction(self._raw())
@@ -173,8 +183,7 @@ class CalibrationStore:
         return calibration
 
     def _reload(self) -> None:
-        with self._connect() as db:
-            rows = db.execute("SELECT * FROM calibrations ORDER BY fitted_at").fetchall()
+        rows = self._raw().execute("SELECT * FROM calibrations ORDER BY fitted_at").fetchall()
         latest = {}
         for row in rows:
             calibration = Calibration(**dict(row))
@@ -188,7 +197,15 @@ class CalibrationStore:
             return sorted(self._latest.values(), key=lambda c: c.fitted_at)
 
     def lookup(self, key: CalibrationKey) -> Calibration | None:
-        """The most specific calibration for ``key``: domain → type + count → type → None."""
+        """The most specific calibration for ``key``: domain → type + count → type → None.
+
+        Fits written by other processes (workers) show up here: SQLite's ``data_version`` changes
+        when another connection commits, and the cache is reloaded then.
+        """
+        version = self._raw().execute("PRAGMA data_version").fetchone()[0]
+        if version != getattr(self._local, "seen_version", version):
+            self._reload()
+        self._local.seen_version = version
         with self._cache_lock:
             for candidate in key.fallbacks():
                 found = self._latest.get(candidate)
@@ -200,11 +217,16 @@ class CalibrationStore:
 
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
-            (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options), json.dumps(d.raw_probabilities), _now())
+            (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
+             json.dumps(d.raw_probabilities), int(d.informative), _now())
             for d in decisions
-        ]
+        ]  # fmt: skip
         with self._connect() as db:
-            db.executemany("INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany(
+                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
+                "informative, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
 
     def decision(self, decision_id: str) -> DecisionRecord | None:
         with self._connect() as db:
@@ -213,7 +235,7 @@ class CalibrationStore:
             return None
         return DecisionRecord(
             row["id"], row["model"], row["revision"], row["question_type"], row["option_count"], row["domain"],
-            json.loads(row["options"]), json.loads(row["raw_probabilities"]),
+            json.loads(row["options"]), json.loads(row["raw_probabilities"]), bool(row["informative"]),
         )  # fmt: skip
 
     def add_feedback(self, decision_id: str, gold: str) -> int:
@@ -223,7 +245,8 @@ class CalibrationStore:
             return int(cursor.lastrowid)
 
     def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
-        """(raw probabilities, gold index) for every decision of ``key`` with feedback (latest wins)."""
+        """(raw probabilities, gold index) for every decision of ``key`` with feedback (latest wins);
+        abstentions (no label came back) carry nothing to fit and are left out."""
         clauses = ["d.model = ?", "d.revision = ?", "d.question_type = ?"]
         params: list = [key.model, key.revision, key.question_type]
         if key.option_count is not None:
@@ -234,7 +257,7 @@ class CalibrationStore:
             params.append(key.domain)
         query = f"""
             SELECT d.options, d.raw_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
-            WHERE {' AND '.join(clauses)} AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id)
+            WHERE {' AND '.join(clauses)} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id)
             ORDER BY f.seq
         """
         with self._connect() as db:

@@ -63,11 +63,18 @@ def compare_runs(run_a: Path, run_b: Path, *, allow_different_image: bool = Fals
         if not allow_different_image:
             raise ComparisonRefused(message + "; pass --allow-different-image to compare anyway")
         warnings.append(message)
-    rows_a = {(r["id"], r["variant"]): r for r in load_rows(run_a) if r["status"] == "ok" and r["variant"] == "original"}
-    rows_b = {(r["id"], r["variant"]): r for r in load_rows(run_b) if r["status"] == "ok" and r["variant"] == "original"}
+    rows_a = {(r["task"], r["id"]): r for r in load_rows(run_a) if r["status"] == "ok" and r["variant"] == "original"}
+    rows_b = {(r["task"], r["id"]): r for r in load_rows(run_b) if r["status"] == "ok" and r["variant"] == "original"}
+    only_a, only_b = len(rows_a.keys() - rows_b.keys()), len(rows_b.keys() - rows_a.keys())
+    if only_a or only_b:
+        # The runs must answer the same records: a paired comparison over a subset would be biased.
+        raise ComparisonRefused(f"the runs read different records ({only_a} only in A, {only_b} only in B)")
+    mismatched = [key for key in rows_a if rows_a[key]["gold"] != rows_b[key]["gold"]]
+    if mismatched:
+        raise ComparisonRefused(f"the runs disagree on gold labels for {len(mismatched)} records, e.g. {mismatched[0]}")
     tasks = {}
     for task in sorted({row["task"] for row in rows_a.values()}):
-        keys = sorted(key for key, row in rows_a.items() if key in rows_b and row["task"] == task)
+        keys = sorted(key for key, row in rows_a.items() if row["task"] == task)
         if not keys:
             continue
         a = np.array([rows_a[k]["predicted"] == rows_a[k]["gold"] for k in keys])

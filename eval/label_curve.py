@@ -29,23 +29,37 @@ def task_arrays(reads: Sequence[dict], task: str) -> tuple[np.ndarray, np.ndarra
     """Label logits (log raw probabilities, option order of the task) and gold indices."""
     options = list(TASKS[task].options)
     rows = [read for read in reads if read["task"] == task and read.get("variant", "original") == "original"]
+    rows = sorted(rows, key=lambda read: read["id"])  # a fixed order, whatever order the reads were written in
     logits = np.array([as_logits([read["probabilities"][option] for option in options]) for read in rows])
     return logits, np.array([options.index(read["gold"]) for read in rows])
+
+
+def split(length: int, seed: int, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``index`` of the seeded sequence: (pool to draw labels from, held-out half)."""
+    order = np.random.default_rng([seed, index]).permutation(length)
+    return order[: length // 2], order[length // 2 :]
+
+
+def draw(pool: np.ndarray, n: int, seed: int, index: int) -> np.ndarray:
+    """The N labelled records of split ``index``: seeded by the split and N alone, so asking for
+    other N values (or fewer) never changes which records a given N uses."""
+    return np.random.default_rng([seed, index, n]).choice(pool, size=n, replace=False) if n else pool[:0]
 
 
 def label_curve(
     logits: np.ndarray, labels: np.ndarray, *, counts=LABEL_COUNTS, splits: int = SPLITS, seed: int = 0, n_bins: int = N_BINS
 ) -> dict:
-    """ECE on the held-out half after fitting on N labels, for each N, over ``splits`` splits."""
-    rng = np.random.default_rng(seed)
+    """ECE on the held-out half after fitting on N labels, for each N, over ``splits`` splits.
+
+    Rows must come in a fixed order (the scorers sort by id): the splits index into them.
+    """
     half = len(labels) // 2
     results: dict[int, list[float]] = {n: [] for n in counts if n <= half}
     temperatures: dict[int, list[float]] = {n: [] for n in results}
-    for _ in range(splits):
-        order = rng.permutation(len(labels))
-        pool, held_out = order[:half], order[half:]
+    for index in range(splits):
+        pool, held_out = split(len(labels), seed, index)
         for n in results:
-            fit = rng.choice(pool, size=n, replace=False)
+            fit = draw(pool, n, seed, index)
             t = TemperatureScaler().fit(logits[fit], labels[fit]).temperature_ if n else 1.0
             temperatures[n].append(t)
             results[n].append(ece(apply_temperature(logits[held_out], t), labels[held_out], n_bins))
@@ -58,7 +72,9 @@ def label_curve(
                 "labels": n,
                 "ece_mean": float(np.mean(values)),
                 "ece_std": float(np.std(values)),
+                "ece_split0": values[0],
                 "temperature_median": float(np.median(temperatures[n])),
+                "temperature_split0": temperatures[n][0],
             }
             for n, values in results.items()
         ],
@@ -89,9 +105,8 @@ def run_label_curve(reads_path: Path, out: Path, *, tasks: Sequence[str] = tuple
         if len(labels) < 2 * max(LABEL_COUNTS[1:3]):
             continue
         curve = label_curve(logits, labels, splits=splits, seed=seed)
-        order = np.random.default_rng(seed).permutation(len(labels))
-        pool, held_out = order[: len(labels) // 2], order[len(labels) // 2 :]
-        t50 = TemperatureScaler().fit(logits[pool[:50]], labels[pool[:50]]).temperature_
+        _, held_out = split(len(labels), seed, 0)
+        t50 = next(p for p in curve["points"] if p["labels"] == 50)["temperature_split0"]
         diagrams = {
             "raw": reliability(apply_temperature(logits[held_out], 1.0), labels[held_out]),
             "after_50": reliability(apply_temperature(logits[held_out], t50), labels[held_out]),
@@ -107,8 +122,9 @@ def run_label_curve(reads_path: Path, out: Path, *, tasks: Sequence[str] = tuple
 
 def label_curve_table(report: dict) -> str:
     counts = sorted({p["labels"] for t in report["tasks"].values() for p in t["curve"]["points"]})
+    splits = next(iter(report["tasks"].values()))["curve"]["splits"] if report["tasks"] else SPLITS
     lines = [
-        f"ECE ({N_BINS} bins) on the held-out half after fitting T on N labels; mean ± sd over {SPLITS} splits.",
+        f"ECE ({N_BINS} bins) on the held-out half after fitting T on N labels; mean ± sd over {splits} splits.",
         "",
         "| task | n | " + " | ".join(f"N = {n}" for n in counts) + " | median T at 50 |",
         "|---|---|" + "---|" * len(counts) + "---|",

@@ -43,8 +43,8 @@ class Job:
     variant: str
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.record.id, self.variant)
+    def key(self) -> tuple[str, str, str]:
+        return (self.task.name, self.record.id, self.variant)
 
 
 def plan(tasks: Sequence[str], limit: int | None) -> list[Job]:
@@ -59,8 +59,13 @@ def plan(tasks: Sequence[str], limit: int | None) -> list[Job]:
     return jobs
 
 
-def done_keys(path: Path) -> set[tuple[str, str]]:
-    """Records already written (a torn last line from a killed run is ignored and redone)."""
+def row_key(row: dict) -> tuple[str, str, str]:
+    """Records are keyed by task (suite: subset), id and variant: suite subsets may share ids."""
+    return (row["task"], row["id"], row["variant"])
+
+
+def done_keys(path: Path) -> set[tuple[str, str, str]]:
+    """Records already read successfully (failed ones are retried on resume)."""
     if not path.is_file():
         return set()
     keys = set()
@@ -70,8 +75,19 @@ def done_keys(path: Path) -> set[tuple[str, str]]:
         except json.JSONDecodeError:
             continue
         if row.get("status") == "ok":
-            keys.add((row["id"], row["variant"]))
+            keys.add(row_key(row))
     return keys
+
+
+def drop_torn_tail(path: Path) -> None:
+    """A killed writer can leave a last line without its newline: cut it, so the next append starts
+    on a line of its own (the record it held is redone)."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
 
 
 def check_directory(out: Path, manifest: dict) -> None:
@@ -88,6 +104,8 @@ def check_directory(out: Path, manifest: dict) -> None:
         ("top-k", mine["top_k"], theirs["top_k"]),
         ("prompt version", manifest["prompt_version"], existing["prompt_version"]),
         ("data", manifest["data_sha256"], existing["data_sha256"]),
+        ("tasks", manifest["args"].get("tasks"), existing["args"].get("tasks")),
+        ("limit", manifest["args"].get("limit"), existing["args"].get("limit")),
     ]:
         if a != b:
             raise RunRefused(f"{out} holds results with {field} {b!r}, not {a!r}: use another --out")
@@ -116,6 +134,8 @@ async def run_tasks(
     """Run (or resume) the evidence for ``tasks`` into ``out``; returns the final manifest."""
     out.mkdir(parents=True, exist_ok=True)
     args = {"tasks": list(tasks), "limit": limit, "concurrency": concurrency, "image_digest": image_digest, "seed": seed}
+    reader = Reader(engine)
+    args["floor_offset"] = reader.floor_offset
     manifest = run_manifest("tasks", engines={"run": engine}, args=args, status="started")
     manifest["args_passed"] = args_passed or {}
     manifest["image_digest"] = image_digest
@@ -125,8 +145,9 @@ async def run_tasks(
         manifest["kv_capacity"] = parse_kv_capacity(engine_log)
         manifest["memory_statistics"] = memory_statistics(engine_log)
     check_directory(out, manifest)
-    reader = Reader(engine)
+    previous_wall_s = json.loads((out / MANIFEST).read_text()).get("wall_s", 0.0) if (out / MANIFEST).is_file() else 0.0
     jobs = plan(tasks, limit)
+    drop_torn_tail(out / RECORDS)
     done = done_keys(out / RECORDS)
     todo = [job for job in jobs if job.key not in done]
     if not done:
@@ -157,7 +178,7 @@ async def run_tasks(
         await asyncio.gather(*(one(job, sink) for job in todo))
     manifest["status"] = "success"
     manifest["records"] = len(jobs)
-    manifest["wall_s"] = time.monotonic() - started
+    manifest["wall_s"] = previous_wall_s + time.monotonic() - started  # summed over resumed sessions
     write_json(out / MANIFEST, manifest)
     return manifest
 

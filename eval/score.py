@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from calibration.metrics import N_BINS, brier_loss, ece
-from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
+from calibration.temperature import as_logits
 from eval.label_curve import label_curve
-from eval.runner import MANIFEST, RECORDS
+from eval.runner import MANIFEST, RECORDS, row_key
 from readers.reading import DEFAULT_FLOOR_OFFSET, softmax
 
 Z95 = 1.959963984540054
@@ -41,15 +41,16 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 
 
 def load_rows(run: Path) -> list[dict]:
-    """The last row per (id, variant), in file order."""
-    rows: dict[tuple[str, str], dict] = {}
+    """The last row per (task, id, variant), sorted by task, id and variant — never by the order
+    reads happened to finish, so every split drawn over them is reproducible."""
+    rows: dict[tuple[str, str, str], dict] = {}
     for line in (run / RECORDS).read_text(encoding="utf-8").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:  # a torn last line from a killed run
             continue
-        rows[(row["id"], row["variant"])] = row
-    return list(rows.values())
+        rows[row_key(row)] = row
+    return [rows[key] for key in sorted(rows)]
 
 
 def _arrays(rows: list[dict], probabilities_of=lambda row: row["probabilities"]) -> tuple[np.ndarray, np.ndarray]:
@@ -72,32 +73,24 @@ def at_top_k_bound(row: dict, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dic
 
 
 def after_labels(p: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict:
-    """ECE after 50 labels: single split and 20-split mean, with the single split's T."""
-    logits = as_logits(p)
-    curve = {point["labels"]: point for point in label_curve(logits, y, counts=(50,), splits=20, seed=seed)["points"]}
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(y))
-    half = len(y) // 2
-    fit, held_out = order[:half][:50], order[half:]
-    t = TemperatureScaler().fit(logits[fit], y[fit]).temperature_
-    return {
-        "ece_after_50_single": ece(apply_temperature(logits[held_out], t), y[held_out], N_BINS),
-        "ece_after_50_mean": curve[50]["ece_mean"] if 50 in curve else float("nan"),
-        "temperature_at_50": t,
-    }
+    """ECE after 50 labels: split 0 and the 20-split mean, and the median fitted T (the label-curve
+    protocol, same splits and draws as ``decide eval label-curve``)."""
+    (point,) = label_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed)["points"]
+    return {"ece_after_50_single": point["ece_split0"], "ece_after_50_mean": point["ece_mean"], "temperature_at_50": point["temperature_median"]}
 
 
-def score_task(rows: list[dict], *, seed: int = 0) -> dict:
+def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dict:
+    rows = sorted(rows, key=lambda row: (row["id"], row["variant"]))
     original = [row for row in rows if row["variant"] == "original"]
     ok = [row for row in original if row["status"] == "ok"]
-    errors = len(original) - len(ok)
+    errors = sum(row["status"] != "ok" for row in rows)  # every variant
     if not ok:
         return {"n": 0, "errors": errors}
     p, y = _arrays(ok)
     correct = int((p.argmax(axis=1) == y).sum())
     lo, hi = wilson_interval(correct, len(ok))
     majority = Counter(row["gold"] for row in ok).most_common(1)[0][1] / len(ok)
-    bounded, _ = _arrays(ok, at_top_k_bound)
+    bounded, _ = _arrays(ok, lambda row: at_top_k_bound(row, floor_offset))
     result = {
         "n": len(ok),
         "errors": errors,
@@ -124,13 +117,18 @@ def score_task(rows: list[dict], *, seed: int = 0) -> dict:
 def score_run(run: Path, *, seed: int = 0) -> dict:
     manifest = json.loads((run / MANIFEST).read_text())
     rows = load_rows(run)
-    tasks = sorted({row["task"] for row in rows}, key=[*manifest["args"]["tasks"]].index)
+    planned = manifest["args"]["tasks"]
+    tasks = sorted({row["task"] for row in rows}, key=lambda task: (planned.index(task) if task in planned else len(planned), task))
     report = {
         "run": str(run),
         "n_bins": N_BINS,
         "engine": manifest["engines"]["run"],
         "status": manifest["status"],
-        "tasks": {task: score_task([row for row in rows if row["task"] == task], seed=seed) for task in tasks},
+        "tasks": {
+            task: score_task([row for row in rows if row["task"] == task], seed=seed, floor_offset=manifest["args"].get("floor_offset", DEFAULT_FLOOR_OFFSET))
+            for task in tasks
+        },
+        "missing_records": manifest.get("records", len(rows)) - len(rows),
     }
     latency = run / "latency.json"
     if latency.is_file():
@@ -142,9 +140,9 @@ def score_table(report: dict) -> str:
     engine = report["engine"]
     lines = [
         f"Engine {engine['kind']} ({engine['read_mode']}, top-k {engine['top_k']}), model {engine['model']} @ {engine['revision']}; "
-        f"ECE over {report['n_bins']} bins; run status {report['status']}.",
+        f"ECE over {report['n_bins']} bins; run status {report['status']}; records planned but not in the evidence: {report['missing_records']}.",
         "",
-        "| task | n | accuracy (95% CI) | majority | ECE | Brier | ECE after 50 labels, single / 20-split mean | T at 50 | reversed-order changes | all labels returned | ECE raw / after 50, missing at top-k bound | median ms | errors |",
+        "| task | n | accuracy (95% CI) | majority | ECE | Brier | ECE after 50 labels, split 0 / 20-split mean | median T at 50 | reversed-order changes | all labels returned | ECE raw / after 50, missing at top-k bound | median ms | errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, s in report["tasks"].items():

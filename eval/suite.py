@@ -30,7 +30,7 @@ from calibration.temperature import as_logits
 from eval.label_curve import label_curve
 from eval.manifest import run_manifest, write_json
 from eval.reads import read_one
-from eval.runner import MANIFEST, RECORDS, RunRefused, done_keys
+from eval.runner import MANIFEST, RECORDS, RunRefused, check_directory, done_keys, drop_torn_tail
 from eval.score import Z95, load_rows, wilson_interval
 from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
@@ -84,8 +84,9 @@ def build_from_tasks(out: Path) -> dict[str, str]:
     return digests
 
 
-def load_suite(data: Path) -> tuple[list[SuiteRecord], dict[str, str]]:
-    """Every record of every subset, after checking each subset's sha256 against its manifest."""
+def load_suite(data: Path, *, allow_unverified: bool = False) -> tuple[list[SuiteRecord], dict[str, str]]:
+    """Every record of every subset, after checking each subset's sha256 against its manifest
+    (a subset without ``dataset_sha256`` is refused unless ``allow_unverified``)."""
     records, digests = [], {}
     subsets = sorted(path.parent for path in data.glob("*/all.jsonl"))
     if not subsets:
@@ -94,10 +95,11 @@ def load_suite(data: Path) -> tuple[list[SuiteRecord], dict[str, str]]:
         payload = (folder / "all.jsonl").read_bytes()
         digest = hashlib.sha256(payload).hexdigest()
         manifest_path = folder / "manifest.json"
-        if manifest_path.is_file():
-            expected = json.loads(manifest_path.read_text()).get("dataset_sha256")
-            if expected and expected != digest:
-                raise RunRefused(f"{folder.name}/all.jsonl has sha256 {digest}, its manifest says {expected}")
+        expected = json.loads(manifest_path.read_text()).get("dataset_sha256") if manifest_path.is_file() else None
+        if expected is None and not allow_unverified:
+            raise RunRefused(f"{folder.name} has no manifest.json with dataset_sha256; pass --allow-unverified to run it anyway")
+        if expected is not None and expected != digest:
+            raise RunRefused(f"{folder.name}/all.jsonl has sha256 {digest}, its manifest says {expected}")
         digests[folder.name] = digest
         for line in payload.decode("utf-8").split("\n"):
             if line.strip():
@@ -117,18 +119,16 @@ def _record(subset: str, raw: dict) -> SuiteRecord:
     return SuiteRecord(subset, raw["id"], str(raw.get("family", raw["id"])), body, name, spec.kind, spec.options, gold)
 
 
-async def run_suite(engine: Engine, data: Path, out: Path, *, concurrency: int = 4) -> dict:
-    records, digests = load_suite(data)
+async def run_suite(engine: Engine, data: Path, out: Path, *, concurrency: int = 4, allow_unverified: bool = False) -> dict:
+    records, digests = load_suite(data, allow_unverified=allow_unverified)
     out.mkdir(parents=True, exist_ok=True)
     manifest = run_manifest("suite", engines={"run": engine}, args={"data": str(data), "concurrency": concurrency}, status="started")
     manifest["data_sha256"] = digests
     existing = out / MANIFEST
-    if existing.is_file():
-        before = json.loads(existing.read_text())
-        if before["data_sha256"] != digests or before["engines"]["run"]["revision"] != engine.info.revision:
-            raise RunRefused(f"{out} holds a run over other data or another model revision")
+    check_directory(out, manifest)
     write_json(existing, manifest)
     reader = Reader(engine)
+    drop_torn_tail(out / RECORDS)
     done = done_keys(out / RECORDS)
     gate = asyncio.Semaphore(concurrency)
     lock = asyncio.Lock()
@@ -149,7 +149,7 @@ async def run_suite(engine: Engine, data: Path, out: Path, *, concurrency: int =
             sink.flush()
 
     with (out / RECORDS).open("a", encoding="utf-8") as sink:
-        await asyncio.gather(*(one(r, sink) for r in records if (r.id, "original") not in done))
+        await asyncio.gather(*(one(r, sink) for r in records if (r.subset, r.id, "original") not in done))
     manifest["status"] = "success"
     manifest["records"] = len(records)
     write_json(existing, manifest)

@@ -375,6 +375,7 @@ def eval_suite(
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    allow_unverified: Annotated[bool, typer.Option(help="run subsets whose manifest gives no dataset_sha256")] = False,
 ) -> None:
     """Run the suite at --data through an engine into --out, then score it (suite.json, suite.md)."""
     if context.invoked_subcommand is not None:
@@ -387,7 +388,7 @@ def eval_suite(
     async def go() -> None:
         served = await open_engine_spec(engine, top_k=top_k, engine_url=engine_url)
         try:
-            await run_suite(served, data, out, concurrency=concurrency)
+            await run_suite(served, data, out, concurrency=concurrency, allow_unverified=allow_unverified)
         finally:
             await served.aclose()
 

@@ -85,6 +85,7 @@ async def _decide(
                 domain=key.domain,
                 options=list(reading.question.options),
                 raw_probabilities=list(reading.read.probabilities),
+                informative=reading.read.informative,
             )
         )
     response = SystemOneResponse(

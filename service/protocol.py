@@ -367,6 +367,13 @@ class RefitRequest(RequestModel):
     domain: str | None = None
     model: str | None = None
 
+    @model_validator(mode="after")
+    def check_domain_has_count(self) -> RefitRequest:
+        # Lookups go domain → type + count → type: a domain calibration without a count is never applied.
+        if self.domain is not None and self.option_count is None:
+            raise ValueError("a domain calibration needs option_count")
+        return self
+
 
 # ---------------------------------------------------------------------------------------------
 # Models and errors

@@ -46,6 +46,41 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(tmp_path):
     assert reopened.decision("d1") == decision("d1")
     assert reopened.labelled(KEY) == [([0.5, 0.3, 0.2], 1)]
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert reopened._raw().execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: durable at commit, not only on a clean exit
+
+
+def test_fits_by_another_process_are_seen_without_a_restart(tmp_path):
+    path = tmp_path / "cal.sqlite3"
+    serving = CalibrationStore(path)
+    assert serving.lookup(KEY) is None
+    fitted = CalibrationStore(path).add_calibration(KEY, temperature=1.3, n=50, source="labels")  # another worker
+    assert serving.lookup(KEY) == fitted
+
+
+def test_a_store_from_before_the_informative_column_is_migrated(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE decisions (id TEXT PRIMARY KEY, model TEXT NOT NULL, revision TEXT NOT NULL, question_type TEXT NOT NULL, "
+        "option_count INTEGER NOT NULL, domain TEXT, options TEXT NOT NULL, raw_probabilities TEXT NOT NULL, created_at TEXT NOT NULL)"
+    )
+    old.execute("INSERT INTO decisions VALUES ('d0', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', 'then')")
+    old.commit()
+    old.close()
+    store = CalibrationStore(path)
+    store.add_decisions([decision("d1")])
+    store.add_feedback("d0", "c")
+    assert store.decision("d0").informative and store.decision("d1") == decision("d1")
+    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2)]
+
+
+def test_abstentions_are_not_fitted_on(tmp_path):
+    store = CalibrationStore(tmp_path / "cal.sqlite3")
+    abstained = DecisionRecord("d0", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [1 / 3] * 3, informative=False)
+    store.add_decisions([abstained, decision("d1")])
+    store.add_feedback("d0", "a")
+    store.add_feedback("d1", "a")
+    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]
 
 
 def test_latest_feedback_for_a_decision_wins(tmp_path):

@@ -63,3 +63,35 @@ def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_pa
     keys = [(row["id"], row["variant"]) for row in rows]
     assert len(keys) == len(set(keys)) == 20 * 2 + 20  # sst2 original + reversed, irony original
     assert json.loads((out / "manifest.json").read_text())["status"] == "success"
+
+
+async def test_a_torn_last_line_is_redone_not_lost(local_engine, tmp_path):
+    await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=8)
+    records = tmp_path / "records.jsonl"
+    data = records.read_bytes()
+    records.write_bytes(data[: data.rstrip(b"\n").rfind(b"\n") + 1] + data.rstrip(b"\n").rsplit(b"\n", 1)[1][:40])  # last line cut mid-way
+    await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=8)
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert len(rows) == 8 and len({row["id"] for row in rows}) == 8
+    report = score_run(tmp_path)
+    assert report["tasks"]["irony"]["n"] == 8 and report["missing_records"] == 0
+
+
+async def test_resuming_with_other_tasks_is_refused(local_engine, tmp_path):
+    await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=3)
+    with pytest.raises(RunRefused, match="tasks"):
+        await run_tasks(local_engine, tmp_path, tasks=["irony", "sst2"], limit=3)
+
+
+def test_scores_do_not_depend_on_the_order_records_were_written(tmp_path):
+    import random
+    import shutil
+
+    source = ROOT / "docs" / "evidence" / "eval" / "embedded-exact"
+    shuffled = tmp_path / "shuffled"
+    shuffled.mkdir()
+    shutil.copy(source / "manifest.json", shuffled / "manifest.json")
+    lines = (source / "records.jsonl").read_text().splitlines()
+    random.Random(5).shuffle(lines)
+    (shuffled / "records.jsonl").write_text("\n".join(lines) + "\n")
+    assert score_run(shuffled)["tasks"] == score_run(source)["tasks"]

@@ -57,11 +57,21 @@ def test_mcnemar_exact():
     assert result["p_value"] == pytest.approx(2 * sum(math.comb(12, k) for k in range(3)) / 2**12)
 
 
-def write_run(path, *, digest, correct):
+def test_compare_refuses_different_records_or_gold(tmp_path):
+    write_run(tmp_path / "a", digest="sha256:1", correct=[1, 1, 0, 0])
+    write_run(tmp_path / "b", digest="sha256:1", correct=[1, 0, 1])
+    with pytest.raises(ComparisonRefused, match="1 only in A"):
+        compare_runs(tmp_path / "a", tmp_path / "b")
+    write_run(tmp_path / "c", digest="sha256:1", correct=[1, 0, 1, 1], gold="negative")
+    with pytest.raises(ComparisonRefused, match="gold labels"):
+        compare_runs(tmp_path / "a", tmp_path / "c")
+
+
+def write_run(path, *, digest, correct, gold="positive"):
     path.mkdir()
     (path / "manifest.json").write_text(json.dumps({"data_sha256": {"sst2": "x"}, "image_digest": digest}))
     rows = [
-        {"id": f"sst2-{i}", "task": "sst2", "variant": "original", "status": "ok", "gold": "positive", "predicted": "positive" if ok else "negative"}
+        {"id": f"sst2-{i}", "task": "sst2", "variant": "original", "status": "ok", "gold": gold, "predicted": "positive" if ok else "negative"}
         for i, ok in enumerate(correct)
     ]
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

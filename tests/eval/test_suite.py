@@ -39,7 +39,9 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     # one subset named as a published one, so "Jev minus arm" is computed against its published figure
     (data / "sst2").rename(data / "boolq")
     out = tmp_path / "run"
-    manifest = await run_suite(local_engine, data, out)
+    with pytest.raises(RunRefused, match="no manifest.json"):
+        await run_suite(local_engine, data, out)
+    manifest = await run_suite(local_engine, data, out, allow_unverified=True)
     assert manifest["status"] == "success" and manifest["records"] == 48
     report = score_suite(out)
     assert report["overall"]["n"] == 48 and report["errors"] == 0
@@ -48,3 +50,27 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     assert "| all | 48 |" in suite_table(report)
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len({row["id"] for row in rows}) == 48
+
+
+async def test_subsets_sharing_ids_are_kept_apart_and_resume_is_guarded(local_engine, tmp_path):
+    data = tmp_path / "suite"
+    build_from_tasks(data)
+    for subset in ("sst2", "ag_news", "emotion", "irony"):
+        if subset in ("sst2", "irony"):
+            lines = (data / subset / "all.jsonl").read_text().splitlines()[:4]
+            (data / subset / "all.jsonl").write_text("\n".join(lines) + "\n")
+            (data / subset / "manifest.json").unlink()
+        else:
+            import shutil
+
+            shutil.rmtree(data / subset)
+    # a second subset with the same ids (as massive-en-US and massive-de-DE have)
+    import shutil
+
+    shutil.copytree(data / "sst2", data / "sst2-copy")
+    out = tmp_path / "run"
+    await run_suite(local_engine, data, out, allow_unverified=True)
+    report = score_suite(out)
+    assert report["subsets"]["sst2"]["n"] == 4 and report["subsets"]["sst2-copy"]["n"] == 4 and report["overall"]["n"] == 12
+    with pytest.raises(RunRefused, match="read mode"):
+        await run_suite(local_engine.with_top_k(2), data, out, allow_unverified=True)
