@@ -24,9 +24,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.agree import spread  # noqa: E402
 from eval.load import machine_info, run_bench, run_load  # noqa: E402
-from eval.tasks import TASKS, load_sample  # noqa: E402
+from eval.tasks import TASKS, load_sample, spread  # noqa: E402
 from readers.engines.base import ReadMode, ReadRequest  # noqa: E402
 from readers.engines.vllm import VLLMEngine  # noqa: E402
 from readers.reader import Reader  # noqa: E402

@@ -33,9 +33,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.agree import spread  # noqa: E402
 from eval.load import machine_info, run_bench, run_load  # noqa: E402
-from eval.tasks import load_sample  # noqa: E402
+from eval.tasks import load_sample, spread  # noqa: E402
 from readers.engines.base import ReadMode  # noqa: E402
 from readers.engines.vllm import VLLMEngine, completion_body  # noqa: E402
 from readers.prompt import QuestionSpec, build_prompt  # noqa: E402

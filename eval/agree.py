@@ -90,14 +90,6 @@ def agreement_table(rows: Sequence[Agreement], a_name: str, b_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def spread(records: Sequence, limit: int | None) -> list:
-    """``limit`` records spread evenly over the sample (the files are in upstream row order)."""
-    if limit is None or limit >= len(records):
-        return list(records)
-    step = len(records) / limit
-    return [records[int(i * step)] for i in range(limit)]
-
-
 async def run_agreement(
     a_spec: str,
     b_spec: str,
@@ -114,7 +106,7 @@ async def run_agreement(
     """Read the same records through engines ``a_spec`` and ``b_spec``; write evidence to ``out``."""
     from eval.manifest import run_manifest, write_json
     from eval.reads import read_records
-    from eval.tasks import TASKS, load_sample
+    from eval.tasks import TASKS, load_sample, spread
     from readers.engines import open_engine_spec
     from readers.reader import Reader
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from eval.manifest import run_manifest, write_json
 from eval.reads import read_records
-from eval.tasks import TASKS, Record, Task, load_sample
+from eval.tasks import TASKS, Record, Task, load_sample, spread
 from readers.engines.base import Engine
 from readers.errors import DecideError
 from readers.reader import Reader
@@ -49,8 +49,6 @@ class Job:
 
 def plan(tasks: Sequence[str], limit: int | None) -> list[Job]:
     """Every (record, variant) of the tasks, in a fixed order; ``limit`` records per task."""
-    from eval.agree import spread
-
     jobs = []
     for name in tasks:
         task = TASKS[name]

@@ -7,7 +7,7 @@ reversed (the ``reversed`` variant): a reader that depends on option position sh
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -84,6 +84,14 @@ def load_sample(task: str) -> list[Record]:
     """The shipped sample of ``task`` (300 class-stratified records), in file order."""
     text = resources.files(SAMPLES_PACKAGE).joinpath(f"{task}.jsonl").read_text(encoding="utf-8")
     return [Record(**json.loads(line)) for line in text.splitlines() if line]
+
+
+def spread(records: Sequence, limit: int | None) -> list:
+    """``limit`` records spread evenly over the sample (the files are in upstream row order)."""
+    if limit is None or limit >= len(records):
+        return list(records)
+    step = len(records) / limit
+    return [records[int(i * step)] for i in range(limit)]
 
 
 def requests_for(task: Task, records: list[Record], variant: str = "original") -> Iterator[tuple[Record, dict[str, Any]]]:

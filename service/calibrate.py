@@ -78,7 +78,7 @@ async def fit_from_examples(request: CalibrationRequest, reader: Reader, store: 
     gate = asyncio.Semaphore(concurrency)
     jobs = []
     for i, example in enumerate(request.examples):
-        state = example.model_dump()["state"]
+        state = example.state
         for name, question in example.questions.items():
             spec = question.to_spec()
             loc = ("body", "examples", i, "gold", name)

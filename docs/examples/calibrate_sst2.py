@@ -18,8 +18,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from eval.agree import spread  # noqa: E402
-from eval.tasks import TASKS, load_sample  # noqa: E402
+from eval.tasks import TASKS, load_sample, spread  # noqa: E402
 
 QUESTION = {"type": "choice", "instructions": "What is the sentiment of this movie review?", "criteria": dict.fromkeys(TASKS["sst2"].options)}
 

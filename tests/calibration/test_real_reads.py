@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from calibration.temperature import TemperatureScaler, as_logits, nll_at
-from eval.agree import spread
 from eval.reads import read_records
-from eval.tasks import TASKS, load_sample
+from eval.tasks import TASKS, load_sample, spread
 from readers.reader import Reader
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eval.agree import agreement, margin, spread
+from eval.agree import agreement, margin
+from eval.tasks import spread
 from eval.reads import RecordRead
 
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from eval.agree import agreement, spread
+from eval.agree import agreement
 from eval.reads import read_records
-from eval.tasks import TASKS, load_sample
+from eval.tasks import TASKS, load_sample, spread
 from readers.engines.base import ReadMode
 from readers.engines.vllm import VLLMEngine
 from readers.reader import Reader

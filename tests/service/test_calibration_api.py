@@ -7,8 +7,7 @@ import math
 import pytest
 
 from calibration.store import CalibrationStore
-from eval.agree import spread
-from eval.tasks import TASKS, load_sample
+from eval.tasks import TASKS, load_sample, spread
 from service.app import create_app
 
 pytestmark = pytest.mark.anyio
@@ -42,11 +41,9 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     assert answer["probabilities"] == pytest.approx(expected)
     assert answer["confidence"] == pytest.approx(max(expected.values()))
 
-    restarted = create_app(local_engine, store=CalibrationStore(path))
     async with client_factory(local_engine, store=CalibrationStore(path)) as client:
         again = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()
     assert again["answers"]["s"]["reading"]["calibration"]["id"] == calibration["id"]
-    assert restarted is not None
 
 
 async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_path):
