@@ -108,6 +108,43 @@ def cost_rows(throughputs: list[Throughput], prices: list[Price], jev: dict, *, 
     return rows
 
 
+def break_even_rows(rows: list[dict], prices: list[Price], *, utilisation: float = 1.0) -> list[dict]:
+    """For price rows on chips with no throughput in ``rows``: the decisions/s each must sustain to
+    match the cheapest costed row of the same billing (on-demand with on-demand, spot with spot;
+    the cheapest of all where that billing has none), so an unmeasured chip is judged, not costed."""
+    billing = {p.name: p.billing for p in prices}
+    costed = [r for r in rows if "usd_per_hour" in r]
+    measured_chips = {p.chip for p in prices if any(r["price"] == p.name for r in costed)}
+    out = []
+    for p in prices:
+        if not costed or p.chip in measured_chips:
+            continue
+        alike = [r for r in costed if billing.get(r["price"]) == p.billing] or costed
+        match = min(alike, key=lambda r: r["usd_per_million"])
+        out.append({"price": p.name, "chip": p.chip, "billing": p.billing, "usd_per_hour": p.usd_per_hour, "utilisation": utilisation,
+                    "match": f"{match['label']} on {match['price']}", "match_usd_per_million": match["usd_per_million"],
+                    "decisions_per_s_needed": p.usd_per_hour / 3600 / (match["usd_per_million"] / 1e6) / utilisation,
+                    "price_source": p.source})  # fmt: skip
+    return out
+
+
+def break_even_table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    lines = [
+        "Price rows with no throughput here: the decisions/s each needs to match the cheapest costed row of its billing:",
+        "",
+        "| price row | chip | billing | $/h | utilisation | decisions/s needed | to match |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['price']} | {r['chip']} | {r['billing']} | {r['usd_per_hour']:.4g} | {r['utilisation']:.0%} | {r['decisions_per_s_needed']:.1f} | "
+        f"{r['match']} (${r['match_usd_per_million']:.2f}/M) |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def cost_table(rows: list[dict]) -> str:
     lines = ["| throughput | price row | $/h | decisions/s | utilisation | $ per million decisions |", "|---|---|---|---|---|---|"]
     for r in rows:

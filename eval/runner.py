@@ -138,10 +138,9 @@ async def run_tasks(
     manifest["args_passed"] = args_passed or {}
     manifest["image_digest"] = image_digest
     if engine_log is not None:
-        from eval.kv_log import memory_statistics, parse_kv_capacity
+        from eval.kv_log import read_engine_log
 
-        manifest["kv_capacity"] = parse_kv_capacity(engine_log)
-        manifest["memory_statistics"] = memory_statistics(engine_log)
+        manifest.update(read_engine_log(engine_log))
     check_directory(out, manifest)
     previous_wall_s = json.loads((out / MANIFEST).read_text()).get("wall_s", 0.0) if (out / MANIFEST).is_file() else 0.0
     jobs = plan(tasks, limit)

@@ -246,7 +246,7 @@ def cost(
     out: Annotated[Optional[Path], typer.Option(help="also write cost.json and cost.png here")] = None,
 ) -> None:
     """Cost per million decisions: $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶, and Jev's at the same prompts."""
-    from eval.cost import cost_rows, cost_table, load_prices, quoted_v6e_throughputs, throughput_of_run
+    from eval.cost import break_even_rows, break_even_table, cost_rows, cost_table, load_prices, quoted_v6e_throughputs, throughput_of_run
 
     overrides = {}
     for item in price:
@@ -260,29 +260,49 @@ def cost(
     if quoted:
         throughputs += quoted_v6e_throughputs()
     rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
+    unmeasured = break_even_rows(rows, price_rows, utilisation=utilisation)
     if out:
         from eval.figures import plot_costs
 
         out.mkdir(parents=True, exist_ok=True)
-        (out / "cost.json").write_text(json.dumps(rows, indent=2) + "\n")
+        (out / "cost.json").write_text(json.dumps({"costs": rows, "break_even": unmeasured}, indent=2) + "\n")
         plot_costs(rows, out / "cost.png")
     typer.echo(cost_table(rows))
+    if unmeasured:
+        typer.echo(break_even_table(unmeasured))
 
 
 @app.command()
 def survey(
     models: Annotated[list[str], typer.Argument(help="Hugging Face model ids")],
-    chip: Annotated[str, typer.Option(help="v5e, v6e or l4")],
+    chip: Annotated[str, typer.Option(help="v5e, v6e, l4, or cpu (vLLM-CPU: needs --kv-cache-gib)")],
     metadata: Annotated[Optional[Path], typer.Option(help="saved metadata JSON (offline); default: fetch from the Hub")] = None,
     max_model_len: Annotated[int, typer.Option(help="tokens per request the server is started with")] = 4096,
     license: Annotated[Optional[str], typer.Option("--license", help="comma-separated licences to keep, e.g. apache-2.0,mit")] = None,
     reserve_gib: Annotated[float, typer.Option(help="activation reserve subtracted from usable memory")] = 0.25,
+    kv_cache_gib: Annotated[Optional[float], typer.Option(help="a fixed KV pool, as vLLM's --kv-cache-memory-bytes (in GiB)")] = None,
+    dtype: Annotated[Optional[str], typer.Option(help="weights and KV dtype the server runs (vLLM --dtype); default: the config's")] = None,
+    measured: Annotated[list[str], typer.Option(help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)")] = [],  # noqa: B006
 ) -> None:
-    """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict."""
-    from eval.survey import CHIP_USABLE_GIB, fetch_metadata, load_metadata, survey_model, survey_table
+    """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
+    from eval.kv_log import measured_capacity
+    from eval.survey import CHIP_USABLE_GIB, DTYPE_BYTES, fetch_metadata, load_metadata, measured_table, survey_model, survey_table
 
     if chip not in CHIP_USABLE_GIB:
         raise typer.BadParameter(f"choose one of {', '.join(CHIP_USABLE_GIB)}", param_hint="--chip")
+    if CHIP_USABLE_GIB[chip] is None and kv_cache_gib is None:
+        raise typer.BadParameter(f"{chip} has no fixed memory: give the KV pool the server is started with", param_hint="--kv-cache-gib")
+    if dtype is not None and dtype not in DTYPE_BYTES:
+        raise typer.BadParameter(f"choose one of {', '.join(DTYPE_BYTES)}", param_hint="--dtype")
+    measurements = {}
+    for item in measured:
+        model, sep, path = item.partition("=")
+        if not sep or model not in models:
+            raise typer.BadParameter(f"{item!r} is not MODEL=PATH for one of the models surveyed", param_hint="--measured")
+        try:
+            measurements[model] = measured_capacity(Path(path))
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--measured") from None
     saved = load_metadata(metadata) if metadata else {}
     allowed = {name.strip() for name in license.split(",")} if license else None
     rows, skipped = [], []
@@ -293,8 +313,11 @@ def survey(
         if allowed and meta.get("license") not in allowed:
             skipped.append(f"{model} (licence {meta.get('license')})")
             continue
-        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib))
+        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib,
+                                 kv_cache_gib=kv_cache_gib, dtype=dtype, measured=measurements.get(model)))  # fmt: skip
     typer.echo(survey_table(rows))
+    if comparison := measured_table(rows):
+        typer.echo("Predicted vs measured:\n\n" + comparison)
     if skipped:
         typer.echo("left out by --license: " + ", ".join(skipped))
 

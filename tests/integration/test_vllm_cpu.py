@@ -122,3 +122,21 @@ async def test_every_vllm_metric_in_the_dashboard_is_scraped(vllm_url):
         scraped = scraped_sample_names((await client.get("/metrics")).text)
     missing = {name for name in dashboard_metric_names() if name.startswith("vllm:")} - scraped
     assert not missing, missing
+
+
+def test_the_survey_predicts_the_kv_capacity_this_server_logged(vllm_server, embedded_model_dir):
+    import json
+    from pathlib import Path
+
+    from eval.kv_log import measured_capacity
+    from eval.survey import GIB, survey_model
+
+    server, spec = vllm_server
+    measured = measured_capacity(Path(server.log))
+    logged = measured["kv_capacity"]
+    assert logged["device"] == "CPU" and logged["kv_cache_tokens"] > 0
+    meta = {"license": "apache-2.0", "config": json.loads((embedded_model_dir / "config.json").read_text())}
+    row = survey_model("smollm2-135m-instruct", meta, chip="cpu", max_model_len=logged["max_model_len"],
+                       kv_cache_gib=spec.kv_cache_bytes / GIB, dtype=spec.dtype, measured=measured)  # fmt: skip
+    assert row.kv_tokens == row.measured_kv_tokens == logged["kv_cache_tokens"]
+    assert row.max_concurrency == pytest.approx(logged["max_concurrency"], abs=0.005)
