@@ -45,6 +45,8 @@ def load_prices(path: Path | None = None, overrides: dict[str, tuple[str, float]
     prices = [Price(**row) for row in data["price"]]
     for name, (chip, usd) in (overrides or {}).items():
         prices = [p for p in prices if p.name != name] + [Price(name, chip, usd, "user", "given on the command line", "")]
+    if free := [p.name for p in prices if not p.usd_per_hour > 0]:
+        raise ValueError(f"price rows must be above 0 $/h: {', '.join(free)}")
     return prices, data["jev"]
 
 
@@ -122,7 +124,7 @@ def break_even_rows(rows: list[dict], prices: list[Price], *, utilisation: float
         alike = [r for r in costed if billing.get(r["price"]) == p.billing] or costed
         match = min(alike, key=lambda r: r["usd_per_million"])
         out.append({"price": p.name, "chip": p.chip, "billing": p.billing, "usd_per_hour": p.usd_per_hour, "utilisation": utilisation,
-                    "match": f"{match['label']} on {match['price']}", "match_usd_per_million": match["usd_per_million"],
+                    "match": f"{match['label']} on {match['price']} ({billing.get(match['price'])})", "match_usd_per_million": match["usd_per_million"],
                     "decisions_per_s_needed": p.usd_per_hour / 3600 / (match["usd_per_million"] / 1e6) / utilisation,
                     "price_source": p.source})  # fmt: skip
     return out
@@ -132,7 +134,8 @@ def break_even_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     lines = [
-        "Price rows with no throughput here: the decisions/s each needs to match the cheapest costed row of its billing:",
+        "Price rows with no throughput here: the decisions/s each needs to match the cheapest costed row of its billing "
+        "(of any billing where none of its own is costed):",
         "",
         "| price row | chip | billing | $/h | utilisation | decisions/s needed | to match |",
         "|---|---|---|---|---|---|---|",

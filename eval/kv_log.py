@@ -1,7 +1,7 @@
 """KV-cache capacity and memory lines from vLLM start-up logs, for run manifests and the survey.
 
     … KV cache size: 23,296 tokens, Maximum concurrency for 8,192 tokens per request: 2.84x
-    (any device prefix: "CPU KV cache size", "GPU KV cache size", or none)
+    (vLLM's device word — "GPU" for CUDA, else the device type upper-cased — optionally "+ host", or none)
     … Memory statistics | total_hbm_limit_gb=15.75GiB | total_hbm_limit_cap_gb=14.49GiB | total_hbm_used_gb=…GiB | total_hbm_avail_gb=…GiB
     (the TPU backend's line: tpu_inference/worker/tpu_worker.py, ``determine_available_memory``,
     written with f-string ``{name=}`` fields, so every field is ``name=valueGiB``)
@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 KV_LINE = re.compile(
-    r"(?P<device>[A-Z]+ )?KV cache size: (?P<tokens>[\d,]+) tokens, "
+    r"(?:\b(?P<device>GPU|CPU|TPU|XPU|HPU|NPU)(?: \+ host)? )?KV cache size: (?P<tokens>[\d,]+) tokens, "
     r"Maximum concurrency for (?P<per_request>[\d,]+) tokens per request: (?P<concurrency>[\d.]+)x"
 )
 MEMORY_MARKER = "Memory statistics"
@@ -25,7 +25,7 @@ def parse_kv_capacity(log: str) -> dict | None:
     found = None
     for match in KV_LINE.finditer(log):
         found = {
-            "device": (match["device"] or "").strip() or None,
+            "device": match["device"],
             "kv_cache_tokens": int(match["tokens"].replace(",", "")),
             "max_model_len": int(match["per_request"].replace(",", "")),
             "max_concurrency": float(match["concurrency"]),
@@ -55,17 +55,24 @@ def read_engine_log(log: str) -> dict:
 
 
 def measured_capacity(path: Path) -> dict:
-    """Measured capacity from a server start-up log, or from a run manifest (or run directory) that recorded one."""
+    """Measured capacity from a server start-up log, or from a run manifest (or run directory) that
+    recorded one; ``source`` names the file. Raises ValueError, saying why, when there is none."""
     import json
 
     if path.is_dir():
         path = path / "manifest.json"
     text = path.read_text(errors="replace")
-    if path.suffix == ".json":
-        manifest = json.loads(text)
-        found = {"kv_capacity": manifest.get("kv_capacity"), "memory_statistics": manifest.get("memory_statistics")}
-    else:
+    if path.suffix != ".json":
         found = read_engine_log(text)
-    if not found["kv_capacity"] and not found["memory_statistics"]:
-        raise ValueError(f"{path}: no 'KV cache size' or 'Memory statistics' line")
-    return found
+        if not found["kv_capacity"] and not found["memory_statistics"]:
+            raise ValueError(f"{path}: no 'KV cache size' or 'Memory statistics' line")
+        return {**found, "source": str(path)}
+    manifest = json.loads(text)
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: not a run manifest (a JSON object)")
+    memory = manifest.get("memory_statistics")
+    if isinstance(memory, list):  # manifests before 2026-11-29 kept the lines verbatim
+        memory = parse_memory_statistics("\n".join(memory))
+    if not manifest.get("kv_capacity") and not memory:
+        raise ValueError(f"{path}: the manifest recorded no server capacity (was the run given --engine-log?)")
+    return {"kv_capacity": manifest.get("kv_capacity"), "memory_statistics": memory, "source": str(path)}

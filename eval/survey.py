@@ -10,12 +10,15 @@ for KV); ``no``.
 - KV bytes per token: 2 (K and V) × KV heads × head dim × dtype bytes, summed over layers that keep
   their own KV. A sliding-window layer holds at most ``window`` tokens per sequence, so it counts
   for window / max_model_len of a token's KV; KV-shared layers (``num_kv_shared_layers``) count zero.
-- Usable memory: the vLLM TPU caps seen in start-up logs (v5e 14.49 GiB of 15.75, v6e 28.74 GiB of
-  31.24); NVIDIA L4: 22.4 GiB × ``--gpu-memory-utilization`` 0.9. The activation reserve
+- Usable memory: chip memory × ``--gpu-memory-utilization``. TPU: 0.92, vLLM's default, which is
+  what gives the caps seen in start-up logs (v5e 14.49 GiB of 15.75, v6e 28.74 GiB of 31.24:
+  tpu-inference caps HBM at limit × utilisation). NVIDIA L4: 22.4 GiB × 0.9. The activation reserve
   (0.25 GiB by default) is the gap left between cap, weights and KV in the reference study's v5e
   start-ups; with it, predictions land within 5% of the KV tokens measured there (see the tests).
 - A fixed KV pool (vLLM's ``--kv-cache-memory-bytes``, ``kv_cache_gib`` here) replaces
-  "usable − weights − reserve"; on ``cpu`` (vLLM-CPU) it is required, host memory being the user's.
+  "usable − weights − reserve". vLLM documents that such a pool ignores the utilisation, so on a GPU
+  weights + reserve + pool must fit the whole memory; on TPU the worker sizes KV from its cap, so
+  the cap stays the limit. On ``cpu`` (vLLM-CPU) the pool is required, host memory being the user's.
 - KV tokens are whole blocks, as vLLM allocates them: 128 tokens per block on TPU (tpu-inference's
   usage report) and on vLLM-CPU (its default), 16 on CUDA.
 - Measured capacity (a start-up log's "KV cache size" and TPU "Memory statistics" lines, via
@@ -31,9 +34,15 @@ from pathlib import Path
 
 GIB = 1024**3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "float8_e4m3fn": 1, "int8": 1}
-CHIP_USABLE_GIB: dict[str, float | None] = {"v5e": 14.49, "v6e": 28.74, "l4": 22.4 * 0.9, "cpu": None}
+# vLLM's --dtype names → the dtype they load weights (and, with kv-cache-dtype auto, KV) in
+VLLM_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
+CHIPS = ("v5e", "v6e", "l4", "cpu")
 CHIP_TOTAL_GIB: dict[str, float | None] = {"v5e": 15.75, "v6e": 31.24, "l4": 22.4, "cpu": None}
+DEFAULT_MEMORY_UTILISATION = {"v5e": 0.92, "v6e": 0.92, "l4": 0.9, "cpu": None}
+TPU_CHIPS = ("v5e", "v6e")
 BLOCK_TOKENS = {"v5e": 128, "v6e": 128, "l4": 16, "cpu": 128}
+# the device word vLLM puts before "KV cache size" ("GPU" for CUDA, else the device type upper-cased)
+LOG_DEVICE_CHIPS = {"CPU": ("cpu",), "GPU": ("l4",), "TPU": TPU_CHIPS}
 DEFAULT_RESERVE_GIB = 0.25
 TIGHT_GIB = 2.0
 
@@ -86,12 +95,20 @@ class SurveyRow:
     max_concurrency: float
     verdict: str
     measured_kv_tokens: int | None = None
-    measured_usable_gib: float | None = None
+    measured_cap_gib: float | None = None
     measured_in_use_gib: float | None = None
+    measured_source: str | None = None
     kv_pool_fixed: bool = False
+    why_not: str | None = None
 
     def as_json(self) -> dict:
         return asdict(self)
+
+
+def usable_gib(chip: str, memory_utilisation: float | None = None) -> float | None:
+    """The memory vLLM lets weights, activations and KV share on ``chip`` (None on ``cpu``)."""
+    total = CHIP_TOTAL_GIB[chip]
+    return None if total is None else total * (memory_utilisation or DEFAULT_MEMORY_UTILISATION[chip])
 
 
 def survey_model(
@@ -103,6 +120,7 @@ def survey_model(
     reserve_gib: float = DEFAULT_RESERVE_GIB,
     kv_cache_gib: float | None = None,
     dtype: str | None = None,
+    memory_utilisation: float | None = None,
     measured: dict | None = None,
 ) -> SurveyRow:
     """One model on one chip. ``measured`` is ``eval.kv_log.measured_capacity``'s dict; without it the
@@ -113,16 +131,24 @@ def survey_model(
     params = meta.get("safetensors_total") or parameter_count(config)
     weights = params * dtype_bytes / GIB
     kv_per_token = kv_bytes_per_token(config, max_model_len=max_model_len, dtype_bytes=dtype_bytes)
-    usable = CHIP_USABLE_GIB[chip]
+    usable = usable_gib(chip, memory_utilisation)
+    why_not = None
     if kv_cache_gib is not None:
-        kv_gib = kv_cache_gib if usable is None or weights + reserve_gib + kv_cache_gib <= usable else 0.0
+        kv_gib = kv_cache_gib
+        limit = usable if chip in TPU_CHIPS else CHIP_TOTAL_GIB[chip]
+        if limit is not None and weights + reserve_gib + kv_cache_gib > limit:
+            why_not = f"{weights:.2f} + {reserve_gib:.2f} + {kv_cache_gib:.2f} > {limit:.2f} GiB"
     elif usable is None:
         raise ValueError(f"chip {chip!r} has no fixed memory: give the KV pool (vLLM --kv-cache-memory-bytes) as kv_cache_gib")
     else:
         kv_gib = usable - weights - reserve_gib
+        if kv_gib <= 0:
+            why_not = f"weights + reserve {weights + reserve_gib:.2f} ≥ {usable:.2f} GiB"
     block = BLOCK_TOKENS[chip]
-    kv_tokens = max(0, int(kv_gib * GIB // (kv_per_token * block)) * block) if kv_per_token else 0
-    verdict = "no" if kv_gib <= 0 or kv_tokens < max_model_len else "tight" if kv_gib < TIGHT_GIB else "fits"
+    kv_tokens = 0 if why_not or not kv_per_token else int(kv_gib * GIB // (kv_per_token * block)) * block
+    if why_not is None and kv_tokens < max_model_len:
+        why_not = f"{kv_tokens:,} KV tokens < one {max_model_len:,}-token request"
+    verdict = "no" if why_not else "tight" if kv_gib < TIGHT_GIB else "fits"
     kv_measured = (measured or {}).get("kv_capacity") or {}
     memory = (measured or {}).get("memory_statistics") or {}
     return SurveyRow(
@@ -130,9 +156,22 @@ def survey_model(
         weights_gib=weights, kv_bytes_per_token=kv_per_token, usable_gib=usable,
         reserve_gib=reserve_gib, kv_gib=max(kv_gib, 0.0), kv_tokens=kv_tokens, max_concurrency=kv_tokens / max_model_len, verdict=verdict,
         measured_kv_tokens=kv_measured.get("kv_cache_tokens") if measured else (meta.get("measured_kv_tokens") or {}).get(chip),
-        measured_usable_gib=memory.get("total_hbm_limit_cap_gib"), measured_in_use_gib=memory.get("total_hbm_used_gib"),
-        kv_pool_fixed=kv_cache_gib is not None,
+        measured_cap_gib=memory.get("total_hbm_limit_cap_gib"), measured_in_use_gib=memory.get("total_hbm_used_gib"),
+        measured_source=(measured or {}).get("source"), kv_pool_fixed=kv_cache_gib is not None, why_not=why_not,
     )  # fmt: skip
+
+
+def measurement_mismatch(measured: dict, *, chip: str, max_model_len: int) -> str | None:
+    """Why a measured capacity cannot stand beside a prediction for ``chip`` at ``max_model_len``, if it cannot."""
+    kv = measured.get("kv_capacity") or {}
+    device = kv.get("device")
+    if device in LOG_DEVICE_CHIPS and chip not in LOG_DEVICE_CHIPS[device]:
+        return f"the log is from a {device} server, not {chip}"
+    if measured.get("memory_statistics") and chip not in TPU_CHIPS:
+        return f"the log has a TPU memory line, and the chip is {chip}"
+    if kv.get("max_model_len") and kv["max_model_len"] != max_model_len:
+        return f"the server ran --max-model-len {kv['max_model_len']}: survey with the same --max-model-len"
+    return None
 
 
 def load_metadata(path: Path) -> dict[str, dict]:
@@ -160,29 +199,37 @@ def survey_table(rows: list[SurveyRow]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        measured = f"{r.measured_kv_tokens:,} ({(r.kv_tokens - r.measured_kv_tokens) / r.measured_kv_tokens:+.1%})" if r.measured_kv_tokens else "—"
+        measured = f"{r.measured_kv_tokens:,} ({_delta(r)})" if r.measured_kv_tokens else "—"
         pool = "fixed pool" if r.kv_pool_fixed else f"{r.usable_gib:.2f} − {r.weights_gib:.2f} − {r.reserve_gib:.2f}"
+        verdict = f"no ({r.why_not})" if r.why_not else r.verdict
         lines.append(
             f"| {r.model} | {r.license} | {r.chip} | {r.weights_gib:.2f} | {r.kv_bytes_per_token:,.0f} | "
-            f"{r.kv_gib:.2f} ({pool}) | {r.kv_tokens:,} | {r.max_concurrency:.1f}x | {measured} | {r.verdict} |"
+            f"{r.kv_gib:.2f} ({pool}) | {r.kv_tokens:,} | {r.max_concurrency:.1f}x | {measured} | {verdict} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def measured_table(rows: list[SurveyRow]) -> str:
-    """Predicted beside measured, for the rows that have a measurement."""
+    """Predicted beside measured, for the rows given a server log or run (``--measured``)."""
     lines = [
         "| model | chip | KV tokens predicted | measured | Δ | usable GiB predicted | measured cap | weights + reserve GiB | measured in use before KV |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    shown = [r for r in rows if r.measured_kv_tokens or r.measured_usable_gib is not None]
+    shown = [r for r in rows if r.measured_source]
     for r in shown:
-        tokens = f"{r.measured_kv_tokens:,} | {(r.kv_tokens - r.measured_kv_tokens) / r.measured_kv_tokens:+.1%}" if r.measured_kv_tokens else "— | —"
-        cap, in_use = _gib(r.measured_usable_gib), _gib(r.measured_in_use_gib)
+        tokens = f"{r.measured_kv_tokens:,} | {_delta(r)}" if r.measured_kv_tokens else "— | —"
+        cap, in_use = _gib(r.measured_cap_gib), _gib(r.measured_in_use_gib)
         lines.append(
             f"| {r.model} | {r.chip} | {r.kv_tokens:,} | {tokens} | {_gib(r.usable_gib)} | {cap} | {r.weights_gib + r.reserve_gib:.2f} | {in_use} |"
         )
     return "\n".join(lines) + "\n" if shown else ""
+
+
+def _delta(row: SurveyRow) -> str:
+    """Predicted minus measured KV tokens, relative to measured (none when the prediction is "no")."""
+    if row.why_not:
+        return "—"
+    return f"{(row.kv_tokens - row.measured_kv_tokens) / row.measured_kv_tokens:+.1%}"
 
 
 def _gib(value: float | None) -> str:

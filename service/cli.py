@@ -248,6 +248,8 @@ def cost(
     """Cost per million decisions: $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶, and Jev's at the same prompts."""
     from eval.cost import break_even_rows, break_even_table, cost_rows, cost_table, load_prices, quoted_v6e_throughputs, throughput_of_run
 
+    if not 0 < utilisation <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--utilisation")
     overrides = {}
     for item in price:
         name, _, usd = item.partition("=")
@@ -255,7 +257,12 @@ def cost(
             overrides[name] = (chip, float(usd))
         except ValueError:
             raise typer.BadParameter(f"{item!r} is not NAME=USD_PER_HOUR", param_hint="--price") from None
-    price_rows, jev = load_prices(prices, overrides)
+        if not overrides[name][1] > 0:
+            raise typer.BadParameter(f"{item!r}: a price must be above 0 $/h", param_hint="--price")
+    try:
+        price_rows, jev = load_prices(prices, overrides)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--prices") from None
     throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
     if quoted:
         throughputs += quoted_v6e_throughputs()
@@ -280,20 +287,27 @@ def survey(
     max_model_len: Annotated[int, typer.Option(help="tokens per request the server is started with")] = 4096,
     license: Annotated[Optional[str], typer.Option("--license", help="comma-separated licences to keep, e.g. apache-2.0,mit")] = None,
     reserve_gib: Annotated[float, typer.Option(help="activation reserve subtracted from usable memory")] = 0.25,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM's --gpu-memory-utilization (default: 0.92 on TPU, 0.9 on L4)")] = None,
     kv_cache_gib: Annotated[Optional[float], typer.Option(help="a fixed KV pool, as vLLM's --kv-cache-memory-bytes (in GiB)")] = None,
-    dtype: Annotated[Optional[str], typer.Option(help="weights and KV dtype the server runs (vLLM --dtype); default: the config's")] = None,
+    dtype: Annotated[str, typer.Option(help="vLLM's --dtype: auto (the config's), half, float16, bfloat16, float, float32")] = "auto",
     measured: Annotated[list[str], typer.Option(help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)")] = [],  # noqa: B006
 ) -> None:
     """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
     from eval.kv_log import measured_capacity
-    from eval.survey import CHIP_USABLE_GIB, DTYPE_BYTES, fetch_metadata, load_metadata, measured_table, survey_model, survey_table
+    from eval.survey import CHIP_TOTAL_GIB, CHIPS, VLLM_DTYPES, fetch_metadata, load_metadata, measured_table, measurement_mismatch, survey_model, survey_table
 
-    if chip not in CHIP_USABLE_GIB:
-        raise typer.BadParameter(f"choose one of {', '.join(CHIP_USABLE_GIB)}", param_hint="--chip")
-    if CHIP_USABLE_GIB[chip] is None and kv_cache_gib is None:
+    if chip not in CHIPS:
+        raise typer.BadParameter(f"choose one of {', '.join(CHIPS)}", param_hint="--chip")
+    if kv_cache_gib is not None and kv_cache_gib <= 0:
+        raise typer.BadParameter("must be above 0", param_hint="--kv-cache-gib")
+    if CHIP_TOTAL_GIB[chip] is None and kv_cache_gib is None:
         raise typer.BadParameter(f"{chip} has no fixed memory: give the KV pool the server is started with", param_hint="--kv-cache-gib")
-    if dtype is not None and dtype not in DTYPE_BYTES:
-        raise typer.BadParameter(f"choose one of {', '.join(DTYPE_BYTES)}", param_hint="--dtype")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--gpu-memory-utilization")
+    if dtype != "auto" and dtype not in VLLM_DTYPES:
+        raise typer.BadParameter(f"choose one of auto, {', '.join(VLLM_DTYPES)}", param_hint="--dtype")
+    if max_model_len <= 0:
+        raise typer.BadParameter("must be above 0", param_hint="--max-model-len")
     measurements = {}
     for item in measured:
         model, sep, path = item.partition("=")
@@ -303,6 +317,8 @@ def survey(
             measurements[model] = measured_capacity(Path(path))
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--measured") from None
+        if why := measurement_mismatch(measurements[model], chip=chip, max_model_len=max_model_len):
+            raise typer.BadParameter(f"{item}: {why}", param_hint="--measured")
     saved = load_metadata(metadata) if metadata else {}
     allowed = {name.strip() for name in license.split(",")} if license else None
     rows, skipped = [], []
@@ -311,10 +327,10 @@ def survey(
         if meta is None:
             raise typer.BadParameter(f"{model} is not in {metadata}")
         if allowed and meta.get("license") not in allowed:
-            skipped.append(f"{model} (licence {meta.get('license')})")
+            skipped.append(f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})")
             continue
-        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib,
-                                 kv_cache_gib=kv_cache_gib, dtype=dtype, measured=measurements.get(model)))  # fmt: skip
+        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib,
+                                 dtype=VLLM_DTYPES.get(dtype), memory_utilisation=gpu_memory_utilization, measured=measurements.get(model)))  # fmt: skip
     typer.echo(survey_table(rows))
     if comparison := measured_table(rows):
         typer.echo("Predicted vs measured:\n\n" + comparison)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import doctest
+import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -112,7 +114,7 @@ def test_cost_command_on_run_evidence(tmp_path):
     written = json.loads((tmp_path / "out" / "cost.json").read_text())
     needed = {r["price"]: r["decisions_per_s_needed"] for r in written["break_even"]}
     assert needed["gcp-g2-standard-4-on-demand-us-central1"] == pytest.approx(0.70683 / 0.36 * 10.0)
-    assert "cpu-2core" not in needed and "| tpu-v6e-1-flex-start | v6e | flex-start | 1.35 | 100% | 37.5 | cpu-run on cpu-2core ($10.00/M) |" in result.stdout
+    assert "cpu-2core" not in needed and "| tpu-v6e-1-flex-start | v6e | flex-start | 1.35 | 100% | 37.5 | cpu-run on cpu-2core (user) ($10.00/M) |" in result.stdout
 
 
 def test_break_even_matches_the_cheapest_cost():
@@ -124,8 +126,8 @@ def test_break_even_matches_the_cheapest_cost():
         assert cost_per_million(r["usd_per_hour"], r["decisions_per_s_needed"], 0.5) == pytest.approx(r["match_usd_per_million"])
     # like with like: an on-demand L4 is held to the cheapest on-demand v6e cost, a spot one to spot
     by_name = {r["price"]: r for r in unmeasured}
-    assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["match"] == "e4b on tpu-v6e-1-on-demand-us"
-    assert by_name["gcp-g2-standard-4-spot-us-central1"]["match"] == "e4b on tpu-v6e-1-spot-us-central1"
+    assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["match"] == "e4b on tpu-v6e-1-on-demand-us (on-demand)"
+    assert by_name["gcp-g2-standard-4-spot-us-central1"]["match"] == "e4b on tpu-v6e-1-spot-us-central1 (spot)"
     assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["decisions_per_s_needed"] == pytest.approx(274 * 0.70683 / 2.70)
 
 
@@ -135,9 +137,14 @@ def test_the_price_rows_the_hardware_issue_names():
             "tpu-v5e-1-on-demand-us", "tpu-v5e-1-on-demand-europe-west4", "aws-g6.xlarge-on-demand")} == {
         "tpu-v6e-1-on-demand-europe-west4": 2.97, "tpu-v6e-1-on-demand-us": 2.70, "tpu-v6e-1-flex-start": 1.35,
         "tpu-v5e-1-on-demand-us": 1.20, "tpu-v5e-1-on-demand-europe-west4": 1.56, "aws-g6.xlarge-on-demand": 0.8048}  # fmt: skip
-    # a GCP GPU machine is its host plus its GPU, both named in the source
-    assert prices["gcp-g2-standard-4-on-demand-us-central1"].usd_per_hour == pytest.approx(0.14679 + 0.56004)
-    assert "0.14679" in prices["gcp-g2-standard-4-on-demand-us-central1"].source
+    # a GCP GPU machine is its host plus its GPU: the two amounts its source quotes add up to its price
+    g2 = [p for p in prices.values() if p.name.startswith("gcp-g2-standard-4")]
+    assert len(g2) == 4
+    for row in g2:
+        host, gpu = (float(x) for x in re.findall(r"\$(\d+\.\d+)", row.source))
+        assert row.usd_per_hour == pytest.approx(host + gpu, abs=5e-6)
+    zones = [float(x) for x in re.search(r"\(([\d., ]+)\)", prices["aws-g6.xlarge-spot-us-east-1"].source)[1].split(",")]
+    assert len(zones) == 4 and prices["aws-g6.xlarge-spot-us-east-1"].usd_per_hour == pytest.approx(statistics.median(zones))
     spot = [p for p in prices.values() if p.billing == "spot"]
     assert {p.chip for p in spot} == {"v6e", "v5e", "l4"} and all(p.date and "@" in p.source for p in spot)
 
@@ -151,3 +158,20 @@ def test_quoted_v6e_rates_reproduce_the_published_costs():
     assert round(rows[("v6e arm B (quoted)", "tpu-v6e-1-flex-start")], 2) == 1.82
     assert round(rows[("Jev at v6e arm A (quoted)'s prompt size", "jev-1.13")], 2) == 5.54
     assert sum(1 for label, _ in rows if label.startswith("Jev")) == 1
+
+
+def test_bad_cost_options_are_named(tmp_path):
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    runner = CliRunner()
+    free = runner.invoke(app, ["cost", "--quoted", "--chip", "cpu", "--price", "own-box=0"])
+    assert free.exit_code == 2 and "--price" in free.output and "above 0" in free.output
+    idle = runner.invoke(app, ["cost", "--quoted", "--utilisation", "0"])
+    assert idle.exit_code == 2 and "--utilisation" in idle.output
+    zero_row = tmp_path / "prices.toml"
+    zero_row.write_text('[[price]]\nname = "gift"\nchip = "v6e"\nusd_per_hour = 0.0\nbilling = "x"\nsource = "s"\ndate = "d"\n'
+                        '[jev]\nname = "jev"\nusd_per_million_input_tokens = 0.042\nsource = "s"\n')  # fmt: skip
+    file = runner.invoke(app, ["cost", "--quoted", "--prices", str(zero_row)])
+    assert file.exit_code == 2 and "--prices" in file.output and "gift" in file.output
