@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -57,8 +58,6 @@ def read_engine_log(log: str) -> dict:
 def measured_capacity(path: Path) -> dict:
     """Measured capacity from a server start-up log, or from a run manifest (or run directory) that
     recorded one; ``source`` names the file. Raises ValueError, saying why, when there is none."""
-    import json
-
     if path.is_dir():
         path = path / "manifest.json"
     text = path.read_text(errors="replace")

@@ -257,12 +257,10 @@ def cost(
             overrides[name] = (chip, float(usd))
         except ValueError:
             raise typer.BadParameter(f"{item!r} is not NAME=USD_PER_HOUR", param_hint="--price") from None
-        if not overrides[name][1] > 0:
-            raise typer.BadParameter(f"{item!r}: a price must be above 0 $/h", param_hint="--price")
     try:
         price_rows, jev = load_prices(prices, overrides)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--prices") from None
+    except ValueError as exc:  # a row at or below 0 $/h, from --prices or --price
+        raise typer.BadParameter(str(exc), param_hint="--price / --prices") from None
     throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
     if quoted:
         throughputs += quoted_v6e_throughputs()

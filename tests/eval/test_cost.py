@@ -167,7 +167,7 @@ def test_bad_cost_options_are_named(tmp_path):
 
     runner = CliRunner()
     free = runner.invoke(app, ["cost", "--quoted", "--chip", "cpu", "--price", "own-box=0"])
-    assert free.exit_code == 2 and "--price" in free.output and "above 0" in free.output
+    assert free.exit_code == 2 and "--price" in free.output and "above 0" in free.output and "own-box" in free.output
     idle = runner.invoke(app, ["cost", "--quoted", "--utilisation", "0"])
     assert idle.exit_code == 2 and "--utilisation" in idle.output
     zero_row = tmp_path / "prices.toml"
