@@ -74,7 +74,7 @@ def start_service(engine_url: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    command = [sys.executable, "-m", "service.cli", "serve", "--engine", "vllm", "--engine-url", engine_url, "--port", str(port)]
+    command = [sys.executable, "-m", "opendecide", "serve", "--engine", "vllm", "--engine-url", engine_url, "--port", str(port)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 from typer.testing import CliRunner
 
-from service.cli import app
+from opendecide.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
         port = sock.getsockname()[1]
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "opendecide", "serve", "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
     )
     try:
         deadline = time.monotonic() + 120

@@ -97,7 +97,7 @@ def test_cost_command_on_run_evidence(tmp_path):
 
     from typer.testing import CliRunner
 
-    from service.cli import app
+    from opendecide.cli import app
 
     run = tmp_path / "cpu-run"
     run.mkdir()
@@ -163,7 +163,7 @@ def test_quoted_v6e_rates_reproduce_the_published_costs():
 def test_bad_cost_options_are_named(tmp_path):
     from typer.testing import CliRunner
 
-    from service.cli import app
+    from opendecide.cli import app
 
     runner = CliRunner()
     free = runner.invoke(app, ["cost", "--quoted", "--chip", "cpu", "--price", "own-box=0"])

@@ -49,7 +49,7 @@ async def test_a_directory_of_another_model_is_refused(local_engine, tmp_path):
 
 def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "service.cli", "eval", "tasks", "--out", str(out), "--tasks", "sst2,irony", "--limit", "20", "--no-latency"]
+    command = [sys.executable, "-m", "opendecide", "eval", "tasks", "--out", str(out), "--tasks", "sst2,irony", "--limit", "20", "--no-latency"]
     child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = out / "records.jsonl"
     deadline = time.monotonic() + 120

