@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import socket
 import subprocess
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from deploy.processes import free_port, wait_for_models  # noqa: E402
 from eval.load import machine_info, run_bench, run_load  # noqa: E402
 from eval.tasks import load_sample, spread  # noqa: E402
 from readers.engines.base import ReadMode  # noqa: E402
@@ -71,22 +70,16 @@ async def prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
 
 
 def start_service(engine_url: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "opendecide", "serve", "--engine", "vllm", "--engine-url", engine_url, "--port", str(port)]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    process.terminate()
-    raise RuntimeError("decide serve did not become ready")
+    try:
+        wait_for_models(url, process=process)
+    except BaseException:
+        process.terminate()
+        raise
+    return process, url
 
 
 async def main(args: argparse.Namespace) -> dict:

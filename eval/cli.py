@@ -66,8 +66,7 @@ def eval_tasks(
     passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency}
 
     async def go() -> dict:
-        served = await open_engine_spec(engine, top_k=top_k, engine_url=engine_url)
-        try:
+        async with await open_engine_spec(engine, top_k=top_k, engine_url=engine_url) as served:
             with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
                 job = bar.add_task(f"{served.info.name} ({served.capabilities.read_mode.value})", total=None)
                 manifest = await run_tasks(
@@ -78,8 +77,6 @@ def eval_tasks(
             if latency:
                 await measure_latency(served, out)
             return manifest
-        finally:
-            await served.aclose()
 
     manifest = asyncio.run(go())
     typer.echo(f"{manifest['records']} records in {out} ({manifest['status']})")
@@ -204,12 +201,9 @@ def eval_load(
     from readers.engines import open_engine_spec
 
     async def go():
-        served = await open_engine_spec(engine, engine_url=engine_url)
-        try:
+        async with await open_engine_spec(engine, engine_url=engine_url) as served:
             rows = await run_sweep(served, out, url=url, concurrencies=tuple(concurrency), passes=passes, requests=requests, long_requests=long_requests)
             return rows, f"{served.info.name} ({served.kind}, {served.capabilities.read_mode.value})"
-        finally:
-            await served.aclose()
 
     rows, title = asyncio.run(go())
     summary = summarise(rows)
@@ -275,11 +269,8 @@ def eval_suite(
     from readers.engines import open_engine_spec
 
     async def go() -> None:
-        served = await open_engine_spec(engine, top_k=top_k, engine_url=engine_url)
-        try:
+        async with await open_engine_spec(engine, top_k=top_k, engine_url=engine_url) as served:
             await run_suite(served, data, out, concurrency=concurrency, allow_unverified=allow_unverified)
-        finally:
-            await served.aclose()
 
     asyncio.run(go())
     report = score_suite(out)

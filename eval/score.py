@@ -21,7 +21,7 @@ from calibration.metrics import N_BINS, brier_loss, ece
 from calibration.temperature import as_logits
 from eval.label_curve import label_curve
 from eval.runner import MANIFEST, RECORDS, row_key
-from readers.reading import DEFAULT_FLOOR_OFFSET, softmax
+from readers.probabilities import DEFAULT_FLOOR_OFFSET, softmax
 
 Z95 = 1.959963984540054
 

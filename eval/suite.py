@@ -36,7 +36,7 @@ from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
 from readers.errors import DecideError
 from readers.reader import Reader
-from service.calibrate import gold_index
+from calibration.fit import gold_index
 from service.protocol import SystemOneRequest
 
 
@@ -115,8 +115,8 @@ def _record(subset: str, raw: dict) -> SuiteRecord:
         raise RunRefused(f"{subset}/{raw['id']}: one question per record expected")
     spec = question.to_spec()
     target = raw["reference"]["target"]
-    gold = spec.options[gold_index(spec.kind, spec.options, target)]
-    return SuiteRecord(subset, raw["id"], str(raw.get("family", raw["id"])), body, name, spec.kind, spec.options, gold)
+    gold = spec.options[gold_index(spec.question_type, spec.options, target)]
+    return SuiteRecord(subset, raw["id"], str(raw.get("family", raw["id"])), body, name, spec.question_type, spec.options, gold)
 
 
 async def run_suite(engine: Engine, data: Path, out: Path, *, concurrency: int = 4, allow_unverified: bool = False) -> dict:

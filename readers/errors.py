@@ -3,14 +3,14 @@
     DecideError (500)
     ├── InvalidQuestion (422)      a question the reader cannot ask (labels it cannot cover, …)
     ├── PromptTooLong (413)        state + question exceed the model's context; never truncated
-    ├── UnknownDecision (404)      feedback for a decision id that was never recorded
     └── EngineError (502)
         ├── EngineUnavailable (503)  engine unreachable or not ready; carries Retry-After
         ├── EngineTimeout (504)      engine did not answer in time
         └── EngineBadReply (502)     engine answered without usable log-probs
 
-Request-shape errors (unknown fields, wrong types, duplicate options, …) are pydantic validation
-errors raised by the wire models and never reach this tree.
+The service adds its own errors (``service/errors.py``). Request-shape errors (unknown fields, wrong
+types, duplicate options, …) are pydantic validation errors raised by the wire models and never reach
+this tree.
 """
 
 from __future__ import annotations
@@ -52,13 +52,6 @@ class PromptTooLong(DecideError):
         self.prompt_tokens = prompt_tokens
         self.context_length = context_length
         self.exact_count = exact_count  # False: prompt_tokens is a lower bound, found without tokenizing
-
-
-class UnknownDecision(DecideError):
-    """Feedback for a decision id this service never recorded."""
-
-    status_code = 404
-    error_type = "unknown_decision"
 
 
 class EngineError(DecideError):

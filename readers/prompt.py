@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 PROMPT_VERSION = "decide-prompt/1"
 
-QuestionKind = Literal["noul", "choice", "score"]
+QuestionType = Literal["noul", "choice", "score"]
 
 
 class LabelStyle(enum.StrEnum):
@@ -35,7 +35,7 @@ class LabelStyle(enum.StrEnum):
 class QuestionSpec:
     """A question as the reader sees it: options in order, descriptions rendered to text."""
 
-    kind: QuestionKind
+    question_type: QuestionType
     instructions: str | None
     options: tuple[str, ...]
     descriptions: tuple[str | None, ...]
@@ -71,10 +71,10 @@ def label_candidates(question: QuestionSpec) -> Iterator[tuple[LabelStyle, tuple
     not be read from code "B" of another option); the reader keeps the first ones that are single
     tokens.
     """
-    if question.kind == "score":
+    if question.question_type == "score":
         yield LabelStyle.DIGITS, tuple(str(level) for level in range(len(question.options)))
         return
-    words = ("Yes", "No") if question.kind == "noul" else question.options  # sentence-initial capitals: more label mass
+    words = ("Yes", "No") if question.question_type == "noul" else question.options  # sentence-initial capitals: more label mass
     yield LabelStyle.WORDS, words
     taken = set(question.options) | set(words)
     yield LabelStyle.CODES, tuple(code for code in letter_codes() if code not in taken)
@@ -93,16 +93,16 @@ def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], st
     than a long preamble, and the static part stays first for prefix caching.
     """
     lines = [f"Question: {question.instructions}"] if question.instructions else []
-    if question.kind == "noul":
+    if question.question_type == "noul":
         for label, description in zip(labels, question.descriptions):
             if description:
                 lines.append(f"{label}: {description}")
         lines.append(f"Reply with exactly one word: {_or_list(labels)}.")
-    elif question.kind == "choice" and style is LabelStyle.WORDS:
+    elif question.question_type == "choice" and style is LabelStyle.WORDS:
         lines.append("Options: " + ", ".join(labels))
         lines += [f"- {label}: {description}" for label, description in zip(labels, question.descriptions) if description]
         lines.append("Reply with exactly one option.")
-    elif question.kind == "choice":
+    elif question.question_type == "choice":
         lines.append("Options:")
         for label, option, description in zip(labels, question.options, question.descriptions):
             lines.append(f"{label}. {option}: {description}" if description else f"{label}. {option}")

@@ -10,19 +10,19 @@ from readers.engines.base import Engine, ReadRequest
 from readers.errors import InvalidQuestion, PromptTooLong
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
 from readers.prompt import LabelStyle, QuestionSpec, build_prompt, label_candidates
-from readers.reading import DEFAULT_FLOOR_OFFSET, LabelRead, read_labels
+from readers.probabilities import DEFAULT_FLOOR_OFFSET, LabelProbabilities, label_probabilities
 
 
 @dataclass(frozen=True)
-class QuestionReading:
+class Reading:
     """Everything one read produced, in option order."""
 
     question: QuestionSpec
     label_style: LabelStyle
     labels: tuple[str, ...]
     label_ids: tuple[int, ...]
-    read: LabelRead
-    mode: str
+    label_probabilities: LabelProbabilities
+    read_mode: str
     prompt_tokens: int
     engine_latency_ms: float
     latency_ms: float
@@ -88,19 +88,19 @@ class Reader:
                 param=_param(loc),
             )
 
-    async def read(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> QuestionReading:
+    async def read(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> Reading:
         started = time.monotonic()
         # Rendering and tokenizing a long state takes milliseconds to seconds: off the event loop.
         slot, style = await asyncio.to_thread(self.prepare, question, state, loc=loc)
         reply = await self.engine.read(ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels))
-        read = read_labels(reply, slot.label_ids, floor_offset=self.floor_offset)
-        return QuestionReading(
+        probabilities = label_probabilities(reply, slot.label_ids, floor_offset=self.floor_offset)
+        return Reading(
             question=question,
             label_style=style,
             labels=slot.labels,
             label_ids=slot.label_ids,
-            read=read,
-            mode=reply.mode.value,
+            label_probabilities=probabilities,
+            read_mode=reply.read_mode.value,
             prompt_tokens=len(slot.prompt_ids),
             engine_latency_ms=reply.latency_ms,
             queued_ms=reply.queued_ms,

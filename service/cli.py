@@ -50,6 +50,8 @@ def serve(
     auto_refit_every: Annotated[Optional[int], typer.Option(help="refit a calibration from feedback every N labels")] = None,
     max_in_flight: Annotated[int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")] = 16,
     engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
+    engine_image: Annotated[Optional[str], typer.Option(help="the engine's container image by digest (repo@sha256:…), reported in every answer")] = None,
+    service_image: Annotated[Optional[str], typer.Option(help="this service's container image by digest, reported in every answer")] = None,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
     quiet_loaders()
@@ -64,6 +66,7 @@ def serve(
 
     from readers.engines import open_engine
     from service.app import create_app
+    from service.state import ServedImages
 
     async def opener():
         return await open_engine(
@@ -83,7 +86,8 @@ def serve(
     service_log.setLevel(logging.INFO)  # JSON access lines from opendecide.access, engine start-up notes
 
     calibrations = CalibrationStore(store or default_cache_dir() / "calibration.sqlite3")
-    app_ = create_app(open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every)
+    images = ServedImages(engine=engine_image, service=service_image)
+    app_ = create_app(open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every, images=images)
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 

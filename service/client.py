@@ -44,11 +44,8 @@ async def ask_once(
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             response = await client.post("/v1/systemone", json=body)
             return response.status_code, response.json()
-    served = await open_engine(engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer)
-    try:
+    async with await open_engine(engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer) as served:
         transport = httpx.ASGITransport(app=create_app(served))
         async with httpx.AsyncClient(transport=transport, base_url="http://in-process", timeout=None) as client:
             response = await client.post("/v1/systemone", json=body)
             return response.status_code, response.json()
-    finally:
-        await served.aclose()

@@ -9,7 +9,7 @@ from calibration.store import Calibration, CalibrationKey, CalibrationStore, Dec
 from calibration.temperature import apply_temperature, as_logits
 from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
-from readers.reader import QuestionReading, Reader
+from readers.reader import Reading, Reader
 from service.protocol import (
     Answer,
     BatchRequest,
@@ -19,33 +19,41 @@ from service.protocol import (
     ChoiceAnswer,
     NoulAnswer,
     Provenance,
-    Reading,
+    ReadingOut,
     ScoreAnswer,
     ScoreQuestion,
     SystemOneRequest,
     SystemOneResponse,
     Usage,
 )
-
-# Jev model names a client may send unchanged; they select the model this server serves.
-JEV_ALIASES = ("jev-latest", "jev-preview")
-
+from service.state import ServedImages
 
 async def decide(
-    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None = None
+    request: SystemOneRequest,
+    reader: Reader,
+    *,
+    request_id: str,
+    store: CalibrationStore | None = None,
+    images: ServedImages = ServedImages(),
 ) -> SystemOneResponse:
     """Read every question of ``request``, apply calibrations, record the decisions, respond."""
-    response, decisions = await _decide(request, reader, request_id=request_id, store=store)
+    response, decisions = await _decide(request, reader, request_id=request_id, store=store, images=images)
     if store is not None:
         await asyncio.to_thread(store.add_decisions, decisions)
     return response
 
 
 async def decide_batch(
-    request: BatchRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None = None
+    request: BatchRequest,
+    reader: Reader,
+    *,
+    request_id: str,
+    store: CalibrationStore | None = None,
+    images: ServedImages = ServedImages(),
 ) -> BatchResponse:
     """Every state × question read concurrently; the engine's own in-flight limit bounds the load."""
-    outcomes = await asyncio.gather(*(_decide(one, reader, request_id=request_id, store=store) for one in request.requests()))
+    requests = request.requests()
+    outcomes = await asyncio.gather(*(_decide(one, reader, request_id=request_id, store=store, images=images) for one in requests))
     if store is not None:
         await asyncio.to_thread(store.add_decisions, [d for _, decisions in outcomes for d in decisions])
     responses = [response for response, _ in outcomes]
@@ -61,7 +69,7 @@ async def decide_batch(
 
 
 async def _decide(
-    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None
+    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None, images: ServedImages
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
     names = list(request.questions)
@@ -84,8 +92,8 @@ async def _decide(
                 option_count=key.option_count,
                 domain=key.domain,
                 options=list(reading.question.options),
-                raw_probabilities=list(reading.read.probabilities),
-                informative=reading.read.informative,
+                raw_probabilities=list(reading.label_probabilities.probabilities),
+                informative=reading.label_probabilities.informative,
             )
         )
     response = SystemOneResponse(
@@ -100,21 +108,23 @@ async def _decide(
             top_k=engine.capabilities.top_k,
             prompt_version=PROMPT_VERSION,
             request_id=request_id,
+            engine_image=images.engine,
+            service_image=images.service,
         ),
     )
     return response, decisions
 
 
-def calibration_key(info: ModelInfo, reading: QuestionReading, domain: str | None) -> CalibrationKey:
-    return CalibrationKey(info.name, info.revision, reading.question.kind, len(reading.question.options), domain)
+def calibration_key(info: ModelInfo, reading: Reading, domain: str | None) -> CalibrationKey:
+    return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain)
 
 
-def build_reading(reading: QuestionReading, calibration: Calibration | None = None) -> Reading:
+def build_reading(reading: Reading, calibration: Calibration | None = None) -> ReadingOut:
     options = reading.question.options
-    read = reading.read
-    return Reading(
+    read = reading.label_probabilities
+    return ReadingOut(
         decision_id=f"dec_{uuid.uuid4().hex}",
-        read_mode=reading.mode,
+        read_mode=reading.read_mode,
         label_style=reading.label_style.value,
         labels=dict(zip(options, reading.labels)),
         labels_returned=read.labels_returned,
@@ -135,25 +145,25 @@ def build_reading(reading: QuestionReading, calibration: Calibration | None = No
     )
 
 
-def build_answer(question, reading: QuestionReading, calibration: Calibration | None = None) -> Answer:
+def build_answer(question, reading: Reading, calibration: Calibration | None = None) -> Answer:
     """Jev's answer fields from a reading, calibrated when a calibration applies.
 
     An uninformative read (no label came back) is an abstention: probabilities are the floor's tie,
     ``confidence`` is 0 and ``reading.informative`` is false, so no client takes it as an answer; no
     calibration is applied to it.
     """
-    informative = reading.read.informative
+    informative = reading.label_probabilities.informative
     calibration = calibration if informative else None
     extension = build_reading(reading, calibration)
     probabilities = extension.raw_probabilities
     if calibration is not None:
-        calibrated = apply_temperature(as_logits(reading.read.probabilities), calibration.temperature)
+        calibrated = apply_temperature(as_logits(reading.label_probabilities.probabilities), calibration.temperature)
         probabilities = dict(zip(reading.question.options, (float(p) for p in calibrated)))
-    if reading.question.kind == "noul":
+    if reading.question.question_type == "noul":
         return NoulAnswer(noul=probabilities["true"], reading=extension)
     best = max(probabilities, key=probabilities.__getitem__)
     confidence = probabilities[best] if informative else 0.0
-    if reading.question.kind == "choice":
+    if reading.question.question_type == "choice":
         return ChoiceAnswer(choice=best, confidence=confidence, probabilities=probabilities, reading=extension)
     assert isinstance(question, ScoreQuestion)
     return ScoreAnswer(

@@ -51,7 +51,7 @@ class ServiceMetrics:
         ).set(1)
 
     def observe_answer(self, model: str, kind: str, reading) -> None:
-        """One answered question (a ``service.protocol.Reading``)."""
+        """One answered question (a ``service.protocol.ReadingOut``)."""
         self.questions.labels(model, kind, reading.read_mode).inc()
         self.engine_seconds.observe(reading.engine_latency_ms / 1000)
         self.queue_seconds.observe(reading.queued_ms / 1000)

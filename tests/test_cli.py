@@ -6,15 +6,13 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 from typer.testing import CliRunner
 
+from deploy.processes import free_port, wait_for_models
 from opendecide.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,24 +43,13 @@ def readme_curl() -> str:
 
 
 def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = (tmp_path / "serve.log").open("w")
+    port = free_port()
+    log = tmp_path / "serve.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "opendecide", "serve", "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "opendecide", "serve", "--port", str(port)], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT
     )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "decide serve did not become ready"
-            time.sleep(0.5)
+        wait_for_models(f"http://127.0.0.1:{port}", process=server, log=log)
         command = shlex.split(readme_curl().replace("127.0.0.1:8000", f"127.0.0.1:{port}"))
         assert command[0] == "curl"
         output = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60, env=os.environ).stdout

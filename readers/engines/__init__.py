@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from readers.engines.base import Capabilities, Engine, EngineLogprobs, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import Capabilities, Engine, EngineReply, ModelInfo, ReadMode, ReadRequest
 
 ENGINE_KINDS = ("local", "vllm")
 DEFAULT_VLLM_TOP_K = 32
@@ -55,7 +55,7 @@ __all__ = [
     "DEFAULT_VLLM_TOP_K",
     "ENGINE_KINDS",
     "Engine",
-    "EngineLogprobs",
+    "EngineReply",
     "ModelInfo",
     "ReadMode",
     "ReadRequest",

@@ -58,7 +58,7 @@ class ReadRequest:
 
 
 @dataclass(frozen=True)
-class EngineLogprobs:
+class EngineReply:
     """Next-token log-probs as the engine returned them.
 
     ``logprobs`` maps token id to log-prob. In ``topk`` mode it holds the k tokens returned (labels
@@ -68,12 +68,28 @@ class EngineLogprobs:
     """
 
     logprobs: dict[int, float]
-    mode: ReadMode
+    read_mode: ReadMode
     prompt_tokens: int
     latency_ms: float
     normalised_over_labels: bool = False
     queued_ms: float = 0.0
     """Time the read waited for a free engine slot before ``latency_ms`` began."""
+
+
+class ClosingEngine:
+    """Makes an engine an async context manager: ``async with await open_engine(...) as engine``.
+
+    Opening is awaited on its own (a vLLM engine probes its server first); leaving the block closes.
+    """
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        return None
 
 
 class Engine(Protocol):
@@ -84,6 +100,10 @@ class Engine(Protocol):
     capabilities: Capabilities
     tokenizer: Any
 
-    async def read(self, request: ReadRequest) -> EngineLogprobs: ...
+    async def read(self, request: ReadRequest) -> EngineReply: ...
 
     async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Engine: ...
+
+    async def __aexit__(self, *exc_info) -> None: ...

@@ -10,12 +10,12 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from readers.engines.base import Capabilities, EngineLogprobs, ModelInfo, ReadRequest
+from readers.engines.base import ClosingEngine, Capabilities, EngineReply, ModelInfo, ReadRequest
 
-ReadFunction = Callable[[ReadRequest], EngineLogprobs | Awaitable[EngineLogprobs]]
+ReadFunction = Callable[[ReadRequest], EngineReply | Awaitable[EngineReply]]
 
 
-class FunctionEngine:
+class FunctionEngine(ClosingEngine):
     kind = "function"
 
     def __init__(self, fn: ReadFunction, *, tokenizer: Any, info: ModelInfo, capabilities: Capabilities) -> None:
@@ -24,9 +24,6 @@ class FunctionEngine:
         self.info = info
         self.capabilities = capabilities
 
-    async def read(self, request: ReadRequest) -> EngineLogprobs:
+    async def read(self, request: ReadRequest) -> EngineReply:
         result = self._fn(request)
         return await result if inspect.isawaitable(result) else result
-
-    async def aclose(self) -> None:
-        return None

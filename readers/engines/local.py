@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 from readers.embedded import model_manifest
-from readers.engines.base import Capabilities, EngineLogprobs, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import ClosingEngine, Capabilities, EngineReply, ModelInfo, ReadMode, ReadRequest
 
 
-class LocalEngine:
+class LocalEngine(ClosingEngine):
     """Forward passes run on a pool of worker threads (torch releases the GIL during the forward),
     so a request waits only for a free worker, never on a lock held around Python code."""
 
@@ -83,13 +83,13 @@ class LocalEngine:
             result = dict(zip(ids.tolist(), values.tolist()))
         return result, (started - submitted) * 1000, (time.monotonic() - started) * 1000
 
-    async def read(self, request: ReadRequest) -> EngineLogprobs:
+    async def read(self, request: ReadRequest) -> EngineReply:
         logprobs, queued_ms, latency_ms = await asyncio.get_running_loop().run_in_executor(
             self._pool, self._read, request, time.monotonic()
         )
-        return EngineLogprobs(
+        return EngineReply(
             logprobs=logprobs,
-            mode=self.capabilities.read_mode,
+            read_mode=self.capabilities.read_mode,
             prompt_tokens=len(request.prompt_ids),
             latency_ms=latency_ms,
             queued_ms=queued_ms,

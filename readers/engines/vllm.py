@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from readers.embedded import model_manifest
-from readers.engines.base import Capabilities, EngineLogprobs, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import ClosingEngine, Capabilities, EngineReply, ModelInfo, ReadMode, ReadRequest
 from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable
 
 CLAMPED_LOGPROB = -9999.0
@@ -35,7 +35,7 @@ DEFAULT_MAX_IN_FLIGHT = 16
 _MAX_ALLOWED = re.compile(r"max allowed:\s*(\d+)")
 
 
-class VLLMEngine:
+class VLLMEngine(ClosingEngine):
     """An async, pooled client of one vLLM server serving one model."""
 
     kind = "vllm"
@@ -98,7 +98,7 @@ class VLLMEngine:
             max_in_flight=max_in_flight,
         )
 
-    async def read(self, request: ReadRequest) -> EngineLogprobs:
+    async def read(self, request: ReadRequest) -> EngineReply:
         mode = self.capabilities.read_mode
         body = completion_body(self.served_name, request.prompt_ids, top_k=self.capabilities.top_k)
         if mode is ReadMode.EXACT:
@@ -114,9 +114,9 @@ class VLLMEngine:
             raise EngineBadReply(
                 f"engine counted {prompt_tokens} prompt tokens for {len(request.prompt_ids)} ids: is it serving another model?"
             )
-        return EngineLogprobs(
+        return EngineReply(
             logprobs=logprobs,
-            mode=mode,
+            read_mode=mode,
             prompt_tokens=len(request.prompt_ids),
             latency_ms=(time.monotonic() - started) * 1000,
             queued_ms=(started - waiting) * 1000,

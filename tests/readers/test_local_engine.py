@@ -7,7 +7,7 @@ import torch
 
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
-from readers.reading import softmax
+from readers.probabilities import softmax
 
 QUESTIONS = [
     QuestionSpec("choice", "What is the sentiment?", ("positive", "negative"), (None, None)),
@@ -28,15 +28,15 @@ def direct_label_probabilities(engine, prompt_ids, label_ids) -> list[float]:
     return softmax([float(logprobs[i]) for i in label_ids])
 
 
-@pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q.kind + str(len(q.options)))
+@pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q.question_type + str(len(q.options)))
 async def test_exact_read_equals_direct_log_softmax(local_engine, question):
     reader = Reader(local_engine)
     for state in STATES:
         reading = await reader.read(question, state)
-        assert reading.read.exact and reading.mode == "exact"
-        assert sum(reading.read.probabilities) == pytest.approx(1.0, abs=1e-12)
+        assert reading.label_probabilities.exact and reading.read_mode == "exact"
+        assert sum(reading.label_probabilities.probabilities) == pytest.approx(1.0, abs=1e-12)
         expected = direct_label_probabilities(local_engine, reading_prompt(reader, question, state), reading.label_ids)
-        assert reading.read.probabilities == pytest.approx(expected, abs=1e-5)
+        assert reading.label_probabilities.probabilities == pytest.approx(expected, abs=1e-5)
 
 
 def reading_prompt(reader, question, state):
@@ -50,8 +50,8 @@ async def test_top_k_at_vocabulary_size_equals_exact(local_engine):
     for question in QUESTIONS:
         a = await exact.read(question, STATES[0])
         b = await full_top_k.read(question, STATES[0])
-        assert b.mode == "topk" and b.read.exact and not b.read.floor_used
-        assert b.read.probabilities == pytest.approx(a.read.probabilities, abs=1e-9)
+        assert b.read_mode == "topk" and b.label_probabilities.exact and not b.label_probabilities.floor_used
+        assert b.label_probabilities.probabilities == pytest.approx(a.label_probabilities.probabilities, abs=1e-9)
 
 
 async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
@@ -61,19 +61,19 @@ async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
     for question in QUESTIONS:
         for state in STATES:
             truth = await exact.read(question, state)
-            read = (await top2.read(question, state)).read
+            read = (await top2.read(question, state)).label_probabilities
             top = local_engine.next_token_logprobs(reading_prompt(top2, question, state)).topk(2)
             returned_ids = set(top.indices.tolist())
             expected_returned = tuple(label in returned_ids for label in truth.label_ids)
             assert read.returned == expected_returned
             assert read.labels_returned == sum(expected_returned)
             if all(expected_returned):
-                assert read.probabilities == pytest.approx(truth.read.probabilities, abs=1e-6)
+                assert read.probabilities == pytest.approx(truth.label_probabilities.probabilities, abs=1e-6)
                 continue
             seen_missing += 1
             assert not read.exact and read.floor_used
             assert read.floor == pytest.approx(float(top.values.min()) - 5.0, abs=1e-6)
-            for p, (lo, hi) in zip(truth.read.probabilities, read.bounds):
+            for p, (lo, hi) in zip(truth.label_probabilities.probabilities, read.bounds):
                 assert lo - 1e-9 <= p <= hi + 1e-9
             if not read.informative:
                 assert read.bounds == ((0.0, 1.0),) * len(read.bounds)

@@ -8,10 +8,11 @@ real server is exercised by the vLLM integration tests.
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
+
+from deploy.processes import free_port
 
 from readers.engines.base import ReadMode, ReadRequest
 from readers.engines.vllm import VLLMEngine, parse_completion
@@ -110,11 +111,9 @@ def test_replies_without_token_ids_are_bad_replies():
 
 
 async def test_unreachable_engine_is_unavailable():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # bound, never listening: connections are refused
-        with pytest.raises(EngineUnavailable, match="unreachable"):
-            await VLLMEngine.connect(f"http://127.0.0.1:{port}")
+    port = free_port()  # nothing listens there: connections are refused
+    with pytest.raises(EngineUnavailable, match="unreachable"):
+        await VLLMEngine.connect(f"http://127.0.0.1:{port}")
 
 
 async def test_engine_timeouts_and_busy_replies_map_to_504_and_503(embedded_model_dir):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from readers.engines.base import Capabilities, EngineLogprobs, ReadMode, ReadRequest
+from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadRequest
 from readers.engines.function import FunctionEngine
 from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
 
@@ -59,15 +59,15 @@ async def test_an_unexpected_failure_is_a_json_500(local_engine):
 
 
 async def test_reply_without_logprobs_is_a_502_not_a_guess(client_factory, local_engine):
-    empty = lambda request: EngineLogprobs({}, ReadMode.TOPK, len(request.prompt_ids), 1.0)  # noqa: E731
+    empty = lambda request: EngineReply({}, ReadMode.TOPK, len(request.prompt_ids), 1.0)  # noqa: E731
     async with client_factory(function_engine(local_engine, empty)) as client:
         response = await client.post("/v1/systemone", json=BODY)
     assert response.status_code == 502 and "no log-probs" in response.json()["detail"]["message"]
 
 
 async def test_exact_reply_missing_a_label_is_a_502(client_factory, local_engine):
-    def partial(request: ReadRequest) -> EngineLogprobs:
-        return EngineLogprobs({request.label_ids[0]: -0.5}, ReadMode.EXACT, len(request.prompt_ids), 1.0)
+    def partial(request: ReadRequest) -> EngineReply:
+        return EngineReply({request.label_ids[0]: -0.5}, ReadMode.EXACT, len(request.prompt_ids), 1.0)
 
     async with client_factory(function_engine(local_engine, partial, ReadMode.EXACT)) as client:
         response = await client.post("/v1/systemone", json=BODY)
@@ -75,9 +75,9 @@ async def test_exact_reply_missing_a_label_is_a_502(client_factory, local_engine
 
 
 async def test_no_label_in_the_top_k_is_an_abstention(client_factory, local_engine):
-    def elsewhere(request: ReadRequest) -> EngineLogprobs:
+    def elsewhere(request: ReadRequest) -> EngineReply:
         others = [token for token in range(100, 140) if token not in request.label_ids][:32]
-        return EngineLogprobs({token: -1.0 - i * 0.1 for i, token in enumerate(others)}, ReadMode.TOPK, len(request.prompt_ids), 1.0)
+        return EngineReply({token: -1.0 - i * 0.1 for i, token in enumerate(others)}, ReadMode.TOPK, len(request.prompt_ids), 1.0)
 
     body = {
         "state": "s",

@@ -20,14 +20,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from readers.engines.base import EngineLogprobs, ReadMode
+from readers.engines.base import EngineReply, ReadMode
 from readers.errors import EngineBadReply
 
 DEFAULT_FLOOR_OFFSET = 5.0
 
 
 @dataclass(frozen=True)
-class LabelRead:
+class LabelProbabilities:
     """Probabilities over the labels of one question, with how they were obtained."""
 
     logprobs: tuple[float | None, ...]
@@ -63,12 +63,12 @@ def softmax(logits: Sequence[float]) -> list[float]:
     return [weight / total for weight in weights]
 
 
-def read_labels(
-    reply: EngineLogprobs,
+def label_probabilities(
+    reply: EngineReply,
     label_ids: Sequence[int],
     *,
     floor_offset: float = DEFAULT_FLOOR_OFFSET,
-) -> LabelRead:
+) -> LabelProbabilities:
     """Turn one engine reply into label probabilities.
 
     Raises ``EngineBadReply`` when the reply cannot support a read: no log-probs at all, a
@@ -83,7 +83,7 @@ def read_labels(
         if math.isnan(value) or value > 1e-6:
             raise EngineBadReply(f"engine returned log-prob {value!r} for token {token_id}")
     returned = tuple(token_id in logprobs and math.isfinite(logprobs[token_id]) for token_id in label_ids)
-    if reply.mode is ReadMode.EXACT and not all(returned):
+    if reply.read_mode is ReadMode.EXACT and not all(returned):
         missing = [token_id for token_id, ok in zip(label_ids, returned) if not ok]
         raise EngineBadReply(f"exact read is missing label tokens {missing}")
 
@@ -93,7 +93,7 @@ def read_labels(
     if all(returned):
         probabilities = tuple(softmax([value for value in label_logprobs if value is not None]))
         bounds = tuple((p, p) for p in probabilities)
-        return LabelRead(label_logprobs, probabilities, bounds, returned, None, label_mass)
+        return LabelProbabilities(label_logprobs, probabilities, bounds, returned, None, label_mass)
 
     finite = [value for value in logprobs.values() if math.isfinite(value)]
     if not finite:
@@ -102,12 +102,12 @@ def read_labels(
     floor = lowest - floor_offset
     if not any(returned):
         n = len(label_ids)
-        return LabelRead(label_logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), returned, floor, label_mass)
+        return LabelProbabilities(label_logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), returned, floor, label_mass)
 
     filled = [value if value is not None else floor for value in label_logprobs]
     probabilities = tuple(softmax(filled))
     bounds = _bounds(label_logprobs, ceiling=lowest)
-    return LabelRead(label_logprobs, probabilities, bounds, returned, floor, label_mass)
+    return LabelProbabilities(label_logprobs, probabilities, bounds, returned, floor, label_mass)
 
 
 def _mass(label_logprobs: Sequence[float | None]) -> float | None:

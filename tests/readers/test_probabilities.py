@@ -7,17 +7,17 @@ import random
 
 import pytest
 
-from readers.engines.base import EngineLogprobs, ReadMode
+from readers.engines.base import EngineReply, ReadMode
 from readers.errors import EngineBadReply
-from readers.reading import read_labels, softmax
+from readers.probabilities import label_probabilities, softmax
 
 
-def reply(logprobs: dict[int, float], mode: ReadMode = ReadMode.TOPK, normalised: bool = False) -> EngineLogprobs:
-    return EngineLogprobs(logprobs=logprobs, mode=mode, prompt_tokens=10, latency_ms=1.0, normalised_over_labels=normalised)
+def reply(logprobs: dict[int, float], mode: ReadMode = ReadMode.TOPK, normalised: bool = False) -> EngineReply:
+    return EngineReply(logprobs=logprobs, read_mode=mode, prompt_tokens=10, latency_ms=1.0, normalised_over_labels=normalised)
 
 
 def test_all_labels_returned_is_exact_softmax():
-    read = read_labels(reply({7: -1.0, 8: -2.0, 9: -0.5}, ReadMode.EXACT), [7, 8])
+    read = label_probabilities(reply({7: -1.0, 8: -2.0, 9: -0.5}, ReadMode.EXACT), [7, 8])
     expected = [1 / (1 + math.exp(-1.0)), math.exp(-1.0) / (1 + math.exp(-1.0))]
     assert read.probabilities == pytest.approx(expected)
     assert read.exact and read.informative and not read.floor_used
@@ -27,7 +27,7 @@ def test_all_labels_returned_is_exact_softmax():
 
 
 def test_missing_label_gets_lowest_returned_minus_offset():
-    read = read_labels(reply({1: -0.2, 2: -1.5, 7: -3.0}), [7, 9])
+    read = label_probabilities(reply({1: -0.2, 2: -1.5, 7: -3.0}), [7, 9])
     assert read.floor == pytest.approx(-8.0)
     assert read.returned == (True, False)
     assert read.labels_returned == 1 and not read.exact and read.floor_used
@@ -37,13 +37,13 @@ def test_missing_label_gets_lowest_returned_minus_offset():
 
 
 def test_floor_offset_is_configurable():
-    read = read_labels(reply({1: -0.2, 7: -3.0}), [7, 9], floor_offset=2.0)
+    read = label_probabilities(reply({1: -0.2, 7: -3.0}), [7, 9], floor_offset=2.0)
     assert read.floor == pytest.approx(-5.0)
     assert read.probabilities == pytest.approx(softmax([-3.0, -5.0]))
 
 
 def test_bounds_for_a_missing_label():
-    read = read_labels(reply({1: -0.2, 7: -1.0}), [7, 9])
+    read = label_probabilities(reply({1: -0.2, 7: -1.0}), [7, 9])
     (lo7, hi7), (lo9, hi9) = read.bounds
     # label 9 lies anywhere in (-inf, -1.0]: at -1.0 the two tie; at -inf label 7 takes everything.
     assert (lo7, hi7) == pytest.approx((0.5, 1.0))
@@ -60,7 +60,7 @@ def test_bounds_contain_the_true_probabilities_of_a_top_k_read():
         k = rng.randint(1, 20)
         top = dict(sorted(enumerate(full), key=lambda item: -item[1])[:k])
         labels = rng.sample(range(vocab), rng.randint(2, 6))
-        read = read_labels(reply(top), labels)
+        read = label_probabilities(reply(top), labels)
         truth = softmax([full[i] for i in labels])
         if not read.informative:
             assert all(bound == (0.0, 1.0) for bound in read.bounds)
@@ -70,7 +70,7 @@ def test_bounds_contain_the_true_probabilities_of_a_top_k_read():
 
 
 def test_no_label_returned_is_an_abstention():
-    read = read_labels(reply({1: -0.1, 2: -2.5}), [7, 8, 9])
+    read = label_probabilities(reply({1: -0.1, 2: -2.5}), [7, 8, 9])
     assert not read.informative and read.labels_returned == 0
     assert read.bounds == ((0.0, 1.0),) * 3
     assert read.probabilities == pytest.approx((1 / 3,) * 3)
@@ -78,7 +78,7 @@ def test_no_label_returned_is_an_abstention():
 
 
 def test_masked_reads_report_no_label_mass():
-    read = read_labels(reply({7: -0.1, 8: -2.4}, ReadMode.MASKED, normalised=True), [7, 8])
+    read = label_probabilities(reply({7: -0.1, 8: -2.4}, ReadMode.MASKED, normalised=True), [7, 8])
     assert read.exact and read.label_mass is None
 
 
@@ -93,4 +93,4 @@ def test_masked_reads_report_no_label_mass():
 )
 def test_unusable_replies_are_engine_errors(logprobs, mode):
     with pytest.raises(EngineBadReply):
-        read_labels(reply(logprobs, mode), [7, 8])
+        label_probabilities(reply(logprobs, mode), [7, 8])

@@ -1,0 +1,41 @@
+"""Local server processes: a free loopback port, and waiting until a server answers ``/v1/models``.
+
+Both vLLM and the decision service are ready when ``GET /v1/models`` answers 200 (vLLM's ``/health``
+answers before the model can serve). Used by ``decide engine start``, the tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A loopback port free right now (the OS picks it; another process could still take it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_models(url: str, *, process: subprocess.Popen | None = None, log: Path | None = None, timeout_s: float = 120.0) -> None:
+    """Return once ``url``/v1/models answers 200.
+
+    Raises ``RuntimeError`` (with the log's tail) if ``process`` exits first, ``TimeoutError`` after
+    ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise RuntimeError(f"{process.args[0] if process.args else 'server'} exited with {process.returncode} before serving; log tail:\n{tail}")
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url}/v1/models did not answer within {timeout_s:.0f} s" + (f"; see {log}" if log else ""))

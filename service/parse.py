@@ -1,0 +1,58 @@
+"""Request bytes → a validated wire model, every failure a 422 whose ``loc`` names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+from readers.reader import Reader
+from service.errors import validation_error
+from service.state import JEV_ALIASES, reader_of
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class DuplicateKey(ValueError):
+    pass
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # json.loads keeps the last of duplicate keys silently; two options with one name are a client bug.
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKey(f"duplicate key {key!r} in a JSON object")
+        result[key] = value
+    return result
+
+
+def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
+    """Bytes → validated ``model``, every failure a 422 whose ``loc`` names the field."""
+    try:
+        payload = json.loads(body, object_pairs_hook=_reject_duplicate_keys)
+    except DuplicateKey as error:
+        raise validation_error(("body",), str(error), "duplicate_key") from None
+    except ValueError as error:
+        raise validation_error(("body",), f"body is not valid JSON: {error}", "json_invalid") from None
+    except RecursionError:
+        raise validation_error(("body",), "body nests JSON too deeply", "json_invalid") from None
+    try:
+        return model.model_validate(payload)
+    except ValidationError as error:
+        # Jev keeps the question type in the path, as pydantic does: body.questions.q.score.criteria.
+        raise RequestValidationError([{**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)]) from None
+
+
+async def parse_for_model(request: Request, model: type[ModelT]) -> tuple[Reader, ModelT]:
+    """The ready reader and the validated body, whose ``model`` (if given) must name the served model."""
+    reader = reader_of(request)
+    body = parse_body(await request.body(), model)
+    served = reader.engine.info.name
+    asked = getattr(body, "model", None)
+    if asked not in (None, served, *JEV_ALIASES):
+        raise validation_error(("body", "model"), f"unknown model {asked!r}; this server serves {served!r}", "unknown_model", asked)
+    return reader, body

@@ -1,0 +1,91 @@
+"""Wire models: Jev's System One format, plus our namespaced extensions. Nothing else declares them.
+
+    base          the unknown-field policy (RequestModel, ResponseModel) and Content
+    questions     POST /v1/systemone, /decide and /decide/batch bodies
+    answers       their responses, with the ``reading`` and ``provenance`` extensions
+    calibrations  /v1/calibrations, /v1/feedback, /v1/calibrations/refit
+    models        GET /v1/models and the error body
+"""
+
+from service.protocol.answers import (
+    Answer,
+    BatchResponse,
+    BatchResult,
+    CalibrationUsed,
+    ChoiceAnswer,
+    NoulAnswer,
+    Provenance,
+    ReadingOut,
+    ScoreAnswer,
+    SystemOneResponse,
+    Usage,
+)
+from service.protocol.base import Content, RequestModel, ResponseModel
+from service.protocol.calibrations import (
+    CalibrationList,
+    CalibrationOut,
+    CalibrationRequest,
+    FeedbackRequest,
+    FeedbackResponse,
+    LabelledExample,
+    RefitRequest,
+)
+from service.protocol.models import ErrorDetail, ErrorResponse, ModelCard, ModelList
+from service.protocol.questions import (
+    MAX_BATCH_READS,
+    MAX_BATCH_STATES,
+    MAX_LEVELS,
+    MAX_OPTIONS,
+    MAX_QUESTIONS,
+    MIN_LEVELS,
+    MIN_OPTIONS,
+    BatchRequest,
+    ChoiceQuestion,
+    NoulCriteria,
+    NoulQuestion,
+    Question,
+    ScoreQuestion,
+    SystemOneRequest,
+)
+
+__all__ = [
+    "MAX_BATCH_READS",
+    "MAX_BATCH_STATES",
+    "MAX_LEVELS",
+    "MAX_OPTIONS",
+    "MAX_QUESTIONS",
+    "MIN_LEVELS",
+    "MIN_OPTIONS",
+    "Answer",
+    "BatchRequest",
+    "BatchResponse",
+    "BatchResult",
+    "CalibrationList",
+    "CalibrationOut",
+    "CalibrationRequest",
+    "CalibrationUsed",
+    "ChoiceAnswer",
+    "ChoiceQuestion",
+    "Content",
+    "ErrorDetail",
+    "ErrorResponse",
+    "FeedbackRequest",
+    "FeedbackResponse",
+    "LabelledExample",
+    "ModelCard",
+    "ModelList",
+    "NoulAnswer",
+    "NoulCriteria",
+    "NoulQuestion",
+    "Provenance",
+    "Question",
+    "ReadingOut",
+    "RefitRequest",
+    "RequestModel",
+    "ResponseModel",
+    "ScoreAnswer",
+    "ScoreQuestion",
+    "SystemOneRequest",
+    "SystemOneResponse",
+    "Usage",
+]

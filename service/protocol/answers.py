@@ -1,0 +1,112 @@
+"""Responses: Jev's answers, plus our extensions ``reading`` (per answer) and ``provenance``.
+
+Jev clients ignore unknown response fields, so the extensions are safe to add.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from service.protocol.base import Content, ResponseModel
+
+
+class CalibrationUsed(ResponseModel):
+    id: str
+    temperature: float
+    n: int
+
+
+class ReadingOut(ResponseModel):
+    """How an answer was read (opendecide extension; Jev clients ignore it)."""
+
+    decision_id: str = Field(description="send it to POST /v1/feedback with the true answer")
+    read_mode: Literal["exact", "masked", "topk"]
+    label_style: Literal["words", "codes", "digits"]
+    labels: dict[str, str] = Field(description="option (or level) → the label token text it was read from")
+    labels_returned: int
+    labels_total: int
+    exact: bool = Field(description="every label's log-prob came back from the engine")
+    informative: bool = Field(description="false when no label came back: the answer is an abstention")
+    floor_used: bool
+    floor_logprob: float | None
+    label_mass: float | None = Field(description="vocabulary probability on the returned labels; null when masked")
+    label_logprobs: dict[str, float | None] = Field(description="as returned; null where missing")
+    probability_bounds: dict[str, tuple[float, float]]
+    raw_probabilities: dict[str, float]
+    calibration: CalibrationUsed | None = None
+    prompt_tokens: int
+    engine_latency_ms: float
+    queued_ms: float = Field(description="time waiting for a free engine slot")
+    latency_ms: float
+
+
+class NoulAnswer(ResponseModel):
+    type: Literal["noul"] = "noul"
+    noul: float
+    # -- opendecide extensions
+    reading: ReadingOut
+
+
+class ChoiceAnswer(ResponseModel):
+    type: Literal["choice"] = "choice"
+    choice: str
+    confidence: float
+    probabilities: dict[str, float]
+    # -- opendecide extensions
+    reading: ReadingOut
+
+
+class ScoreAnswer(ResponseModel):
+    type: Literal["score"] = "score"
+    score: float
+    confidence: float
+    legend: dict[str, Content]
+    probabilities: dict[str, float]
+    # -- opendecide extensions
+    reading: ReadingOut
+
+
+Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]
+
+
+class Usage(ResponseModel):
+    input_tokens: int = Field(description="prompt tokens over all questions, from the served tokenizer")
+    output_tokens: int = Field(description="one answer token per question")
+
+
+class Provenance(ResponseModel):
+    """Which engine, model and prompt produced the answers (opendecide extension)."""
+
+    engine: str
+    model: str
+    model_revision: str
+    read_mode: Literal["exact", "masked", "topk"]
+    top_k: int
+    prompt_version: str
+    request_id: str
+    engine_image: str | None = Field(default=None, description="the engine's container image by digest, when served from one")
+    service_image: str | None = Field(default=None, description="this service's container image by digest, when run from one")
+
+
+class SystemOneResponse(ResponseModel):
+    model: str
+    answers: dict[str, Answer]
+    usage: Usage
+    # -- opendecide extensions
+    provenance: Provenance
+
+
+class BatchResult(ResponseModel):
+    answers: dict[str, Answer]
+    usage: Usage
+
+
+class BatchResponse(ResponseModel):
+    """One result per state, in request order."""
+
+    model: str
+    results: list[BatchResult]
+    usage: Usage
+    provenance: Provenance

@@ -1,0 +1,82 @@
+"""Calibration routes' bodies (opendecide extension): labelled examples, feedback, refits."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from calibration.fit import Gold
+from service.protocol.base import Content, RequestModel, ResponseModel
+from service.protocol.questions import Question
+
+
+class LabelledExample(RequestModel):
+    state: Content
+    questions: dict[str, Question]
+    gold: dict[str, Gold]
+
+    @model_validator(mode="after")
+    def check_gold_names_questions(self) -> LabelledExample:
+        missing = set(self.questions) - set(self.gold)
+        extra = set(self.gold) - set(self.questions)
+        if missing or extra:
+            raise ValueError(f"gold must answer every question and only those (missing {sorted(missing)}, unknown {sorted(extra)})")
+        return self
+
+
+class CalibrationRequest(RequestModel):
+    """``POST /v1/calibrations``: labelled decisions to fit temperatures on."""
+
+    model: str | None = None
+    domain: str | None = Field(default=None, max_length=200)
+    examples: list[LabelledExample] = Field(min_length=1, max_length=5000)
+    seed: int = 0
+
+
+class CalibrationOut(ResponseModel):
+    id: str
+    model: str
+    revision: str
+    question_type: str
+    option_count: int | None
+    domain: str | None
+    temperature: float
+    n: int
+    nll_before: float | None
+    nll_after: float | None
+    heldout_n: int | None
+    heldout_ece_before: float | None = Field(description="ECE (15 bins) at T = 1 on the held-out half")
+    heldout_ece_after: float | None = Field(description="ECE (15 bins) with T fitted on the other half")
+    source: str
+    fitted_at: str
+
+
+class CalibrationList(ResponseModel):
+    calibrations: list[CalibrationOut]
+
+
+class FeedbackRequest(RequestModel):
+    decision_id: str
+    gold: Gold
+
+
+class FeedbackResponse(ResponseModel):
+    decision_id: str
+    recorded: int = Field(description="feedback sequence number: the write is durable")
+    labelled: int = Field(description="labelled decisions now stored for this decision's calibration key")
+    refit: CalibrationOut | None = None
+
+
+class RefitRequest(RequestModel):
+    question_type: Literal["noul", "choice", "score"]
+    option_count: int | None = None
+    domain: str | None = None
+    model: str | None = None
+
+    @model_validator(mode="after")
+    def check_domain_has_count(self) -> RefitRequest:
+        # Lookups go domain → type + count → type: a domain calibration without a count is never applied.
+        if self.domain is not None and self.option_count is None:
+            raise ValueError("a domain calibration needs option_count")
+        return self

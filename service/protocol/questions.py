@@ -1,0 +1,171 @@
+"""Requests: Jev's ``POST /v1/systemone`` body and its three question types, plus ``/decide/batch``.
+
+Fields follow Jev's order (``typesafe-sdk`` 0.7 / the public OpenAPI schema); our extensions sit below
+the ``# -- opendecide extensions`` markers.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from readers.prompt import QuestionSpec, content_text
+from service.protocol.base import Content, RequestModel, described
+
+MIN_OPTIONS, MAX_OPTIONS = 2, 255
+MIN_LEVELS, MAX_LEVELS = 2, 10
+MAX_QUESTIONS = 64
+
+
+class NoulCriteria(RequestModel):
+    true: Content | None = None
+    false: Content | None = None
+
+
+class NoulQuestion(RequestModel):
+    """A yes/no question; ``noul`` in the answer is P(true)."""
+
+    type: Literal["noul"]
+    instructions: Content | None = None
+    criteria: NoulCriteria | None = None
+
+    @model_validator(mode="after")
+    def check_asks_something(self) -> NoulQuestion:
+        criteria = self.criteria or NoulCriteria()
+        if not described(self.instructions) and not (described(criteria.true) or described(criteria.false)):
+            raise ValueError("a noul question needs instructions or a described outcome in criteria")
+        return self
+
+    def to_spec(self) -> QuestionSpec:
+        criteria = self.criteria or NoulCriteria()
+        return QuestionSpec(
+            question_type="noul",
+            instructions=_text_or_none(self.instructions),
+            options=("true", "false"),
+            descriptions=(_text_or_none(criteria.true), _text_or_none(criteria.false)),
+        )
+
+
+class ChoiceQuestion(RequestModel):
+    """One of 2–255 named options; descriptions may be null."""
+
+    type: Literal["choice"]
+    instructions: Content | None = None
+    criteria: dict[str, Content | None]
+
+    @field_validator("criteria")
+    @classmethod
+    def check_option_count(cls, criteria: dict[str, Content | None]) -> dict[str, Content | None]:
+        if not MIN_OPTIONS <= len(criteria) <= MAX_OPTIONS:
+            raise ValueError(f"a choice needs {MIN_OPTIONS} to {MAX_OPTIONS} options, got {len(criteria)}")
+        return criteria
+
+    @field_validator("criteria")
+    @classmethod
+    def check_option_names(cls, criteria: dict[str, Content | None]) -> dict[str, Content | None]:
+        seen: dict[str, str] = {}
+        for name in criteria:
+            if not name.strip():
+                raise ValueError("option names must not be empty")
+            key = name.strip()
+            if key in seen:
+                raise ValueError(f"duplicate options {seen[key]!r} and {name!r}")
+            seen[key] = name
+        return criteria
+
+    def to_spec(self) -> QuestionSpec:
+        return QuestionSpec(
+            question_type="choice",
+            instructions=_text_or_none(self.instructions),
+            options=tuple(self.criteria),
+            descriptions=tuple(_text_or_none(value) for value in self.criteria.values()),
+        )
+
+
+class ScoreQuestion(RequestModel):
+    """A rubric of 2–10 ordered levels, counted from 0."""
+
+    type: Literal["score"]
+    instructions: Content | None = None
+    criteria: list[Content]
+
+    @field_validator("criteria")
+    @classmethod
+    def check_level_count(cls, criteria: list[Content]) -> list[Content]:
+        if not MIN_LEVELS <= len(criteria) <= MAX_LEVELS:
+            raise ValueError(f"a score needs {MIN_LEVELS} to {MAX_LEVELS} levels, got {len(criteria)}")
+        return criteria
+
+    def to_spec(self) -> QuestionSpec:
+        return QuestionSpec(
+            question_type="score",
+            instructions=_text_or_none(self.instructions),
+            options=tuple(str(level) for level in range(len(self.criteria))),
+            descriptions=tuple(content_text(level) for level in self.criteria),
+        )
+
+
+Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
+
+
+def _text_or_none(value: Content | None) -> str | None:
+    return content_text(value) if described(value) else None
+
+
+class SystemOneRequest(RequestModel):
+    """``POST /v1/systemone`` and ``POST /decide``."""
+
+    model: str | None = None
+    state: Content
+    questions: dict[str, Question]
+    assets: Any = None
+    # -- opendecide extensions
+    domain: str | None = Field(default=None, max_length=200, description="calibration domain tag (optional)")
+
+    @field_validator("questions")
+    @classmethod
+    def check_has_questions(cls, questions: dict[str, Question]) -> dict[str, Question]:
+        if not 1 <= len(questions) <= MAX_QUESTIONS:
+            raise ValueError(f"a request asks 1 to {MAX_QUESTIONS} questions, got {len(questions)}")
+        return questions
+
+    @field_validator("assets")
+    @classmethod
+    def check_no_assets(cls, assets: Any) -> None:
+        if assets is not None:
+            raise ValueError("image assets need a vision model; this server reads text decisions only")
+        return None
+
+    def state_text(self) -> str:
+        return content_text(self.state)
+
+
+MAX_BATCH_STATES = 1024
+MAX_BATCH_READS = 4096
+
+
+class BatchRequest(RequestModel):
+    """``POST /decide/batch``: many states, the same questions (opendecide extension)."""
+
+    model: str | None = None
+    states: list[Content] = Field(min_length=1, max_length=MAX_BATCH_STATES)
+    questions: dict[str, Question]
+    domain: str | None = Field(default=None, max_length=200)
+
+    @field_validator("questions")
+    @classmethod
+    def check_has_questions(cls, questions: dict[str, Question]) -> dict[str, Question]:
+        return SystemOneRequest.check_has_questions(questions)
+
+    @model_validator(mode="after")
+    def check_total_reads(self) -> BatchRequest:
+        if len(self.states) * len(self.questions) > MAX_BATCH_READS:
+            raise ValueError(f"a batch reads at most {MAX_BATCH_READS} states × questions, got {len(self.states) * len(self.questions)}")
+        return self
+
+    def requests(self) -> list[SystemOneRequest]:
+        return [
+            SystemOneRequest.model_construct(model=self.model, state=state, questions=self.questions, assets=None, domain=self.domain)
+            for state in self.states
+        ]

@@ -1,0 +1,72 @@
+"""Calibration routes (opendecide extension): fit from labelled examples, feedback, refits, listing.
+
+Mounted only when the app has a calibration store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+
+from calibration.fit import MIN_GOLD, fit_and_store, gold_index
+from calibration.store import Calibration, CalibrationKey
+from service.calibrate import fit_from_examples
+from service.errors import UnknownDecision, validation_error
+from service.parse import parse_body, parse_for_model
+from service.protocol import CalibrationList, CalibrationOut, CalibrationRequest, FeedbackRequest, FeedbackResponse, RefitRequest
+from service.state import reader_of, store_of
+
+router = APIRouter()
+
+
+def calibration_out(calibration: Calibration) -> CalibrationOut:
+    return CalibrationOut(**calibration.as_json())
+
+
+@router.post("/v1/calibrations", response_model=CalibrationList)
+async def create_calibrations(request: Request) -> CalibrationList:
+    reader, body = await parse_for_model(request, CalibrationRequest)
+    fitted = await fit_from_examples(body, reader, store_of(request))
+    return CalibrationList(calibrations=[calibration_out(c) for c in fitted])
+
+
+@router.get("/v1/calibrations", response_model=CalibrationList)
+async def list_calibrations(request: Request) -> CalibrationList:
+    return CalibrationList(calibrations=[calibration_out(c) for c in store_of(request).calibrations()])
+
+
+@router.post("/v1/feedback", response_model=FeedbackResponse)
+async def feedback(request: Request) -> FeedbackResponse:
+    store = store_of(request)
+    body = parse_body(await request.body(), FeedbackRequest)
+    decision = await asyncio.to_thread(store.decision, body.decision_id)
+    if decision is None:
+        raise UnknownDecision(f"no decision {body.decision_id!r} is recorded here")
+    try:
+        gold = gold_index(decision.question_type, decision.options, body.gold)
+    except ValueError as error:
+        raise validation_error(("body", "gold"), str(error), "invalid_gold", body.gold) from None
+    recorded = await asyncio.to_thread(store.add_feedback, decision.id, decision.options[gold])
+    key = CalibrationKey(decision.model, decision.revision, decision.question_type, decision.option_count, decision.domain)
+    labelled = await asyncio.to_thread(store.labelled, key)
+    refit = None
+    every = request.app.state.auto_refit_every
+    if every and len(labelled) >= MIN_GOLD and len(labelled) % every == 0:
+        refit = calibration_out(await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback"))
+    return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
+
+
+@router.post("/v1/calibrations/refit", response_model=CalibrationOut)
+async def refit(request: Request) -> CalibrationOut:
+    reader = reader_of(request)
+    store = store_of(request)
+    body = parse_body(await request.body(), RefitRequest)
+    info = reader.engine.info
+    key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain)
+    labelled = await asyncio.to_thread(store.labelled, key)
+    try:
+        fitted = await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback")
+    except ValueError as error:
+        raise validation_error(("body",), str(error), "not_enough_feedback") from None
+    return calibration_out(fitted)

@@ -1,0 +1,42 @@
+"""What an app holds for its routes (``app.state``), and the accessors that read it.
+
+    reader        the Reader over the engine, set once the engine is open (None until then)
+    engine_error  why the engine is not open yet, for the 503's message
+    store         the calibration store, or None (no calibration routes, nothing recorded)
+    metrics       the app's ServiceMetrics
+    images        the serving images (engine, service), reported in every answer's provenance
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from calibration.store import CalibrationStore
+from readers.errors import EngineUnavailable
+from readers.reader import Reader
+
+# Jev model names a client may send unchanged; they select the model this server serves.
+JEV_ALIASES = ("jev-latest", "jev-preview")
+
+
+@dataclass(frozen=True)
+class ServedImages:
+    """Container images by digest (``repo@sha256:…``), passed in at start-up; None when not in one."""
+
+    engine: str | None = None
+    service: str | None = None
+
+
+def reader_of(request: Request) -> Reader:
+    """The ready reader, or 503 with the reason the engine is not open yet."""
+    reader = getattr(request.app.state, "reader", None)
+    if reader is None:
+        reason = getattr(request.app.state, "engine_error", None) or "the engine is starting"
+        raise EngineUnavailable(f"not ready: {reason}")
+    return reader
+
+
+def store_of(request: Request) -> CalibrationStore:
+    return request.app.state.store
