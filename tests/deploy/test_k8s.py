@@ -23,7 +23,9 @@ import pytest
 import yaml
 
 KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with built-in kustomize) is not installed; CI has it")
+pytestmark = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl (with built-in kustomize) is not installed; CI has it"
+)
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.32"
@@ -35,11 +37,24 @@ L4_IMAGE = "vllm/vllm-openai@sha256:07913e94a58a4e61322c88f8d4647411b4dd394838b5
 SERVICE_IMAGE = "opendecide-service@sha256:" + "0" * 64
 BASE_ENGINE_IMAGE = "vllm-engine"  # the base's placeholder name; every overlay must replace it
 
+TPU_1X1 = {"cloud.google.com/gke-tpu-topology": "1x1"}
 OVERLAYS = {
-    "v6e": {"image": TPU_IMAGE, "node_selector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "1x1"}, "chip": "google.com/tpu"},
-    "v5e": {"image": TPU_IMAGE, "node_selector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice", "cloud.google.com/gke-tpu-topology": "1x1"}, "chip": "google.com/tpu"},
-    "l4": {"image": L4_IMAGE, "node_selector": {"cloud.google.com/gke-accelerator": "nvidia-l4"}, "chip": "nvidia.com/gpu"},
-}  # fmt: skip
+    "v6e": {
+        "image": TPU_IMAGE,
+        "node_selector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", **TPU_1X1},
+        "chip": "google.com/tpu",
+    },
+    "v5e": {
+        "image": TPU_IMAGE,
+        "node_selector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice", **TPU_1X1},
+        "chip": "google.com/tpu",
+    },
+    "l4": {
+        "image": L4_IMAGE,
+        "node_selector": {"cloud.google.com/gke-accelerator": "nvidia-l4"},
+        "chip": "nvidia.com/gpu",
+    },
+}
 CHIP_RESOURCES = {"google.com/tpu", "nvidia.com/gpu"}
 
 ENGINE_METRIC = "prometheus.googleapis.com|vllm:num_requests_waiting|gauge"
@@ -71,14 +86,16 @@ PINNED = re.compile(r"^[a-z0-9][a-z0-9._/-]*@sha256:[0-9a-f]{64}$")
 @functools.cache
 def render(target: str) -> tuple[dict, ...]:
     """``kubectl kustomize`` of a folder under deploy/k8s, as parsed objects."""
-    result = subprocess.run([KUBECTL, "kustomize", str(K8S / target)], capture_output=True, text=True, timeout=120)
+    command = [KUBECTL, "kustomize", str(K8S / target)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"kubectl kustomize {target} failed:\n{result.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
 def find(docs, kind: str, name: str) -> dict:
     """The one object of this kind whose name is ``name`` (ConfigMaps carry a hash suffix)."""
-    hits = [d for d in docs if d["kind"] == kind and re.fullmatch(rf"{name}(-[a-z0-9]{{10}})?", d["metadata"]["name"])]
+    named = re.compile(rf"{name}(-[a-z0-9]{{10}})?")
+    hits = [d for d in docs if d["kind"] == kind and named.fullmatch(d["metadata"]["name"])]
     assert len(hits) == 1, f"expected one {kind}/{name}, found {[d['metadata']['name'] for d in hits]}"
     return hits[0]
 
@@ -223,7 +240,8 @@ def test_probes(docs):
 
 def test_service_reaches_engines_through_the_headless_service(docs):
     headless = find(docs, "Service", "vllm-engine-headless")
-    url = urlsplit(flag_values(container(find(docs, "Deployment", "opendecide-service"), "service")["command"])["--engine-url"])
+    service = container(find(docs, "Deployment", "opendecide-service"), "service")
+    url = urlsplit(flag_values(service["command"])["--engine-url"])
     assert (url.hostname, url.port) == (headless["metadata"]["name"], 8000)
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"].get("publishNotReadyAddresses", False) is False
@@ -288,8 +306,10 @@ def test_no_secret_inline_anywhere(docs):
         pod = find(docs, "Deployment", name)["spec"]["template"]["spec"]
         for c in pod["containers"]:
             env = env_of(c)
-            assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}
-            literal = [e["name"] for e in env.values() if "value" in e and re.search(r"TOKEN|KEY|SECRET|PASSWORD", e["name"])]
+            assert env["HF_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+            assert "value" not in env["HF_TOKEN"]
+            secretish = re.compile(r"TOKEN|KEY|SECRET|PASSWORD")
+            literal = [e["name"] for e in env.values() if "value" in e and secretish.search(e["name"])]
             assert not literal, f"{name}: secret-looking env set inline: {literal}"
             assert "envFrom" not in c
     # API keys: the Secret mounted as one file, at the path --api-key-file reads.
