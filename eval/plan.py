@@ -1,0 +1,155 @@
+"""Capacity planning (``decide plan``): chips and service replicas for a decision rate within a p99.
+
+The model, stated once:
+
+- A chip's measured load sweep (``decide eval load``: closed-loop clients at concurrency c) gives, per c,
+  the decisions/s it sustained X(c) and the p99 latency L99(c). X rises with c until the engine saturates.
+- Offered an open rate λ (decisions/s) below its largest measured X, a chip runs at the concurrency where
+  X(c) = λ (Little's law: the requests in flight are what the rate needs); its p99 is L99 interpolated at
+  that point, linearly in λ between the measured points bracketing it. No point is extrapolated: a rate
+  above every measured X has no prediction.
+- A fleet of n chips behind prefix-affinity routing splits R evenly, λ = R / n, and keeps each chip under
+  ``max_utilisation`` of its largest measured X (headroom for bursts the closed-loop sweep does not show).
+  n is the smallest count whose predicted p99 meets the target.
+- Each sweep ran through one service process, so one replica sustained one chip's load: replicas = n, and
+  at least ``min_replicas`` for availability.
+
+Chips without a measured sweep are listed as such, never sized by a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from eval.cost import Price, jev_cost_per_million
+
+DEFAULT_MAX_UTILISATION = 0.8
+DEFAULT_MIN_REPLICAS = 2
+MAX_CHIPS = 10_000
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    concurrency: int
+    decisions_per_s: float
+    p99_ms: float
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One chip's measured load sweep (short states), as `decide eval load` summarises it."""
+
+    chip: str
+    points: tuple[OperatingPoint, ...]
+    prompt_tokens_median: float | None
+    source: str
+
+    @property
+    def peak_decisions_per_s(self) -> float:
+        return max(point.decisions_per_s for point in self.points)
+
+
+def load_sweep(run: Path, *, chip: str) -> Sweep:
+    """The short-state operating points of a ``decide eval load`` run directory (``summary.json``)."""
+    rows = json.loads((run / "summary.json").read_text())
+    short = [row for row in rows if row.get("shape", row.get("kind")) == "short"]
+    if not short:
+        raise ValueError(f"{run}/summary.json has no short-state rows")
+    points = tuple(sorted((OperatingPoint(r["concurrency"], r["decisions_per_s"], r["p99_ms"]) for r in short), key=lambda p: p.concurrency))
+    tokens = [r["prompt_tokens_median"] for r in short if r.get("prompt_tokens_median")]
+    return Sweep(chip, points, tokens[0] if tokens else None, f"{run}/summary.json")
+
+
+def predicted_p99_ms(sweep: Sweep, rate: float) -> float | None:
+    """p99 at an open rate per chip, interpolated on the measured curve; None above the measured range.
+
+    >>> sweep = Sweep("cpu", (OperatingPoint(1, 10.0, 100.0), OperatingPoint(4, 30.0, 200.0)), None, "")
+    >>> predicted_p99_ms(sweep, 20.0), predicted_p99_ms(sweep, 5.0), predicted_p99_ms(sweep, 31.0)
+    (150.0, 100.0, None)
+    """
+    # The curve as rate → p99, keeping only points where throughput still rises (past saturation a
+    # higher concurrency adds latency, not rate).
+    curve: list[OperatingPoint] = []
+    for point in sweep.points:
+        if not curve or point.decisions_per_s > curve[-1].decisions_per_s:
+            curve.append(point)
+    if rate > curve[-1].decisions_per_s:
+        return None
+    if rate <= curve[0].decisions_per_s:
+        return curve[0].p99_ms
+    for low, high in zip(curve, curve[1:]):
+        if rate <= high.decisions_per_s:
+            share = (rate - low.decisions_per_s) / (high.decisions_per_s - low.decisions_per_s)
+            return low.p99_ms + share * (high.p99_ms - low.p99_ms)
+    raise AssertionError("unreachable: rate is within the curve")
+
+
+@dataclass(frozen=True)
+class Plan:
+    chip: str
+    chips: int | None
+    replicas: int | None
+    rate_per_chip: float | None
+    predicted_p99_ms: float | None
+    note: str
+    costs: tuple[tuple[Price, float, float], ...] = ()
+    """Per price row of this chip: (row, $/hour for the chips, $/million decisions)."""
+
+
+def plan_chip(
+    sweep: Sweep,
+    rate: float,
+    p99_ms: float,
+    prices: Sequence[Price],
+    *,
+    max_utilisation: float = DEFAULT_MAX_UTILISATION,
+    min_replicas: int = DEFAULT_MIN_REPLICAS,
+) -> Plan:
+    """The fewest chips of ``sweep.chip`` that carry ``rate`` within ``p99_ms``, and what they cost."""
+    if rate <= 0 or p99_ms <= 0 or not 0 < max_utilisation <= 1:
+        raise ValueError("rate and p99 must be positive and max_utilisation in (0, 1]")
+    ceiling = sweep.peak_decisions_per_s * max_utilisation
+    for chips in range(max(1, math.ceil(rate / ceiling)), MAX_CHIPS + 1):
+        per_chip = rate / chips
+        p99 = predicted_p99_ms(sweep, per_chip)
+        if p99 is not None and p99 <= p99_ms:
+            break
+        if per_chip <= sweep.points[0].decisions_per_s:  # below the lowest measured load: more chips cannot help
+            return Plan(sweep.chip, None, None, None, None, f"even one request at a time measured p99 {sweep.points[0].p99_ms:.0f} ms > {p99_ms:.0f} ms")
+    else:
+        return Plan(sweep.chip, None, None, None, None, f"more than {MAX_CHIPS} chips")
+    costs = tuple(
+        (price, price.usd_per_hour * chips, price.usd_per_hour * chips / 3600 / rate * 1e6) for price in prices if price.chip == sweep.chip
+    )
+    note = f"at {per_chip:.1f} decisions/s per chip ({per_chip / sweep.peak_decisions_per_s:.0%} of the measured peak)"
+    return Plan(sweep.chip, chips, max(chips, min_replicas), per_chip, p99, note, costs)
+
+
+def plan_table(plans: Sequence[Plan], *, rate: float, p99_ms: float, unmeasured: Sequence[str], jev: dict, prompt_tokens: float | None) -> str:
+    """The plan as markdown, with Jev's cost at the same prompts and the chips that have no sweep."""
+    jev_cost = jev_cost_per_million(prompt_tokens, jev["usd_per_million_input_tokens"]) if prompt_tokens else None
+    lines = [
+        f"Target: {rate:g} decisions/s with p99 ≤ {p99_ms:g} ms.",
+        "",
+        "| chip | chips | service replicas | predicted p99 ms | price row | $/hour | $/million decisions | vs Jev |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for plan in plans:
+        if plan.chips is None:
+            lines.append(f"| {plan.chip} | — | — | — | — | — | — | cannot meet the target: {plan.note} |")
+            continue
+        for price, per_hour, per_million in plan.costs or ((None, None, None),):
+            versus = "—" if jev_cost is None or per_million is None else ("Jev cheaper" if jev_cost < per_million else "chips cheaper")
+            lines.append(
+                f"| {plan.chip} | {plan.chips} | {plan.replicas} | {plan.predicted_p99_ms:.0f} | {price.name if price else 'no price row'} | "
+                + (f"{per_hour:.2f} | {per_million:.2f} | {versus} |" if price else "— | — | — |")
+            )
+    if jev_cost is not None:
+        lines += ["", f"Jev at {prompt_tokens:.0f} prompt tokens: ${jev_cost:.2f} per million decisions."]
+    if unmeasured:
+        lines += ["", f"No measured load sweep, so not sized: {', '.join(unmeasured)} (measure with `decide eval load`, then `--sweep CHIP=RUN`)."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,55 @@
+"""Capacity planning from measured load sweeps: the queueing model on hand-checkable curves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.cost import Price, load_prices
+from eval.plan import OperatingPoint, Sweep, load_sweep, plan_chip, plan_table, predicted_p99_ms
+
+# A chip that does 10/s at c=1 (p99 100 ms), 30/s at c=4 (200 ms), 40/s at c=8 (400 ms), saturated at c=16.
+SWEEP = Sweep("l4", (OperatingPoint(1, 10.0, 100.0), OperatingPoint(4, 30.0, 200.0), OperatingPoint(8, 40.0, 400.0), OperatingPoint(16, 39.0, 900.0)), 132, "test")
+PRICE = Price("l4-test", "l4", 0.72, "on-demand", "test", "2026-11-29")
+
+
+def test_p99_is_interpolated_on_the_rising_part_of_the_curve_and_never_extrapolated():
+    assert predicted_p99_ms(SWEEP, 35.0) == pytest.approx(300.0)  # halfway between 30/s (200) and 40/s (400)
+    assert predicted_p99_ms(SWEEP, 2.0) == 100.0  # below the lowest load: the lightest measured p99
+    assert predicted_p99_ms(SWEEP, 40.5) is None  # the saturated c=16 point adds no rate
+
+
+def test_fewest_chips_within_utilisation_and_p99():
+    # 100/s: the utilisation cap (0.8 × 40 = 32/s per chip) needs 4 chips → 25/s each → p99 175 ms ≤ 250.
+    plan = plan_chip(SWEEP, 100.0, 250.0, [PRICE])
+    assert (plan.chips, plan.replicas, plan.rate_per_chip) == (4, 4, 25.0)
+    assert plan.predicted_p99_ms == pytest.approx(175.0)
+    # A tighter p99 needs more chips: 120 ms → ≤ 14/s per chip → 8 chips (12.5/s, 112.5 ms).
+    tight = plan_chip(SWEEP, 100.0, 120.0, [PRICE])
+    assert tight.chips == 8 and tight.predicted_p99_ms == pytest.approx(112.5)
+    ((price, per_hour, per_million),) = tight.costs
+    assert per_hour == pytest.approx(8 * 0.72) and per_million == pytest.approx(8 * 0.72 / 3600 / 100 * 1e6)
+
+
+def test_a_p99_below_the_lightest_measured_load_cannot_be_met_and_says_why():
+    plan = plan_chip(SWEEP, 100.0, 50.0, [PRICE])
+    assert plan.chips is None and "100 ms > 50 ms" in plan.note
+
+
+def test_replicas_have_a_floor_for_availability():
+    assert plan_chip(SWEEP, 5.0, 500.0, [PRICE]).replicas == 2
+
+
+def test_table_names_unmeasured_chips_and_jev(tmp_path):
+    summary = [
+        {"shape": "short", "concurrency": c, "decisions_per_s": x, "p99_ms": p, "prompt_tokens_median": 132}
+        for c, x, p in [(1, 10.0, 100.0), (4, 30.0, 200.0)]
+    ] + [{"shape": "long-1024", "concurrency": 4, "decisions_per_s": 2.0, "p99_ms": 5000.0, "prompt_tokens_median": 1024}]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    sweep = load_sweep(tmp_path, chip="l4")
+    assert [p.concurrency for p in sweep.points] == [1, 4] and sweep.prompt_tokens_median == 132
+    prices, jev = load_prices()
+    table = plan_table([plan_chip(sweep, 20.0, 300.0, prices)], rate=20.0, p99_ms=300.0, unmeasured=["v6e", "v5e"], jev=jev, prompt_tokens=132)
+    assert "| l4 | 1 | 2 |" in table and "gcp-g2-standard-4-on-demand-us-central1" in table
+    assert "not sized: v6e, v5e" in table and "Jev at 132 prompt tokens" in table
