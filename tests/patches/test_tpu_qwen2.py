@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -72,9 +73,12 @@ def fixed_tree(upstream_tree, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def plugin_site(tmp_path_factory) -> Path:
     """The patches distribution built and installed from ``patches/`` into its own directory."""
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
+    source = tmp_path_factory.mktemp("plugin-source") / "patches"
+    shutil.copytree(ROOT / "patches", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     site = tmp_path_factory.mktemp("plugin-site")
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(ROOT / "patches")], check=True)
+                    "--no-index", "--target", str(site), str(source)], check=True)
     return site
 
 
@@ -97,7 +101,7 @@ def test_unpatched_upstream_fails_on_untied_qwen2_config(plugin_site, upstream_t
     assert error["type"] == "AttributeError"
     assert error["message"] == "'Qwen2Config' object has no attribute 'text_config'"
     assert Path(error["file"]) == upstream_tree / QWEN2
-    assert error["function"] == "__init__" and "text_config.hidden_size" in error["code"]
+    assert (error["function"], error["line"]) == ("__init__", 401) and "text_config.hidden_size" in error["code"]
     assert result["lm_head"] is None
     assert result["log"] == []
 
