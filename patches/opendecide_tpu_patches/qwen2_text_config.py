@@ -81,7 +81,7 @@ def apply(module: ModuleType) -> Result:
     ast.fix_missing_locations(tree)
     ast.increment_lineno(tree, first_line - 1)
     namespace: dict = {}
-    exec(compile(tree, filename or "<unknown>", "exec"), module.__dict__, namespace)
+    exec(compile(tree, filename or "<unknown>", "exec"), module.__dict__, namespace)  # noqa: S102 (upstream's own code)
     fixed = namespace[func.name]
     fixed.__qualname__ = init.__qualname__
     fixed.__doc__ = init.__doc__

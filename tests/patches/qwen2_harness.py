@@ -89,8 +89,8 @@ class WheelTreeFinder(importlib.abc.MetaPathFinder):
 def make_config(kind: str):
     from transformers import Qwen2_5_VLConfig, Qwen2Config
 
-    sizes = dict(hidden_size=96, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2)
+    sizes = {"hidden_size": 96, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2}
     if kind == "untied":
         return Qwen2Config(tie_word_embeddings=False, **sizes)
     if kind == "tied":
@@ -140,7 +140,7 @@ def main() -> None:
                                             cache_config=types.SimpleNamespace(cache_dtype="auto"))
         try:
             qwen2.Qwen2ForCausalLM(vllm_config, rng_key=0, mesh=None)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 (whatever upstream raises is the result)
             # The innermost frame in qwen2.py itself: that is where upstream's code fails (not in transformers).
             frame = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == qwen2.__file__][-1]
             out["error"] = {"type": type(e).__name__, "message": str(e), "file": frame.filename,
