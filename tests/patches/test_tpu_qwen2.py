@@ -42,8 +42,7 @@ def tpu_inference_wheel() -> Path:
     wheel = _cache_dir() / WHEEL
     if not wheel.exists():
         subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                        "--index-url", "https://pypi.org/simple", "tpu-inference==0.32.0", "-d", str(wheel.parent)],
-                       check=True)
+                        "tpu-inference==0.32.0", "-d", str(wheel.parent)], check=True)
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == WHEEL_SHA256, f"{wheel} is not PyPI's 0.32.0 wheel"
     return wheel
 
