@@ -324,3 +324,49 @@ def eval_read_modes(
     typer.echo(read_modes_table(rows))
 
 
+
+
+EndpointOption = Annotated[Optional[str], typer.Option(help="a Cloud Storage endpoint other than Google's, e.g. an emulator's http://127.0.0.1:9023 (anonymous credentials)")]
+ProjectOption = Annotated[Optional[str], typer.Option(help="Google Cloud project for the client (default: from the environment)")]
+
+
+@eval_app.command("upload")
+def eval_upload(
+    run: Annotated[Path, typer.Argument(help="a run directory (records, manifest.json, …)", exists=True, file_okay=False)],
+    url: Annotated[str, typer.Argument(help="gs://BUCKET/PREFIX")],
+    endpoint: EndpointOption = None,
+    project: ProjectOption = None,
+) -> None:
+    """Upload a run to Cloud Storage; objects already there with the same CRC32C are skipped, manifest.json goes last."""
+    from eval.storage import TransferRefused, storage_client, upload_run
+
+    try:
+        done = upload_run(run, url, client=storage_client(endpoint, project))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="URL") from None
+    except TransferRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    state = "manifest.json written last" if done.manifest_written else "nothing changed, manifest.json kept"
+    typer.echo(f"{url}: {len(done.sent)} files sent, {len(done.skipped)} already there; {state}")
+
+
+@eval_app.command("download")
+def eval_download(
+    url: Annotated[str, typer.Argument(help="gs://BUCKET/PREFIX written by `decide eval upload`")],
+    dest: Annotated[Path, typer.Argument(help="directory to download into (created; files already matching are kept)")],
+    endpoint: EndpointOption = None,
+    project: ProjectOption = None,
+) -> None:
+    """Download a run from Cloud Storage, verifying every file against the manifest's sha256."""
+    from eval.storage import TransferRefused, download_run, storage_client
+
+    try:
+        done = download_run(url, dest, client=storage_client(endpoint, project))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="URL") from None
+    except TransferRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    total = len(done.sent) + len(done.skipped)
+    typer.echo(f"{dest}: {len(done.sent)} files fetched, {len(done.skipped)} already there, all {total} match the manifest's sha256")
