@@ -139,11 +139,12 @@ def survey(
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM's --gpu-memory-utilization (default: 0.92 on TPU, 0.9 on L4)")] = None,
     kv_cache_gib: Annotated[Optional[float], typer.Option(help="a fixed KV pool, as vLLM's --kv-cache-memory-bytes (in GiB)")] = None,
     dtype: Annotated[str, typer.Option(help="vLLM's --dtype: auto (the config's), half, float16, bfloat16, float, float32")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option(help="vLLM's --kv-cache-dtype: auto (the weights' dtype, on every chip), bfloat16, fp8 (e5m2 on v6e, e4m3 elsewhere), fp8_e4m3, fp8_e5m2")] = "auto",
     measured: Annotated[list[str], typer.Option(help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)")] = [],  # noqa: B006
 ) -> None:
     """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
     from eval.kv_log import measured_capacity
-    from eval.survey import CHIP_TOTAL_GIB, CHIPS, VLLM_DTYPES, fetch_metadata, load_metadata, measured_table, measurement_mismatch, survey_model, survey_table
+    from eval.survey import CHIP_TOTAL_GIB, CHIPS, KV_CACHE_DTYPES, VLLM_DTYPES, fetch_metadata, load_metadata, measured_table, measurement_mismatch, survey_model, survey_table
 
     if chip not in CHIPS:
         raise typer.BadParameter(f"choose one of {', '.join(CHIPS)}", param_hint="--chip")
@@ -157,6 +158,8 @@ def survey(
         raise typer.BadParameter(f"choose one of auto, {', '.join(VLLM_DTYPES)}", param_hint="--dtype")
     if max_model_len <= 0:
         raise typer.BadParameter("must be above 0", param_hint="--max-model-len")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise typer.BadParameter(f"choose one of {', '.join(KV_CACHE_DTYPES)}", param_hint="--kv-cache-dtype")
     measurements = {}
     for item in measured:
         model, sep, path = item.partition("=")
@@ -178,8 +181,12 @@ def survey(
         if allowed and meta.get("license") not in allowed:
             skipped.append(f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})")
             continue
-        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib,
-                                 dtype=VLLM_DTYPES.get(dtype), memory_utilisation=gpu_memory_utilization, measured=measurements.get(model)))  # fmt: skip
+        try:
+            rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib,
+                                     dtype=VLLM_DTYPES.get(dtype), kv_cache_dtype=kv_cache_dtype, memory_utilisation=gpu_memory_utilization,
+                                     measured=measurements.get(model)))  # fmt: skip
+        except ValueError as exc:  # metadata the survey cannot size (a multimodal config without the Hub's parameter total)
+            raise typer.BadParameter(str(exc), param_hint="MODELS / --metadata") from None
     typer.echo(survey_table(rows))
     if comparison := measured_table(rows):
         typer.echo("Predicted vs measured:\n\n" + comparison)
