@@ -112,7 +112,12 @@ def cost(
         price_rows, jev = load_prices(prices, overrides)
     except ValueError as exc:  # a row at or below 0 $/h, from --prices or --price
         raise typer.BadParameter(str(exc), param_hint="--price / --prices") from None
-    throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
+    from eval.storage import TransferRefused
+
+    try:
+        throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
+    except (ValueError, TransferRefused) as exc:  # no measurement, another chip's run, or a download that does not match its manifest
+        raise typer.BadParameter(str(exc), param_hint="RUNS / --chip") from None
     if quoted:
         throughputs += quoted_v6e_throughputs()
     rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)

