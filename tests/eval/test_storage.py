@@ -45,6 +45,9 @@ def client_over(emulator: str, session: requests.Session):
 def test_upload_then_download_gives_the_same_files(bucket, tmp_path):
     client, name = bucket
     run = copy_run(TASKS_RUN, tmp_path)
+    # past 8 MiB the client sends a file through a resumable upload session rather than one request
+    (run / "records.jsonl").write_bytes((run / "records.jsonl").read_bytes() * 4)
+    assert (run / "records.jsonl").stat().st_size > 8 * 2**20
     sent = upload_run(run, f"gs://{name}/runs/a", client=client)
     files = run_files(run)
     assert sent.sent == [f["path"] for f in files] and sent.skipped == [] and sent.manifest_written
