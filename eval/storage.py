@@ -53,10 +53,14 @@ class Transfer:
 def storage_client(endpoint: str | None = None, project: str | None = None) -> Client:
     """A Cloud Storage client: Google's endpoint with application-default credentials, or
     ``endpoint`` (an emulator, say) with anonymous ones."""
+    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import storage
 
     if endpoint is None:
-        return storage.Client(project=project)
+        try:
+            return storage.Client(project=project)
+        except DefaultCredentialsError:
+            raise TransferRefused("no Google credentials: run `gcloud auth application-default login` (or give --endpoint)") from None
     from google.auth.credentials import AnonymousCredentials
 
     return storage.Client(project=project or "anonymous", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})

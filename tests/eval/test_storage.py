@@ -180,3 +180,10 @@ def test_upload_and_download_commands(emulator, bucket, tmp_path):
     assert missing.exit_code == 2 and "manifest.json is absent" in missing.output
     bad = runner.invoke(app, ["eval", "upload", str(run), "bucket/prefix", "--endpoint", emulator])
     assert bad.exit_code == 2 and "is not gs://BUCKET" in bad.output
+
+
+def test_missing_credentials_are_named(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "absent.json"))
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    result = CliRunner().invoke(app, ["eval", "download", "gs://b/p", str(tmp_path / "d")])
+    assert result.exit_code == 2 and "no Google credentials" in result.output
