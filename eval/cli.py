@@ -336,8 +336,6 @@ def eval_read_modes(
     typer.echo(read_modes_table(rows))
 
 
-
-
 EndpointOption = Annotated[Optional[str], typer.Option(help="a Cloud Storage endpoint other than Google's, e.g. an emulator's http://127.0.0.1:9023 (anonymous credentials)")]
 ProjectOption = Annotated[Optional[str], typer.Option(help="Google Cloud project for the client (default: from the environment)")]
 

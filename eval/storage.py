@@ -97,9 +97,7 @@ def upload_run(run: Path, url: str, *, client: Client) -> Transfer:
     bucket_name, prefix = parse_url(url)
     if not (run / MANIFEST).is_file():
         raise TransferRefused(f"{run} has no {MANIFEST}: not a run directory")
-    manifest = json.loads((run / MANIFEST).read_text(encoding="utf-8"))
-    if not isinstance(manifest, dict):
-        raise TransferRefused(f"{run}/{MANIFEST} is not a JSON object")
+    manifest = read_json(run / MANIFEST)
     files = run_files(run)
     body = (json.dumps({**manifest, "files": files}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
     bucket = client.bucket(bucket_name)
@@ -135,7 +133,11 @@ def download_run(url: str, dest: Path, *, client: Client) -> Transfer:
         raise TransferRefused(
             f"{url.rstrip('/')}/{MANIFEST} is absent: the upload is incomplete (rerun decide eval upload) or nothing was uploaded there"
         ) from None
-    files = listed_files(json.loads(body), f"{url.rstrip('/')}/{MANIFEST}")
+    where = f"{url.rstrip('/')}/{MANIFEST}"
+    try:
+        files = listed_files(json.loads(body), where)
+    except json.JSONDecodeError as error:
+        raise TransferRefused(f"{where} is not JSON ({error})") from None
     dest.mkdir(parents=True, exist_ok=True)
     listed = {entry["path"] for entry in files} | {MANIFEST}
     if strays := sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and p.relative_to(dest).as_posix() not in listed):
@@ -167,8 +169,8 @@ def verify_run(run: Path) -> int:
     """Check a run directory against the file list in its manifest (one written by ``upload_run``);
     returns the number of files checked, 0 when the manifest lists none. Raises TransferRefused
     naming the first file missing or changed."""
-    manifest = json.loads((run / MANIFEST).read_text(encoding="utf-8"))
-    if not isinstance(manifest, dict) or "files" not in manifest:
+    manifest = read_json(run / MANIFEST)
+    if "files" not in manifest:
         return 0
     files = listed_files(manifest, str(run / MANIFEST))
     for entry in files:
@@ -177,6 +179,17 @@ def verify_run(run: Path) -> int:
         if why := _mismatch(run / entry["path"], entry):
             raise TransferRefused(f"{entry['path']}: {why}")
     return len(files)
+
+
+def read_json(path: Path) -> dict:
+    """A run manifest, refused by name when it is not a JSON object."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise TransferRefused(f"{path} is not JSON ({error})") from None
+    if not isinstance(manifest, dict):
+        raise TransferRefused(f"{path} is not a JSON object")
+    return manifest
 
 
 def listed_files(manifest: object, where: str) -> list[dict]:

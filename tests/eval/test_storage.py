@@ -158,6 +158,12 @@ def test_bad_input_is_named(bucket, tmp_path):
         upload_run(tmp_path, "s3://x/y", client=client)
     with pytest.raises(TransferRefused, match="has no manifest.json: not a run directory"):
         upload_run(tmp_path, f"gs://{name}/x", client=client)
+    (tmp_path / "manifest.json").write_text('{"kind": "tasks", ')
+    with pytest.raises(TransferRefused, match="manifest.json is not JSON"):
+        upload_run(tmp_path, f"gs://{name}/x", client=client)
+    client.bucket(name).blob("torn/manifest.json").upload_from_string(b'{"files": [')
+    with pytest.raises(TransferRefused, match=f"gs://{name}/torn/manifest.json is not JSON"):
+        download_run(f"gs://{name}/torn", tmp_path / "d", client=client)
     client.bucket(name).blob("hand/manifest.json").upload_from_string(b'{"files": [{"path": "../escape", "bytes": 1, "sha256": "0"}]}')
     with pytest.raises(TransferRefused, match="bad file entry"):
         download_run(f"gs://{name}/hand", tmp_path / "d", client=client)
