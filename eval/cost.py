@@ -68,6 +68,10 @@ def jev_cost_per_million(prompt_tokens: float, usd_per_million_tokens: float) ->
     return prompt_tokens * usd_per_million_tokens
 
 
+# what throughput_of_run reads from a run directory
+MEASUREMENT_FILES = ("summary.json", "load.jsonl", "latency.json", "records.jsonl")
+
+
 def run_chips(manifest: dict) -> tuple[set[str], str] | None:
     """The chips a run's manifest shows it could have been measured on, and why; None when it does not say.
 
@@ -93,15 +97,16 @@ def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8)
     """Decisions/s at ``concurrency`` from a load sweep (``summary.json``, else ``load.jsonl``, short
     states) or an eval run's ``latency.json``, and the median prompt tokens.
 
-    A run downloaded by ``decide eval download`` (its manifest lists its files) is first checked
-    against that list, and a run whose manifest shows another chip than ``chip`` is refused.
-    Raises ValueError, naming the file, for a run it cannot read.
+    In a run downloaded by ``decide eval download`` (its manifest lists its files) the files read
+    here are first checked against that list (others, such as a later ``decide eval score``'s
+    output, may change). A run whose manifest shows another chip than ``chip`` is refused. Raises
+    ValueError, naming the file, for a run it cannot read.
     """
     from eval.storage import verify_run
 
     manifest = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").is_file() else {}
     if manifest:
-        verify_run(run)
+        verify_run(run, only=MEASUREMENT_FILES)
     if (measured := run_chips(manifest)) and chip not in measured[0]:
         raise ValueError(f"{run} was measured on {' or '.join(sorted(measured[0]))} ({measured[1]}), not --chip {chip}")
     machine = (manifest.get("machine") or {}).get("cpu", "")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -165,14 +166,14 @@ def download_run(url: str, dest: Path, *, client: Client) -> Transfer:
     return transfer
 
 
-def verify_run(run: Path) -> int:
-    """Check a run directory against the file list in its manifest (one written by ``upload_run``);
-    returns the number of files checked, 0 when the manifest lists none. Raises TransferRefused
-    naming the first file missing or changed."""
+def verify_run(run: Path, only: Collection[str] | None = None) -> int:
+    """Check a run directory against the file list in its manifest (one written by ``upload_run``),
+    or only the listed files among ``only``; returns the number of files checked, 0 when the
+    manifest lists none. Raises TransferRefused naming the first file missing or changed."""
     manifest = read_json(run / MANIFEST)
     if "files" not in manifest:
         return 0
-    files = listed_files(manifest, str(run / MANIFEST))
+    files = [e for e in listed_files(manifest, str(run / MANIFEST)) if only is None or e["path"] in only]
     for entry in files:
         if not (run / entry["path"]).is_file():
             raise TransferRefused(f"{entry['path']}: listed in {run / MANIFEST}, missing from {run}")

@@ -204,6 +204,9 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path):
         rate = json.loads((run / ("latency.json" if source == TASKS_RUN else "summary.json")).read_text())
         measured = rate["c8"]["decisions_per_s"] if source == TASKS_RUN else next(r for r in rate if r["kind"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
         assert f"| {source.name} | cpu-2core | 0.36 | {measured:.1f} | 100% | {cost_per_million(0.36, measured):.2f} |" in downloaded.stdout
+    # scoring a downloaded run rewrites its score files: cost still reads it; a changed measurement it refuses
+    (tmp_path / "down" / TASKS_RUN.name / "score.md").write_text("rescored\n")
+    assert runner.invoke(app, ["cost", str(tmp_path / "down" / TASKS_RUN.name), "--chip", "cpu"]).exit_code == 0
     (tmp_path / "down" / LOAD_RUN.name / "summary.json").write_text("[]\n")
     edited = runner.invoke(app, ["cost", str(tmp_path / "down" / LOAD_RUN.name), "--chip", "cpu", "--price", "cpu-2core=0.36"])
     assert edited.exit_code == 2 and "summary.json: 3 bytes, the manifest lists" in edited.output

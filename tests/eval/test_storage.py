@@ -150,6 +150,7 @@ def test_a_download_resumes_and_refuses_strays(bucket, tmp_path):
     (down / "load.md").write_text("edited after download")
     with pytest.raises(TransferRefused, match="^load.md: "):
         verify_run(down)
+    assert verify_run(down, only=["load.jsonl", "summary.json"]) == 2
 
 
 def test_bad_input_is_named(bucket, tmp_path):
