@@ -348,6 +348,8 @@ def eval_upload(
     project: ProjectOption = None,
 ) -> None:
     """Upload a run to Cloud Storage; objects already there with the same CRC32C are skipped, manifest.json goes last."""
+    from google.api_core.exceptions import GoogleAPICallError
+
     from eval.storage import TransferRefused, storage_client, upload_run
 
     try:
@@ -357,6 +359,9 @@ def eval_upload(
     except TransferRefused as error:
         typer.echo(f"refused: {error}", err=True)
         raise typer.Exit(code=2) from None
+    except GoogleAPICallError as error:  # permission, quota, service errors: rerun to resume
+        typer.echo(f"failed: {error}", err=True)
+        raise typer.Exit(code=1) from None
     state = "manifest.json written last" if done.manifest_written else "nothing changed, manifest.json kept"
     typer.echo(f"{url}: {len(done.sent)} files sent, {len(done.skipped)} already there; {state}")
 
@@ -369,6 +374,8 @@ def eval_download(
     project: ProjectOption = None,
 ) -> None:
     """Download a run from Cloud Storage, verifying every file against the manifest's sha256."""
+    from google.api_core.exceptions import GoogleAPICallError
+
     from eval.storage import TransferRefused, download_run, storage_client
 
     try:
@@ -378,5 +385,8 @@ def eval_download(
     except TransferRefused as error:
         typer.echo(f"refused: {error}", err=True)
         raise typer.Exit(code=2) from None
+    except GoogleAPICallError as error:  # permission, quota, service errors: rerun to resume
+        typer.echo(f"failed: {error}", err=True)
+        raise typer.Exit(code=1) from None
     total = len(done.sent) + len(done.skipped)
     typer.echo(f"{dest}: {len(done.sent)} files fetched, {len(done.skipped)} already there, all {total} match the manifest's sha256")

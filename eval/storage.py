@@ -101,8 +101,13 @@ def upload_run(run: Path, url: str, *, client: Client) -> Transfer:
     manifest = read_json(run / MANIFEST)
     files = run_files(run)
     body = (json.dumps({**manifest, "files": files}, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    from google.api_core.exceptions import NotFound
+
     bucket = client.bucket(bucket_name)
-    existing = {blob.name: blob for blob in client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None)}
+    try:
+        existing = {blob.name: blob for blob in client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None)}
+    except NotFound:
+        raise TransferRefused(f"bucket {bucket_name} does not exist") from None
     manifest_key = _key(prefix, MANIFEST)
     transfer = Transfer(url)
     old = existing.get(manifest_key)
@@ -140,17 +145,19 @@ def download_run(url: str, dest: Path, *, client: Client) -> Transfer:
     except json.JSONDecodeError as error:
         raise TransferRefused(f"{where} is not JSON ({error})") from None
     dest.mkdir(parents=True, exist_ok=True)
-    listed = {entry["path"] for entry in files} | {MANIFEST}
+    # a .part file is a download cut off here before: it is fetched again
+    listed = {entry["path"] + suffix for entry in files for suffix in ("", ".part")} | {MANIFEST}
     if strays := sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and p.relative_to(dest).as_posix() not in listed):
         raise TransferRefused(f"{dest} holds files the manifest does not list ({', '.join(strays[:3])}): download into an empty directory")
     transfer = Transfer(url)
     for entry in files:
         local = dest / entry["path"]
+        part = local.with_name(local.name + ".part")
         if local.is_file() and _mismatch(local, entry) is None:
+            part.unlink(missing_ok=True)
             transfer.skipped.append(entry["path"])
             continue
         local.parent.mkdir(parents=True, exist_ok=True)
-        part = local.with_name(local.name + ".part")
         try:
             bucket.blob(_key(prefix, entry["path"])).download_to_filename(str(part))
         except NotFound:

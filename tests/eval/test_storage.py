@@ -143,6 +143,8 @@ def test_a_download_resumes_and_refuses_strays(bucket, tmp_path):
     (down / "load.png").unlink()
     again = download_run(f"gs://{name}/r", down, client=client)
     assert again.sent == ["load.png"] and "load.jsonl" in again.skipped and (down / "manifest.json").is_file()
+    (down / "load.png.part").write_bytes(b"cut off")  # a download killed mid-file
+    assert download_run(f"gs://{name}/r", down, client=client).sent == [] and not (down / "load.png.part").exists()
     (down / "other.txt").write_text("not this run's")
     with pytest.raises(TransferRefused, match=r"holds files the manifest does not list \(other.txt\)"):
         download_run(f"gs://{name}/r", down, client=client)
@@ -157,6 +159,10 @@ def test_bad_input_is_named(bucket, tmp_path):
     client, name = bucket
     with pytest.raises(ValueError, match="is not gs://BUCKET"):
         upload_run(tmp_path, "s3://x/y", client=client)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "manifest.json").write_text("{}")
+    with pytest.raises(TransferRefused, match="bucket no-such-bucket does not exist"):
+        upload_run(tmp_path / "run", "gs://no-such-bucket/x", client=client)
     with pytest.raises(TransferRefused, match="has no manifest.json: not a run directory"):
         upload_run(tmp_path, f"gs://{name}/x", client=client)
     (tmp_path / "manifest.json").write_text('{"kind": "tasks", ')
