@@ -109,7 +109,12 @@ def cost(
         price_rows, jev = load_prices(prices, overrides)
     except ValueError as exc:  # a row at or below 0 $/h, from --prices or --price
         raise typer.BadParameter(str(exc), param_hint="--price / --prices") from None
-    throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
+    from eval.storage import TransferRefused
+
+    try:
+        throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
+    except (ValueError, TransferRefused) as exc:  # no measurement, another chip's run, or a download that does not match its manifest
+        raise typer.BadParameter(str(exc), param_hint="RUNS / --chip") from None
     if quoted:
         throughputs += quoted_v6e_throughputs()
     rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
@@ -136,11 +141,12 @@ def survey(
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM's --gpu-memory-utilization (default: 0.92 on TPU, 0.9 on L4)")] = None,
     kv_cache_gib: Annotated[Optional[float], typer.Option(help="a fixed KV pool, as vLLM's --kv-cache-memory-bytes (in GiB)")] = None,
     dtype: Annotated[str, typer.Option(help="vLLM's --dtype: auto (the config's), half, float16, bfloat16, float, float32")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option(help="vLLM's --kv-cache-dtype: auto (the weights' dtype, on every chip), bfloat16, fp8 (e5m2 on v6e, e4m3 elsewhere), fp8_e4m3, fp8_e5m2")] = "auto",
     measured: Annotated[list[str], typer.Option(help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)")] = [],  # noqa: B006
 ) -> None:
     """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
     from eval.kv_log import measured_capacity
-    from eval.survey import CHIP_TOTAL_GIB, CHIPS, VLLM_DTYPES, fetch_metadata, load_metadata, measured_table, measurement_mismatch, survey_model, survey_table
+    from eval.survey import CHIP_TOTAL_GIB, CHIPS, KV_CACHE_DTYPES, VLLM_DTYPES, fetch_metadata, load_metadata, measured_table, measurement_mismatch, survey_model, survey_table
 
     if chip not in CHIPS:
         raise typer.BadParameter(f"choose one of {', '.join(CHIPS)}", param_hint="--chip")
@@ -154,6 +160,8 @@ def survey(
         raise typer.BadParameter(f"choose one of auto, {', '.join(VLLM_DTYPES)}", param_hint="--dtype")
     if max_model_len <= 0:
         raise typer.BadParameter("must be above 0", param_hint="--max-model-len")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise typer.BadParameter(f"choose one of {', '.join(KV_CACHE_DTYPES)}", param_hint="--kv-cache-dtype")
     measurements = {}
     for item in measured:
         model, sep, path = item.partition("=")
@@ -175,8 +183,12 @@ def survey(
         if allowed and meta.get("license") not in allowed:
             skipped.append(f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})")
             continue
-        rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib,
-                                 dtype=VLLM_DTYPES.get(dtype), memory_utilisation=gpu_memory_utilization, measured=measurements.get(model)))  # fmt: skip
+        try:
+            rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib,
+                                     dtype=VLLM_DTYPES.get(dtype), kv_cache_dtype=kv_cache_dtype, memory_utilisation=gpu_memory_utilization,
+                                     measured=measurements.get(model)))  # fmt: skip
+        except ValueError as exc:  # metadata the survey cannot size (a multimodal config without the Hub's parameter total)
+            raise typer.BadParameter(str(exc), param_hint="MODELS / --metadata") from None
     typer.echo(survey_table(rows))
     if comparison := measured_table(rows):
         typer.echo("Predicted vs measured:\n\n" + comparison)
@@ -315,3 +327,57 @@ def eval_read_modes(
     typer.echo(read_modes_table(rows))
 
 
+EndpointOption = Annotated[Optional[str], typer.Option(help="a Cloud Storage endpoint other than Google's, e.g. an emulator's http://127.0.0.1:9023 (anonymous credentials)")]
+ProjectOption = Annotated[Optional[str], typer.Option(help="Google Cloud project for the client (default: from the environment)")]
+
+
+@eval_app.command("upload")
+def eval_upload(
+    run: Annotated[Path, typer.Argument(help="a run directory (records, manifest.json, …)", exists=True, file_okay=False)],
+    url: Annotated[str, typer.Argument(help="gs://BUCKET/PREFIX")],
+    endpoint: EndpointOption = None,
+    project: ProjectOption = None,
+) -> None:
+    """Upload a run to Cloud Storage; objects already there with the same CRC32C are skipped, manifest.json goes last."""
+    from google.api_core.exceptions import GoogleAPICallError
+
+    from eval.storage import TransferRefused, storage_client, upload_run
+
+    try:
+        done = upload_run(run, url, client=storage_client(endpoint, project))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="URL") from None
+    except TransferRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    except GoogleAPICallError as error:  # permission, quota, service errors: rerun to resume
+        typer.echo(f"failed: {error}", err=True)
+        raise typer.Exit(code=1) from None
+    state = "manifest.json written last" if done.manifest_written else "nothing changed, manifest.json kept"
+    typer.echo(f"{url}: {len(done.sent)} files sent, {len(done.skipped)} already there; {state}")
+
+
+@eval_app.command("download")
+def eval_download(
+    url: Annotated[str, typer.Argument(help="gs://BUCKET/PREFIX written by `decide eval upload`")],
+    dest: Annotated[Path, typer.Argument(help="directory to download into (created; files already matching are kept)")],
+    endpoint: EndpointOption = None,
+    project: ProjectOption = None,
+) -> None:
+    """Download a run from Cloud Storage, verifying every file against the manifest's sha256."""
+    from google.api_core.exceptions import GoogleAPICallError
+
+    from eval.storage import TransferRefused, download_run, storage_client
+
+    try:
+        done = download_run(url, dest, client=storage_client(endpoint, project))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="URL") from None
+    except TransferRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    except GoogleAPICallError as error:  # permission, quota, service errors: rerun to resume
+        typer.echo(f"failed: {error}", err=True)
+        raise typer.Exit(code=1) from None
+    total = len(done.sent) + len(done.skipped)
+    typer.echo(f"{dest}: {len(done.sent)} files fetched, {len(done.skipped)} already there, all {total} match the manifest's sha256")

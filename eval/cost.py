@@ -68,20 +68,69 @@ def jev_cost_per_million(prompt_tokens: float, usd_per_million_tokens: float) ->
     return prompt_tokens * usd_per_million_tokens
 
 
+# what throughput_of_run reads from a run directory
+MEASUREMENT_FILES = ("summary.json", "load.jsonl", "latency.json", "records.jsonl")
+
+
+def run_chips(manifest: dict) -> tuple[set[str], str] | None:
+    """The chips a run's manifest shows it could have been measured on, and why; None when it does not say.
+
+    In order: a ``chip`` field; the embedded (``local``) engine, which reads in process on the host
+    CPU; the device word of the server's "KV cache size" line and the TPU-only "Memory statistics"
+    line recorded from ``--engine-log`` (the same evidence ``decide survey --measured`` checks).
+    """
+    from eval.survey import CHIPS, LOG_DEVICE_CHIPS, TPU_CHIPS
+
+    if manifest.get("chip") in CHIPS:
+        return {manifest["chip"]}, f"its manifest names chip {manifest['chip']}"
+    if ((manifest.get("engines") or {}).get("run") or {}).get("kind") == "local":
+        return {"cpu"}, "the embedded engine read in process on the host CPU"
+    device = (manifest.get("kv_capacity") or {}).get("device")
+    if device in LOG_DEVICE_CHIPS:
+        return set(LOG_DEVICE_CHIPS[device]), f"its server log's KV line is from a {device} server"
+    if manifest.get("memory_statistics"):
+        return set(TPU_CHIPS), "its server log has the TPU memory line"
+    return None
+
+
 def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8) -> Throughput:
-    """Decisions/s at ``concurrency`` from a load sweep (``summary.json``, short states) or an eval
-    run's ``latency.json``, and the median prompt tokens."""
-    if (run / "summary.json").is_file():
-        rows = [r for r in json.loads((run / "summary.json").read_text()) if r["kind"] == "short" and r["concurrency"] == concurrency]
+    """Decisions/s at ``concurrency`` from a load sweep (``summary.json``, else ``load.jsonl``, short
+    states) or an eval run's ``latency.json``, and the median prompt tokens.
+
+    In a run downloaded by ``decide eval download`` (its manifest lists its files) the files read
+    here are first checked against that list (others, such as a later ``decide eval score``'s
+    output, may change). A run whose manifest shows another chip than ``chip`` is refused. Raises
+    ValueError, naming the file, for a run it cannot read.
+    """
+    from eval.storage import verify_run
+
+    manifest = json.loads((run / "manifest.json").read_text()) if (run / "manifest.json").is_file() else {}
+    if manifest:
+        verify_run(run, only=MEASUREMENT_FILES)
+    if (measured := run_chips(manifest)) and chip not in measured[0]:
+        raise ValueError(f"{run} was measured on {' or '.join(sorted(measured[0]))} ({measured[1]}), not --chip {chip}")
+    machine = (manifest.get("machine") or {}).get("cpu", "")
+    if (run / "summary.json").is_file() or (run / "load.jsonl").is_file():
+        if (run / "summary.json").is_file():
+            source, summary = "summary.json", json.loads((run / "summary.json").read_text())
+        else:  # `decide eval load` writes summary.json after the sweep; a sweep run through the library has only load.jsonl
+            from eval.sweep import summarise
+
+            source, summary = "load.jsonl", summarise([json.loads(line) for line in (run / "load.jsonl").read_text().splitlines() if line.strip()])
+        rows = [r for r in summary if r["kind"] == "short" and r["concurrency"] == concurrency]
         if not rows:
-            raise ValueError(f"{run}/summary.json has no short-state run at concurrency {concurrency}")
-        machine = json.loads((run / "manifest.json").read_text()).get("machine", {}).get("cpu", "")
-        return Throughput(label, chip, rows[0]["decisions_per_s"], rows[0]["prompt_tokens_median"], f"{run}/summary.json ({machine})")
+            raise ValueError(f"{run}/{source} has no short-state run at concurrency {concurrency}")
+        return Throughput(label, chip, rows[0]["decisions_per_s"], rows[0]["prompt_tokens_median"], f"{run}/{source} ({machine})")
+    if not (run / "latency.json").is_file():
+        raise ValueError(f"{run} has no summary.json or load.jsonl (decide eval load) and no latency.json (decide eval tasks --latency)")
     latency = json.loads((run / "latency.json").read_text())
     key = f"c{concurrency}"
     if key not in latency:
         raise ValueError(f"{run}/latency.json has no concurrency-{concurrency} measurement")
-    tokens = [json.loads(line)["reading"]["prompt_tokens"] for line in (run / "records.jsonl").read_text().splitlines() if '"status": "ok"' in line]
+    tokens = []
+    if (run / "records.jsonl").is_file():
+        rows = (json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip())
+        tokens = [row["reading"]["prompt_tokens"] for row in rows if row.get("status") == "ok"]
     return Throughput(label, chip, latency[key]["decisions_per_s"], statistics.median(tokens) if tokens else None, f"{run}/latency.json ({latency['machine']['cpu']})")
 
 

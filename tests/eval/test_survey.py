@@ -152,3 +152,127 @@ def test_memory_utilisation_gives_the_tpu_caps():
 
     assert round(usable_gib("v5e"), 2) == 14.49 and round(usable_gib("v6e"), 2) == 28.74 and usable_gib("cpu") is None
     assert usable_gib("l4", 0.5) == pytest.approx(11.2)
+
+
+GEMMA_4B = "google/gemma-3-4b-it"
+
+
+def test_a_nested_text_config_is_read_with_transformers_defaults():
+    from eval.survey import text_config
+
+    config = text_config(META[GEMMA_4B]["config"])
+    assert (config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (34, 8, 4, 256)
+    assert config["layer_types"].count("full_attention") == 5 and config["sliding_window"] == 1024
+    # language model + SigLIP vision tower (416,866,032) + projector (1152 × 2560 + norm 1152) = the Hub's total
+    assert parameter_count(config) + 416_866_032 + 1152 * 2560 + 1152 == META[GEMMA_4B]["safetensors_total"]
+    # 2 × 4 KV heads × 256 × 2 bytes per layer; 5 full layers, 29 sliding ones at 1,024 of 4,096 tokens
+    assert kv_bytes_per_token(config, max_model_len=4096, dtype_bytes=2) == 4096 * (5 + 29 * 1024 / 4096)
+
+
+def test_nesting_a_flat_config_changes_nothing():
+    flat = META["google/gemma-3-270m"]
+    nested = {"license": "gemma", "safetensors_total": 268_098_176,
+              "config": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "torch_dtype": "bfloat16",
+                         "text_config": {k: v for k, v in flat["config"].items() if k not in ("architectures", "torch_dtype")}}}  # fmt: skip
+    a = survey_model("flat", dict(flat, safetensors_total=268_098_176), chip="v5e", max_model_len=4096)
+    b = survey_model("nested", nested, chip="v5e", max_model_len=4096)
+    assert (a.kv_bytes_per_token, a.kv_tokens, a.weights_gib) == (b.kv_bytes_per_token, b.kv_tokens, b.weights_gib)
+    with pytest.raises(ValueError, match="vision tower; give the Hub's safetensors total"):
+        survey_model(GEMMA_4B, {k: v for k, v in META[GEMMA_4B].items() if k != "safetensors_total"}, chip="v6e", max_model_len=4096)
+
+
+def test_kv_dtype_follows_the_chip_and_the_flag():
+    qwen = META["Qwen/Qwen3-4B"]
+    auto = survey_model("Qwen/Qwen3-4B", qwen, chip="v6e", max_model_len=4096)
+    assert (auto.kv_dtype, auto.kv_bytes_per_token) == ("bfloat16", 147_456)  # auto: the weights' dtype, v6e included
+    fp8 = survey_model("Qwen/Qwen3-4B", qwen, chip="v6e", max_model_len=4096, kv_cache_dtype="fp8")
+    assert (fp8.kv_dtype, fp8.kv_bytes_per_token, fp8.weights_gib) == ("float8_e5m2", 73_728, auto.weights_gib)
+    assert fp8.kv_tokens == pytest.approx(2 * auto.kv_tokens, abs=128)  # the same pool holds twice the tokens
+    assert survey_model("Qwen/Qwen3-4B", qwen, chip="v5e", max_model_len=4096, kv_cache_dtype="fp8").kv_dtype == "float8_e4m3fn"
+    assert survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096, kv_cache_dtype="fp8_e5m2").kv_dtype == "float8_e5m2"
+    half = survey_model("Qwen/Qwen3-4B", qwen, chip="v6e", max_model_len=4096, dtype="float32", kv_cache_dtype="bfloat16")
+    assert (half.kv_dtype, half.kv_bytes_per_token) == ("bfloat16", 147_456)
+
+
+def test_kv_cache_dtype_option():
+    runner = CliRunner()
+    fp8 = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", GEMMA_4B, "--chip", "v6e", "--metadata", str(METADATA), "--kv-cache-dtype", "fp8"])
+    assert fp8.exit_code == 0, fp8.output
+    assert "| Qwen/Qwen3-4B | apache-2.0 | v6e | 7.49 | 73,728 | float8_e5m2 |" in fp8.stdout
+    assert f"| {GEMMA_4B} | gemma | v6e | 8.01 | 25,088 | float8_e5m2 |" in fp8.stdout
+    default = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA)])
+    assert "| 7.49 | 147,456 | bfloat16 |" in default.stdout
+    bad = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA), "--kv-cache-dtype", "int4"])
+    assert bad.exit_code == 2 and "--kv-cache-dtype" in bad.output
+
+
+@pytest.fixture
+def hub(tmp_path):
+    """A local HTTP server answering the two Hub routes ``fetch_metadata`` uses, from the saved metadata:
+    the model info API (licence in cardData, safetensors parameter total, commit sha) and config.json."""
+    import hashlib
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    requests_seen: list[str] = []
+
+    class Hub(BaseHTTPRequestHandler):
+        def route(self):
+            requests_seen.append(f"{self.command} {self.path}")
+            path = self.path.split("?")[0]
+            for model, meta in META.items():
+                sha = hashlib.sha1(model.encode()).hexdigest()
+                if path in (f"/api/models/{model}", f"/api/models/{model}/revision/main"):
+                    total = meta.get("safetensors_total")
+                    info = {"id": model, "modelId": model, "sha": sha, "private": False, "cardData": {"license": meta["license"]},
+                            "siblings": [{"rfilename": "config.json"}], "tags": [],
+                            **({"safetensors": {"parameters": {"BF16": total}, "total": total}} if total else {})}  # fmt: skip
+                    return json.dumps(info).encode(), sha
+                if path == f"/{model}/resolve/{sha}/config.json":
+                    return json.dumps(meta["config"]).encode(), sha
+            return None, None
+
+        def answer(self, with_body: bool):
+            body, sha = self.route()
+            if body is None:
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("ETag", f'"{hashlib.sha1(body).hexdigest()}"')
+            self.send_header("X-Repo-Commit", sha)
+            self.end_headers()
+            if with_body:
+                self.wfile.write(body)
+
+        def do_GET(self):
+            self.answer(True)
+
+        def do_HEAD(self):
+            self.answer(False)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", requests_seen
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-4B", GEMMA_4B, "HuggingFaceTB/SmolLM3-3B"])
+def test_the_hub_path_gives_the_offline_numbers(hub, tmp_path, model):
+    from eval.survey import fetch_metadata
+
+    endpoint, seen = hub
+    fetched = fetch_metadata(model, endpoint=endpoint, cache_dir=tmp_path / "hf")
+    assert fetched["license"] == META[model]["license"] and fetched["config"] == META[model]["config"]
+    assert fetched["safetensors_total"] == META[model].get("safetensors_total")
+    assert any(line.startswith(f"GET /api/models/{model}") for line in seen) and any(line.endswith("/config.json") for line in seen)
+    offline = {k: v for k, v in META[model].items() if k != "measured_kv_tokens"}
+    for chip in ("v5e", "v6e"):
+        assert survey_model(model, fetched, chip=chip, max_model_len=4096) == survey_model(model, offline, chip=chip, max_model_len=4096)
