@@ -29,7 +29,9 @@ EVAL_ARGS=()
 SELF_DELETE=(gcloud compute instances delete example --zone europe-west4-a --quiet)
 # --- end settings ---
 
-WORK=/opt/opendecide
+# Overridable only so tests can run this script unprivileged in a scratch directory.
+WORK=${OPENDECIDE_WORK:-/opt/opendecide}
+CONSOLE=${OPENDECIDE_CONSOLE:-/dev/console}
 RUN_DIR=$WORK/run
 DATA_DIR=$WORK/data
 HF_ENGINE=$WORK/hf-engine
@@ -43,7 +45,7 @@ DEST=$BUCKET/$RUN_NAME/$STAMP
 
 mkdir -p "$RUN_DIR" "$DATA_DIR" "$HF_ENGINE" "$HF_SERVICE"
 chown "$SERVICE_UID" "$RUN_DIR" "$HF_SERVICE"
-exec > >(tee -a "$RUN_DIR/startup.out" /dev/console) 2>&1
+exec > >(tee -a "$RUN_DIR/startup.out" "$CONSOLE") 2>&1
 
 log() { echo "[opendecide $(date -u +%FT%TZ)] $*" | tee -a "$RUN_DIR/deploy.log"; }
 elapsed() { echo $(( $(date +%s) - $1 )); }
@@ -205,6 +207,7 @@ finish() {
 }
 
 log "start $RUN_NAME ($PLATFORM, $ACCELERATOR); the run directory goes to $DEST"
+cp "$0" "$RUN_DIR/startup.sh"  # the run keeps the exact script (and so its settings) it ran
 trap finish EXIT
 if [ "$PLATFORM" = aws ]; then
   # EC2 has no run-duration limit: a scheduled shutdown is the backstop (the instance was created
