@@ -42,12 +42,16 @@ def script_dir() -> Path:
 def plan(run: Run, directory: Path | None = None) -> Plan:
     """The commands and the startup script for ``run``; nothing is run or written."""
     script_path = (directory or script_dir()) / f"{run.name}.startup.sh"
-    backstop = (f"the instance is created with --instance-initiated-shutdown-behavior terminate and shuts itself down "
-                f"after {run.max_run_duration} at the latest" if run.platform == "aws"
-                else f"--max-run-duration {run.max_run_duration} deletes it if the script does not")
+    if run.platform == "aws":
+        backstop = (f"created with --instance-initiated-shutdown-behavior terminate, it shuts itself down "
+                    f"after {run.max_run_duration} at the latest")
+    elif run.target == "v5e":
+        backstop = f"--max-run-duration {run.max_run_duration} deletes its TPU if the script does not"
+    else:
+        backstop = f"--max-run-duration {run.max_run_duration} with --instance-termination-action DELETE deletes it if the script does not"
     steps = [
         Step(f"the Hugging Face token secret {run.hf_secret!r} exists", preflight_command(run)),
-        Step(f"create it; the startup script ({script_path}) deletes it at the end, {backstop}",
+        Step(f"create the machine; its startup script ({script_path}) deletes it at the end; backstop: {backstop}",
              create_command(run, str(script_path))),
     ]
     after = [
