@@ -165,6 +165,8 @@ def parse_run(data: dict[str, Any], *, source: Path | None = None) -> Run:
         zone = fields.text("zone", default=DEFAULT_ZONE[target])
 
     max_run = fields.duration("max_run_duration", default="4h")
+    if target != "v5e" and "valid_until_duration" in data:
+        raise RunFileError("valid_until_duration", "only for target v5e (how long a flex-start request may queue)")
     valid_until = fields.duration("valid_until_duration", default="2h")
 
     engine = _Fields(fields.table("engine", default={}), "engine")

@@ -53,6 +53,7 @@ def good() -> dict:
         (lambda d: d["eval"].update(kind="bench"), "eval.kind", "one of tasks, suite, load"),
         (lambda d: d["eval"].update(kind="suite"), "eval.data", "gs:// URL"),
         (lambda d: d.update(aws={"region": "us-east-1"}), "aws", "unknown field"),
+        (lambda d: d.update(valid_until_duration="2h"), "valid_until_duration", "only for target v5e"),
     ],
 )
 def test_mistakes_name_their_field(change, field, words):
