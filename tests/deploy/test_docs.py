@@ -20,7 +20,7 @@ from deploy.runfile import load_run
 from .conftest import EXAMPLES, ROOT
 
 DOC = ROOT / "docs" / "deploy.md"
-BLOCK = re.compile(r"(<!-- dry-run: (?P<path>\S+) -->\n```sh\n)(?P<body>.*?)(```\n<!-- end dry-run -->)", re.S)
+BLOCK = re.compile(r"(<!-- dry-run: (?P<path>\S+) -->\n```sh\n)(?P<body>.*?)(```\n<!-- end dry-run -->)", re.DOTALL)
 
 
 def dry_run(path: str) -> str:

@@ -31,7 +31,7 @@ def shellcheck() -> str:
 
 
 def check_shell(path: Path) -> None:
-    result = subprocess.run([shellcheck(), "--severity=style", str(path)], capture_output=True, text=True)
+    result = subprocess.run([shellcheck(), "--severity=style", str(path)], check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -79,7 +79,7 @@ def boot(run, tmp_path, **env_changes) -> tuple[list[list[str]], str, str]:
            "FAKE_HF_TOKEN": FAKE_TOKEN, "OPENDECIDE_WORK": str(work), "OPENDECIDE_CONSOLE": str(tmp_path / "console"),
            **env_changes}
     (tmp_path / "calls").touch()
-    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(["bash", str(script)], check=False, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     return calls_of(tmp_path / "calls"), (work / "run" / "deploy.log").read_text(), (tmp_path / "console").read_text()
 
