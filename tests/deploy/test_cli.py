@@ -3,6 +3,7 @@ the installed gcloud, streaming its output and stopping at the first failure."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import tempfile
 import tomllib
@@ -11,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deploy.launch import format_plan, plan
+from deploy.targets import self_delete_command
 from opendecide.cli import app
 
 from .conftest import EXAMPLES, PLACEHOLDER_PROJECT, ROOT, example
@@ -54,3 +56,28 @@ def test_a_real_run_streams_gcloud_and_stops_at_the_first_failure(tmp_path, monk
     assert "gcloud compute instances create" not in result.output  # nothing created after a failed preflight
     name = tomllib.loads(text)["name"]
     assert (tmp_path / "opendecide-deploy" / f"{name}.startup.sh").read_text().startswith("#!/usr/bin/env bash")
+
+
+def test_dry_run_shows_the_pins_flags_teardown_and_upload(example_name):
+    run = example(example_name)
+    out = CliRunner().invoke(app, ["deploy", str(ROOT / "deploy" / "runs" / f"{example_name}.toml"), "--dry-run"]).stdout
+    lines = out.splitlines()
+    # Both images pinned by digest; no floating tag anywhere.
+    assert f"ENGINE_IMAGE={run.engine_image}" in lines and f"SERVICE_IMAGE={run.service_image}" in lines
+    assert "@sha256:" in run.engine_image and ":nightly" not in out and ":latest" not in out
+    # Every serve flag, on the model's line of the settings block.
+    serve = next(line for line in lines if line.startswith("SERVE_FLAGS_0="))
+    for flag in ("--max-model-len 2048", "--max-num-seqs 16", "--max-logprobs 32", "--generation-config vllm",
+                 "--enable-prefix-caching", """--limit-mm-per-prompt '{"image":0,"audio":0}'"""):
+        assert flag in serve, flag
+    # The self-delete, run from the exit trap after the upload, and the cloud-side backstop.
+    assert f"SELF_DELETE=({shlex.join(self_delete_command(run))})" in lines
+    assert "trap finish EXIT" in lines and '  if upload; then echo "uploaded $RUN_DIR to $DEST"; else echo "upload to $DEST failed"; fi' in lines
+    if run.platform == "aws":
+        assert "    --instance-initiated-shutdown-behavior terminate \\" in lines
+        assert '  shutdown -h "+$(( MAX_RUN_SECONDS / 60 ))" >/dev/null 2>&1' in lines and "MAX_RUN_SECONDS=14400" in lines
+    else:
+        assert "    --max-run-duration 4h \\" in lines
+    # No secret in metadata: the only metadata is the script file; the token is read at boot.
+    assert not any(line.strip().startswith("--metadata ") for line in lines)
+    assert "HF_SECRET=hf-token" in lines and "HF_TOKEN=$token" in "\n".join(lines)
