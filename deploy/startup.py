@@ -1,0 +1,92 @@
+"""Render a run's startup script: ``deploy/startup.sh`` with its settings block filled from the run file.
+
+Only the block between the settings markers changes, so the rendered script is the template that
+``shellcheck`` checks, plus shell-quoted values. The vLLM and service flag lists are built here, once.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from deploy.runfile import Model, Run
+from deploy.targets import self_delete_command
+
+TEMPLATE = Path(__file__).with_name("startup.sh")
+SETTINGS_START = "# --- settings (rendered by deploy/startup.py; these example values keep the template checkable) ---"
+SETTINGS_END = "# --- end settings ---"
+RENDERED_START = "# --- settings (rendered by deploy/startup.py from the run file) ---"
+ENGINE_URL = "http://127.0.0.1:8000"
+SERVICE_PORT = 8080
+
+# How each accelerator's engine container runs: TPU devices need --privileged; the TPU image's
+# entrypoint is a shell, the vllm-openai image's is `vllm serve`.
+ENGINE_DOCKER_FLAGS = {"tpu": ("--privileged", "--shm-size", "16gb"), "gpu": ("--gpus", "all", "--ipc=host")}
+ENGINE_COMMAND = {"tpu": ("vllm", "serve"), "gpu": ()}
+
+
+def serve_flags(run: Run, model: Model) -> list[str]:
+    """vLLM's flags for one model (after the model id, host and port)."""
+    flags = [
+        "--max-model-len", str(model.max_model_len),
+        "--max-num-seqs", str(run.max_num_seqs),
+        "--max-logprobs", str(run.max_logprobs),
+        "--generation-config", "vllm",
+        "--enable-prefix-caching",
+    ]
+    if model.modalities:  # a multimodal checkpoint read as text only: no encoder memory reserved
+        flags += ["--limit-mm-per-prompt", json.dumps({m: 0 for m in model.modalities}, separators=(",", ":"))]
+    return flags + list(run.engine_flags) + list(model.extra_flags)
+
+
+def service_flags(run: Run) -> list[str]:
+    """``decide serve`` flags shared by every model (the script adds --tokenizer and both image refs)."""
+    return ["--host", "0.0.0.0", "--port", str(SERVICE_PORT), "--engine", "vllm", "--engine-url", ENGINE_URL,
+            *run.service_flags]
+
+
+def settings(run: Run) -> dict[str, str | list[str]]:
+    """The settings block's variables, in order (a list renders as a bash array)."""
+    values: dict[str, str | list[str]] = {
+        "RUN_NAME": run.name,
+        "PLATFORM": run.platform,
+        "ACCELERATOR": run.accelerator,
+        "AWS_REGION": run.aws.region if run.aws else "",
+        "BUCKET": run.bucket,
+        "HF_SECRET": run.hf_secret,
+        "MAX_RUN_SECONDS": str(run.max_run_seconds),
+        "ENGINE_IMAGE": run.engine_image,
+        "SERVICE_IMAGE": run.service_image,
+        "ENGINE_DOCKER_FLAGS": list(ENGINE_DOCKER_FLAGS[run.accelerator]),
+        "ENGINE_COMMAND": list(ENGINE_COMMAND[run.accelerator]),
+        "MODELS": [m.id for m in run.models],
+        "MODEL_TAGS": [m.tag for m in run.models],
+    }
+    for index, model in enumerate(run.models):
+        values[f"SERVE_FLAGS_{index}"] = serve_flags(run, model)
+    values |= {
+        "SERVICE_FLAGS": service_flags(run),
+        "EVAL_KIND": run.eval.kind if run.eval else "",
+        "EVAL_DATA": (run.eval.data or "") if run.eval else "",
+        "EVAL_ARGS": list(run.eval.args) if run.eval else [],
+        "SELF_DELETE": self_delete_command(run),
+    }
+    return values
+
+
+def render_startup_script(run: Run) -> str:
+    """The startup script for ``run``."""
+    template = TEMPLATE.read_text()
+    head, rest = template.split(SETTINGS_START + "\n", 1)
+    _, tail = rest.split(SETTINGS_END + "\n", 1)
+    lines = [RENDERED_START]
+    for name, value in settings(run).items():
+        if name.startswith("SERVE_FLAGS_"):
+            lines.append("# shellcheck disable=SC2034  # read through a nameref in serve_model")
+        if isinstance(value, list):
+            lines.append(f"{name}=({' '.join(shlex.quote(v) for v in value)})")
+        else:
+            lines.append(f"{name}={shlex.quote(value)}")
+    lines.append(SETTINGS_END)
+    return head + "\n".join(lines) + "\n" + tail

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# The startup script of a `decide deploy` run, rendered by deploy/startup.py (only the settings block
+# changes). On first boot, as root: the Hugging Face token from the secret store (never from metadata),
+# the vLLM image and the decision service image by digest, each model served until /v1/models answers,
+# the service in front of it, the optional eval, then the run directory uploaded and the machine (or its
+# queued resource) deleted. Each step logs one timestamped line to $RUN_DIR/deploy.log, which is uploaded.
+set -uo pipefail
+
+# --- settings (rendered by deploy/startup.py; these example values keep the template checkable) ---
+RUN_NAME=example
+PLATFORM=gcp
+ACCELERATOR=tpu
+AWS_REGION=
+BUCKET=gs://example-bucket/opendecide
+HF_SECRET=hf-token
+MAX_RUN_SECONDS=14400
+ENGINE_IMAGE=vllm/vllm-tpu@sha256:19a1a0526476f902eb83e1057f3d8938f35b457dd7716a30e9ab4f7bee90d507
+SERVICE_IMAGE=example.invalid/opendecide@sha256:0000000000000000000000000000000000000000000000000000000000000000
+ENGINE_DOCKER_FLAGS=(--privileged --shm-size 16gb)
+ENGINE_COMMAND=(vllm serve)
+MODELS=(google/gemma-4-E2B-it)
+MODEL_TAGS=(google_gemma-4-E2B-it)
+# shellcheck disable=SC2034  # read through a nameref in serve_model
+SERVE_FLAGS_0=(--max-model-len 2048 --max-num-seqs 16 --max-logprobs 32 --generation-config vllm --enable-prefix-caching)
+SERVICE_FLAGS=(--host 0.0.0.0 --port 8080 --engine vllm --engine-url http://127.0.0.1:8000)
+EVAL_KIND=
+EVAL_DATA=
+EVAL_ARGS=()
+SELF_DELETE=(gcloud compute instances delete example --zone europe-west4-a --quiet)
+# --- end settings ---
+
+# Overridable only so tests can run this script unprivileged in a scratch directory.
+WORK=${OPENDECIDE_WORK:-/opt/opendecide}
+CONSOLE=${OPENDECIDE_CONSOLE:-/dev/console}
+RUN_DIR=$WORK/run
+DATA_DIR=$WORK/data
+HF_ENGINE=$WORK/hf-engine
+HF_SERVICE=$WORK/hf-service
+SERVICE_UID=10001  # the USER of deploy/service.Dockerfile: it writes eval results into $RUN_DIR
+ENGINE_URL=http://127.0.0.1:8000
+SERVICE_URL=http://127.0.0.1:8080
+READY_TIMEOUT_S=1800
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+DEST=$BUCKET/$RUN_NAME/$STAMP
+
+mkdir -p "$RUN_DIR" "$DATA_DIR" "$HF_ENGINE" "$HF_SERVICE"
+chown "$SERVICE_UID" "$RUN_DIR" "$HF_SERVICE"
+exec > >(tee -a "$RUN_DIR/startup.out" "$CONSOLE") 2>&1
+
+log() { echo "[opendecide $(date -u +%FT%TZ)] $*" | tee -a "$RUN_DIR/deploy.log"; }
+elapsed() { echo $(( $(date +%s) - $1 )); }
+metadata() { curl -sf -H 'Metadata-Flavor: Google' "http://metadata.google.internal/computeMetadata/v1/$1"; }
+
+# The token goes into this shell's environment only; containers get it with `-e HF_TOKEN` (no value on
+# any command line). Retried for ten minutes so an IAM grant made after the create still lands.
+fetch_hf_token() {
+  local attempt token=""
+  for attempt in $(seq 1 30); do
+    if [ "$PLATFORM" = aws ]; then
+      token=$(aws secretsmanager get-secret-value --region "$AWS_REGION" --secret-id "$HF_SECRET" \
+        --query SecretString --output text 2>/dev/null) || token=""
+    else
+      token=$(gcp_secret "$HF_SECRET") || token=""
+    fi
+    [ -n "$token" ] && break
+    log "secret $HF_SECRET not readable yet (attempt $attempt of 30)"
+    sleep 20
+  done
+  [ -n "$token" ] || return 1
+  HF_TOKEN=$token
+  export HF_TOKEN
+}
+
+gcp_secret() {
+  local project access
+  project=$(metadata project/project-id) || return 1
+  access=$(metadata instance/service-accounts/default/token \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["access_token"])') || return 1
+  curl -sf -H "Authorization: Bearer $access" \
+    "https://secretmanager.googleapis.com/v1/projects/$project/secrets/$1/versions/latest:access" \
+    | python3 -c 'import base64, json, sys; print(base64.b64decode(json.load(sys.stdin)["payload"]["data"]).decode())'
+}
+
+# The Compute Engine TPU image ships without Docker; GPU images need NVIDIA's container runtime.
+ensure_docker() {
+  if ! command -v docker >/dev/null; then
+    log "installing docker.io"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null || return 1
+  fi
+  if [ "$ACCELERATOR" = gpu ] && ! docker info 2>/dev/null | grep -qi nvidia; then
+    log "installing the NVIDIA container toolkit"
+    curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \
+      | gpg --dearmor --yes -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg || return 1
+    curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \
+      | sed 's#deb https://#deb [signed-by=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg] https://#g' \
+      > /etc/apt/sources.list.d/nvidia-container-toolkit.list || return 1
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nvidia-container-toolkit >/dev/null || return 1
+    nvidia-ctk runtime configure --runtime=docker >/dev/null && systemctl restart docker
+  fi
+}
+
+# Private registries the machine's own identity can read: Artifact Registry / gcr.io on GCP, ECR on AWS.
+registry_login() {
+  local host=${SERVICE_IMAGE%%/*}
+  case $host in
+    *-docker.pkg.dev | gcr.io | *.gcr.io)
+      gcloud auth configure-docker "$host" --quiet >/dev/null 2>&1 ;;
+    *.dkr.ecr.*.amazonaws.com)
+      aws ecr get-login-password --region "$AWS_REGION" | docker login --username AWS --password-stdin "$host" >/dev/null ;;
+  esac
+}
+
+pull() {
+  docker pull -q "$1" >/dev/null || return 1
+  log "pulled $(docker inspect --format '{{index .RepoDigests 0}}' "$1")"
+}
+
+copy_in() {
+  case $1 in
+    s3://*) aws s3 cp --recursive --only-show-errors "$1" "$2" ;;
+    *) gcloud storage rsync -r "$1" "$2" ;;
+  esac
+}
+
+serve_model() {
+  local model=${MODELS[$1]} tag=${MODEL_TAGS[$1]} start
+  local -n flags="SERVE_FLAGS_$1"
+  mkdir -p "$RUN_DIR/$tag" && chown "$SERVICE_UID" "$RUN_DIR/$tag"
+  docker rm -f vllm >/dev/null 2>&1
+  log "serving $model"
+  docker run -d --name vllm --net=host "${ENGINE_DOCKER_FLAGS[@]}" -e HF_TOKEN -e HF_HOME=/hf -v "$HF_ENGINE:/hf" \
+    "$ENGINE_IMAGE" "${ENGINE_COMMAND[@]}" "$model" --served-model-name "$model" --host 127.0.0.1 --port 8000 \
+    "${flags[@]}" >/dev/null || { log "FAILED $model: the engine container did not start"; return 1; }
+  start=$(date +%s)
+  until curl -sf "$ENGINE_URL/v1/models" | grep -q '"id"'; do
+    if [ -z "$(docker ps -q -f name=^vllm$)" ] || [ "$(elapsed "$start")" -gt "$READY_TIMEOUT_S" ]; then
+      docker logs vllm > "$RUN_DIR/$tag/engine.log" 2>&1
+      log "FAILED $model after $(elapsed "$start")s: $(grep -aoE '[A-Za-z_.]*(Error|Exception): .*' "$RUN_DIR/$tag/engine.log" | tail -1 | cut -c1-300)"
+      return 1
+    fi
+    sleep 10
+  done
+  docker logs vllm > "$RUN_DIR/$tag/engine.log" 2>&1
+  log "READY $model after $(elapsed "$start")s"
+}
+
+start_service() {
+  local model=${MODELS[$1]} start
+  docker rm -f decide-service >/dev/null 2>&1
+  docker run -d --name decide-service --net=host -e HF_TOKEN -e HF_HOME=/hf -v "$HF_SERVICE:/hf" \
+    -v "$RUN_DIR:/out" -v "$DATA_DIR:/data:ro" "$SERVICE_IMAGE" \
+    serve "${SERVICE_FLAGS[@]}" --tokenizer "$model" --engine-image "$ENGINE_IMAGE" --service-image "$SERVICE_IMAGE" \
+    >/dev/null || { log "FAILED service for $model: the container did not start"; return 1; }
+  start=$(date +%s)
+  # Any HTTP answer means it is up (an auth-protected /v1/models answers 401).
+  until [ "$(curl -s -o /dev/null -w '%{http_code}' "$SERVICE_URL/v1/models")" != 000 ]; do
+    if [ -z "$(docker ps -q -f name=^decide-service$)" ] || [ "$(elapsed "$start")" -gt 600 ]; then
+      docker logs decide-service > "$RUN_DIR/${MODEL_TAGS[$1]}/service.log" 2>&1
+      log "FAILED service for $model after $(elapsed "$start")s"
+      return 1
+    fi
+    sleep 5
+  done
+  log "SERVICE READY $model after $(elapsed "$start")s"
+}
+
+run_eval() {
+  local model=${MODELS[$1]} tag=${MODEL_TAGS[$1]} start status
+  local out=/out/$tag/eval-$EVAL_KIND
+  local -a images=(--engine-image "$ENGINE_IMAGE" --service-image "$SERVICE_IMAGE")
+  local -a command
+  case $EVAL_KIND in
+    tasks) command=(decide eval tasks --out "$out" --engine "vllm@$ENGINE_URL" --engine-log "/out/$tag/engine.log" "${images[@]}") ;;
+    suite) command=(decide eval suite --data /data --out "$out" --engine "vllm@$ENGINE_URL" --engine-log "/out/$tag/engine.log" "${images[@]}") ;;
+    load) command=(decide eval load --out "$out" --engine "vllm@$ENGINE_URL") ;;
+  esac
+  log "eval $EVAL_KIND on $model"
+  start=$(date +%s)
+  docker exec decide-service "${command[@]}" "${EVAL_ARGS[@]}" > "$RUN_DIR/$tag/eval.log" 2>&1
+  status=$?
+  log "eval $EVAL_KIND on $model: exit $status after $(elapsed "$start")s"
+}
+
+stop_model() {
+  local tag=${MODEL_TAGS[$1]}
+  docker logs vllm > "$RUN_DIR/$tag/engine.log" 2>&1
+  docker logs decide-service > "$RUN_DIR/$tag/service.log" 2>&1
+  docker rm -f vllm decide-service >/dev/null 2>&1
+}
+
+upload() {
+  if [ "$PLATFORM" = aws ]; then
+    aws s3 cp --recursive --only-show-errors "$RUN_DIR" "$DEST"
+  else
+    docker run --rm --net=host -v "$RUN_DIR:/out:ro" "$SERVICE_IMAGE" eval upload /out "$DEST" \
+      || gcloud storage rsync -r "$RUN_DIR" "$DEST"
+  fi
+}
+
+# Runs on every exit, failed or not: what the run directory holds is uploaded, then the machine goes.
+finish() {
+  local status=$?
+  trap - EXIT
+  log "finished with status $status; uploading to $DEST, then: ${SELF_DELETE[*]}"
+  if upload; then echo "uploaded $RUN_DIR to $DEST"; else echo "upload to $DEST failed"; fi
+  "${SELF_DELETE[@]}"
+}
+
+log "start $RUN_NAME ($PLATFORM, $ACCELERATOR); the run directory goes to $DEST"
+cp "$0" "$RUN_DIR/startup.sh"  # the run keeps the exact script (and so its settings) it ran
+trap finish EXIT
+if [ "$PLATFORM" = aws ]; then
+  # EC2 has no run-duration limit: a scheduled shutdown is the backstop (the instance was created
+  # with --instance-initiated-shutdown-behavior terminate, so shutting down deletes it).
+  shutdown -h "+$(( MAX_RUN_SECONDS / 60 ))" >/dev/null 2>&1
+  log "backstop: shutdown (terminate) in $(( MAX_RUN_SECONDS / 60 )) minutes"
+else
+  log "backstop: deleted by Google Cloud $MAX_RUN_SECONDS s after it started (max run duration)"
+fi
+ensure_docker || { log "FAILED: no docker"; exit 1; }
+fetch_hf_token || { log "FAILED: secret $HF_SECRET unreadable"; exit 1; }
+log "Hugging Face token read from secret $HF_SECRET"
+registry_login
+pull "$ENGINE_IMAGE" || { log "FAILED: could not pull $ENGINE_IMAGE"; exit 1; }
+pull "$SERVICE_IMAGE" || { log "FAILED: could not pull $SERVICE_IMAGE"; exit 1; }
+if [ -n "$EVAL_DATA" ]; then
+  copy_in "$EVAL_DATA" "$DATA_DIR" || { log "FAILED: could not copy $EVAL_DATA"; exit 1; }
+  log "copied $EVAL_DATA"
+fi
+for i in "${!MODELS[@]}"; do
+  if serve_model "$i" && start_service "$i" && [ -n "$EVAL_KIND" ]; then
+    run_eval "$i"
+  fi
+  stop_model "$i"
+done
+log "DONE"

@@ -1,0 +1,26 @@
+"""Shared: the shipped example run files, loaded as a user's would be."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from deploy.runfile import Run, parse_run
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "deploy" / "runs").glob("*.toml"))
+PLACEHOLDER_PROJECT = "placeholder-project"
+
+
+def example(name: str, **changes) -> Run:
+    """A shipped example run file, with top-level fields changed (the project, for the CLI checks)."""
+    data = tomllib.loads((ROOT / "deploy" / "runs" / f"{name}.toml").read_text())
+    data.update(changes)
+    return parse_run(data)
+
+
+@pytest.fixture(params=[p.stem for p in EXAMPLES])
+def example_name(request) -> str:
+    return request.param
