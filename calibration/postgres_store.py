@@ -32,6 +32,7 @@ from calibration.store import Calibration, CalibrationKey, CalibrationStore, Dec
 logger = logging.getLogger("opendecide.store")
 
 CHANNEL = "opendecide_calibrations"
+LISTENER_NAME = "opendecide-store-listener"  # its application_name, as pg_stat_activity shows it
 # Any fixed number: the advisory lock that lets one replica at a time migrate the schema.
 MIGRATION_LOCK = 0x0DEC1DE
 
@@ -110,7 +111,7 @@ class PostgresStore(CalibrationStore):
         except psycopg.OperationalError as error:
             raise ConnectionError(f"cannot open the calibration store at {redacted(url)}: {error}".strip()) from None
         self._pool = ConnectionPool(
-            url, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, check=ConnectionPool.check_connection,
+            url, min_size=1, max_size=pool_size, kwargs={"autocommit": True, "application_name": "opendecide-store"}, check=ConnectionPool.check_connection,
             timeout=30.0, name="opendecide-store", open=True,
         )  # fmt: skip
         self._seen: tuple[int, int] | None = None
@@ -160,7 +161,7 @@ class PostgresStore(CalibrationStore):
         """The background thread: LISTEN, reload on a notification or every ``poll_s``; reconnect on errors."""
         while not self._closing.is_set():
             try:
-                with psycopg.connect(self.url, autocommit=True) as db:
+                with psycopg.connect(self.url, autocommit=True, application_name=LISTENER_NAME) as db:
                     db.execute(f"LISTEN {CHANNEL}")
                     self._reload(db)  # whatever was stored while this connection was down
                     polled = time.monotonic()

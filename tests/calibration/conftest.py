@@ -35,7 +35,10 @@ class PostgresServer:
         self.user = "postgres" if os.geteuid() == 0 else os.environ.get("USER", "postgres")
 
     def run(self, *args: str) -> None:
-        subprocess.run([*self.as_owner, *args], check=True, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*self.as_owner, *args], capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            log = self.root / "server.log"
+            raise RuntimeError(f"{' '.join(args)} failed:\n{done.stdout}{done.stderr}{log.read_text() if log.exists() else ''}")
 
     def start(self) -> None:
         if self.as_owner:

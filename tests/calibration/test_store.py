@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from calibration.postgres_store import PostgresStore, migrate
+from calibration.postgres_store import LISTENER_NAME, PostgresStore, migrate
 from calibration.sqlite_store import SQLiteStore
 from calibration.store import CalibrationKey, CalibrationStore, DecisionRecord, SchemaTooNew
 
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY = CalibrationKey("smol", "rev1", "choice", 3, "support")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
 def location(request, tmp_path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "cal.sqlite3")
@@ -67,6 +67,7 @@ def decision(id_: str, key: CalibrationKey = KEY) -> DecisionRecord:
     return DecisionRecord(id_, key.model, key.revision, key.question_type, key.option_count, key.domain, ["a", "b", "c"], [0.5, 0.3, 0.2])
 
 
+@pytest.mark.integration
 def test_the_location_picks_the_backend(tmp_path, postgres_url):
     sqlite_store, postgres_store = CalibrationStore(tmp_path / "c.sqlite3"), CalibrationStore(postgres_url)
     try:
@@ -172,6 +173,7 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     ]  # fmt: skip
 
 
+@pytest.mark.integration
 def test_a_postgres_database_at_an_earlier_version_is_brought_up(postgres_url):
     with psycopg.connect(postgres_url, autocommit=True) as db:
         assert migrate(db, target=1) == 1
@@ -183,6 +185,25 @@ def test_a_postgres_database_at_an_earlier_version_is_brought_up(postgres_url):
         assert serving.schema_version() == 2 and serving.decision("d0").options == ["a", "b", "c"]
         fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")
         eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=5.0)
+    finally:
+        serving.close()
+        other.close()
+
+
+@pytest.mark.integration
+def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_url):
+    serving, other = PostgresStore(postgres_url, poll_s=0.2), CalibrationStore(postgres_url)
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            def listeners() -> set[int]:
+                return {pid for (pid,) in admin.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (LISTENER_NAME,))}
+
+            cut = eventually(lambda: len(listeners()) == 2 and listeners())  # both stores' listeners
+            for pid in cut:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # as a network cut or a server restart would
+            fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")  # notified to nobody listening
+            eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=10.0)
+            eventually(lambda: len(listeners()) == 2 and not listeners() & cut)  # both reconnected
     finally:
         serving.close()
         other.close()
