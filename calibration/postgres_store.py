@@ -140,7 +140,7 @@ class PostgresStore(CalibrationStore):
             stored = db.execute(
                 f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))}) RETURNING seq", list(row.values())
             ).fetchone()[0]
-        self._remember(stored, calibration)
+        self._remember([(stored, calibration)])
         return calibration
 
     def _reload(self, db: psycopg.Connection | None = None) -> None:
@@ -154,7 +154,7 @@ class PostgresStore(CalibrationStore):
                 f"SELECT DISTINCT ON (model, revision, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
                 "FROM calibrations ORDER BY model, revision, question_type, option_count, domain, seq DESC"
             )
-            self._replace_cache((row.pop("seq"), _calibration(row)) for row in rows)
+            self._remember((row.pop("seq"), _calibration(row)) for row in rows)
             self._seen = version
 
     def _listen(self) -> None:

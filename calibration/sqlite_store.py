@@ -106,13 +106,13 @@ class SQLiteStore(CalibrationStore):
         row = calibration.as_json()
         with self._transaction() as db:
             cursor = db.execute(f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
-        self._remember(cursor.lastrowid, calibration)
+        self._remember([(cursor.lastrowid, calibration)])
         return calibration
 
     def _reload(self) -> None:
         # rowid is the insertion order (rows are never deleted), the same on every connection.
         rows = self._connection().execute("SELECT rowid AS stored, * FROM calibrations").fetchall()
-        self._replace_cache((row["stored"], Calibration(**{k: row[k] for k in row.keys() if k != "stored"})) for row in rows)
+        self._remember((row["stored"], Calibration(**{k: row[k] for k in row.keys() if k != "stored"})) for row in rows)
 
     def _refresh(self) -> None:
         version = self._connection().execute("PRAGMA data_version").fetchone()[0]

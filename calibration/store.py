@@ -128,20 +128,15 @@ class CalibrationStore(ABC):
 
     # -- the cache ------------------------------------------------------------------------------
 
-    def _remember(self, order: int, calibration: Calibration) -> None:
+    def _remember(self, rows: Iterable[tuple[int, Calibration]]) -> None:
+        """Merge stored calibrations into the cache, keeping each key's latest. A merge, never a
+        replacement: rows are never deleted, and a reload that read before this process's own
+        newest write committed must not hide that write."""
         with self._cache_lock:
-            known = self._latest.get(calibration.key)
-            if known is None or known[0] < order:
-                self._latest[calibration.key] = (order, calibration)
-
-    def _replace_cache(self, rows: Iterable[tuple[int, Calibration]]) -> None:
-        latest: dict[CalibrationKey, tuple[int, Calibration]] = {}
-        for order, calibration in rows:
-            known = latest.get(calibration.key)
-            if known is None or known[0] < order:
-                latest[calibration.key] = (order, calibration)
-        with self._cache_lock:
-            self._latest = latest
+            for order, calibration in rows:
+                known = self._latest.get(calibration.key)
+                if known is None or known[0] < order:
+                    self._latest[calibration.key] = (order, calibration)
 
     def _refresh(self) -> None:
         """Bring the cache up to date with fits stored by other processes, when cheap to tell."""
