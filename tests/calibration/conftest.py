@@ -47,8 +47,8 @@ class PostgresServer:
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories=''"  # TCP on loopback only
         self.run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "start")
 
-    def stop(self) -> None:
-        subprocess.run([*self.as_owner, str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"], capture_output=True, timeout=120)
+    def stop(self) -> None:  # immediate: the data is thrown away, so no shutdown checkpoint
+        subprocess.run([*self.as_owner, str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=120)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"
