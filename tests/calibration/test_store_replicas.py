@@ -8,6 +8,7 @@ acknowledged write.
 from __future__ import annotations
 
 import math
+import os
 import signal
 import socket
 import subprocess
@@ -20,8 +21,6 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = {"type": "choice", "instructions": "Is this review positive or negative?", "criteria": {"positive": "the reviewer liked it", "negative": "the reviewer did not"}}
@@ -123,6 +122,7 @@ def calibrated(raw: dict[str, float], temperature: float) -> dict[str, float]:
     return {o: w / sum(weights.values()) for o, w in weights.items()}
 
 
+@pytest.mark.integration
 def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas):
     a, b = replicas
     assert b.ask("An odd little film.")["reading"]["calibration"] is None
@@ -146,6 +146,7 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
     assert a.ask("An odd little film.")["reading"]["calibration"]["id"] == refitted["id"]
 
 
+@pytest.mark.integration
 def test_feedback_from_both_replicas_survives_killing_one(replicas, postgres_url):
     a, b = replicas
     ids = {replica: replica.decide_all([text for text, _ in REVIEWS]) for replica in (a, b)}
@@ -186,3 +187,12 @@ def test_feedback_from_both_replicas_survives_killing_one(replicas, postgres_url
         assert set(acknowledged[replica]) <= stored
     assert len(set(acknowledged[a]) | set(acknowledged[b])) == len(acknowledged[a]) + len(acknowledged[b])
     print(f"acknowledged {len(acknowledged[a])} by A (killed) and {len(acknowledged[b])} by B; {len(stored)} stored")
+
+
+def test_serve_names_the_store_it_cannot_open_without_its_password():
+    done = subprocess.run(
+        [sys.executable, "-m", "opendecide", "serve", "--store", "postgresql://decide:secret@127.0.0.1:9/none"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},  # one line per message
+    )  # fmt: skip  (nothing listens on port 9)
+    assert done.returncode == 2
+    assert "--store" in done.stderr and "postgresql://decide:***@127.0.0.1:9/none" in done.stderr and "secret" not in done.stderr
