@@ -27,7 +27,14 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord, check_schema_version, key_filter
+from calibration.store import (
+    Calibration,
+    CalibrationKey,
+    CalibrationStore,
+    DecisionRecord,
+    check_schema_version,
+    key_filter,
+)
 
 logger = logging.getLogger("opendecide.store")
 
@@ -111,9 +118,14 @@ class PostgresStore(CalibrationStore):
         except psycopg.OperationalError as error:
             raise ConnectionError(f"cannot open the calibration store at {redacted(url)}: {error}".strip()) from None
         self._pool = ConnectionPool(
-            url, min_size=1, max_size=pool_size, kwargs={"autocommit": True, "application_name": "opendecide-store"}, check=ConnectionPool.check_connection,
-            timeout=30.0, name="opendecide-store", open=True,
-        )  # fmt: skip
+            url,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True, "application_name": "opendecide-store"},
+            check=ConnectionPool.check_connection,  # a connection the server dropped is replaced, not handed out
+            name="opendecide-store",
+            open=True,
+        )
         self._seen: tuple[int, int] | None = None
         self._reload_lock = threading.Lock()
         self._reload()
@@ -146,11 +158,11 @@ class PostgresStore(CalibrationStore):
     def _reload(self, db: psycopg.Connection | None = None) -> None:
         """Reload the cache if the table changed since the last look: (count, max seq) both grow on
         every insert, and count also catches a row whose seq was drawn before one already seen."""
-        with self._reload_lock, (self._pool.connection() if db is None else contextlib.nullcontext(db)) as db:
-            version = db.execute("SELECT count(*), coalesce(max(seq), 0) FROM calibrations").fetchone()
+        with self._reload_lock, (self._pool.connection() if db is None else contextlib.nullcontext(db)) as conn:
+            version = conn.execute("SELECT count(*), coalesce(max(seq), 0) FROM calibrations").fetchone()
             if version == self._seen:
                 return
-            rows = db.cursor(row_factory=dict_row).execute(
+            rows = conn.cursor(row_factory=dict_row).execute(
                 f"SELECT DISTINCT ON (model, revision, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
                 "FROM calibrations ORDER BY model, revision, question_type, option_count, domain, seq DESC"
             )

@@ -14,7 +14,15 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord, check_schema_version, key_filter, utc_now
+from calibration.store import (
+    Calibration,
+    CalibrationKey,
+    CalibrationStore,
+    DecisionRecord,
+    check_schema_version,
+    key_filter,
+    utc_now,
+)
 
 # Applied in order, each in the one transaction that records it in schema_migrations.
 # Never edit a released entry: add one.

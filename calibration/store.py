@@ -109,16 +109,15 @@ class CalibrationStore(ABC):
     def __new__(cls, location: Path | str, **options):
         # One constructor for every backend, as pathlib.Path picks PosixPath: callers (the service,
         # ``decide serve --store``) pass what the user gave and need not know the backends.
-        if cls is CalibrationStore:
-            if str(location).startswith(POSTGRES_SCHEMES):
-                from calibration.postgres_store import PostgresStore
+        if cls is not CalibrationStore:
+            return super().__new__(cls)
+        if str(location).startswith(POSTGRES_SCHEMES):
+            from calibration.postgres_store import PostgresStore
 
-                cls = PostgresStore
-            else:
-                from calibration.sqlite_store import SQLiteStore
+            return super().__new__(PostgresStore)
+        from calibration.sqlite_store import SQLiteStore
 
-                cls = SQLiteStore
-        return super().__new__(cls)
+        return super().__new__(SQLiteStore)
 
     def __init__(self) -> None:
         # key → (order, calibration); order is the backend's insertion counter, so "latest" does not

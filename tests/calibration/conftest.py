@@ -35,7 +35,7 @@ class PostgresServer:
         self.user = "postgres" if os.geteuid() == 0 else os.environ.get("USER", "postgres")
 
     def run(self, *args: str) -> None:
-        done = subprocess.run([*self.as_owner, *args], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([*self.as_owner, *args], check=False, capture_output=True, text=True, timeout=120)
         if done.returncode:
             log = self.root / "server.log"
             raise RuntimeError(f"{' '.join(args)} failed:\n{done.stdout}{done.stderr}{log.read_text() if log.exists() else ''}")
@@ -48,7 +48,8 @@ class PostgresServer:
         self.run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "start")
 
     def stop(self) -> None:  # immediate: the data is thrown away, so no shutdown checkpoint
-        subprocess.run([*self.as_owner, str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=120)
+        stop = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"]
+        subprocess.run([*self.as_owner, *stop], check=False, capture_output=True, timeout=120)
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"

@@ -23,7 +23,11 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-QUESTION = {"type": "choice", "instructions": "Is this review positive or negative?", "criteria": {"positive": "the reviewer liked it", "negative": "the reviewer did not"}}
+QUESTION = {
+    "type": "choice",
+    "instructions": "Is this review positive or negative?",
+    "criteria": {"positive": "the reviewer liked it", "negative": "the reviewer did not"},
+}
 REVIEWS = [
     ("A warm, funny film with a great cast.", "positive"),
     ("Dull, slow and far too long.", "negative"),
@@ -190,9 +194,8 @@ def test_feedback_from_both_replicas_survives_killing_one(replicas, postgres_url
 
 
 def test_serve_names_the_store_it_cannot_open_without_its_password():
-    done = subprocess.run(
-        [sys.executable, "-m", "opendecide", "serve", "--store", "postgresql://decide:secret@127.0.0.1:9/none"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "300"},  # one line per message
-    )  # fmt: skip  (nothing listens on port 9)
-    assert done.returncode == 2
-    assert "--store" in done.stderr and "postgresql://decide:***@127.0.0.1:9/none" in done.stderr and "secret" not in done.stderr
+    command = [sys.executable, "-m", "opendecide", "serve", "--store", "postgresql://decide:secret@127.0.0.1:9/none"]  # port 9: no one
+    wide = {**os.environ, "COLUMNS": "300"}  # the error box on one line per message, the URL unbroken
+    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=120, env=wide)
+    assert done.returncode == 2 and "--store" in done.stderr
+    assert "postgresql://decide:***@127.0.0.1:9/none" in done.stderr and "secret" not in done.stderr
