@@ -287,17 +287,22 @@ def test_every_acknowledged_feedback_survives_a_kill(location):
     readers = [threading.Thread(target=read, args=(name,)) for name in names]
     for reader in readers:
         reader.start()
-    # All three writing at once (SQLite's lock is not fair, so wait for each), w0 well into its stream.
-    eventually(lambda: len(acknowledged["w0"]) >= 300 and all(len(acks) >= 20 for acks in acknowledged.values()), timeout_s=120)
-    writers["w0"].send_signal(signal.SIGKILL)  # mid-stream: w0 is inside its next transaction
-    at_kill = {name: len(acknowledged[name]) for name in ("w1", "w2")}
-    eventually(lambda: all(len(acknowledged[name]) >= at_kill[name] + 100 for name in at_kill), timeout_s=120)  # the others go on
-    for name in ("w1", "w2"):
-        writers[name].send_signal(signal.SIGKILL)
-    for name in names:
-        assert writers[name].wait(timeout=30) == -signal.SIGKILL
-    for reader in readers:
-        reader.join(timeout=30)
+    try:
+        # All three writing at once (SQLite's lock is not fair, so wait for each), w0 well into its stream.
+        eventually(lambda: len(acknowledged["w0"]) >= 300 and all(len(acks) >= 20 for acks in acknowledged.values()), timeout_s=120)
+        writers["w0"].send_signal(signal.SIGKILL)  # mid-stream: w0 is inside its next transaction
+        at_kill = {name: len(acknowledged[name]) for name in ("w1", "w2")}
+        eventually(lambda: all(len(acknowledged[name]) >= at_kill[name] + 100 for name in at_kill), timeout_s=120)  # the others go on
+        for name in ("w1", "w2"):
+            writers[name].send_signal(signal.SIGKILL)
+        for name in names:
+            assert writers[name].wait(timeout=30) == -signal.SIGKILL
+        for reader in readers:
+            reader.join(timeout=30)
+    finally:
+        for writer in writers.values():
+            if writer.poll() is None:  # a failed wait above: no writer outlives the test
+                writer.kill()
     for name in names:
         stored = {seq for (seq,) in query(location, f"SELECT seq FROM feedback WHERE decision_id = '{name}'")}
         assert set(acknowledged[name]) <= stored, name

@@ -97,7 +97,11 @@ class Replica:
         self.http.close()
         if self.process.poll() is None:
             self.process.terminate()
-            self.process.wait(timeout=30)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
 
 
 @pytest.fixture
