@@ -1,67 +1,37 @@
-"""The calibration store: one SQLite file (WAL, synchronous=FULL) holding calibrations, decisions
-and feedback. It persists and looks up; fitting lives in ``calibration.temperature``.
+"""The calibration store: calibrations, decisions and feedback, in SQLite (the embedded default) or
+PostgreSQL (shared by replicas). It persists and looks up; fitting lives in ``calibration.temperature``.
 
-A calibration is keyed by (model, model revision, question type, option count, domain); option
-count and domain may be NULL, meaning "any". Lookup takes the most specific that exists:
-domain (type + count + domain) → type + count → type → none. Every write is one transaction that
-is durable before the call returns (synchronous=FULL), so an acknowledged write survives a crash;
-WAL lets readers run beside a writer, and ``busy_timeout`` makes concurrent writers wait, not fail.
+``CalibrationStore(location)`` opens the backend the location names: a ``postgresql://`` (or
+``postgres://``) URL opens ``calibration.postgres_store.PostgresStore``, anything else is a file path
+for ``calibration.sqlite_store.SQLiteStore``. Both keep one contract, checked by one test suite:
+
+- A calibration is keyed by (model, model revision, question type, option count, domain); option
+  count and domain may be NULL, meaning "any". Lookup takes the most specific that exists:
+  domain (type + count + domain) → type + count → type → none; of several fits of one key, the
+  last stored wins.
+- Every write is one transaction, durable before the call returns, so an acknowledged write
+  survives a crash of the writer (and of SQLite's host or the Postgres server).
+- Lookups read an in-process cache of the latest calibration per key, so a decision costs no query;
+  fits stored by other processes reach the cache without a restart (each backend says how).
+- The schema is a numbered list of migrations, applied in order at open and recorded in
+  ``schema_migrations``; a store written by a newer version is refused, not guessed at.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import sqlite3
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS calibrations (
-    id TEXT PRIMARY KEY,
-    model TEXT NOT NULL,
-    revision TEXT NOT NULL,
-    question_type TEXT NOT NULL,
-    option_count INTEGER,
-    domain TEXT,
-    temperature REAL NOT NULL,
-    n INTEGER NOT NULL,
-    nll_before REAL,
-    nll_after REAL,
-    heldout_n INTEGER,
-    heldout_ece_before REAL,
-    heldout_ece_after REAL,
-    source TEXT NOT NULL,
-    fitted_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS calibrations_key
-    ON calibrations (model, revision, question_type, option_count, domain, fitted_at);
-CREATE TABLE IF NOT EXISTS decisions (
-    id TEXT PRIMARY KEY,
-    model TEXT NOT NULL,
-    revision TEXT NOT NULL,
-    question_type TEXT NOT NULL,
-    option_count INTEGER NOT NULL,
-    domain TEXT,
-    options TEXT NOT NULL,
-    raw_probabilities TEXT NOT NULL,
-    informative INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS feedback (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    decision_id TEXT NOT NULL REFERENCES decisions (id),
-    gold TEXT NOT NULL,
-    received_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS feedback_decision ON feedback (decision_id);
-"""
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """Now, ISO-8601 UTC with microseconds: the store's timestamps."""
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
 
 
@@ -120,45 +90,74 @@ class DecisionRecord:
     informative: bool = True
 
 
-class CalibrationStore:
-    """Thread-safe: one connection per thread, all in WAL mode on the same file."""
+class SchemaTooNew(RuntimeError):
+    """The store was migrated by a newer opendecide than this one."""
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._raw().executescript(SCHEMA)
-        self._migrate()
-        self._latest: dict[CalibrationKey, Calibration] = {}
+
+def check_schema_version(applied: int, known: int, where: str) -> None:
+    if applied > known:
+        raise SchemaTooNew(f"{where} is at schema version {applied}; this opendecide knows up to {known}: upgrade it")
+
+
+class CalibrationStore(ABC):
+    """The store contract, and the cache of latest calibrations both backends share.
+
+    Thread-safe: the service calls it from worker threads. ``lookup`` and ``calibrations`` read the
+    cache; every other method is one database round trip (one transaction for writes).
+    """
+
+    def __new__(cls, location: Path | str, **options):
+        # One constructor for every backend, as pathlib.Path picks PosixPath: callers (the service,
+        # ``decide serve --store``) pass what the user gave and need not know the backends.
+        if cls is not CalibrationStore:
+            return super().__new__(cls)
+        if str(location).startswith(POSTGRES_SCHEMES):
+            from calibration.postgres_store import PostgresStore
+
+            return super().__new__(PostgresStore)
+        from calibration.sqlite_store import SQLiteStore
+
+        return super().__new__(SQLiteStore)
+
+    def __init__(self) -> None:
+        # key → (order, calibration); order is the backend's insertion counter, so "latest" does not
+        # depend on the clocks of the replicas that wrote the fits.
+        self._latest: dict[CalibrationKey, tuple[int, Calibration]] = {}
         self._cache_lock = threading.Lock()
-        self._reload()
 
-    def _migrate(self) -> None:
-        """Bring a file written by an earlier version up to this schema (columns only ever added)."""
-        columns = {row["name"] for row in self._raw().execute("PRAGMA table_info(decisions)")}
-        if "informative" not in columns:
-            with self._connect() as db:
-                db.execute("ALTER TABLE decisions ADD COLUMN informative INTEGER NOT NULL DEFAULT 1")
+    # -- the cache ------------------------------------------------------------------------------
 
-    def _connect(self) -> _Transaction:
-        return _Transaction(self._raw())
+    def _remember(self, rows: Iterable[tuple[int, Calibration]]) -> None:
+        """Merge stored calibrations into the cache, keeping each key's latest. A merge, never a
+        replacement: rows are never deleted, and a reload that read before this process's own
+        newest write committed must not hide that write."""
+        with self._cache_lock:
+            for order, calibration in rows:
+                known = self._latest.get(calibration.key)
+                if known is None or known[0] < order:
+                    self._latest[calibration.key] = (order, calibration)
 
-    def _raw(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA busy_timeout=30000")
-            db.execute("PRAGMA foreign_keys=ON")
-            self._local.db = db
-        return db
+    def _refresh(self) -> None:
+        """Bring the cache up to date with fits stored by other processes, when cheap to tell."""
 
-    # -- calibrations -------------------------------------------------------------------------
+    def calibrations(self) -> list[Calibration]:
+        """The latest calibration of every key, in the order they were stored."""
+        with self._cache_lock:
+            return [calibration for _, calibration in sorted(self._latest.values(), key=lambda pair: pair[0])]
 
-    def add_calibration(self, key: CalibrationKey, *, temperature: float, n: int, source: str, **metrics: float | int | None) -> Calibration:
-        calibration = Calibration(
+    def lookup(self, key: CalibrationKey) -> Calibration | None:
+        """The most specific calibration for ``key``: domain → type + count → type → None."""
+        self._refresh()
+        with self._cache_lock:
+            for candidate in key.fallbacks():
+                found = self._latest.get(candidate)
+                if found is not None:
+                    return found[1]
+        return None
+
+    @staticmethod
+    def _new_calibration(key: CalibrationKey, temperature: float, n: int, source: str, metrics: dict) -> Calibration:
+        return Calibration(
             id=f"cal_{uuid.uuid4().hex[:16]}",
             model=key.model,
             revision=key.revision,
@@ -173,110 +172,51 @@ class CalibrationStore:
             heldout_ece_before=metrics.get("heldout_ece_before"),
             heldout_ece_after=metrics.get("heldout_ece_after"),
             source=source,
-            fitted_at=_now(),
+            fitted_at=utc_now(),
         )
-        row = calibration.as_json()
-        with self._connect() as db:
-            db.execute(f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
-        with self._cache_lock:
-            self._latest[key] = calibration
-        return calibration
 
-    def _reload(self) -> None:
-        rows = self._raw().execute("SELECT * FROM calibrations ORDER BY fitted_at").fetchall()
-        latest = {}
-        for row in rows:
-            calibration = Calibration(**dict(row))
-            latest[calibration.key] = calibration
-        with self._cache_lock:
-            self._latest = latest
+    # -- the backend's part ---------------------------------------------------------------------
 
-    def calibrations(self) -> list[Calibration]:
-        """The latest calibration of every key."""
-        with self._cache_lock:
-            return sorted(self._latest.values(), key=lambda c: c.fitted_at)
+    @abstractmethod
+    def add_calibration(self, key: CalibrationKey, *, temperature: float, n: int, source: str, **metrics: float | int | None) -> Calibration:
+        """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
 
-    def lookup(self, key: CalibrationKey) -> Calibration | None:
-        """The most specific calibration for ``key``: domain → type + count → type → None.
-
-        Fits written by other processes (workers) show up here: SQLite's ``data_version`` changes
-        when another connection commits, and the cache is reloaded then.
-        """
-        version = self._raw().execute("PRAGMA data_version").fetchone()[0]
-        if version != getattr(self._local, "seen_version", version):
-            self._reload()
-        self._local.seen_version = version
-        with self._cache_lock:
-            for candidate in key.fallbacks():
-                found = self._latest.get(candidate)
-                if found is not None:
-                    return found
-        return None
-
-    # -- decisions and feedback ---------------------------------------------------------------
-
+    @abstractmethod
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
-        rows = [
-            (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
-             json.dumps(d.raw_probabilities), int(d.informative), _now())
-            for d in decisions
-        ]  # fmt: skip
-        with self._connect() as db:
-            db.executemany(
-                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
-                "informative, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                rows,
-            )
+        """Record served decisions, all in one transaction, for later feedback."""
 
+    @abstractmethod
     def decision(self, decision_id: str) -> DecisionRecord | None:
-        with self._connect() as db:
-            row = db.execute("SELECT * FROM decisions WHERE id = ?", (decision_id,)).fetchone()
-        if row is None:
-            return None
-        return DecisionRecord(
-            row["id"], row["model"], row["revision"], row["question_type"], row["option_count"], row["domain"],
-            json.loads(row["options"]), json.loads(row["raw_probabilities"]), bool(row["informative"]),
-        )  # fmt: skip
+        """The recorded decision, or None."""
 
+    @abstractmethod
     def add_feedback(self, decision_id: str, gold: str) -> int:
         """Record the true answer for a decision; returns the feedback's sequence number."""
-        with self._connect() as db:
-            cursor = db.execute("INSERT INTO feedback (decision_id, gold, received_at) VALUES (?, ?, ?)", (decision_id, gold, _now()))
-            return int(cursor.lastrowid)
 
+    @abstractmethod
     def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
-        """(raw probabilities, gold index) for every decision of ``key`` with feedback (latest wins);
-        abstentions (no label came back) carry nothing to fit and are left out."""
-        clauses = ["d.model = ?", "d.revision = ?", "d.question_type = ?"]
-        params: list = [key.model, key.revision, key.question_type]
-        if key.option_count is not None:
-            clauses.append("d.option_count = ?")
-            params.append(key.option_count)
-        if key.domain is not None:
-            clauses.append("d.domain = ?")
-            params.append(key.domain)
-        query = f"""
-            SELECT d.options, d.raw_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
-            WHERE {' AND '.join(clauses)} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id)
-            ORDER BY f.seq
-        """
-        with self._connect() as db:
-            rows = db.execute(query, params).fetchall()
-        return [(json.loads(r["raw_probabilities"]), json.loads(r["options"]).index(r["gold"])) for r in rows]
+        """(raw probabilities, gold index) for every decision of ``key`` with feedback (latest wins),
+        in feedback order; abstentions (no label came back) carry nothing to fit and are left out."""
+
+    @abstractmethod
+    def schema_version(self) -> int:
+        """The last migration applied to this store."""
+
+    def close(self) -> None:
+        """Release connections (and Postgres's listener); the store is unusable afterwards."""
 
     def feedback_count(self, key: CalibrationKey) -> int:
         return len(self.labelled(key))
 
 
-class _Transaction:
-    """``with`` → BEGIN IMMEDIATE … COMMIT (or ROLLBACK): each call is one durable transaction."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
-
-    def __exit__(self, kind, error, traceback) -> None:
-        self.db.execute("ROLLBACK" if kind else "COMMIT")
+def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
+    """The WHERE clause (on decisions ``d``) selecting ``key``'s decisions, and its parameters."""
+    clauses = [f"d.model = {placeholder}", f"d.revision = {placeholder}", f"d.question_type = {placeholder}"]
+    params: list = [key.model, key.revision, key.question_type]
+    if key.option_count is not None:
+        clauses.append(f"d.option_count = {placeholder}")
+        params.append(key.option_count)
+    if key.domain is not None:
+        clauses.append(f"d.domain = {placeholder}")
+        params.append(key.domain)
+    return " AND ".join(clauses), params

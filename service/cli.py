@@ -45,7 +45,10 @@ def serve(
     tokenizer: TokenizerOption = None,
     workers: Annotated[int, typer.Option(help="local engine: forward passes run at once")] = 2,
     store: Annotated[
-        Optional[Path], typer.Option(help="calibration store (SQLite); default ~/.cache/opendecide/calibration.sqlite3")
+        Optional[str],
+        typer.Option(
+            help="calibration store: a SQLite file (default ~/.cache/opendecide/calibration.sqlite3) or a postgresql:// URL shared by replicas"
+        ),
     ] = None,
     auto_refit_every: Annotated[Optional[int], typer.Option(help="refit a calibration from feedback every N labels")] = None,
     max_in_flight: Annotated[int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")] = 16,
@@ -74,7 +77,7 @@ def serve(
             max_in_flight=max_in_flight, timeout_s=engine_timeout,
         )
 
-    from calibration.store import CalibrationStore
+    from calibration.store import CalibrationStore, SchemaTooNew
     from readers.embedded import default_cache_dir
 
     import logging
@@ -85,10 +88,16 @@ def serve(
     service_log.addHandler(handler)
     service_log.setLevel(logging.INFO)  # JSON access lines from opendecide.access, engine start-up notes
 
-    calibrations = CalibrationStore(store or default_cache_dir() / "calibration.sqlite3")
+    try:
+        calibrations = CalibrationStore(store or default_cache_dir() / "calibration.sqlite3")
+    except (ConnectionError, SchemaTooNew) as error:
+        raise typer.BadParameter(str(error), param_hint="--store") from None
     images = ServedImages(engine=engine_image, service=service_image)
     app_ = create_app(open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every, images=images)
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    try:
+        uvicorn.run(app_, host=host, port=port, log_level="info")
+    finally:
+        calibrations.close()
 
 
 @app.command()

@@ -1,4 +1,7 @@
-"""The calibration store on a real SQLite file: lookup order, restart, concurrency, crash safety."""
+"""The store contract, run against both backends: a real SQLite file and a real PostgreSQL server.
+
+Lookup order, restart, pickup of fits by another process, migrations, concurrency, crash safety.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +11,75 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
-from calibration.store import CalibrationKey, CalibrationStore, DecisionRecord
+import psycopg
+import pytest
+
+from calibration.postgres_store import LISTENER_NAME, PostgresStore, migrate
+from calibration.sqlite_store import SQLiteStore
+from calibration.store import CalibrationKey, CalibrationStore, DecisionRecord, SchemaTooNew
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = CalibrationKey("smol", "rev1", "choice", 3, "support")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
+def location(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "cal.sqlite3")
+    return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def open_store(location):
+    """``open_store()`` → a store on ``location``; every one opened is closed at the end."""
+    opened = []
+
+    def open_() -> CalibrationStore:
+        opened.append(CalibrationStore(location))
+        return opened[-1]
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+def query(location: str, sql: str) -> list[tuple]:
+    """Read the backend directly, not through the store under test."""
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location) as db:
+            return db.execute(sql).fetchall()
+    with sqlite3.connect(location) as db:
+        return db.execute(sql).fetchall()
+
+
+def eventually(check, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, "not seen in time"
+        time.sleep(0.005)
+    return result
 
 
 def decision(id_: str, key: CalibrationKey = KEY) -> DecisionRecord:
     return DecisionRecord(id_, key.model, key.revision, key.question_type, key.option_count, key.domain, ["a", "b", "c"], [0.5, 0.3, 0.2])
 
 
-def test_lookup_takes_the_most_specific_calibration(tmp_path):
-    store = CalibrationStore(tmp_path / "cal.sqlite3")
+@pytest.mark.integration
+def test_the_location_picks_the_backend(tmp_path, postgres_url):
+    sqlite_store, postgres_store = CalibrationStore(tmp_path / "c.sqlite3"), CalibrationStore(postgres_url)
+    try:
+        assert type(sqlite_store) is SQLiteStore and type(postgres_store) is PostgresStore
+    finally:
+        postgres_store.close()
+    with pytest.raises(ConnectionError, match=r"postgresql://u:\*\*\*@127.0.0.1:9/none"):
+        CalibrationStore("postgresql://u:secret@127.0.0.1:9/none")  # nothing listens on port 9
+
+
+def test_lookup_takes_the_most_specific_calibration(open_store):
+    store = open_store()
     assert store.lookup(KEY) is None
     by_type = store.add_calibration(CalibrationKey("smol", "rev1", "choice"), temperature=2.0, n=50, source="labels")
     assert store.lookup(KEY) == by_type
@@ -32,32 +90,70 @@ def test_lookup_takes_the_most_specific_calibration(tmp_path):
     assert store.lookup(CalibrationKey("smol", "rev1", "choice", 3, "other-domain")) == by_count
     assert store.lookup(CalibrationKey("smol", "rev2", "choice", 3)) is None  # another revision: nothing applies
     newer = store.add_calibration(KEY, temperature=1.1, n=80, source="feedback")
-    assert store.lookup(KEY) == newer and len(store.calibrations()) == 3
+    assert store.lookup(KEY) == newer and store.calibrations() == [by_type, by_count, newer]
 
 
-def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(tmp_path):
-    path = tmp_path / "cal.sqlite3"
-    store = CalibrationStore(path)
+def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(open_store, location):
+    store = open_store()
     fitted = store.add_calibration(KEY, temperature=1.7, n=60, source="labels", heldout_ece_after=0.05)
-    store.add_decisions([decision("d1")])
-    store.add_feedback("d1", "b")
-    reopened = CalibrationStore(path)
-    assert reopened.lookup(KEY) == fitted
-    assert reopened.decision("d1") == decision("d1")
-    assert reopened.labelled(KEY) == [([0.5, 0.3, 0.2], 1)]
-    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert reopened._raw().execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: durable at commit, not only on a clean exit
+    store.add_decisions([decision("d1"), decision("d2")])
+    abstained = DecisionRecord("d3", KEY.model, KEY.revision, KEY.question_type, 2, None, ["true", "false"], [0.5, 0.5], informative=False)
+    store.add_decisions([abstained])
+    assert store.add_feedback("d1", "b") < store.add_feedback("d2", "c")
+    store.close()
+    reopened = open_store()
+    assert reopened.lookup(KEY) == fitted and reopened.calibrations() == [fitted]
+    assert reopened.decision("d1") == decision("d1") and reopened.decision("d3") == abstained
+    assert reopened.decision("nope") is None
+    assert reopened.labelled(KEY) == [([0.5, 0.3, 0.2], 1), ([0.5, 0.3, 0.2], 2)]
 
 
-def test_fits_by_another_process_are_seen_without_a_restart(tmp_path):
-    path = tmp_path / "cal.sqlite3"
-    serving = CalibrationStore(path)
+def test_writes_are_durable_at_commit(open_store, location):
+    open_store()
+    if location.startswith("postgresql://"):
+        settings = dict(query(location, "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')"))
+        assert settings == {"fsync": "on", "synchronous_commit": "on"}
+    else:
+        assert query(location, "PRAGMA journal_mode") == [("wal",)]
+        db = SQLiteStore(location)._connection()
+        assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: durable at commit, not only on a clean exit
+
+
+def test_fits_by_another_process_are_seen_without_a_restart(open_store):
+    serving, other = open_store(), open_store()  # two replicas of the service on one store
     assert serving.lookup(KEY) is None
-    fitted = CalibrationStore(path).add_calibration(KEY, temperature=1.3, n=50, source="labels")  # another worker
-    assert serving.lookup(KEY) == fitted
+    stored = time.monotonic()
+    fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")
+    eventually(lambda: serving.lookup(KEY) == fitted)
+    print(f"pickup {1000 * (time.monotonic() - stored):.1f} ms")
+    refit = other.add_calibration(KEY, temperature=1.4, n=70, source="feedback")
+    eventually(lambda: serving.lookup(KEY) == refit)
+    assert serving.calibrations() == [refit]
 
 
-def test_a_store_from_before_the_informative_column_is_migrated(tmp_path):
+def test_migrations_are_recorded_once(open_store, location):
+    first = open_store()
+    latest = first.schema_version()
+    versions = query(location, "SELECT version FROM schema_migrations ORDER BY version")
+    assert [v for (v,) in versions] == list(range(1, latest + 1))
+    second = open_store()
+    assert second.schema_version() == latest
+    assert query(location, "SELECT count(*) FROM schema_migrations") == [(latest,)]
+
+
+def test_a_store_from_a_newer_version_is_refused(open_store, location):
+    open_store().close()
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location) as db:
+            db.execute("INSERT INTO schema_migrations (version, description) VALUES (99, 'from the future')")
+    else:
+        with sqlite3.connect(location) as db:
+            db.execute("INSERT INTO schema_migrations VALUES (99, 'from the future', 'then')")
+    with pytest.raises(SchemaTooNew, match="schema version 99"):
+        CalibrationStore(location)
+
+
+def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     path = tmp_path / "old.sqlite3"
     old = sqlite3.connect(path)
     old.execute(
@@ -72,10 +168,49 @@ def test_a_store_from_before_the_informative_column_is_migrated(tmp_path):
     store.add_feedback("d0", "c")
     assert store.decision("d0").informative and store.decision("d1") == decision("d1")
     assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2)]
+    assert query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version") == [
+        (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on")
+    ]  # fmt: skip
 
 
-def test_abstentions_are_not_fitted_on(tmp_path):
-    store = CalibrationStore(tmp_path / "cal.sqlite3")
+@pytest.mark.integration
+def test_a_postgres_database_at_an_earlier_version_is_brought_up(postgres_url):
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        assert migrate(db, target=1) == 1
+        db.execute("INSERT INTO decisions (id, model, revision, question_type, option_count, options, raw_probabilities, informative) "
+                   "VALUES ('d0', 'smol', 'rev1', 'choice', 3, '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', true)")  # fmt: skip
+    # No polling: only version 2's trigger can tell ``serving`` of the other store's fit in time.
+    serving, other = PostgresStore(postgres_url, poll_s=3600), CalibrationStore(postgres_url)
+    try:
+        assert serving.schema_version() == 2 and serving.decision("d0").options == ["a", "b", "c"]
+        fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")
+        eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=5.0)
+    finally:
+        serving.close()
+        other.close()
+
+
+@pytest.mark.integration
+def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_url):
+    serving, other = PostgresStore(postgres_url, poll_s=0.2), CalibrationStore(postgres_url)
+    try:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            def listeners() -> set[int]:
+                return {pid for (pid,) in admin.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (LISTENER_NAME,))}
+
+            cut = eventually(lambda: len(listeners()) == 2 and listeners())  # both stores' listeners
+            for pid in cut:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # as a network cut or a server restart would
+            fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")  # notified to nobody listening
+            eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=10.0)
+            eventually(lambda: len(listeners()) == 2 and not listeners() & cut)  # both reconnected
+    finally:
+        serving.close()
+        other.close()
+
+
+def test_abstentions_are_not_fitted_on(open_store):
+    store = open_store()
     abstained = DecisionRecord("d0", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [1 / 3] * 3, informative=False)
     store.add_decisions([abstained, decision("d1")])
     store.add_feedback("d0", "a")
@@ -83,17 +218,19 @@ def test_abstentions_are_not_fitted_on(tmp_path):
     assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]
 
 
-def test_latest_feedback_for_a_decision_wins(tmp_path):
-    store = CalibrationStore(tmp_path / "cal.sqlite3")
-    store.add_decisions([decision("d1"), decision("d2")])
+def test_latest_feedback_for_a_decision_wins(open_store):
+    store = open_store()
+    store.add_decisions([decision("d1"), decision("d2"), decision("x", CalibrationKey("smol", "rev1", "choice", 3, "elsewhere"))])
     store.add_feedback("d1", "a")
     store.add_feedback("d2", "c")
+    store.add_feedback("x", "c")
     store.add_feedback("d1", "b")  # a correction
-    assert sorted(store.labelled(KEY)) == sorted([([0.5, 0.3, 0.2], 2), ([0.5, 0.3, 0.2], 1)])
+    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2), ([0.5, 0.3, 0.2], 1)]
+    assert store.feedback_count(KEY) == 2 and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3)) == 3
 
 
-def test_concurrent_writers_lose_nothing(tmp_path):
-    store = CalibrationStore(tmp_path / "cal.sqlite3")
+def test_concurrent_writers_lose_nothing(open_store, location):
+    store = open_store()
     store.add_decisions([decision(f"d{i}") for i in range(8)])
     errors = []
 
@@ -112,9 +249,8 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     for thread in threads:
         thread.join()
     assert not errors
-    count = sqlite3.connect(tmp_path / "cal.sqlite3").execute("SELECT COUNT(*) FROM feedback").fetchone()[0]
-    assert count == 400
-    assert sqlite3.connect(tmp_path / "cal.sqlite3").execute("SELECT COUNT(*) FROM calibrations").fetchone()[0] == 40
+    assert query(location, "SELECT count(*) FROM feedback") == [(400,)]
+    assert query(location, "SELECT count(*) FROM calibrations") == [(40,)]
 
 
 WRITER = textwrap.dedent(
@@ -122,31 +258,68 @@ WRITER = textwrap.dedent(
     import sys
     sys.path.insert(0, {root!r})
     from calibration.store import CalibrationStore, DecisionRecord
-    store = CalibrationStore({path!r})
-    store.add_decisions([DecisionRecord("d", "smol", "rev1", "noul", 2, None, ["true", "false"], [0.6, 0.4])])
+    store = CalibrationStore({location!r})
+    store.add_decisions([DecisionRecord({name!r}, "smol", "rev1", "noul", 2, None, ["true", "false"], [0.6, 0.4])])
     print("ready", flush=True)
     i = 0
     while True:
-        seq = store.add_feedback("d", "true" if i % 2 else "false")
+        seq = store.add_feedback({name!r}, "true" if i % 2 else "false")
         print(seq, flush=True)  # acknowledged only after the commit returned
         i += 1
     """
 )
 
 
-def test_every_acknowledged_feedback_survives_a_kill(tmp_path):
-    path = tmp_path / "cal.sqlite3"
-    child = subprocess.Popen([sys.executable, "-c", WRITER.format(root=str(ROOT), path=str(path))], stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "ready"
-    acknowledged = []
-    for line in child.stdout:
-        acknowledged.append(int(line))
-        if len(acknowledged) == 300:
-            child.send_signal(signal.SIGKILL)  # mid-stream: the writer is inside its next transaction
-            break
-    child.wait(timeout=30)
-    assert child.returncode == -signal.SIGKILL
-    stored = {row[0] for row in sqlite3.connect(path).execute("SELECT seq FROM feedback")}
-    assert set(acknowledged) <= stored
-    assert len(stored) >= 300
-    CalibrationStore(path)  # and the file still opens as a store
+def test_every_acknowledged_feedback_survives_a_kill(location):
+    """Three writer processes at once; one is killed mid-stream, then the others."""
+    names = ["w0", "w1", "w2"]
+    writers = {
+        name: subprocess.Popen([sys.executable, "-c", WRITER.format(root=str(ROOT), location=location, name=name)], stdout=subprocess.PIPE, text=True)
+        for name in names
+    }  # fmt: skip
+    acknowledged: dict[str, list[int]] = {name: [] for name in names}
+
+    def read(name: str) -> None:
+        for line in writers[name].stdout:
+            if line.strip() != "ready":
+                acknowledged[name].append(int(line))
+
+    readers = [threading.Thread(target=read, args=(name,)) for name in names]
+    for reader in readers:
+        reader.start()
+    try:
+        # All three writing at once (SQLite's lock is not fair, so wait for each), w0 well into its stream.
+        eventually(lambda: len(acknowledged["w0"]) >= 300 and all(len(acks) >= 20 for acks in acknowledged.values()), timeout_s=120)
+        writers["w0"].send_signal(signal.SIGKILL)  # mid-stream: w0 is inside its next transaction
+        at_kill = {name: len(acknowledged[name]) for name in ("w1", "w2")}
+        eventually(lambda: all(len(acknowledged[name]) >= at_kill[name] + 100 for name in at_kill), timeout_s=120)  # the others go on
+        for name in ("w1", "w2"):
+            writers[name].send_signal(signal.SIGKILL)
+        for name in names:
+            assert writers[name].wait(timeout=30) == -signal.SIGKILL
+        for reader in readers:
+            reader.join(timeout=30)
+    finally:
+        for writer in writers.values():
+            if writer.poll() is None:  # a failed wait above: no writer outlives the test
+                writer.kill()
+    for name in names:
+        stored = {seq for (seq,) in query(location, f"SELECT seq FROM feedback WHERE decision_id = '{name}'")}
+        assert set(acknowledged[name]) <= stored, name
+    CalibrationStore(location).close()  # and it still opens as a store
+
+
+def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
+    """A file the previous store wrote (all tables, informative column, no schema_migrations)."""
+    path = tmp_path / "before.sqlite3"
+    store = CalibrationStore(path)
+    fitted = store.add_calibration(KEY, temperature=1.3, n=50, source="labels")
+    store.add_decisions([decision("d1")])
+    store.add_feedback("d1", "b")
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE schema_migrations")
+    reopened = CalibrationStore(path)
+    assert reopened.lookup(KEY) == fitted and reopened.labelled(KEY) == [([0.5, 0.3, 0.2], 1)]
+    assert query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version") == [
+        (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on (found)")
+    ]  # fmt: skip

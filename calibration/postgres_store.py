@@ -1,0 +1,237 @@
+"""The shared calibration store: PostgreSQL (psycopg 3), for replicas that serve from one database.
+
+Writes are one transaction each; with Postgres's default ``synchronous_commit = on`` a write is
+flushed to the server's WAL before the call returns, so an acknowledged write survives a crash of
+the replica that made it and of the server. A pool bounds each replica's connections (Postgres
+allows 100 by default, and the service calls the store from several worker threads at once).
+
+Replicas pick up fits without a restart: a trigger NOTIFYs ``opendecide_calibrations`` on every
+insert into ``calibrations``; each store LISTENs on its own connection in a background thread and
+reloads its cache when told. The same thread also compares the table's (count, max seq) every
+``poll_s`` seconds, so a notification lost to a dropped connection delays a pickup by at most that.
+Lookups themselves never touch the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from calibration.store import (
+    Calibration,
+    CalibrationKey,
+    CalibrationStore,
+    DecisionRecord,
+    check_schema_version,
+    key_filter,
+)
+
+logger = logging.getLogger("opendecide.store")
+
+CHANNEL = "opendecide_calibrations"
+LISTENER_NAME = "opendecide-store-listener"  # its application_name, as pg_stat_activity shows it
+# Any fixed number: the advisory lock that lets one replica at a time migrate the schema.
+MIGRATION_LOCK = 0x0DEC1DE
+
+# Applied in order, each in the one transaction that records it in schema_migrations (DDL is
+# transactional in Postgres). Never edit a released entry: add one.
+MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
+    (1, "calibrations, decisions, feedback", (
+        """CREATE TABLE calibrations (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE,
+            model TEXT NOT NULL, revision TEXT NOT NULL, question_type TEXT NOT NULL, option_count INTEGER, domain TEXT,
+            temperature DOUBLE PRECISION NOT NULL, n INTEGER NOT NULL,
+            nll_before DOUBLE PRECISION, nll_after DOUBLE PRECISION, heldout_n INTEGER,
+            heldout_ece_before DOUBLE PRECISION, heldout_ece_after DOUBLE PRECISION,
+            source TEXT NOT NULL, fitted_at TIMESTAMPTZ NOT NULL)""",
+        "CREATE INDEX calibrations_key ON calibrations (model, revision, question_type, option_count, domain, seq)",
+        """CREATE TABLE decisions (
+            id TEXT PRIMARY KEY, model TEXT NOT NULL, revision TEXT NOT NULL, question_type TEXT NOT NULL,
+            option_count INTEGER NOT NULL, domain TEXT, options JSONB NOT NULL, raw_probabilities JSONB NOT NULL,
+            informative BOOLEAN NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+        "CREATE INDEX decisions_key ON decisions (model, revision, question_type, option_count, domain)",
+        """CREATE TABLE feedback (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, decision_id TEXT NOT NULL REFERENCES decisions (id),
+            gold TEXT NOT NULL, received_at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+        "CREATE INDEX feedback_decision ON feedback (decision_id, seq)",
+    )),
+    (2, "NOTIFY opendecide_calibrations on every new calibration", (
+        f"""CREATE FUNCTION notify_calibration_added() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_notify('{CHANNEL}', NEW.id); RETURN NULL; END $$""",
+        "CREATE TRIGGER calibration_added AFTER INSERT ON calibrations FOR EACH ROW EXECUTE FUNCTION notify_calibration_added()",
+    )),
+]  # fmt: skip
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+COLUMNS = tuple(Calibration.__dataclass_fields__)
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def migrate(db: psycopg.Connection, *, target: int = SCHEMA_VERSION) -> int:
+    """Apply the migrations up to ``target`` that ``db`` lacks, in one transaction; the version after."""
+    with db.transaction():
+        # Taken before CREATE TABLE IF NOT EXISTS, which races with itself across sessions.
+        db.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        db.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+            "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        )
+        applied = {row[0] for row in db.execute("SELECT version FROM schema_migrations")}
+        check_schema_version(max(applied, default=0), SCHEMA_VERSION, "this database")
+        for version, description, statements in MIGRATIONS:
+            if version not in applied and version <= target:
+                for statement in statements:
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_migrations (version, description) VALUES (%s, %s)", (version, description))
+                applied.add(version)
+    return max(applied, default=0)
+
+
+class PostgresStore(CalibrationStore):
+    """Thread-safe: a connection pool for calls, one more connection for the listener thread."""
+
+    def __init__(self, url: str, *, pool_size: int = 8, poll_s: float = 1.0, connect_timeout_s: float = 10.0) -> None:
+        super().__init__()
+        self.url = url
+        self.poll_s = poll_s
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=int(connect_timeout_s)) as db:
+                migrate(db)
+        except psycopg.OperationalError as error:
+            raise ConnectionError(f"cannot open the calibration store at {redacted(url)}: {error}".strip()) from None
+        self._pool = ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True, "application_name": "opendecide-store"},
+            check=ConnectionPool.check_connection,  # a connection the server dropped is replaced, not handed out
+            name="opendecide-store",
+            open=True,
+        )
+        self._seen: tuple[int, int] | None = None
+        self._reload_lock = threading.Lock()
+        self._reload()
+        self._closing = threading.Event()
+        self._listener = threading.Thread(target=self._listen, name="opendecide-store-listener", daemon=True)
+        self._listener.start()
+
+    def schema_version(self) -> int:
+        with self._pool.connection() as db:
+            return db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0]
+
+    def close(self) -> None:
+        self._closing.set()
+        self._listener.join(timeout=30)
+        self._pool.close()
+
+    # -- calibrations -------------------------------------------------------------------------
+
+    def add_calibration(self, key: CalibrationKey, *, temperature: float, n: int, source: str, **metrics: float | int | None) -> Calibration:
+        calibration = self._new_calibration(key, temperature, n, source, metrics)
+        row = calibration.as_json()
+        row["fitted_at"] = dt.datetime.fromisoformat(calibration.fitted_at)
+        with self._pool.connection() as db:
+            stored = db.execute(
+                f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))}) RETURNING seq", list(row.values())
+            ).fetchone()[0]
+        self._remember([(stored, calibration)])
+        return calibration
+
+    def _reload(self, db: psycopg.Connection | None = None) -> None:
+        """Reload the cache if the table changed since the last look: (count, max seq) both grow on
+        every insert, and count also catches a row whose seq was drawn before one already seen."""
+        with self._reload_lock, (self._pool.connection() if db is None else contextlib.nullcontext(db)) as conn:
+            version = conn.execute("SELECT count(*), coalesce(max(seq), 0) FROM calibrations").fetchone()
+            if version == self._seen:
+                return
+            rows = conn.cursor(row_factory=dict_row).execute(
+                f"SELECT DISTINCT ON (model, revision, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
+                "FROM calibrations ORDER BY model, revision, question_type, option_count, domain, seq DESC"
+            )
+            self._remember((row.pop("seq"), _calibration(row)) for row in rows)
+            self._seen = version
+
+    def _listen(self) -> None:
+        """The background thread: LISTEN, reload on a notification or every ``poll_s``; reconnect on errors."""
+        while not self._closing.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True, application_name=LISTENER_NAME) as db:
+                    db.execute(f"LISTEN {CHANNEL}")
+                    self._reload(db)  # whatever was stored while this connection was down
+                    polled = time.monotonic()
+                    while not self._closing.is_set():
+                        # Short waits so close() is prompt whatever poll_s is.
+                        told = any(True for _ in db.notifies(timeout=min(self.poll_s, 0.5), stop_after=1))
+                        if told or time.monotonic() - polled >= self.poll_s:
+                            self._reload(db)
+                            polled = time.monotonic()
+            except psycopg.Error as error:
+                logger.warning("calibration listener lost its connection (%s); reconnecting", error)
+                self._closing.wait(self.poll_s)
+
+    # -- decisions and feedback ---------------------------------------------------------------
+
+    def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
+        rows = [
+            (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, Jsonb(list(d.options)),
+             Jsonb(list(d.raw_probabilities)), bool(d.informative))
+            for d in decisions
+        ]  # fmt: skip
+        if not rows:
+            return
+        with self._pool.connection() as db, db.transaction(), db.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
+                "informative) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                rows,
+            )
+
+    def decision(self, decision_id: str) -> DecisionRecord | None:
+        with self._pool.connection() as db:
+            row = db.execute(
+                "SELECT id, model, revision, question_type, option_count, domain, options, raw_probabilities, informative "
+                "FROM decisions WHERE id = %s",
+                (decision_id,),
+            ).fetchone()
+        return None if row is None else DecisionRecord(*row)
+
+    def add_feedback(self, decision_id: str, gold: str) -> int:
+        with self._pool.connection() as db:
+            return db.execute(
+                "INSERT INTO feedback (decision_id, gold) VALUES (%s, %s) RETURNING seq", (decision_id, gold)
+            ).fetchone()[0]
+
+    def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+        where, params = key_filter(key, "%s")
+        query = f"""
+            SELECT d.options, d.raw_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
+            WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id)
+            ORDER BY f.seq
+        """
+        with self._pool.connection() as db:
+            rows = db.execute(query, params).fetchall()
+        return [(raw, options.index(gold)) for options, raw, gold in rows]
+
+
+def _calibration(row: dict) -> Calibration:
+    fitted_at = row["fitted_at"].astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+    return Calibration(**{**row, "fitted_at": fitted_at})
+

@@ -1,0 +1,190 @@
+"""The embedded calibration store: one SQLite file in WAL mode with synchronous=FULL.
+
+Every write is one ``BEGIN IMMEDIATE`` transaction, durable at COMMIT (synchronous=FULL); WAL lets
+readers run beside a writer, and ``busy_timeout`` makes concurrent writers wait, not fail. Fits by
+other processes on the same file reach the cache through SQLite's ``data_version``, which changes
+when another connection commits: one PRAGMA per lookup, no query.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from calibration.store import (
+    Calibration,
+    CalibrationKey,
+    CalibrationStore,
+    DecisionRecord,
+    check_schema_version,
+    key_filter,
+    utc_now,
+)
+
+# Applied in order, each in the one transaction that records it in schema_migrations.
+# Never edit a released entry: add one.
+MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
+    (1, "calibrations, decisions, feedback", (
+        """CREATE TABLE IF NOT EXISTS calibrations (
+            id TEXT PRIMARY KEY, model TEXT NOT NULL, revision TEXT NOT NULL, question_type TEXT NOT NULL,
+            option_count INTEGER, domain TEXT, temperature REAL NOT NULL, n INTEGER NOT NULL,
+            nll_before REAL, nll_after REAL, heldout_n INTEGER, heldout_ece_before REAL, heldout_ece_after REAL,
+            source TEXT NOT NULL, fitted_at TEXT NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS calibrations_key ON calibrations (model, revision, question_type, option_count, domain, fitted_at)",
+        """CREATE TABLE IF NOT EXISTS decisions (
+            id TEXT PRIMARY KEY, model TEXT NOT NULL, revision TEXT NOT NULL, question_type TEXT NOT NULL,
+            option_count INTEGER NOT NULL, domain TEXT, options TEXT NOT NULL, raw_probabilities TEXT NOT NULL,
+            created_at TEXT NOT NULL)""",
+        """CREATE TABLE IF NOT EXISTS feedback (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, decision_id TEXT NOT NULL REFERENCES decisions (id),
+            gold TEXT NOT NULL, received_at TEXT NOT NULL)""",
+        "CREATE INDEX IF NOT EXISTS feedback_decision ON feedback (decision_id)",
+    )),
+    (2, "decisions.informative: abstentions are not fitted on", (
+        "ALTER TABLE decisions ADD COLUMN informative INTEGER NOT NULL DEFAULT 1",
+    )),
+]  # fmt: skip
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+
+class SQLiteStore(CalibrationStore):
+    """Thread-safe: one connection per thread, all in WAL mode on the same file."""
+
+    def __init__(self, path: Path | str) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._migrate()
+        self._refresh()
+
+    def _connection(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=30000")
+            db.execute("PRAGMA foreign_keys=ON")
+            self._local.db = db
+        return db
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._connection())
+
+    # -- schema -------------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        with self._transaction() as db:  # BEGIN IMMEDIATE: two processes opening one file migrate once
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+            applied = {row[0] for row in db.execute("SELECT version FROM schema_migrations")}
+            if not applied:
+                applied = self._versions_before_migrations(db)
+            check_schema_version(max(applied, default=0), SCHEMA_VERSION, str(self.path))
+            for version, description, statements in MIGRATIONS:
+                if version not in applied:
+                    for statement in statements:
+                        db.execute(statement)
+                    db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, description, utc_now()))
+
+    @staticmethod
+    def _versions_before_migrations(db: sqlite3.Connection) -> set[int]:
+        """Files written before schema_migrations existed. Version 1 creates only what is missing (IF
+        NOT EXISTS), so it always runs; version 2 is recorded as found when its column is there."""
+        columns = {row["name"] for row in db.execute("PRAGMA table_info(decisions)")}
+        if "informative" not in columns:
+            return set()
+        version, description, _ = MIGRATIONS[1]
+        db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, f"{description} (found)", utc_now()))
+        return {version}
+
+    def schema_version(self) -> int:
+        return self._connection().execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0]
+
+    # -- calibrations -------------------------------------------------------------------------
+
+    def add_calibration(self, key: CalibrationKey, *, temperature: float, n: int, source: str, **metrics: float | int | None) -> Calibration:
+        calibration = self._new_calibration(key, temperature, n, source, metrics)
+        row = calibration.as_json()
+        with self._transaction() as db:
+            cursor = db.execute(f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+        self._remember([(cursor.lastrowid, calibration)])
+        return calibration
+
+    def _reload(self) -> None:
+        # rowid is the insertion order (rows are never deleted), the same on every connection.
+        rows = self._connection().execute("SELECT rowid AS stored, * FROM calibrations").fetchall()
+        self._remember((row["stored"], Calibration(**{k: row[k] for k in row.keys() if k != "stored"})) for row in rows)
+
+    def _refresh(self) -> None:
+        version = self._connection().execute("PRAGMA data_version").fetchone()[0]
+        # data_version is per connection: a thread's first look reloads, later ones only on a change.
+        if version != getattr(self._local, "seen_version", None):
+            self._reload()
+        self._local.seen_version = version
+
+    # -- decisions and feedback ---------------------------------------------------------------
+
+    def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
+        rows = [
+            (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
+             json.dumps(d.raw_probabilities), int(d.informative), utc_now())
+            for d in decisions
+        ]  # fmt: skip
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
+                "informative, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+
+    def decision(self, decision_id: str) -> DecisionRecord | None:
+        row = self._connection().execute("SELECT * FROM decisions WHERE id = ?", (decision_id,)).fetchone()
+        if row is None:
+            return None
+        return DecisionRecord(
+            row["id"], row["model"], row["revision"], row["question_type"], row["option_count"], row["domain"],
+            json.loads(row["options"]), json.loads(row["raw_probabilities"]), bool(row["informative"]),
+        )  # fmt: skip
+
+    def add_feedback(self, decision_id: str, gold: str) -> int:
+        with self._transaction() as db:
+            cursor = db.execute("INSERT INTO feedback (decision_id, gold, received_at) VALUES (?, ?, ?)", (decision_id, gold, utc_now()))
+            return int(cursor.lastrowid)
+
+    def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+        where, params = key_filter(key, "?")
+        query = f"""
+            SELECT d.options, d.raw_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
+            WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id)
+            ORDER BY f.seq
+        """
+        rows = self._connection().execute(query, params).fetchall()
+        return [(json.loads(r["raw_probabilities"]), json.loads(r["options"]).index(r["gold"])) for r in rows]
+
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:  # sqlite3 connections belong to their thread: this thread's one
+            db.close()
+            self._local.db = None
+
+
+class _Transaction:
+    """``with`` → BEGIN IMMEDIATE … COMMIT (or ROLLBACK): each call is one durable transaction."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.db.execute("ROLLBACK" if kind else "COMMIT")
