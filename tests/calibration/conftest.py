@@ -9,13 +9,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+
+from deploy.processes import free_port
 
 
 def postgres_bin() -> Path | None:
@@ -27,9 +28,7 @@ def postgres_bin() -> Path | None:
 class PostgresServer:
     def __init__(self, bin_dir: Path, root: Path) -> None:
         self.bin_dir, self.root, self.data = bin_dir, root, root / "data"
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         # initdb and postgres refuse to run as root; tests run as root in CI.
         self.as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         self.user = "postgres" if os.geteuid() == 0 else os.environ.get("USER", "postgres")

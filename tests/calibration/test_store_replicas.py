@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,8 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+
+from deploy.processes import free_port, wait_for_models
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = {
@@ -48,9 +49,7 @@ class Replica:
     """``python -m opendecide serve --store <url>`` on a free port, its output in a log file."""
 
     def __init__(self, url: str, log: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         self.log = log
         self.process = subprocess.Popen(
             [sys.executable, "-m", "opendecide", "serve", "--store", url, "--port", str(self.port)],
@@ -59,16 +58,7 @@ class Replica:
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120)
 
     def wait_ready(self, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                if self.http.get("/v1/models").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"replica did not become ready:\n{self.log.read_text()}"
-            time.sleep(0.25)
+        wait_for_models(f"http://127.0.0.1:{self.port}", process=self.process, log=self.log, timeout_s=timeout_s)
 
     def ask(self, state: str) -> dict:
         reply = self.http.post("/v1/systemone", json={"state": state, "questions": {"s": QUESTION}})
