@@ -381,3 +381,35 @@ def eval_download(
         raise typer.Exit(code=1) from None
     total = len(done.sent) + len(done.skipped)
     typer.echo(f"{dest}: {len(done.sent)} files fetched, {len(done.skipped)} already there, all {total} match the manifest's sha256")
+
+
+@app.command()
+def plan(
+    rate: Annotated[float, typer.Option(help="decisions/s the fleet must carry")],
+    p99: Annotated[float, typer.Option(help="p99 latency target in ms")],
+    sweep: Annotated[list[str], typer.Option(help="CHIP=RUN: a `decide eval load` run measured on that chip (repeatable)")] = [],  # noqa: B006
+    chips: Annotated[str, typer.Option(help="comma-separated chips to plan for")] = "v6e,v5e,l4",
+    prices: Annotated[Optional[Path], typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")] = None,
+    max_utilisation: Annotated[float, typer.Option(help="keep each chip under this share of its measured peak decisions/s")] = 0.8,
+) -> None:
+    """Chips and service replicas for --rate decisions/s within --p99, per chip, with $/hour, $/million and Jev's cost."""
+    from eval.cost import load_prices
+    from eval.plan import load_sweep, plan_chip, plan_table
+
+    sweeps = {}
+    for item in sweep:
+        chip, sep, run = item.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"{item!r} is not CHIP=RUN", param_hint="--sweep")
+        try:
+            sweeps[chip] = load_sweep(Path(run), chip=chip)
+        except (OSError, ValueError, KeyError) as error:
+            raise typer.BadParameter(f"{item}: {error}", param_hint="--sweep") from None
+    wanted = [name.strip() for name in chips.split(",") if name.strip()] + [chip for chip in sweeps if chip not in chips.split(",")]
+    price_rows, jev = load_prices(prices)
+    try:
+        plans = [plan_chip(sweeps[chip], rate, p99, price_rows, max_utilisation=max_utilisation) for chip in wanted if chip in sweeps]
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    tokens = next((s.prompt_tokens_median for s in sweeps.values() if s.prompt_tokens_median), None)
+    typer.echo(plan_table(plans, rate=rate, p99_ms=p99, unmeasured=[c for c in wanted if c not in sweeps], jev=jev, prompt_tokens=tokens))

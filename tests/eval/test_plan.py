@@ -53,3 +53,18 @@ def test_table_names_unmeasured_chips_and_jev(tmp_path):
     table = plan_table([plan_chip(sweep, 20.0, 300.0, prices)], rate=20.0, p99_ms=300.0, unmeasured=["v6e", "v5e"], jev=jev, prompt_tokens=132)
     assert "| l4 | 1 | 2 |" in table and "gcp-g2-standard-4-on-demand-us-central1" in table
     assert "not sized: v6e, v5e" in table and "Jev at 132 prompt tokens" in table
+
+
+def test_decide_plan_sizes_a_measured_chip_and_refuses_a_malformed_sweep(tmp_path):
+    from typer.testing import CliRunner
+
+    from opendecide.cli import app
+
+    summary = [{"shape": "short", "concurrency": c, "decisions_per_s": x, "p99_ms": p, "prompt_tokens_median": 60} for c, x, p in [(1, 10.0, 100.0), (8, 40.0, 400.0)]]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    result = CliRunner().invoke(app, ["plan", "--rate", "64", "--p99", "300", "--sweep", f"l4={tmp_path}", "--chips", "l4,v6e"])
+    assert result.exit_code == 0, result.output
+    # 64/s: ≥ 2 chips by the 0.8 cap; 2 chips → 32/s each → 320 ms > 300; 3 → 21.3/s → 213 ms.
+    assert "| l4 | 3 | 3 | 213 |" in result.output and "not sized: v6e" in result.output
+    bad = CliRunner().invoke(app, ["plan", "--rate", "1", "--p99", "300", "--sweep", "l4"])
+    assert bad.exit_code == 2 and "is not CHIP=RUN" in bad.output
