@@ -4,7 +4,8 @@ Short states (SST-2 reviews) at each concurrency, ``passes`` times (median and r
 long states of about 1,024 and 3,072 tokens, each request's state unique from its first word (the
 question part of the prompt is still shared, as in production; the state gets no prefix-cache help).
 Requests go through the whole service (HTTP, validation, the decision path) — in process over ASGI,
-or to a running server with ``url``. Evidence: ``load.jsonl`` (one line per run) and ``manifest.json``.
+or to a running server with ``url``. Evidence: ``load.jsonl`` (one line per run) and ``manifest.json``;
+the report beside them: ``summary.json``, ``load.md`` and ``load.png``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 
 from eval.load import machine_info, run_load
-from eval.manifest import run_manifest, write_json
+from eval.manifest import Images, run_manifest, write_json
 from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
 from service.app import create_app
@@ -50,7 +51,9 @@ async def run_sweep(
     long_tokens=LONG_TOKENS,
     long_requests: int = 16,
     long_concurrency: int = 8,
+    images: Images | None = None,
 ) -> list[dict]:
+    """Run the sweep through the service on ``engine``; write ``load.jsonl`` and ``manifest.json``."""
     out.mkdir(parents=True, exist_ok=True)
     question = {"answer": TASKS["sst2"].question()}
     short = [{"state": r.text, "questions": question} for r in load_sample("sst2")]
@@ -80,10 +83,25 @@ async def run_sweep(
             rows.append({"kind": kind, "concurrency": concurrency, "pass": index, **result.as_json(),
                          "prompt_tokens_median": statistics.median(tokens) if tokens else None})  # fmt: skip
     (out / "load.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    manifest = run_manifest("load", engines={"run": engine}, args={"url": url, "passes": passes, "requests": requests, "long_tokens": list(long_tokens)})
+    manifest = run_manifest("load", engines={"run": engine}, args={"url": url, "passes": passes, "requests": requests, "long_tokens": list(long_tokens)}, images=images)
     manifest["machine"] = machine_info()
     write_json(out / "manifest.json", manifest)
     return rows
+
+
+async def load_sweep(engine_spec: str, out: Path, *, engine_url: str | None = None, **options) -> list[dict]:
+    """Open the engine ``engine_spec`` names, :func:`run_sweep` it into ``out`` and write the report
+    (summary.json, load.md, load.png); returns the summary."""
+    from readers.engines import open_engine_spec
+
+    async with await open_engine_spec(engine_spec, engine_url=engine_url) as engine:
+        rows = await run_sweep(engine, out, **options)
+        title = f"{engine.info.name} ({engine.kind}, {engine.capabilities.read_mode.value})"
+    summary = summarise(rows)
+    (out / "load.md").write_text(sweep_table(summary))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_sweep(summary, out / "load.png", title)
+    return summary
 
 
 def summarise(rows: list[dict]) -> list[dict]:
