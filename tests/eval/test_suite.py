@@ -7,7 +7,7 @@ import json
 import pytest
 
 from eval.manifest import RunRefused
-from eval.suite import build_from_tasks, jev_minus_arm, load_suite, run_suite, score_suite, suite_table
+from eval.suite import build_from_tasks, jev_minus_arm, load_suite, run_suite, score_suite, score_suite_with_engine, suite_table
 
 pytestmark = pytest.mark.anyio
 
@@ -50,6 +50,10 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     assert "| all | 48 |" in suite_table(report)
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len({row["id"] for row in rows}) == 48
+    # what ``decide eval suite`` calls: the engine by spec, the run resumed (nothing left to read), then the report files
+    again = await score_suite_with_engine("local", data, out, allow_unverified=True)
+    assert len((out / "records.jsonl").read_text().splitlines()) == 48
+    assert json.loads((out / "suite.json").read_text()) == json.loads(json.dumps(again)) and (out / "suite.md").read_text() == suite_table(again)
 
 
 async def test_subsets_sharing_ids_are_kept_apart_and_resume_is_guarded(local_engine, tmp_path):
