@@ -8,7 +8,9 @@ Run (the engine from ``make engine``):
 
     make engine
     .venv/bin/python bench/read_mode_latency.py --engine-url http://127.0.0.1:8100 \
-        --out bench/results/read-mode-latency-vllm-cpu.json
+        --out evidence/bench/read-mode-latency-vllm-cpu.json
+
+The JSON opens with the run manifest of ``eval/manifest.py`` (engines, git commit, args).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from datetime import datetime, timezone
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import numpy as np
@@ -24,18 +26,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.load import machine_info, run_bench, run_load  # noqa: E402
+from eval.load import bench_args, machine_info, run_bench, run_load  # noqa: E402
+from eval.manifest import run_manifest  # noqa: E402
 from eval.tasks import TASKS, load_sample, spread  # noqa: E402
+from readers.engines import open_engine_spec  # noqa: E402
 from readers.engines.base import ReadMode, ReadRequest  # noqa: E402
-from readers.engines.vllm import VLLMEngine  # noqa: E402
 from readers.reader import Reader  # noqa: E402
 from service.protocol import ChoiceQuestion  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> dict:
     random.seed(args.seed)
-    engines = {mode: await VLLMEngine.connect(args.engine_url, read_mode=mode) for mode in ReadMode}
-    try:
+    async with AsyncExitStack() as stack:
+        engines = {mode: await stack.enter_async_context(await open_engine_spec(f"vllm:{mode.value}", engine_url=args.engine_url)) for mode in ReadMode}
+        manifest = run_manifest("bench:read_mode_latency", engines={mode.value: engine for mode, engine in engines.items()}, args=bench_args(args))
         task = TASKS[args.task]
         spec = ChoiceQuestion.model_validate(task.question()).to_spec()
         reader = Reader(engines[ReadMode.EXACT])
@@ -55,9 +59,6 @@ async def main(args: argparse.Namespace) -> dict:
 
                     outcome = await run_load(send, requests=len(requests), concurrency=concurrency)
                     results[mode.value][concurrency].append(outcome.as_json())
-    finally:
-        for engine in engines.values():
-            await engine.aclose()
 
     summary = []
     for concurrency in args.concurrency:
@@ -67,7 +68,7 @@ async def main(args: argparse.Namespace) -> dict:
             p50 = float(np.median([r["p50_ms"] for r in runs]))
             summary.append(
                 {
-                    "mode": mode.value,
+                    "read_mode": mode.value,
                     "concurrency": concurrency,
                     "p50_ms": p50,
                     "p90_ms": float(np.median([r["p90_ms"] for r in runs])),
@@ -77,22 +78,19 @@ async def main(args: argparse.Namespace) -> dict:
                 }
             )
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "bench": "read_mode_latency",
+        "manifest": manifest,
         "machine": machine_info(),
-        "engine_url": args.engine_url,
-        "args": vars(args) | {"out": str(args.out) if args.out else None},
         "summary": summary,
         "runs": results,
     }
 
 
 def report(result: dict) -> str:
-    lines = [f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores), task {result['args']['task']}", ""]
-    lines += ["| mode | concurrency | p50 ms | p90 ms | decisions/s | p50 ÷ exact |", "|---|---|---|---|---|---|"]
+    lines = [f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores), task {result['manifest']['args']['task']}", ""]
+    lines += ["| read mode | concurrency | p50 ms | p90 ms | decisions/s | p50 ÷ exact |", "|---|---|---|---|---|---|"]
     for row in result["summary"]:
         lines.append(
-            f"| {row['mode']} | {row['concurrency']} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} | {row['decisions_per_s']:.2f} | {row['p50_over_exact']:.2f} |"
+            f"| {row['read_mode']} | {row['concurrency']} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} | {row['decisions_per_s']:.2f} | {row['p50_over_exact']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -100,7 +98,7 @@ def report(result: dict) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine-url", default="http://127.0.0.1:8100")
-    parser.add_argument("--task", default="ag_news", choices=[name for name, task in TASKS.items() if task.kind == "choice"])
+    parser.add_argument("--task", default="ag_news", choices=[name for name, task in TASKS.items() if task.question_type == "choice"])
     parser.add_argument("--records", type=int, default=40)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--passes", type=int, default=3)

@@ -13,7 +13,9 @@ Run (the engine from ``make engine``: vLLM-CPU, float32, prefix caching on):
 
     make engine
     .venv/bin/python bench/service_overhead.py --engine-url http://127.0.0.1:8100 \
-        --out bench/results/service-overhead-vllm-cpu.json
+        --out evidence/bench/service-overhead-vllm-cpu.json
+
+The JSON opens with the run manifest of ``eval/manifest.py`` (engine, git commit, args).
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import argparse
 import random
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
@@ -32,10 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deploy.processes import free_port, wait_for_models  # noqa: E402
-from eval.load import machine_info, run_bench, run_load  # noqa: E402
+from eval.load import bench_args, machine_info, run_bench, run_load  # noqa: E402
+from eval.manifest import run_manifest  # noqa: E402
 from eval.tasks import load_sample, spread  # noqa: E402
-from readers.engines.base import ReadMode  # noqa: E402
-from readers.engines.vllm import VLLMEngine, completion_body  # noqa: E402
+from readers.engines import open_engine_spec  # noqa: E402
+from readers.engines.vllm import completion_body  # noqa: E402
 from readers.prompt import QuestionSpec, build_prompt  # noqa: E402
 from readers.reader import Reader  # noqa: E402
 
@@ -86,18 +88,18 @@ async def main(args: argparse.Namespace) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     records = spread(load_sample("sst2"), args.records)
-    engine = await VLLMEngine.connect(args.engine_url, read_mode=ReadMode.EXACT)
-    reader = Reader(engine)
     spec = question()
     shared, naive, bodies = [], [], []
-    for record in records:
-        slot, style = reader.prepare(spec, record.text)
-        shared.append(completion_body(engine.served_name, slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(slot.label_ids)})
-        text = build_prompt(spec, record.text, slot.labels, style)
-        naive_slot = reader.template.slot("Answer the question that follows the text.", f"{record.text}\n\n{text.system}", slot.labels)
-        naive.append(completion_body(engine.served_name, naive_slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(naive_slot.label_ids)})
-        bodies.append({"state": record.text, "questions": {"sentiment": {"type": "choice", "instructions": INSTRUCTIONS, "criteria": OPTIONS}}})
-    await engine.aclose()
+    async with await open_engine_spec("vllm:exact", engine_url=args.engine_url) as engine:
+        manifest = run_manifest("bench:service_overhead", engines={"direct": engine}, args=bench_args(args))
+        reader = Reader(engine)
+        for record in records:
+            slot, style = reader.prepare(spec, record.text)
+            shared.append(completion_body(engine.served_name, slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(slot.label_ids)})
+            text = build_prompt(spec, record.text, slot.labels, style)
+            naive_slot = reader.template.slot("Answer the question that follows the text.", f"{record.text}\n\n{text.system}", slot.labels)
+            naive.append(completion_body(engine.served_name, naive_slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(naive_slot.label_ids)})
+            bodies.append({"state": record.text, "questions": {"sentiment": {"type": "choice", "instructions": INSTRUCTIONS, "criteria": OPTIONS}}})
 
     service, service_url = start_service(args.engine_url)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -145,11 +147,8 @@ async def main(args: argparse.Namespace) -> dict:
         service.wait(timeout=30)
 
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "bench": "service_overhead",
+        "manifest": manifest,
         "machine": machine_info(),
-        "engine_url": args.engine_url,
-        "args": vars(args) | {"out": str(args.out) if args.out else None},
         "throughput": throughput,
         "layouts": layouts,
         "shared_over_naive_decisions_per_s": layouts["shared_prefix"]["decisions_per_s"] / layouts["naive"]["decisions_per_s"],

@@ -39,11 +39,12 @@ def accuracy_score(probabilities, labels) -> float:
     return float(np.mean(p.argmax(axis=1) == y))
 
 
-def ece(probabilities, labels, n_bins: int = N_BINS) -> float:
-    """Top-label expected calibration error.
+def reliability_bins(probabilities, labels, n_bins: int = N_BINS) -> list[dict]:
+    """The non-empty ECE bins of top-label confidence, in order: ``bin``, ``lo``, ``hi``, ``count``,
+    mean ``confidence`` and ``accuracy`` (what a reliability diagram draws, and what :func:`ece` sums).
 
-    >>> round(ece([[0.9, 0.1], [0.6, 0.4]], [0, 1], n_bins=10), 4)
-    0.35
+    >>> [(b["bin"], b["count"], b["accuracy"]) for b in reliability_bins([[0.9, 0.1], [0.6, 0.4]], [0, 1], n_bins=10)]
+    [(5, 1, 0.0), (8, 1, 1.0)]
     """
     p, y = _check(probabilities, labels)
     confidence = p.max(axis=1)
@@ -51,11 +52,30 @@ def ece(probabilities, labels, n_bins: int = N_BINS) -> float:
     # (lo, hi] bins: ceil maps a confidence on an edge to the bin it closes (the 1e-9 absorbs float
     # error such as 0.3 * 10 = 3.0000000000000004); 0 joins the first bin.
     bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
+    return [
+        {
+            "bin": b,
+            "lo": b / n_bins,
+            "hi": (b + 1) / n_bins,
+            "count": int(mask.sum()),
+            "confidence": float(confidence[mask].mean()),
+            "accuracy": float(correct[mask].mean()),
+        }
+        for b in range(n_bins)
+        if (mask := bins == b).any()
+    ]
+
+
+def ece(probabilities, labels, n_bins: int = N_BINS) -> float:
+    """Top-label expected calibration error over :func:`reliability_bins`.
+
+    >>> round(ece([[0.9, 0.1], [0.6, 0.4]], [0, 1], n_bins=10), 4)
+    0.35
+    """
+    n = len(np.asarray(labels))
     total = 0.0
-    for b in range(n_bins):
-        mask = bins == b
-        if mask.any():
-            total += mask.sum() / len(p) * abs(correct[mask].mean() - confidence[mask].mean())
+    for b in reliability_bins(probabilities, labels, n_bins):
+        total += b["count"] / n * abs(b["accuracy"] - b["confidence"])
     return float(total)
 
 

@@ -16,6 +16,10 @@ eval_app = typer.Typer(help="Evaluate: agreement between engines, tasks, the pub
 app.add_typer(eval_app, name="eval")
 
 
+EngineImageOption = Annotated[Optional[str], typer.Option(help="the engine's container image (repo@sha256:…), recorded in the manifest")]
+ServiceImageOption = Annotated[Optional[str], typer.Option(help="the decision service's container image (repo@sha256:…), recorded in the manifest")]
+
+
 @eval_app.command("agree")
 def eval_agree(
     a: Annotated[str, typer.Option("--a", help="engine KIND[:MODE][@URL], e.g. local or local:topk")] = "local",
@@ -27,18 +31,27 @@ def eval_agree(
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight per engine")] = 4,
     engine_timeout: Annotated[float, typer.Option(help="vllm engines: seconds to wait for a reply")] = 120.0,
-    out: Annotated[Optional[Path], typer.Option(help="write per-record JSONL, manifest and report here")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="write per-record JSONL, manifest and report here (resumed if it exists)")] = None,
+    reuse_a: Annotated[Optional[Path], typer.Option(help="an earlier agree run whose side-a reads (same --a, tasks, limit) this run uses instead of reading again")] = None,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
 ) -> None:
     """Read the same records through two engines or read modes and report how they agree."""
     quiet_loaders()
     from eval.agree import agreement_table, run_agreement
+    from eval.manifest import Images, RunRefused
 
-    rows = asyncio.run(
-        run_agreement(
-            a, b, tasks=tasks.split(","), limit=limit, reversed_variants=reversed_variants, engine_url=engine_url,
-            top_k=top_k, concurrency=concurrency, timeout_s=engine_timeout, out=out,
-        )
-    )
+    if reuse_a is not None and out is None:
+        raise typer.BadParameter("needs --out: the run's manifest points at the reused reads", param_hint="--reuse-a")
+    try:
+        rows = asyncio.run(
+            run_agreement(
+                a, b, tasks=tasks.split(","), limit=limit, reversed_variants=reversed_variants, engine_url=engine_url, top_k=top_k,
+                concurrency=concurrency, timeout_s=engine_timeout, out=out, reuse_a=reuse_a, images=Images(engine_image, service_image),
+            )
+        )  # fmt: skip
+    except RunRefused as error:
+        raise typer.BadParameter(str(error), param_hint="--reuse-a") from None
     typer.echo(agreement_table(rows, a, b))
 
 
@@ -51,7 +64,8 @@ def eval_tasks(
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
     limit: Annotated[Optional[int], typer.Option(help="records per task (default all 300)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
-    image_digest: Annotated[Optional[str], typer.Option(help="serving image digest, recorded in the manifest")] = None,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
     latency: Annotated[bool, typer.Option("--latency/--no-latency", help="also measure latency at c=1 and decisions/s at c=8")] = True,
     engine_log: Annotated[Optional[Path], typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest")] = None,
     seed: Annotated[int, typer.Option(help="recorded; the samples themselves are fixed")] = 0,
@@ -60,25 +74,20 @@ def eval_tasks(
     quiet_loaders()
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-    from eval.runner import measure_latency, run_tasks
-    from readers.engines import open_engine_spec
+    from eval.manifest import Images
+    from eval.runner import evaluate_tasks
 
     passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency}
-
-    async def go() -> dict:
-        async with await open_engine_spec(engine, top_k=top_k, engine_url=engine_url) as served:
-            with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
-                job = bar.add_task(f"{served.info.name} ({served.capabilities.read_mode.value})", total=None)
-                manifest = await run_tasks(
-                    served, out, tasks=tasks.split(","), limit=limit, concurrency=concurrency, image_digest=image_digest,
-                    seed=seed, args_passed=passed, progress=lambda done, total: bar.update(job, completed=done, total=total),
-                    engine_log=engine_log.read_text(errors="replace") if engine_log else None,
-                )
-            if latency:
-                await measure_latency(served, out)
-            return manifest
-
-    manifest = asyncio.run(go())
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
+        job = bar.add_task(engine, total=None)
+        manifest = asyncio.run(
+            evaluate_tasks(
+                engine, out, engine_url=engine_url, top_k=top_k, latency=latency, tasks=tasks.split(","), limit=limit, concurrency=concurrency,
+                images=Images(engine_image, service_image), seed=seed, args_passed=passed,
+                progress=lambda done, total: bar.update(job, completed=done, total=total),
+                engine_log=engine_log.read_text(errors="replace") if engine_log else None,
+            )
+        )  # fmt: skip
     typer.echo(f"{manifest['records']} records in {out} ({manifest['status']})")
 
 
@@ -198,7 +207,7 @@ def survey(
 
 @eval_app.command("load")
 def eval_load(
-    out: Annotated[Path, typer.Option(help="directory for load.jsonl, load.md, load.png, manifest.json")],
+    out: Annotated[Path, typer.Option(help="directory for load.jsonl, load.md, load.png, summary.json, manifest.json")],
     engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]: the engine behind the service")] = "local",
     engine_url: EngineUrlOption = None,
     url: Annotated[Optional[str], typer.Option(help="a running service to load instead of an in-process one")] = None,
@@ -206,47 +215,41 @@ def eval_load(
     passes: Annotated[int, typer.Option(help="passes per concurrency")] = 3,
     requests: Annotated[int, typer.Option(help="requests per short-state pass")] = 48,
     long_requests: Annotated[int, typer.Option(help="requests per long-state pass (~1,024 and ~3,072 tokens)")] = 16,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
 ) -> None:
     """Decisions/s and latency percentiles through the service by concurrency, plus long unique states."""
     quiet_loaders()
-    from eval.sweep import plot_sweep, run_sweep, summarise, sweep_table
-    from readers.engines import open_engine_spec
+    from eval.manifest import Images
+    from eval.sweep import load_sweep, sweep_table
 
-    async def go():
-        async with await open_engine_spec(engine, engine_url=engine_url) as served:
-            rows = await run_sweep(served, out, url=url, concurrencies=tuple(concurrency), passes=passes, requests=requests, long_requests=long_requests)
-            return rows, f"{served.info.name} ({served.kind}, {served.capabilities.read_mode.value})"
-
-    rows, title = asyncio.run(go())
-    summary = summarise(rows)
-    (out / "load.md").write_text(sweep_table(summary))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_sweep(summary, out / "load.png", title)
+    summary = asyncio.run(
+        load_sweep(
+            engine, out, engine_url=engine_url, url=url, concurrencies=tuple(concurrency), passes=passes, requests=requests,
+            long_requests=long_requests, images=Images(engine_image, service_image),
+        )
+    )  # fmt: skip
     typer.echo(sweep_table(summary))
 
 
 @eval_app.command("score")
 def eval_score(
     run: Annotated[Path, typer.Argument(help="a run directory written by `decide eval tasks`")],
-    seed: Annotated[int, typer.Option(help="seed of the label splits")] = 0,
+    seed: Annotated[int, typer.Option(help="seed of the gold-answer splits")] = 0,
 ) -> None:
     """Per-task scores from the run's evidence only: score.json, score.md and figures beside it."""
-    from eval.score import score_run, score_table, write_figures
+    from eval.score import score_table, write_score
 
-    report = score_run(run, seed=seed)
-    (run / "score.json").write_text(json.dumps(report, indent=2) + "\n")
-    (run / "score.md").write_text(score_table(report))
-    write_figures(run, report)
-    typer.echo(score_table(report))
+    typer.echo(score_table(write_score(run, seed=seed)))
 
 
 @eval_app.command("compare")
 def eval_compare(
     run_a: Annotated[Path, typer.Argument(help="run directory A")],
     run_b: Annotated[Path, typer.Argument(help="run directory B")],
-    allow_different_image: Annotated[bool, typer.Option(help="compare runs over different data or serving images")] = False,
+    allow_different_image: Annotated[bool, typer.Option(help="compare runs over different data or serving images (engine or service)")] = False,
 ) -> None:
-    """Paired comparison of two runs: same labels, accuracy difference (bootstrap CI), McNemar."""
+    """Paired comparison of two runs: same gold answers, accuracy difference (bootstrap CI), McNemar."""
     from eval.compare import ComparisonRefused, compare_runs, compare_table
 
     try:
@@ -271,23 +274,23 @@ def eval_suite(
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     allow_unverified: Annotated[bool, typer.Option(help="run subsets whose manifest gives no dataset_sha256")] = False,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
 ) -> None:
     """Run the suite at --data through an engine into --out, then score it (suite.json, suite.md)."""
     if context.invoked_subcommand is not None:
         return
     if data is None or out is None:
         raise typer.BadParameter("give --data and --out (or a subcommand)")
-    from eval.suite import run_suite, score_suite, suite_table
-    from readers.engines import open_engine_spec
+    from eval.manifest import Images
+    from eval.suite import score_suite_with_engine, suite_table
 
-    async def go() -> None:
-        async with await open_engine_spec(engine, top_k=top_k, engine_url=engine_url) as served:
-            await run_suite(served, data, out, concurrency=concurrency, allow_unverified=allow_unverified)
-
-    asyncio.run(go())
-    report = score_suite(out)
-    (out / "suite.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "suite.md").write_text(suite_table(report))
+    report = asyncio.run(
+        score_suite_with_engine(
+            engine, data, out, engine_url=engine_url, top_k=top_k, concurrency=concurrency, allow_unverified=allow_unverified,
+            images=Images(engine_image, service_image),
+        )
+    )  # fmt: skip
     typer.echo(suite_table(report))
 
 
@@ -300,17 +303,17 @@ def eval_suite_build(out: Annotated[Path, typer.Option(help="directory to write 
         typer.echo(f"{subset}: {digest}")
 
 
-@eval_app.command("label-curve")
-def eval_label_curve(
-    reads: Annotated[Path, typer.Argument(help="per-record reads (JSON lines), e.g. a.jsonl from `decide eval agree`")],
-    out: Annotated[Path, typer.Option(help="directory for label-curve.{json,md,png} and reliability-<task>.png")],
+@eval_app.command("gold-curve")
+def eval_gold_curve(
+    records: Annotated[Path, typer.Argument(help="record rows (JSON lines) or a run directory, e.g. a.jsonl from `decide eval agree`")],
+    out: Annotated[Path, typer.Option(help="directory for gold-curve.{json,md,png} and reliability-<task>.png")],
     splits: Annotated[int, typer.Option(help="random splits per N")] = 20,
     seed: Annotated[int, typer.Option(help="split seed")] = 0,
 ) -> None:
-    """ECE after N ∈ {0, 25, 50, 100, 150} labels per task, over random half splits, with figures."""
-    from eval.label_curve import label_curve_table, run_label_curve
+    """ECE after N ∈ {0, 25, 50, 100, 150} gold answers per task, over random half splits, with figures."""
+    from eval.gold_curve import gold_curve_table, run_gold_curve
 
-    typer.echo(label_curve_table(run_label_curve(reads, out, splits=splits, seed=seed)))
+    typer.echo(gold_curve_table(run_gold_curve(records, out, splits=splits, seed=seed)))
 
 
 @eval_app.command("read-modes")
@@ -319,12 +322,9 @@ def eval_read_modes(
     out: Annotated[Optional[Path], typer.Option(help="also write the rows as JSON here")] = None,
 ) -> None:
     """Tabulate what each read mode costs against exact reads, from agreement evidence only."""
-    from eval.read_modes import mode_rows, read_modes_table
+    from eval.read_modes import read_modes_table, write_read_modes
 
-    rows = [row for run in runs for row in mode_rows(run)]
-    if out:
-        out.write_text(json.dumps(rows, indent=2) + "\n")
-    typer.echo(read_modes_table(rows))
+    typer.echo(read_modes_table(write_read_modes(runs, out)))
 
 
 EndpointOption = Annotated[Optional[str], typer.Option(help="a Cloud Storage endpoint other than Google's, e.g. an emulator's http://127.0.0.1:9023 (anonymous credentials)")]
@@ -394,7 +394,7 @@ def plan(
 ) -> None:
     """Chips and service replicas for --rate decisions/s within --p99, per chip, with $/hour, $/million and Jev's cost."""
     from eval.cost import load_prices
-    from eval.plan import load_sweep, plan_chip, plan_table
+    from eval.plan import plan_chip, plan_table, read_sweep
 
     sweeps = {}
     for item in sweep:
@@ -402,7 +402,7 @@ def plan(
         if not sep:
             raise typer.BadParameter(f"{item!r} is not CHIP=RUN", param_hint="--sweep")
         try:
-            sweeps[chip] = load_sweep(Path(run), chip=chip)
+            sweeps[chip] = read_sweep(Path(run), chip=chip)
         except (OSError, ValueError, KeyError) as error:
             raise typer.BadParameter(f"{item}: {error}", param_hint="--sweep") from None
     wanted = [name.strip() for name in chips.split(",") if name.strip()] + [chip for chip in sweeps if chip not in chips.split(",")]

@@ -2,7 +2,8 @@
 
 Per task: same-label count, accuracy difference (B − A) with a paired bootstrap 95% interval
 (10,000 resamples of records, fixed seed) and the exact McNemar test on discordant records. Runs over
-different data (sha256) or served from different images are refused unless explicitly allowed, and
+different data (sha256) or served from different images (engine or service image; manifests
+before ``images`` recorded one ``image_digest``, read as the engine image) are refused unless explicitly allowed, and
 then the report says so in its first line.
 """
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binomtest
 
-from eval.runner import MANIFEST
-from eval.score import load_rows
+from eval.evidence import RECORDS, load_rows
+from eval.manifest import MANIFEST, images_of
 
 RESAMPLES = 10_000
 SEED = 20260924
@@ -58,20 +59,23 @@ def compare_runs(run_a: Path, run_b: Path, *, allow_different_image: bool = Fals
         if not allow_different_image:
             raise ComparisonRefused(message + "; pass --allow-different-image to compare anyway")
         warnings.append(message)
-    if manifest_a.get("image_digest") != manifest_b.get("image_digest"):
-        message = f"the runs were served from different images ({manifest_a.get('image_digest')} vs {manifest_b.get('image_digest')})"
-        if not allow_different_image:
-            raise ComparisonRefused(message + "; pass --allow-different-image to compare anyway")
-        warnings.append(message)
-    rows_a = {(r["task"], r["id"]): r for r in load_rows(run_a) if r["status"] == "ok" and r["variant"] == "original"}
-    rows_b = {(r["task"], r["id"]): r for r in load_rows(run_b) if r["status"] == "ok" and r["variant"] == "original"}
+    images_a, images_b = images_of(manifest_a), images_of(manifest_b)
+    for role in ("engine", "service"):
+        a, b = getattr(images_a, role), getattr(images_b, role)
+        if a != b:
+            message = f"the runs were served from different {role} images ({a} vs {b})"
+            if not allow_different_image:
+                raise ComparisonRefused(message + "; pass --allow-different-image to compare anyway")
+            warnings.append(message)
+    rows_a = {(r["task"], r["id"]): r for r in load_rows(run_a / RECORDS) if r["status"] == "ok" and r["variant"] == "original"}
+    rows_b = {(r["task"], r["id"]): r for r in load_rows(run_b / RECORDS) if r["status"] == "ok" and r["variant"] == "original"}
     only_a, only_b = len(rows_a.keys() - rows_b.keys()), len(rows_b.keys() - rows_a.keys())
     if only_a or only_b:
         # The runs must answer the same records: a paired comparison over a subset would be biased.
         raise ComparisonRefused(f"the runs read different records ({only_a} only in A, {only_b} only in B)")
     mismatched = [key for key in rows_a if rows_a[key]["gold"] != rows_b[key]["gold"]]
     if mismatched:
-        raise ComparisonRefused(f"the runs disagree on gold labels for {len(mismatched)} records, e.g. {mismatched[0]}")
+        raise ComparisonRefused(f"the runs disagree on gold answers for {len(mismatched)} records, e.g. {mismatched[0]}")
     tasks = {}
     for task in sorted({row["task"] for row in rows_a.values()}):
         keys = sorted(key for key, row in rows_a.items() if row["task"] == task)

@@ -117,7 +117,7 @@ def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8)
             from eval.sweep import summarise
 
             source, summary = "load.jsonl", summarise([json.loads(line) for line in (run / "load.jsonl").read_text().splitlines() if line.strip()])
-        rows = [r for r in summary if r["kind"] == "short" and r["concurrency"] == concurrency]
+        rows = [r for r in summary if r["shape"] == "short" and r["concurrency"] == concurrency]
         if not rows:
             raise ValueError(f"{run}/{source} has no short-state run at concurrency {concurrency}")
         return Throughput(label, chip, rows[0]["decisions_per_s"], rows[0]["prompt_tokens_median"], f"{run}/{source} ({machine})")

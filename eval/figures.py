@@ -1,4 +1,4 @@
-"""Figures from evidence: label curves and reliability diagrams (matplotlib, no display needed)."""
+"""Figures from evidence: gold curves and reliability diagrams (matplotlib, no display needed)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ matplotlib.use("Agg")  # files only: no display on servers or CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_label_curves(report: dict, path: Path) -> None:
+def plot_gold_curves(report: dict, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for task, entry in report["tasks"].items():
         points = entry["curve"]["points"]
-        xs = [p["labels"] for p in points]
+        xs = [p["n_gold"] for p in points]
         ys = [p["ece_mean"] for p in points]
         errors = [p["ece_std"] for p in points]
         axis.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=task)
     n_bins = next(iter(report["tasks"].values()))["curve"]["n_bins"] if report["tasks"] else 15
-    axis.set_xlabel("labelled decisions used to fit the temperature")
+    axis.set_xlabel("decisions with gold answers used to fit the temperature")
     axis.set_ylabel(f"held-out ECE ({n_bins} bins)")
-    axis.set_title("ECE after N labels (mean ± sd over splits)")
+    axis.set_title("ECE after N gold answers (mean ± sd over splits)")
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
@@ -31,7 +31,7 @@ def plot_label_curves(report: dict, path: Path) -> None:
 
 def plot_reliability(diagrams: dict, path: Path, *, title: str) -> None:
     figure, axes = plt.subplots(1, 2, figsize=(8.4, 4.0), dpi=120, sharey=True)
-    for axis, (name, label) in zip(axes, [("raw", "raw (T = 1)"), ("after_50", f"T = {diagrams['temperature_50']:.2f} (50 labels)")]):
+    for axis, (name, label) in zip(axes, [("raw", "raw (T = 1)"), ("after_50", f"T = {diagrams['temperature_50']:.2f} (50 gold answers)")]):
         bins = diagrams[name]
         centres = [(b["lo"] + b["hi"]) / 2 for b in bins]
         widths = [b["hi"] - b["lo"] for b in bins]

@@ -45,13 +45,18 @@ class LoadResult:
         return dict(self.__dict__)
 
 
+def bench_args(arguments) -> dict:
+    """A benchmark's resolved arguments as JSON values (paths as strings), for its manifest."""
+    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(arguments).items()}
+
+
 def run_bench(parser, main, report) -> dict:
     """A benchmark's command line: print the resolved args, run, print the report, save JSON + markdown."""
     import argparse
     import json
 
     arguments: argparse.Namespace = parser.parse_args()
-    print("args:", json.dumps({key: str(value) if isinstance(value, Path) else value for key, value in vars(arguments).items()}))
+    print("args:", json.dumps(bench_args(arguments)))
     outcome = asyncio.run(main(arguments))
     print(report(outcome))
     if arguments.out:

@@ -1,10 +1,16 @@
-"""Run manifests: what produced a run's evidence, written beside its per-record JSONL."""
+"""Run manifests: what produced a run's evidence (eval runs and benchmarks alike), written beside it.
+
+A manifest names the run (``run``: tasks, suite, agree, load, or ``bench:<name>``), its status, the
+git commit, prompt version, data sha256, each engine (kind, model, revision, read mode, probe), the
+serving images (``images: {engine, service}``, references as given, or null) and the arguments.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
 import subprocess
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -13,6 +19,27 @@ from readers.engines.base import Engine
 from readers.prompt import PROMPT_VERSION
 
 MANIFEST_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class RunRefused(RuntimeError):
+    """The directory holds results this run must not mix with."""
+
+
+@dataclass(frozen=True)
+class Images:
+    """The serving images a run went through (``--engine-image``, ``--service-image``), as given."""
+
+    engine: str | None = None
+    service: str | None = None
+
+
+def images_of(manifest: dict[str, Any]) -> Images:
+    """The images a manifest records; manifests before ``images`` kept one ``image_digest``
+    (the image serving the engine)."""
+    if "images" in manifest:
+        return Images(**manifest["images"])
+    return Images(engine=manifest.get("image_digest"))
 
 
 def git_revision() -> dict[str, Any]:
@@ -43,20 +70,45 @@ def samples_manifest() -> dict[str, Any]:
     return json.loads(resources.files("eval.data").joinpath("MANIFEST.json").read_text(encoding="utf-8"))
 
 
-def run_manifest(kind: str, *, engines: dict[str, Engine], args: dict[str, Any], status: str = "success") -> dict[str, Any]:
+def run_manifest(
+    run: str, *, engines: dict[str, Engine], args: dict[str, Any], images: Images | None = None, status: str = "success"
+) -> dict[str, Any]:
+    """The manifest of ``run`` read through ``engines`` (name → open engine) with ``args``."""
     tasks = samples_manifest()["tasks"]
     return {
         "manifest_version": MANIFEST_VERSION,
-        "kind": kind,
+        "run": run,
         "status": status,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git": git_revision(),
         "prompt_version": PROMPT_VERSION,
         "data_sha256": {task: entry["sample_sha256"] for task, entry in tasks.items()},
         "engines": {name: describe_engine(engine) for name, engine in engines.items()},
+        "images": asdict(images or Images()),
         "args": args,
     }
 
 
 def write_json(path: Path, payload: Any) -> None:
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def check_directory(out: Path, manifest: dict) -> None:
+    """Refuse to mix: same model, revision, read mode, data and prompt, or a fresh directory."""
+    existing_path = out / MANIFEST
+    if not existing_path.is_file():
+        return
+    existing = json.loads(existing_path.read_text())
+    mine, theirs = manifest["engines"]["run"], existing["engines"]["run"]
+    for field, a, b in [
+        ("model", mine["model"], theirs["model"]),
+        ("revision", mine["revision"], theirs["revision"]),
+        ("read mode", mine["read_mode"], theirs["read_mode"]),
+        ("top-k", mine["top_k"], theirs["top_k"]),
+        ("prompt version", manifest["prompt_version"], existing["prompt_version"]),
+        ("data", manifest["data_sha256"], existing["data_sha256"]),
+        ("tasks", manifest["args"].get("tasks"), existing["args"].get("tasks")),
+        ("limit", manifest["args"].get("limit"), existing["args"].get("limit")),
+    ]:
+        if a != b:
+            raise RunRefused(f"{out} holds results with {field} {b!r}, not {a!r}: use another --out")

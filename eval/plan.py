@@ -53,10 +53,10 @@ class Sweep:
         return max(point.decisions_per_s for point in self.points)
 
 
-def load_sweep(run: Path, *, chip: str) -> Sweep:
+def read_sweep(run: Path, *, chip: str) -> Sweep:
     """The short-state operating points of a ``decide eval load`` run directory (``summary.json``)."""
     rows = json.loads((run / "summary.json").read_text())
-    short = [row for row in rows if row.get("shape", row.get("kind")) == "short"]
+    short = [row for row in rows if row["shape"] == "short"]
     if not short:
         raise ValueError(f"{run}/summary.json has no short-state rows")
     points = tuple(sorted((OperatingPoint(r["concurrency"], r["decisions_per_s"], r["p99_ms"]) for r in short), key=lambda p: p.concurrency))

@@ -1,7 +1,7 @@
 """What a read mode costs against exact reads of the same model, from agreement evidence only.
 
-Reads ``a.jsonl``/``b.jsonl`` and ``manifest.json`` written by ``decide eval agree`` (a = the
-reference, exact reads; b = the mode under test) and tabulates per task: same-label counts, reads
+Reads the record rows and ``manifest.json`` of ``decide eval agree`` runs (a = the reference, exact
+reads; b = the read mode under test) and tabulates per task: same-label counts, reads
 with every label returned, ECE (15 bins) of each and their difference, and median latency.
 """
 
@@ -14,38 +14,31 @@ from pathlib import Path
 import numpy as np
 
 from calibration.metrics import N_BINS, accuracy_score, ece
+from eval.agree import agreement_reads
+from eval.evidence import load_rows, rows_arrays
+from eval.manifest import MANIFEST, write_json
 from eval.tasks import TASKS
-
-
-def load_reads(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
-def as_arrays(reads: list[dict], task: str) -> tuple[np.ndarray, np.ndarray]:
-    options = list(TASKS[task].options)
-    probabilities = np.array([[read["probabilities"][option] for option in options] for read in reads])
-    labels = np.array([options.index(read["gold"]) for read in reads])
-    return probabilities, labels
 
 
 def mode_rows(run: Path) -> list[dict]:
     """One row per task for one agreement run directory."""
-    manifest = json.loads((run / "manifest.json").read_text())
-    a, b = load_reads(run / "a.jsonl"), load_reads(run / "b.jsonl")
-    b_by_key = {(read["id"], read["variant"]): read for read in b}
+    manifest = json.loads((run / MANIFEST).read_text())
+    reads = agreement_reads(run)
+    a, b = load_rows(reads["a"]), load_rows(reads["b"])
+    b_by_key = {(read["task"], read["id"], read["variant"]): read for read in b}
     rows = []
     for task in TASKS:
         a_task = [read for read in a if read["task"] == task]
         if not a_task:
             continue
-        b_task = [b_by_key[(read["id"], read["variant"])] for read in a_task]
-        pa, y = as_arrays(a_task, task)
-        pb, _ = as_arrays(b_task, task)
+        b_task = [b_by_key[(read["task"], read["id"], read["variant"])] for read in a_task]
+        pa, y = rows_arrays(a_task)
+        pb, _ = rows_arrays(b_task)
         ece_a, ece_b = ece(pa, y, N_BINS), ece(pb, y, N_BINS)
         rows.append(
             {
                 "task": task,
-                "mode": manifest["engines"]["b"]["read_mode"],
+                "read_mode": manifest["engines"]["b"]["read_mode"],
                 "engine": f"{manifest['engines']['b']['kind']}:{manifest['engines']['b']['read_mode']} (k={manifest['engines']['b']['top_k']})",
                 "n": len(a_task),
                 "same_label": int(sum(ra["predicted"] == rb["predicted"] for ra, rb in zip(a_task, b_task))),
@@ -75,3 +68,11 @@ def read_modes_table(rows: list[dict]) -> str:
             f"{row['ece_difference']:+.4f} | {row['max_abs_dp']:.1e} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def write_read_modes(runs: list[Path], out: Path | None = None) -> list[dict]:
+    """The rows of every agreement run, also written to ``out`` as JSON when given."""
+    rows = [row for run in runs for row in mode_rows(run)]
+    if out is not None:
+        write_json(out, rows)
+    return rows

@@ -1,7 +1,7 @@
 """``decide eval score DIR``: per-task figures from a run's evidence files only.
 
 Conventions: accuracy with a Wilson 95% interval; ECE top-label on 15 equal-width bins (see
-``calibration.metrics``); Brier multiclass; "after 50 labels" = temperature fitted on 50 records of
+``calibration.metrics``); Brier multiclass; "after 50" = temperature fitted on 50 records (with their gold answers) of
 one random half, ECE of the other half (single split = split 0 of the seeded sequence; the mean is over
 20 splits). Records whose read failed are counted on their own line and excluded from every metric;
 the last row written for a record wins (a resumed run may retry a failed one).
@@ -19,8 +19,9 @@ import numpy as np
 
 from calibration.metrics import N_BINS, brier_loss, ece
 from calibration.temperature import as_logits
-from eval.label_curve import label_curve
-from eval.runner import MANIFEST, RECORDS, row_key
+from eval.evidence import RECORDS, load_rows, rows_arrays
+from eval.gold_curve import gold_curve
+from eval.manifest import MANIFEST, write_json
 from readers.probabilities import DEFAULT_FLOOR_OFFSET, softmax
 
 Z95 = 1.959963984540054
@@ -40,26 +41,6 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     return (centre - half, centre + half)
 
 
-def load_rows(run: Path) -> list[dict]:
-    """The last row per (task, id, variant), sorted by task, id and variant — never by the order
-    reads happened to finish, so every split drawn over them is reproducible."""
-    rows: dict[tuple[str, str, str], dict] = {}
-    for line in (run / RECORDS).read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line from a killed run
-            continue
-        rows[row_key(row)] = row
-    return [rows[key] for key in sorted(rows)]
-
-
-def _arrays(rows: list[dict], probabilities_of=lambda row: row["probabilities"]) -> tuple[np.ndarray, np.ndarray]:
-    options = rows[0]["options"]
-    p = np.array([[probabilities_of(row)[o] for o in options] for row in rows])
-    y = np.array([options.index(row["gold"]) for row in rows])
-    return p, y
-
-
 def at_top_k_bound(row: dict, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dict[str, float]:
     """Probabilities with every missing label at the top-k bound (the lowest returned log-prob),
     the most generous value a missing label can have, instead of the floor."""
@@ -72,10 +53,10 @@ def at_top_k_bound(row: dict, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dic
     return dict(zip(options, softmax(logprobs)))
 
 
-def after_labels(p: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict:
-    """ECE after 50 labels: split 0 and the 20-split mean, and the median fitted T (the label-curve
-    protocol, same splits and draws as ``decide eval label-curve``)."""
-    (point,) = label_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed)["points"]
+def after_50(p: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict:
+    """ECE after 50 gold answers: split 0 and the 20-split mean, and the median fitted T (the
+    gold-curve protocol, same splits and draws as ``decide eval gold-curve``)."""
+    (point,) = gold_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed)["points"]
     return {"ece_after_50_single": point["ece_split0"], "ece_after_50_mean": point["ece_mean"], "temperature_at_50": point["temperature_median"]}
 
 
@@ -86,11 +67,11 @@ def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT
     errors = sum(row["status"] != "ok" for row in rows)  # every variant
     if not ok:
         return {"n": 0, "errors": errors}
-    p, y = _arrays(ok)
+    p, y = rows_arrays(ok)
     correct = int((p.argmax(axis=1) == y).sum())
     lo, hi = wilson_interval(correct, len(ok))
     majority = Counter(row["gold"] for row in ok).most_common(1)[0][1] / len(ok)
-    bounded, _ = _arrays(ok, lambda row: at_top_k_bound(row, floor_offset))
+    bounded, _ = rows_arrays(ok, lambda row: at_top_k_bound(row, floor_offset))
     result = {
         "n": len(ok),
         "errors": errors,
@@ -99,10 +80,10 @@ def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT
         "majority": majority,
         "ece": ece(p, y, N_BINS),
         "brier": brier_loss(p, y),
-        **(after_labels(p, y, seed=seed) if len(ok) >= 100 else {}),
+        **(after_50(p, y, seed=seed) if len(ok) >= 100 else {}),
         "all_labels_returned": float(np.mean([row["reading"]["exact"] for row in ok])),
         "ece_at_top_k_bound": ece(bounded, y, N_BINS),
-        "ece_after_50_at_top_k_bound": after_labels(bounded, y, seed=seed)["ece_after_50_mean"] if len(ok) >= 100 else None,
+        "ece_after_50_at_top_k_bound": after_50(bounded, y, seed=seed)["ece_after_50_mean"] if len(ok) >= 100 else None,
         "median_latency_ms": statistics.median(row["latency_ms"] for row in ok),
         "abstentions": int(sum(not row["reading"]["informative"] for row in ok)),
     }
@@ -116,7 +97,7 @@ def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT
 
 def score_run(run: Path, *, seed: int = 0) -> dict:
     manifest = json.loads((run / MANIFEST).read_text())
-    rows = load_rows(run)
+    rows = load_rows(run / RECORDS)
     planned = manifest["args"]["tasks"]
     tasks = sorted({row["task"] for row in rows}, key=lambda task: (planned.index(task) if task in planned else len(planned), task))
     report = {
@@ -142,7 +123,7 @@ def score_table(report: dict) -> str:
         f"Engine {engine['kind']} ({engine['read_mode']}, top-k {engine['top_k']}), model {engine['model']} @ {engine['revision']}; "
         f"ECE over {report['n_bins']} bins; run status {report['status']}; records planned but not in the evidence: {report['missing_records']}.",
         "",
-        "| task | n | accuracy (95% CI) | majority | ECE | Brier | ECE after 50 labels, split 0 / 20-split mean | median T at 50 | reversed-order changes | all labels returned | ECE raw / after 50, missing at top-k bound | median ms | errors |",
+        "| task | n | accuracy (95% CI) | majority | ECE | Brier | ECE after 50 gold answers, split 0 / 20-split mean | median T at 50 | reversed-order changes | all labels returned | ECE raw / after 50, missing at top-k bound | median ms | errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, s in report["tasks"].items():
@@ -168,13 +149,22 @@ def score_table(report: dict) -> str:
 
 def write_figures(run: Path, report: dict) -> None:
     """accuracy.png (accuracy with Wilson CIs and the majority baseline) and reliability-<task>.png."""
+    from calibration.metrics import reliability_bins
     from eval.figures import plot_accuracy, plot_reliability_raw
-    from eval.label_curve import reliability
 
     plot_accuracy(report, run / "accuracy.png")
-    rows = load_rows(run)
+    rows = load_rows(run / RECORDS)
     for task in report["tasks"]:
         ok = [row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"]
         if ok:
-            p, y = _arrays(ok)
-            plot_reliability_raw(reliability(p, y), run / f"reliability-{task}.png", title=f"{task}: raw reads, {len(ok)} records")
+            p, y = rows_arrays(ok)
+            plot_reliability_raw(reliability_bins(p, y), run / f"reliability-{task}.png", title=f"{task}: raw reads, {len(ok)} records")
+
+
+def write_score(run: Path, *, seed: int = 0) -> dict:
+    """Score a run from its evidence and write score.json, score.md and the figures beside it."""
+    report = score_run(run, seed=seed)
+    write_json(run / "score.json", report)
+    (run / "score.md").write_text(score_table(report))
+    write_figures(run, report)
+    return report

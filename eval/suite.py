@@ -6,14 +6,13 @@ may contain U+2028) and ``<subset>/manifest.json``. Each record is
 Jev request. When a manifest gives ``dataset_sha256``, the subset's bytes must match it.
 
 Scores per subset, per question type and overall (pooled over records): accuracy with a Wilson 95%
-interval, ECE on 10 bins (as the published tables), Brier, ECE after 50 labels (20 splits) and its
+interval, ECE on 10 bins (as the published tables), Brier, ECE after 50 gold answers (20 splits) and its
 median over subsets, and "Jev minus arm" with an unpaired two-proportion 95% interval against
 ``eval/data/reference/published_jev_nimble.json`` (Jev 1.13.0 as published by Bespoke Labs).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import math
@@ -23,20 +22,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from calibration.fit import gold_index
 from calibration.metrics import SUITE_N_BINS, brier_loss, ece
 from calibration.temperature import as_logits
-from eval.label_curve import label_curve
-from eval.manifest import run_manifest, write_json
-from eval.reads import read_one
-from eval.runner import MANIFEST, RECORDS, RunRefused, check_directory, done_keys, drop_torn_tail
-from eval.score import Z95, load_rows, wilson_interval
+from eval.evidence import RECORDS, RecordWriter, load_rows, rows_arrays
+from eval.gold_curve import gold_curve
+from eval.manifest import MANIFEST, Images, RunRefused, check_directory, run_manifest, write_json
+from eval.score import Z95, wilson_interval
 from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
-from readers.errors import DecideError
 from readers.reader import Reader
-from calibration.fit import gold_index
 from service.protocol import SystemOneRequest
 
 
@@ -47,7 +42,7 @@ class SuiteRecord:
     family: str
     body: dict[str, Any]
     question: str
-    kind: str
+    question_type: str
     options: tuple[str, ...]
     gold: str
 
@@ -66,7 +61,7 @@ def build_from_tasks(out: Path) -> dict[str, str]:
                 {
                     "id": record.id, "split": "test", "domain": name, "family": record.id, "source_family": name,
                     "input": {"state": record.text, "questions": {"answer": task.question()}},
-                    "reference": {"target": record.gold == "true" if task.kind == "noul" else record.gold},
+                    "reference": {"target": record.gold == "true" if task.question_type == "noul" else record.gold},
                 },
                 ensure_ascii=False,
             )  # fmt: skip
@@ -78,7 +73,7 @@ def build_from_tasks(out: Path) -> dict[str, str]:
         digests[name] = hashlib.sha256(payload).hexdigest()
         manifest = {
             "source": "opendecide shipped task sample (eval/data)", "dataset_sha256": digests[name],
-            "count": len(records), "types": [task.kind], "ids": [record.id for record in records],
+            "count": len(records), "types": [task.question_type], "ids": [record.id for record in records],
         }  # fmt: skip
         write_json(out / name / "manifest.json", manifest)
     return digests
@@ -119,41 +114,42 @@ def _record(subset: str, raw: dict) -> SuiteRecord:
     return SuiteRecord(subset, raw["id"], str(raw.get("family", raw["id"])), body, name, spec.question_type, spec.options, gold)
 
 
-async def run_suite(engine: Engine, data: Path, out: Path, *, concurrency: int = 4, allow_unverified: bool = False) -> dict:
+async def run_suite(
+    engine: Engine, data: Path, out: Path, *, concurrency: int = 4, allow_unverified: bool = False, images: Images | None = None
+) -> dict:
+    """Read (or resume) every suite record at ``data`` into ``out``; returns the final manifest."""
     records, digests = load_suite(data, allow_unverified=allow_unverified)
     out.mkdir(parents=True, exist_ok=True)
-    manifest = run_manifest("suite", engines={"run": engine}, args={"data": str(data), "concurrency": concurrency}, status="started")
+    manifest = run_manifest("suite", engines={"run": engine}, args={"data": str(data), "concurrency": concurrency}, images=images, status="started")
     manifest["data_sha256"] = digests
-    existing = out / MANIFEST
     check_directory(out, manifest)
-    write_json(existing, manifest)
-    reader = Reader(engine)
-    drop_torn_tail(out / RECORDS)
-    done = done_keys(out / RECORDS)
-    gate = asyncio.Semaphore(concurrency)
-    lock = asyncio.Lock()
-
-    async def one(record: SuiteRecord, sink) -> None:
-        base = {"id": record.id, "subset": record.subset, "task": record.subset, "variant": "original", "type": record.kind,
-                "family": record.family, "options": list(record.options), "gold": record.gold}  # fmt: skip
-        async with gate:
-            try:
-                reading, latency = await read_one(reader, record.body, record.question)
-                probabilities = reading["raw_probabilities"]
-                row = {**base, "status": "ok", "probabilities": probabilities, "predicted": max(probabilities, key=probabilities.get),
-                       "reading": reading, "latency_ms": latency}  # fmt: skip
-            except DecideError as error:
-                row = {**base, "status": "error", "error": {"type": error.error_type, "message": error.message}}
-        async with lock:
-            sink.write(json.dumps(row, ensure_ascii=False) + "\n")
-            sink.flush()
-
-    with (out / RECORDS).open("a", encoding="utf-8") as sink:
-        await asyncio.gather(*(one(r, sink) for r in records if (r.subset, r.id, "original") not in done))
+    write_json(out / MANIFEST, manifest)
+    fields = ("id", "subset", "question_type", "family", "gold")
+    jobs = [
+        ({**{name: getattr(r, name) for name in fields}, "task": r.subset, "variant": "original", "options": list(r.options)}, r.body, r.question)
+        for r in records
+    ]
+    async with RecordWriter(out / RECORDS) as sink:
+        await sink.read_all(Reader(engine), jobs, concurrency=concurrency)
     manifest["status"] = "success"
     manifest["records"] = len(records)
-    write_json(existing, manifest)
+    write_json(out / MANIFEST, manifest)
     return manifest
+
+
+async def score_suite_with_engine(
+    engine_spec: str, data: Path, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options
+) -> dict:
+    """Open the engine ``engine_spec`` names, :func:`run_suite` through it, then score the run into
+    ``out`` (suite.json, suite.md); returns the report."""
+    from readers.engines import open_engine_spec
+
+    async with await open_engine_spec(engine_spec, top_k=top_k, engine_url=engine_url) as engine:
+        await run_suite(engine, data, out, **options)
+    report = score_suite(out)
+    write_json(out / "suite.json", report)
+    (out / "suite.md").write_text(suite_table(report))
+    return report
 
 
 def jev_minus_arm(jev_accuracy: float, jev_n: int, arm_accuracy: float, arm_n: int) -> tuple[float, float, float]:
@@ -174,27 +170,26 @@ def _group_scores(rows: list[dict], jev: tuple[float, int] | None) -> dict:
 
 
 def score_suite(run: Path, *, seed: int = 0) -> dict:
-    rows = [row for row in load_rows(run) if row["status"] == "ok"]
-    errors = sum(1 for row in load_rows(run) if row["status"] != "ok")
+    every = load_rows(run / RECORDS)
+    rows = [row for row in every if row["status"] == "ok"]
+    errors = sum(1 for row in every if row["status"] != "ok")
     published = published_jev()["subsets"]
     subsets = {}
     for subset in sorted({row["subset"] for row in rows}):
         mine = [row for row in rows if row["subset"] == subset]
-        options = mine[0]["options"]
-        p = np.array([[row["probabilities"][o] for o in options] for row in mine])
-        y = np.array([options.index(row["gold"]) for row in mine])
+        p, y = rows_arrays(mine)
         jev = published.get(subset)
         entry = _group_scores(mine, (jev["jev_acc"], jev["n"]) if jev else None)
-        entry |= {"type": mine[0]["type"], "ece": ece(p, y, SUITE_N_BINS), "brier": brier_loss(p, y)}
+        entry |= {"question_type": mine[0]["question_type"], "ece": ece(p, y, SUITE_N_BINS), "brier": brier_loss(p, y)}
         if len(mine) >= 100:
-            points = label_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed, n_bins=SUITE_N_BINS)["points"]
+            points = gold_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed, n_bins=SUITE_N_BINS)["points"]
             entry["ece_after_50"] = points[0]["ece_mean"]
         if jev:
             entry |= {"jev_ece": jev["jev_ece"], "jev_brier": jev["jev_brier"]}
         subsets[subset] = entry
 
-    def pooled(kind: str | None) -> dict | None:
-        chosen = [row for row in rows if kind is None or row["type"] == kind]
+    def pooled(question_type: str | None) -> dict | None:
+        chosen = [row for row in rows if question_type is None or row["question_type"] == question_type]
         if not chosen:
             return None
         names = {row["subset"] for row in chosen}
@@ -204,14 +199,14 @@ def score_suite(run: Path, *, seed: int = 0) -> dict:
             jev = (sum(published[s]["jev_acc"] * published[s]["n"] for s in names) / n, n)
         return _group_scores(chosen, jev)
 
-    types = {kind: pooled(kind) for kind in ("noul", "choice", "score") if pooled(kind)}
+    question_types = {name: pooled(name) for name in ("noul", "choice", "score") if pooled(name)}
     after = [s["ece_after_50"] for s in subsets.values() if "ece_after_50" in s]
     return {
         "run": str(run),
         "n_bins": SUITE_N_BINS,
         "errors": errors,
         "subsets": subsets,
-        "types": types,
+        "question_types": question_types,
         "overall": pooled(None),
         "median_ece": statistics.median(s["ece"] for s in subsets.values()),
         "median_ece_after_50": statistics.median(after) if after else None,
@@ -232,15 +227,15 @@ def suite_table(report: dict) -> str:
         "| questions | records | accuracy (95% range) | Jev (published) | Jev minus arm, points (95% range) |",
         "|---|---|---|---|---|",
     ]
-    for name, entry in [("all", report["overall"]), *report["types"].items()]:
+    for name, entry in [("all", report["overall"]), *report["question_types"].items()]:
         lo, hi = entry["accuracy_ci95"]
         lines.append(f"| {name} | {entry['n']} | {entry['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {jev_cells(entry)} |")
-    lines += ["", "| subset | type | n | accuracy (95% range) | ECE | ECE after 50 labels | Brier | Jev accuracy / ECE / Brier |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| subset | question type | n | accuracy (95% range) | ECE | ECE after 50 gold answers | Brier | Jev accuracy / ECE / Brier |", "|---|---|---|---|---|---|---|---|"]
     for name, s in report["subsets"].items():
         lo, hi = s["accuracy_ci95"]
         jev = f"{s['jev_accuracy']:.1%} / {s['jev_ece']:.3f} / {s['jev_brier']:.3f}" if "jev_accuracy" in s else "—"
         after = f"{s['ece_after_50']:.3f}" if "ece_after_50" in s else "—"
-        lines.append(f"| {name} | {s['type']} | {s['n']} | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {s['ece']:.3f} | {after} | {s['brier']:.3f} | {jev} |")
+        lines.append(f"| {name} | {s['question_type']} | {s['n']} | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {s['ece']:.3f} | {after} | {s['brier']:.3f} | {jev} |")
     after = report["median_ece_after_50"]
-    lines.append(f"\nMedian over subsets: ECE {report['median_ece']:.3f}, after 50 labels {'—' if after is None else f'{after:.3f}'}, Brier {report['median_brier']:.3f} (Jev 1.13.0 published: ECE 0.071, Brier 0.267). Unreadable records: {report['errors']}.")
+    lines.append(f"\nMedian over subsets: ECE {report['median_ece']:.3f}, after 50 gold answers {'—' if after is None else f'{after:.3f}'}, Brier {report['median_brier']:.3f} (Jev 1.13.0 published: ECE 0.071, Brier 0.267). Unreadable records: {report['errors']}.")
     return "\n".join(lines) + "\n"

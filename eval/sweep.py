@@ -4,7 +4,8 @@ Short states (SST-2 reviews) at each concurrency, ``passes`` times (median and r
 long states of about 1,024 and 3,072 tokens, each request's state unique from its first word (the
 question part of the prompt is still shared, as in production; the state gets no prefix-cache help).
 Requests go through the whole service (HTTP, validation, the decision path) — in process over ASGI,
-or to a running server with ``url``. Evidence: ``load.jsonl`` (one line per run) and ``manifest.json``.
+or to a running server with ``url``. Evidence: ``load.jsonl`` (one line per run) and ``manifest.json``;
+the report beside them: ``summary.json``, ``load.md`` and ``load.png``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 
 from eval.load import machine_info, run_load
-from eval.manifest import run_manifest, write_json
+from eval.manifest import Images, run_manifest, write_json
 from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
 from service.app import create_app
@@ -50,7 +51,9 @@ async def run_sweep(
     long_tokens=LONG_TOKENS,
     long_requests: int = 16,
     long_concurrency: int = 8,
+    images: Images | None = None,
 ) -> list[dict]:
+    """Run the sweep through the service on ``engine``; write ``load.jsonl`` and ``manifest.json``."""
     out.mkdir(parents=True, exist_ok=True)
     question = {"answer": TASKS["sst2"].question()}
     short = [{"state": r.text, "questions": question} for r in load_sample("sst2")]
@@ -73,28 +76,43 @@ async def run_sweep(
             bodies = [{"state": s, "questions": question} for s in long_states(engine.tokenizer, n, long_requests * passes)]
             plan += [(f"long-{n}", bodies[p * long_requests : (p + 1) * long_requests], long_concurrency, long_requests) for p in range(passes)]
         passes_seen: dict[tuple[str, int], int] = {}
-        for kind, bodies, concurrency, count in plan:
+        for shape, bodies, concurrency, count in plan:
             tokens: list[int] = []
             result = await run_load(sender(bodies, tokens), requests=count, concurrency=concurrency)
-            index = passes_seen[(kind, concurrency)] = passes_seen.get((kind, concurrency), -1) + 1
-            rows.append({"kind": kind, "concurrency": concurrency, "pass": index, **result.as_json(),
+            index = passes_seen[(shape, concurrency)] = passes_seen.get((shape, concurrency), -1) + 1
+            rows.append({"shape": shape, "concurrency": concurrency, "pass": index, **result.as_json(),
                          "prompt_tokens_median": statistics.median(tokens) if tokens else None})  # fmt: skip
     (out / "load.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    manifest = run_manifest("load", engines={"run": engine}, args={"url": url, "passes": passes, "requests": requests, "long_tokens": list(long_tokens)})
+    manifest = run_manifest("load", engines={"run": engine}, args={"url": url, "passes": passes, "requests": requests, "long_tokens": list(long_tokens)}, images=images)
     manifest["machine"] = machine_info()
     write_json(out / "manifest.json", manifest)
     return rows
 
 
+async def load_sweep(engine_spec: str, out: Path, *, engine_url: str | None = None, **options) -> list[dict]:
+    """Open the engine ``engine_spec`` names, :func:`run_sweep` it into ``out`` and write the report
+    (summary.json, load.md, load.png); returns the summary."""
+    from readers.engines import open_engine_spec
+
+    async with await open_engine_spec(engine_spec, engine_url=engine_url) as engine:
+        rows = await run_sweep(engine, out, **options)
+        title = f"{engine.info.name} ({engine.kind}, {engine.capabilities.read_mode.value})"
+    summary = summarise(rows)
+    (out / "load.md").write_text(sweep_table(summary))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_sweep(summary, out / "load.png", title)
+    return summary
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     groups: dict[tuple[str, int], list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["kind"], row["concurrency"]), []).append(row)
+        groups.setdefault((row["shape"], row["concurrency"]), []).append(row)
     summary = []
-    for (kind, concurrency), runs in groups.items():
+    for (shape, concurrency), runs in groups.items():
         rates = [r["decisions_per_s"] for r in runs]
         summary.append({
-            "kind": kind, "concurrency": concurrency, "passes": len(runs),
+            "shape": shape, "concurrency": concurrency, "passes": len(runs),
             "decisions_per_s": statistics.median(rates), "decisions_per_s_range": [min(rates), max(rates)],
             "p50_ms": statistics.median(r["p50_ms"] for r in runs), "p90_ms": statistics.median(r["p90_ms"] for r in runs),
             "p99_ms": statistics.median(r["p99_ms"] for r in runs), "failed": sum(r["failed"] for r in runs),
@@ -108,7 +126,7 @@ def sweep_table(summary: list[dict]) -> str:
     for s in summary:
         lo, hi = s["decisions_per_s_range"]
         lines.append(
-            f"| {s['kind']} | {s['prompt_tokens_median']:.0f} | {s['concurrency']} | {s['decisions_per_s']:.2f} ({lo:.2f}–{hi:.2f}) | "
+            f"| {s['shape']} | {s['prompt_tokens_median']:.0f} | {s['concurrency']} | {s['decisions_per_s']:.2f} ({lo:.2f}–{hi:.2f}) | "
             f"{s['p50_ms']:.0f} | {s['p90_ms']:.0f} | {s['p99_ms']:.0f} | {s['failed']} |"
         )
     return "\n".join(lines) + "\n"
@@ -117,7 +135,7 @@ def sweep_table(summary: list[dict]) -> str:
 def plot_sweep(summary: list[dict], path: Path, title: str) -> None:
     from eval.figures import plt
 
-    short = sorted((s for s in summary if s["kind"] == "short"), key=lambda s: s["concurrency"])
+    short = sorted((s for s in summary if s["shape"] == "short"), key=lambda s: s["concurrency"])
     figure, axis = plt.subplots(figsize=(6.0, 4.0), dpi=120)
     xs = [s["concurrency"] for s in short]
     axis.errorbar(
@@ -126,8 +144,8 @@ def plot_sweep(summary: list[dict], path: Path, title: str) -> None:
         marker="o", capsize=3, label="short states (median, range)",
     )  # fmt: skip
     for s in summary:
-        if s["kind"] != "short":
-            axis.scatter([s["concurrency"]], [s["decisions_per_s"]], marker="s", label=f"{s['kind']} ({s['prompt_tokens_median']:.0f} tokens)")
+        if s["shape"] != "short":
+            axis.scatter([s["concurrency"]], [s["decisions_per_s"]], marker="s", label=f"{s['shape']} ({s['prompt_tokens_median']:.0f} tokens)")
     axis.set_xlabel("concurrency")
     axis.set_ylabel("decisions/s")
     axis.set_xticks(xs)

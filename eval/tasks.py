@@ -1,4 +1,4 @@
-"""The four shipped tasks as Jev questions, with gold labels named as options.
+"""The four shipped tasks as Jev questions, with gold answers named as options.
 
 Each task is one question asked of every record's text. Choice tasks also run with the option order
 reversed (the ``reversed`` variant): a reader that depends on option position shows it there.
@@ -7,7 +7,7 @@ reversed (the ``reversed`` variant): a reader that depends on option position sh
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -18,22 +18,28 @@ SAMPLES_PACKAGE = "eval.data"
 @dataclass(frozen=True)
 class Task:
     name: str
-    kind: str  # "choice" | "noul"
+    question_type: str  # "choice" | "noul"
     instructions: str
-    options: dict[str, str | None]  # option (gold label name) → description; noul: {"true": …, "false": …}
+    options: dict[str, str | None]  # option (gold answer name) → description; noul: {"true": …, "false": …}
 
     def question(self, *, reversed_options: bool = False) -> dict[str, Any]:
         """The Jev question for this task (choice options optionally in reverse order)."""
-        if self.kind == "noul":
+        if self.question_type == "noul":
             return {"type": "noul", "instructions": self.instructions, "criteria": dict(self.options)}
         items = list(self.options.items())
         if reversed_options:
             items.reverse()
         return {"type": "choice", "instructions": self.instructions, "criteria": dict(items)}
 
+    def read_job(self, record: Record, variant: str = "original") -> tuple[dict[str, Any], dict[str, Any], str]:
+        """(record row base, Jev request, question name) for ``eval.evidence``: the record's text as
+        state, this task's question as ``answer``."""
+        base = {"id": record.id, "task": self.name, "variant": variant, "gold": record.gold, "options": list(self.options)}
+        return base, {"state": record.text, "questions": {"answer": self.question(reversed_options=variant == "reversed")}}, "answer"
+
     @property
     def variants(self) -> tuple[str, ...]:
-        return ("original",) if self.kind == "noul" else ("original", "reversed")
+        return ("original",) if self.question_type == "noul" else ("original", "reversed")
 
 
 TASKS: dict[str, Task] = {
@@ -94,8 +100,3 @@ def spread(records: Sequence, limit: int | None) -> list:
     return [records[int(i * step)] for i in range(limit)]
 
 
-def requests_for(task: Task, records: list[Record], variant: str = "original") -> Iterator[tuple[Record, dict[str, Any]]]:
-    """(record, Jev request) pairs: the record's text as state, the task's question as ``answer``."""
-    question = task.question(reversed_options=variant == "reversed")
-    for record in records:
-        yield record, {"state": record.text, "questions": {"answer": question}}

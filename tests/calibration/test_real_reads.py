@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from calibration.temperature import TemperatureScaler, as_logits, nll_at
-from eval.reads import read_records
+from eval.evidence import read_rows, rows_arrays
 from eval.tasks import TASKS, load_sample, spread
 from readers.reader import Reader
 
@@ -18,14 +18,13 @@ async def test_fifty_labels_lower_held_out_nll_on_average(local_engine):
 
     Averaged over tasks and splits the fitted temperature must beat T = 1. (It need not on every
     task: on SST-2 the 135M model's raw reads are already near their best NLL, and 50 labels give a
-    noisy T; ECE after 50 labels per task is reported by ``decide eval label-curve``.)
+    noisy T; ECE after 50 labels per task is reported by ``decide eval gold-curve``.)
     """
     before, after = [], []
     for name, task in TASKS.items():
-        reads = await read_records(Reader(local_engine), task, spread(load_sample(name), 120), concurrency=4)
-        options = list(task.options)
-        logits = np.array([as_logits([read.probabilities[o] for o in options]) for read in reads])
-        labels = np.array([options.index(read.gold) for read in reads])
+        reads = await read_rows(Reader(local_engine), [task.read_job(record) for record in spread(load_sample(name), 120)], concurrency=4)
+        p, labels = rows_arrays(reads)
+        logits = as_logits(p)
         rng = np.random.default_rng(0)
         for _ in range(20):
             order = rng.permutation(len(reads))

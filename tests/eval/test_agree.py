@@ -1,17 +1,20 @@
-"""Agreement between two reads of the same records (pure: no engine)."""
+"""Agreement between two reads of the same records: pure on rows, and end to end on the embedded model."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from eval.agree import agreement, margin
 from eval.tasks import spread
-from eval.reads import RecordRead
 
 
-def read(id_: str, p_pos: float, returned: int = 2, variant: str = "original") -> RecordRead:
+def read(id_: str, p_pos: float, returned: int = 2, variant: str = "original") -> dict:
     reading = {"labels_total": 2, "labels_returned": returned, "exact": returned == 2}
-    return RecordRead(id_, "sst2", variant, "positive", {"positive": p_pos, "negative": 1 - p_pos}, reading, 1.0)
+    probabilities = {"positive": p_pos, "negative": 1 - p_pos}
+    return {"id": id_, "task": "sst2", "variant": variant, "gold": "positive", "options": ["negative", "positive"], "status": "ok",
+            "probabilities": probabilities, "reading": reading, "latency_ms": 1.0, "predicted": max(probabilities, key=probabilities.get)}  # fmt: skip
 
 
 def test_counts_same_labels_and_probability_differences():
@@ -38,3 +41,35 @@ def test_margin_and_spread():
     assert margin({"a": 0.5, "b": 0.3, "c": 0.2}) == pytest.approx(0.2)
     assert spread(list(range(300)), 3) == [0, 100, 200]
     assert spread([1, 2], None) == [1, 2]
+
+
+def test_a_failed_read_is_named_not_compared():
+    failed = {**read("sst2-2", 0.5), "status": "error"}
+    with pytest.raises(ValueError, match="1 reads failed"):
+        agreement("sst2", [read("sst2-2", 0.9)], [failed])
+
+
+@pytest.mark.anyio
+async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
+    from eval.agree import agreement_reads, run_agreement
+    from eval.manifest import RunRefused
+    from eval.read_modes import mode_rows
+
+    first, second = tmp_path / "top2", tmp_path / "top5"
+    options = {"tasks": ["irony"], "limit": 6, "concurrency": 2}
+    rows = await run_agreement("local", "local:topk", top_k=2, out=first, **options)
+    assert rows[0].n == 6
+    manifest = json.loads((first / "manifest.json").read_text())
+    assert manifest["run"] == "agree" and manifest["reads"] == {"a": "a.jsonl", "b": "b.jsonl"}
+    assert manifest["images"] == {"engine": None, "service": None}
+    a_rows = [json.loads(line) for line in (first / "a.jsonl").read_text().splitlines()]
+    assert len(a_rows) == 6 and all(row["status"] == "ok" and row["options"] == ["true", "false"] for row in a_rows)
+
+    with pytest.raises(RunRefused, match="limit"):
+        await run_agreement("local", "local:topk", top_k=2, out=second, reuse_a=first, **{**options, "limit": 5})
+    again = await run_agreement("local", "local:topk", top_k=2, out=second, reuse_a=first, **options)
+    assert not (second / "a.jsonl").exists()
+    assert agreement_reads(second)["a"] == (first / "a.jsonl").resolve()
+    assert json.loads((second / "manifest.json").read_text())["engines"]["a"] == manifest["engines"]["a"]
+    assert again[0].n == rows[0].n and (second / "b.jsonl").read_text() != ""
+    assert mode_rows(second)[0]["n"] == 6 and mode_rows(second)[0]["read_mode"] == "topk"

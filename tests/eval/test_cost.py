@@ -202,7 +202,7 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path):
         assert downloaded.exit_code == 0, downloaded.output
         assert downloaded.stdout.replace(str(down), "RUN") == local.stdout.replace(str(run), "RUN")
         rate = json.loads((run / ("latency.json" if source == TASKS_RUN else "summary.json")).read_text())
-        measured = rate["c8"]["decisions_per_s"] if source == TASKS_RUN else next(r for r in rate if r["kind"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
+        measured = rate["c8"]["decisions_per_s"] if source == TASKS_RUN else next(r for r in rate if r["shape"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
         assert f"| {source.name} | cpu-2core | 0.36 | {measured:.1f} | 100% | {cost_per_million(0.36, measured):.2f} |" in downloaded.stdout
     # scoring a downloaded run rewrites its score files: cost still reads it; a changed measurement it refuses
     (tmp_path / "down" / TASKS_RUN.name / "score.md").write_text("rescored\n")

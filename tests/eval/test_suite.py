@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from eval.runner import RunRefused
-from eval.suite import build_from_tasks, jev_minus_arm, load_suite, run_suite, score_suite, suite_table
+from eval.manifest import RunRefused
+from eval.suite import build_from_tasks, jev_minus_arm, load_suite, run_suite, score_suite, score_suite_with_engine, suite_table
 
 pytestmark = pytest.mark.anyio
 
@@ -17,7 +17,7 @@ def test_build_and_verify(tmp_path):
     records, verified = load_suite(tmp_path)
     assert verified == digests and len(records) == 1200
     irony = [r for r in records if r.subset == "irony"]
-    assert {r.gold for r in irony} == {"true", "false"} and irony[0].kind == "noul"
+    assert {r.gold for r in irony} == {"true", "false"} and irony[0].question_type == "noul"
     (tmp_path / "sst2" / "all.jsonl").write_bytes((tmp_path / "sst2" / "all.jsonl").read_bytes() + b"\n")
     with pytest.raises(RunRefused, match="sha256"):
         load_suite(tmp_path)
@@ -46,10 +46,14 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     report = score_suite(out)
     assert report["overall"]["n"] == 48 and report["errors"] == 0
     assert "jev_minus_arm" in report["subsets"]["boolq"] and "jev_minus_arm" not in report["subsets"]["irony"]
-    assert set(report["types"]) == {"choice", "noul"}
+    assert set(report["question_types"]) == {"choice", "noul"}
     assert "| all | 48 |" in suite_table(report)
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len({row["id"] for row in rows}) == 48
+    # what ``decide eval suite`` calls: the engine by spec, the run resumed (nothing left to read), then the report files
+    again = await score_suite_with_engine("local", data, out, allow_unverified=True)
+    assert len((out / "records.jsonl").read_text().splitlines()) == 48
+    assert json.loads((out / "suite.json").read_text()) == json.loads(json.dumps(again)) and (out / "suite.md").read_text() == suite_table(again)
 
 
 async def test_subsets_sharing_ids_are_kept_apart_and_resume_is_guarded(local_engine, tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from eval.agree import agreement
-from eval.reads import read_records
+from eval.evidence import read_rows
 from eval.tasks import TASKS, load_sample, spread
 from readers.engines.base import ReadMode
 from readers.engines.vllm import VLLMEngine
@@ -26,7 +26,7 @@ async def read_all(reader: Reader) -> dict[str, list]:
         records = spread(load_sample(name), RECORDS_PER_TASK)
         reads[name] = []
         for variant in task.variants:
-            reads[name] += await read_records(reader, task, records, variant=variant, concurrency=4)
+            reads[name] += await read_rows(reader, [task.read_job(record, variant) for record in records], concurrency=4)
     return reads
 
 
@@ -63,9 +63,9 @@ async def test_exact_and_masked_reads_agree_with_the_embedded_model(vllm_url, em
     assert same >= 0.99 * total, [row.differing for row in rows]
     assert worst < 1e-3, f"max |dp| {worst:.2e}"
     for reads in served.values():
-        assert all(read.reading["read_mode"] == mode.value and read.reading["exact"] for read in reads)
+        assert all(read["reading"]["read_mode"] == mode.value and read["reading"]["exact"] for read in reads)
         if mode is ReadMode.MASKED:
-            assert all(read.reading["label_mass"] is None for read in reads)
+            assert all(read["reading"]["label_mass"] is None for read in reads)
 
 
 async def test_top_k_disagreements_only_where_labels_were_missing(vllm_url, embedded_reads):
@@ -74,15 +74,15 @@ async def test_top_k_disagreements_only_where_labels_were_missing(vllm_url, embe
         served = await read_all(Reader(engine))
     finally:
         await engine.aclose()
-    missing = sum(read.reading["labels_returned"] < read.reading["labels_total"] for reads in served.values() for read in reads)
+    missing = sum(read["reading"]["labels_returned"] < read["reading"]["labels_total"] for reads in served.values() for read in reads)
     assert missing > 0, "top-3 should miss labels on some records"
     for name in TASKS:
         row = agreement(name, embedded_reads[name], served[name])
         assert all(case["b_missing_labels"] > 0 for case in row.differing), row.differing
         for read_b in served[name]:
-            if read_b.reading["exact"]:
-                twin = next(r for r in embedded_reads[name] if (r.id, r.variant) == (read_b.id, read_b.variant))
-                assert read_b.probabilities == pytest.approx(twin.probabilities, abs=1e-3)
+            if read_b["reading"]["exact"]:
+                twin = next(r for r in embedded_reads[name] if (r["id"], r["variant"]) == (read_b["id"], read_b["variant"]))
+                assert read_b["probabilities"] == pytest.approx(twin["probabilities"], abs=1e-3)
 
 
 async def test_the_service_fronts_vllm_in_each_mode(vllm_url, client_factory):
