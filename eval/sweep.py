@@ -96,7 +96,11 @@ async def load_sweep(engine_spec: str, out: Path, *, engine_url: str | None = No
 
     async with await open_engine_spec(engine_spec, engine_url=engine_url) as engine:
         rows = await run_sweep(engine, out, **options)
-        title = f"{engine.info.name} ({engine.kind}, {engine.capabilities.read_mode.value})"
+        return write_sweep_report(rows, out, f"{engine.info.name} ({engine.kind}, {engine.capabilities.read_mode.value})")
+
+
+def write_sweep_report(rows: list[dict], out: Path, title: str) -> list[dict]:
+    """summary.json, load.md and load.png beside a sweep's load.jsonl; returns the summary."""
     summary = summarise(rows)
     (out / "load.md").write_text(sweep_table(summary))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

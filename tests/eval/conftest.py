@@ -1,4 +1,4 @@
-"""Shared by the eval tests: real run directories from docs/evidence, and a Cloud Storage emulator."""
+"""Shared by the eval tests: small real runs made here (never the committed evidence), and a Cloud Storage emulator."""
 
 from __future__ import annotations
 
@@ -9,13 +9,42 @@ import pytest
 
 from deploy.processes import free_port
 
-EVIDENCE = Path(__file__).resolve().parents[2] / "docs" / "evidence"
-TASKS_RUN = EVIDENCE / "eval" / "embedded-exact"  # a real `decide eval tasks` run (embedded engine): records, manifest, latency, scores
-LOAD_RUN = EVIDENCE / "load" / "vllm-cpu-exact"  # a real `decide eval load` run against vLLM-CPU
 
 
 def copy_run(source: Path, tmp_path: Path, name: str = "run") -> Path:
     return Path(shutil.copytree(source, tmp_path / name))
+
+
+@pytest.fixture(scope="session")
+def tasks_run(local_engine, tmp_path_factory) -> Path:
+    """A real, small `decide eval tasks` run on the embedded engine, scored: records, manifest, latency, scores."""
+    import asyncio
+
+    from eval.runner import measure_latency, run_tasks
+    from eval.score import write_score
+
+    out = tmp_path_factory.mktemp("tasks-run") / "embedded-exact"
+
+    async def go() -> None:
+        await run_tasks(local_engine, out, tasks=["sst2"], limit=6)
+        await measure_latency(local_engine, out, requests_c1=3, requests_c8=8)
+
+    asyncio.run(go())
+    write_score(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def load_run(local_engine, tmp_path_factory) -> Path:
+    """A real, small `decide eval load` sweep through the service on the embedded engine."""
+    import asyncio
+
+    from eval.sweep import run_sweep, write_sweep_report
+
+    out = tmp_path_factory.mktemp("load-run") / "load"
+    rows = asyncio.run(run_sweep(local_engine, out, concurrencies=(1, 8), passes=1, requests=8, long_tokens=()))
+    write_sweep_report(rows, out, "embedded (test)")
+    return out
 
 
 @pytest.fixture(scope="session")

