@@ -39,7 +39,14 @@ def serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to bind")] = 8000,
     engine: EngineOption = "local",
-    engine_url: EngineUrlOption = None,
+    engine_url: Annotated[
+        Optional[str],
+        typer.Option(
+            "--engine-url",
+            help="vLLM server URL, for --engine vllm; several comma-separated, or dns+http://NAME:PORT for every "
+            "address of NAME (re-resolved every 10 s): reads are routed by prefix affinity (docs/fleet.md, Routing)",
+        ),
+    ] = None,
     top_k: TopKOption = None,
     model_dir: ModelDirOption = None,
     tokenizer: TokenizerOption = None,
@@ -66,6 +73,13 @@ def serve(
         raise typer.BadParameter(f"choose one of {', '.join(ENGINE_KINDS)}", param_hint="--engine")
     if engine == "vllm" and not engine_url:
         raise typer.BadParameter("--engine vllm needs --engine-url", param_hint="--engine-url")
+    if engine_url:
+        from readers.engines.routed import parse_engine_urls
+
+        try:
+            parse_engine_urls(engine_url)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--engine-url") from None
 
     from readers.engines import open_engine
     from service.app import create_app

@@ -14,6 +14,8 @@ import os
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
 
+from readers.engines.routed import RoutedEngine
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0)
 MASS_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
 ENGINE_ERROR_KINDS = {"engine_unavailable": "unreachable", "engine_timeout": "timeout", "engine_bad_reply": "malformed"}
@@ -39,6 +41,12 @@ class ServiceMetrics:
             registry=r, multiprocess_mode="max",
         )  # fmt: skip
 
+        # Per engine behind a routed engine (readers/engines/routed.py), labelled by its host:port.
+        self.route_in_flight = Gauge("decide_route_in_flight_reads", "Reads in flight per routed engine", ["engine"], registry=r, multiprocess_mode="livesum")
+        self.route_reads = Counter("decide_route_reads", "Reads sent per routed engine", ["engine"], registry=r)
+        self.route_errors = Counter("decide_route_errors", "Failed reads per routed engine, by kind", ["engine", "kind"], registry=r)
+        self.route_ejections = Counter("decide_route_ejections", "Times a routed engine was ejected after a failure", ["engine"], registry=r)
+
         # Known label sets start at zero, so rates and ratios exist before the first event.
         for kind in ENGINE_ERROR_KINDS.values():
             self.engine_errors.labels(kind)
@@ -49,6 +57,21 @@ class ServiceMetrics:
         self.engine_info.labels(
             engine.info.name, engine.info.revision, engine.kind, engine.capabilities.read_mode.value, str(engine.capabilities.max_logprobs)
         ).set(1)
+        if isinstance(engine, RoutedEngine):
+            engine.observers.append(self)
+
+    def read_started(self, engine: str) -> None:
+        """A routed read began on ``engine`` (the RoutingObserver protocol)."""
+        self.route_in_flight.labels(engine).inc()
+        self.route_reads.labels(engine).inc()
+
+    def read_ended(self, engine: str, error_type: str | None) -> None:
+        self.route_in_flight.labels(engine).dec()
+        if error_type is not None:
+            self.route_errors.labels(engine, ENGINE_ERROR_KINDS.get(error_type, error_type)).inc()
+
+    def ejected(self, engine: str) -> None:
+        self.route_ejections.labels(engine).inc()
 
     def observe_answer(self, model: str, kind: str, reading) -> None:
         """One answered question (a ``service.protocol.ReadingOut``)."""

@@ -2,6 +2,10 @@
 
     open_engine("local")                      the embedded SmolLM2, prepared on first use
     open_engine("vllm", url="http://…:8000")  any vLLM server; read mode chosen by a start-up probe
+    open_engine("vllm", url="http://a:8000,http://b:8000")
+                                              several servers of one model, reads routed by prefix
+    open_engine("vllm", url="dns+http://vllm-engine-headless:8000")
+                                              every address of a name, re-resolved (readers/engines/routed.py)
 """
 
 from __future__ import annotations
@@ -35,18 +39,24 @@ async def open_engine(
             raise ValueError("the local engine reads exact, or top-k with --top-k")
         return LocalEngine(model_dir or prepare_embedded_model(), top_k=top_k, workers=workers)
     if kind == "vllm":
+        from readers.engines.routed import RoutedEngine, parse_engine_urls
         from readers.engines.vllm import VLLMEngine
 
         if not url:
             raise ValueError("the vllm engine needs --engine-url")
-        return await VLLMEngine.connect(
-            url,
+        urls, by_name = parse_engine_urls(url)
+        options = dict(
             top_k=top_k or DEFAULT_VLLM_TOP_K,
             tokenizer=tokenizer or (str(model_dir) if model_dir else None),
             read_mode=read_mode,
             max_in_flight=max_in_flight,
             timeout_s=timeout_s,
         )
+        if by_name:
+            return await RoutedEngine.connect_name(urls[0], **options)
+        if len(urls) > 1:
+            return await RoutedEngine.connect(urls, **options)
+        return await VLLMEngine.connect(urls[0], **options)
     raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
 
 

@@ -50,11 +50,17 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class ReadRequest:
-    """One next-token read: the prompt cut at the answer slot and the label tokens to read."""
+    """One next-token read: the prompt cut at the answer slot and the label tokens to read.
+
+    ``prefix_tokens`` leading prompt ids are shared with every other read of the same state (system
+    prompt and state); 0 when unknown. A hint for reuse and routing only: the read's result never
+    depends on it.
+    """
 
     prompt_ids: tuple[int, ...]
     label_ids: tuple[int, ...]
     label_texts: tuple[str, ...]
+    prefix_tokens: int = 0
 
 
 @dataclass(frozen=True)
