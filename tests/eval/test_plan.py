@@ -3,31 +3,36 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from eval.cost import Price, load_prices
-from eval.plan import OperatingPoint, Sweep, read_sweep, plan_chip, plan_table, predicted_p99_ms
+from eval.plan import OperatingPoint, Sweep, closed_loop_p99_ms, plan_chip, plan_table, predicted_p99_ms, read_sweep, waiting_p99_ms
 
 # A chip that does 10/s at c=1 (p99 100 ms), 30/s at c=4 (200 ms), 40/s at c=8 (400 ms), saturated at c=16.
 SWEEP = Sweep("l4", (OperatingPoint(1, 10.0, 100.0), OperatingPoint(4, 30.0, 200.0), OperatingPoint(8, 40.0, 400.0), OperatingPoint(16, 39.0, 900.0)), 132, "test")
 PRICE = Price("l4-test", "l4", 0.72, "on-demand", "test", "2026-11-29")
 
 
-def test_p99_is_interpolated_on_the_rising_part_of_the_curve_and_never_extrapolated():
-    assert predicted_p99_ms(SWEEP, 35.0) == pytest.approx(300.0)  # halfway between 30/s (200) and 40/s (400)
-    assert predicted_p99_ms(SWEEP, 2.0) == 100.0  # below the lowest load: the lightest measured p99
-    assert predicted_p99_ms(SWEEP, 40.5) is None  # the saturated c=16 point adds no rate
+def test_p99_is_the_closed_loop_latency_plus_the_wait_random_arrivals_add():
+    assert closed_loop_p99_ms(SWEEP, 35.0) == pytest.approx(300.0)  # halfway between 30/s (200) and 40/s (400)
+    assert closed_loop_p99_ms(SWEEP, 2.0) == 100.0  # below the lowest load: the lightest measured p99
+    assert closed_loop_p99_ms(SWEEP, 40.5) is None  # the saturated c=16 point adds no rate
+    # M/M/1 at λ = 35 against the 40/s peak: ρ = 0.875, p99 wait = ln(87.5) / 5 s
+    assert waiting_p99_ms(35.0, 40.0) == pytest.approx(math.log(87.5) / 5 * 1000)
+    assert predicted_p99_ms(SWEEP, 35.0) == pytest.approx(300.0 + math.log(87.5) / 5 * 1000)
+    assert predicted_p99_ms(SWEEP, 40.0) is None
 
 
 def test_fewest_chips_within_utilisation_and_p99():
-    # 100/s: the utilisation cap (0.8 × 40 = 32/s per chip) needs 4 chips → 25/s each → p99 175 ms ≤ 250.
-    plan = plan_chip(SWEEP, 100.0, 250.0, [PRICE])
-    assert (plan.chips, plan.replicas, plan.rate_per_chip) == (4, 4, 25.0)
-    assert plan.predicted_p99_ms == pytest.approx(175.0)
-    # A tighter p99 needs more chips: 120 ms → ≤ 14/s per chip → 8 chips (12.5/s, 112.5 ms).
-    tight = plan_chip(SWEEP, 100.0, 120.0, [PRICE])
-    assert tight.chips == 8 and tight.predicted_p99_ms == pytest.approx(112.5)
+    # 100/s: the 0.8 cap allows 32/s per chip, so ≥ 4 chips; 5 chips → 20/s: 150 ms + ln(50)/20 s = 345.6 ms.
+    plan = plan_chip(SWEEP, 100.0, 350.0, [PRICE])
+    assert (plan.chips, plan.replicas, plan.rate_per_chip) == (5, 5, 20.0)
+    assert plan.predicted_p99_ms == pytest.approx(150.0 + math.log(50) / 20 * 1000)
+    # A tighter p99 needs more chips: 8 chips → 12.5/s: 112.5 ms + ln(31.25)/27.5 s = 237.7 ms (7 give 260.5).
+    tight = plan_chip(SWEEP, 100.0, 250.0, [PRICE])
+    assert tight.chips == 8 and tight.predicted_p99_ms == pytest.approx(112.5 + math.log(31.25) / 27.5 * 1000)
     ((price, per_hour, per_million),) = tight.costs
     assert per_hour == pytest.approx(8 * 0.72) and per_million == pytest.approx(8 * 0.72 / 3600 / 100 * 1e6)
 
@@ -51,7 +56,7 @@ def test_table_names_unmeasured_chips_and_jev(tmp_path):
     assert [p.concurrency for p in sweep.points] == [1, 4] and sweep.prompt_tokens_median == 132
     prices, jev = load_prices()
     table = plan_table([plan_chip(sweep, 20.0, 300.0, prices)], rate=20.0, p99_ms=300.0, unmeasured=["v6e", "v5e"], jev=jev, prompt_tokens=132)
-    assert "| l4 | 1 | 2 |" in table and "gcp-g2-standard-4-on-demand-us-central1" in table
+    assert "| l4 | 2 | 2 | 275 |" in table  # 10/s each: 100 ms + ln(33.3)/20 s and "gcp-g2-standard-4-on-demand-us-central1" in table
     assert "not sized: v6e, v5e" in table and "Jev at 132 prompt tokens" in table
 
 
@@ -64,7 +69,7 @@ def test_decide_plan_sizes_a_measured_chip_and_refuses_a_malformed_sweep(tmp_pat
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     result = CliRunner().invoke(app, ["plan", "--rate", "64", "--p99", "300", "--sweep", f"l4={tmp_path}", "--chips", "l4,v6e"])
     assert result.exit_code == 0, result.output
-    # 64/s: ≥ 2 chips by the 0.8 cap; 2 chips → 32/s each → 320 ms > 300; 3 → 21.3/s → 213 ms.
-    assert "| l4 | 3 | 3 | 213 |" in result.output and "not sized: v6e" in result.output
+    # 64/s: ≥ 2 chips by the 0.8 cap; 4 chips → 16/s: 160 ms + ln(40)/24 s = 314 ms; 5 → 12.8/s: 128 + 127 = 255 ms.
+    assert "| l4 | 5 | 5 | 255 |" in result.output and "not sized: v6e" in result.output
     bad = CliRunner().invoke(app, ["plan", "--rate", "1", "--p99", "300", "--sweep", "l4"])
     assert bad.exit_code == 2 and "is not CHIP=RUN" in bad.output
