@@ -76,7 +76,7 @@ EXPECTED_KINDS = {
 }
 SERVICE_COMMAND = [
     "decide", "serve", "--host", "0.0.0.0", "--port", "8080", "--engine", "vllm",
-    "--engine-url", "http://vllm-engine-headless:8000",
+    "--engine-url", "dns+http://vllm-engine-headless:8000",
     "--engine-image", "$(ENGINE_IMAGE)", "--service-image", "$(SERVICE_IMAGE)",
     "--api-key-file", "/var/run/opendecide/api-keys",
 ]  # fmt: skip
