@@ -63,6 +63,16 @@ def serve(
         raise typer.BadParameter(f"choose one of {', '.join(ENGINE_KINDS)}", param_hint="--engine")
     if engine == "vllm" and not engine_url:
         raise typer.BadParameter("--engine vllm needs --engine-url", param_hint="--engine-url")
+    if engine == "local" and model_dir is None:
+        from readers.embedded import gguf_path
+
+        # Checked before binding: the engine opens after start-up, so a missing wheel would
+        # otherwise leave the service answering 503 on /readyz for ever.
+        try:
+            gguf_path()
+        except FileNotFoundError as error:
+            typer.echo(f"Error: {error}", err=True)
+            raise typer.Exit(code=1) from None
 
     from readers.engines import open_engine
     from service.app import create_app
