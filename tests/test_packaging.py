@@ -1,4 +1,5 @@
-"""The wheel, installed the normal way, carries every data file the commands read.
+"""Packaging: every imported third-party package is declared, and the wheel, installed the normal
+way, carries every data file the commands read.
 
 The wheel is built from a copy of the tree (no stale ``build/`` can leak into it), installed with
 ``--no-deps --no-index`` into a fresh venv that sees this venv's packages through a ``.pth`` line (so
@@ -7,23 +8,25 @@ nothing is downloaded), and ``decide cost`` runs there from a directory outside 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
 import zipfile
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGING = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PACKAGING = PYPROJECT["tool"]["setuptools"]
 PACKAGE_DIRS = sorted({name.rstrip("*") for name in PACKAGING["packages"]["find"]["include"]})
 # The suffixes the package-data globs ship ("**/*.toml" → ".toml").
 DATA_SUFFIXES = {pattern.rsplit("*", 1)[1] for pattern in PACKAGING["package-data"]["*"]}
@@ -38,6 +41,55 @@ def data_files() -> list[str]:
         for path in (ROOT / top).rglob("*")
         if path.is_file() and path.suffix in DATA_SUFFIXES and "__pycache__" not in path.parts
     )
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared(requirements: list[str]) -> set[str]:
+    return {canonical(re.match(r"[A-Za-z0-9._-]+", requirement).group()) for requirement in requirements}
+
+
+def third_party_imports(folders: list[str]) -> dict[str, set[str]]:
+    """Top-level names imported anywhere under ``folders`` that are neither stdlib nor this repo's."""
+    # Anything defined in this repo is ours: the packages, patches/' own package, tests' helper modules.
+    local: set[str] = set()
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [name for name in subfolders if name not in NOT_COPIED]  # never walk the venv
+        local |= set(Path(folder).relative_to(ROOT).parts) | {name[:-3] for name in files if name.endswith(".py")}
+    found: dict[str, set[str]] = {}
+    for folder in folders:
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top not in local:
+                        found.setdefault(top, set()).add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def undeclared(imports: dict[str, set[str]], allowed: set[str]) -> dict[str, list[str]]:
+    """Import name → the files importing it, for each name no allowed distribution provides."""
+    providers = packages_distributions()
+    return {
+        name: sorted(files)
+        for name, files in imports.items()
+        if not {canonical(dist) for dist in providers.get(name, [])} & allowed
+    }
+
+
+def test_every_third_party_import_is_declared():
+    runtime = declared(PYPROJECT["project"]["dependencies"])
+    test = runtime | declared(PYPROJECT["project"]["optional-dependencies"]["test"])
+    assert undeclared(third_party_imports(PACKAGE_DIRS), runtime) == {}, "add these to [project] dependencies"
+    assert undeclared(third_party_imports(["tests"]), test) == {}, "add these to the test extra"
 
 
 def run(command: list[str], **options) -> str:
@@ -83,6 +135,7 @@ def clean_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
 
 
+@pytest.mark.integration
 def test_the_wheel_lists_every_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = data_files()
@@ -91,6 +144,7 @@ def test_the_wheel_lists_every_data_file(wheel):
     assert [name for name in expected if name not in names] == []
 
 
+@pytest.mark.integration
 def test_the_installed_modules_and_data_come_from_the_venv(venv, tmp_path):
     files = {name: hashlib.sha256((ROOT / name).read_bytes()).hexdigest() for name in data_files()}
     script = f"""
@@ -108,6 +162,7 @@ print(json.dumps({{"modules": [m.__file__ for m in modules], "read": read}}))
     assert found["read"] == files
 
 
+@pytest.mark.integration
 def test_decide_cost_prints_the_shipped_price_rows(venv, tmp_path):
     prices = tomllib.loads((ROOT / "eval" / "data" / "prices.toml").read_text())
     v6e = [row for row in prices["price"] if row["chip"] == "v6e"]
