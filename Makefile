@@ -1,12 +1,13 @@
 # make serve: a venv, the embedded model prepared once, the service on 127.0.0.1:8000.
-# make test:  a venv with the test extras, then the whole test suite.
+# make test:  a venv with the test extras, then the whole test suite (what CI runs).
+# make test-fast: the inner loop, without the slow and integration tiers (under 90 s on 2 cores).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test venv model engine engine-stop clean
+.PHONY: serve test test-fast venv model engine engine-stop clean
 
 venv: $(VENV)/.installed
 
@@ -35,6 +36,9 @@ engine-stop: venv
 
 test: model
 	$(BIN)/python -m pytest
+
+test-fast: model
+	$(BIN)/python -m pytest -m "not slow and not integration"
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,5 +1,8 @@
 """Scoring metrics for probabilistic decisions, one convention each (stated here, once).
 
+scikit-learn computes Brier, NLL and AUROC; only ECE (and the one-line accuracy) is written here,
+because scikit-learn has no top-label ECE (``calibration_curve`` bins one class's probability).
+
 - ``*_score`` is higher-better; ``*_loss`` and ``ece`` are lower-better. Logs are natural.
 - Inputs: ``probabilities`` is an (n, k) array whose rows sum to 1; ``labels`` holds the index of the
   true class per row.
@@ -8,11 +11,13 @@
   ECE = Σ_b (n_b / n) · |accuracy_b − mean confidence_b|. Always print ``n_bins`` beside the value
   (15 by default; 10 for the public-suite tables).
 - **Brier** is multiclass: Σ_k (p_k − y_k)², averaged over rows (2× the binary Brier score on
-  two classes).
-- **NLL** is the mean of −log p(true class), with p clipped at 1e-15 (scikit-learn's ``log_loss``
-  on the same rows).
+  two classes): scikit-learn's ``brier_score_loss`` with ``scale_by_half=False``.
+- **NLL** is the mean of −log p(true class): scikit-learn's ``log_loss``, which clips p to
+  [eps, 1 − eps] with eps the float64 machine epsilon (≈2.2e-16).
 - **AUROC** (noul) is scikit-learn's ``roc_auc_score`` of P(true) against the true answers.
-"""
+
+scikit-learn is imported inside the functions that use it: importing ``sklearn.metrics`` takes
+seconds, and the service imports this module at start-up for ECE only."""
 
 from __future__ import annotations
 
@@ -20,7 +25,6 @@ import numpy as np
 
 N_BINS = 15
 SUITE_N_BINS = 10
-EPS = 1e-15
 
 
 def _check(probabilities, labels) -> tuple[np.ndarray, np.ndarray]:
@@ -80,15 +84,16 @@ def ece(probabilities, labels, n_bins: int = N_BINS) -> float:
 
 
 def brier_loss(probabilities, labels) -> float:
-    """Multiclass Brier: mean over rows of Σ_k (p_k − y_k)².
+    """Multiclass Brier: mean over rows of Σ_k (p_k − y_k)² (not halved on two classes).
 
     >>> round(brier_loss([[0.9, 0.1], [0.6, 0.4]], [0, 1]), 4)
     0.37
     """
+    from sklearn.metrics import brier_score_loss
+
     p, y = _check(probabilities, labels)
-    onehot = np.zeros_like(p)
-    onehot[np.arange(len(p)), y] = 1.0
-    return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
+    # labels= fixes the k columns even when some class never occurs among the true answers.
+    return float(brier_score_loss(y, p, labels=np.arange(p.shape[1]), scale_by_half=False))
 
 
 def auroc_score(p_true, is_true) -> float:
@@ -99,6 +104,12 @@ def auroc_score(p_true, is_true) -> float:
 
 
 def nll_loss(probabilities, labels) -> float:
-    """Mean negative log-likelihood of the true class (natural log)."""
+    """Mean negative log-likelihood of the true class (natural log; scikit-learn's ``log_loss``).
+
+    >>> round(nll_loss([[0.9, 0.1], [0.6, 0.4]], [0, 1]), 4)
+    0.5108
+    """
+    from sklearn.metrics import log_loss
+
     p, y = _check(probabilities, labels)
-    return float(-np.mean(np.log(np.clip(p[np.arange(len(p)), y], EPS, 1.0))))
+    return float(log_loss(y, p, labels=np.arange(p.shape[1])))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from importlib import resources
 from pathlib import Path
 
 from deploy.runfile import Model, Run
 from deploy.targets import self_delete_command
 
-TEMPLATE = Path(__file__).with_name("startup.sh")
+TEMPLATE = resources.files("deploy").joinpath("startup.sh")
 SETTINGS_START = "# --- settings (rendered by deploy/startup.py; these example values keep the template checkable) ---"
 SETTINGS_END = "# --- end settings ---"
 RENDERED_START = "# --- settings (rendered by deploy/startup.py from the run file) ---"

@@ -80,6 +80,16 @@ def serve(
             parse_engine_urls(engine_url)
         except ValueError as error:
             raise typer.BadParameter(str(error), param_hint="--engine-url") from None
+    if engine == "local" and model_dir is None:
+        from readers.embedded import gguf_path
+
+        # Checked before binding: the engine opens after start-up, so a missing wheel would
+        # otherwise leave the service answering 503 on /readyz for ever.
+        try:
+            gguf_path()
+        except FileNotFoundError as error:
+            typer.echo(f"Error: {error}", err=True)
+            raise typer.Exit(code=1) from None
 
     from readers.engines import open_engine
     from service.app import create_app

@@ -1,9 +1,14 @@
-"""Shared fixtures: the real embedded model, loaded once per session, and an in-process client."""
+"""Shared fixtures: the real embedded model, loaded once per session, and an in-process client.
+
+Tiers: ``integration`` (a real server, engine, emulator or CLI process; everything under
+tests/integration/) and ``slow`` (many records read through the model). The inner loop is
+``pytest -m "not slow and not integration"``; ``make test`` runs everything."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,6 +17,15 @@ from readers.embedded import prepare_embedded_model
 from readers.engines.base import Engine
 from readers.engines.local import LocalEngine
 from service.app import create_app
+
+
+INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.is_relative_to(INTEGRATION_DIR):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

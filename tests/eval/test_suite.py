@@ -29,6 +29,7 @@ def test_jev_minus_arm_hand_computed():
     assert difference == pytest.approx(0.1) and (lo, hi) == pytest.approx((0.1 - 1.959964 * se, 0.1 + 1.959964 * se))
 
 
+@pytest.mark.slow  # 48 reads
 async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     data = tmp_path / "suite"
     build_from_tasks(data)

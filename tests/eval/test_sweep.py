@@ -17,6 +17,7 @@ def test_long_states_are_unique_and_about_the_asked_length(tokenizer):
         assert 1000 <= len(tokenizer.encode(state, add_special_tokens=False)) <= 1030
 
 
+@pytest.mark.slow  # 48 reads, two of them 1,024-token states
 async def test_sweep_rows_summary_figure_and_cost_input(local_engine, tmp_path):
     rows = await run_sweep(local_engine, tmp_path, concurrencies=(1, 8), passes=2, requests=8, long_tokens=(1024,), long_requests=2, long_concurrency=2)
     assert {(r["shape"], r["concurrency"]) for r in rows} == {("short", 1), ("short", 8), ("long-1024", 2)}

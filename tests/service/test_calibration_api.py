@@ -19,6 +19,7 @@ def examples(n: int) -> list[dict]:
     return [{"state": r.text, "questions": {"sentiment": QUESTION}, "gold": {"sentiment": r.gold}} for r in spread(load_sample("sst2"), n)]
 
 
+@pytest.mark.slow  # 60 labelled examples read
 async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engine, tmp_path):
     path = tmp_path / "calibration.sqlite3"
     async with client_factory(local_engine, store=CalibrationStore(path)) as client:

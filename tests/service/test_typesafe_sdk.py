@@ -17,6 +17,8 @@ from service.app import create_app
 
 typesafe_sdk = pytest.importorskip("typesafe_sdk")
 
+pytestmark = pytest.mark.integration  # a real uvicorn server on a loopback port
+
 
 class EncodingRecorder:
     def __init__(self, app) -> None:
