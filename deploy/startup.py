@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shlex
 from importlib import resources
-from pathlib import Path
 
 from deploy.runfile import Model, Run
 from deploy.targets import self_delete_command
