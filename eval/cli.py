@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -103,17 +102,14 @@ def cost(
     out: Annotated[Optional[Path], typer.Option(help="also write cost.json and cost.png here")] = None,
 ) -> None:
     """Cost per million decisions: $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶, and Jev's at the same prompts."""
-    from eval.cost import break_even_rows, break_even_table, cost_rows, cost_table, load_prices, quoted_v6e_throughputs, throughput_of_run
+    from eval.cost import break_even_rows, break_even_table, cost_rows, cost_table, load_prices, price_overrides, quoted_v6e_throughputs, throughput_of_run, write_cost
 
     if not 0 < utilisation <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--utilisation")
-    overrides = {}
-    for item in price:
-        name, _, usd = item.partition("=")
-        try:
-            overrides[name] = (chip, float(usd))
-        except ValueError:
-            raise typer.BadParameter(f"{item!r} is not NAME=USD_PER_HOUR", param_hint="--price") from None
+    try:
+        overrides = price_overrides(price, chip=chip)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--price") from None
     try:
         price_rows, jev = load_prices(prices, overrides)
     except ValueError as exc:  # a row at or below 0 $/h, from --prices or --price
@@ -129,11 +125,7 @@ def cost(
     rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
     unmeasured = break_even_rows(rows, price_rows, utilisation=utilisation)
     if out:
-        from eval.figures import plot_costs
-
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "cost.json").write_text(json.dumps({"costs": rows, "break_even": unmeasured}, indent=2) + "\n")
-        plot_costs(rows, out / "cost.png")
+        write_cost(out, rows, unmeasured)
     typer.echo(cost_table(rows))
     if unmeasured:
         typer.echo(break_even_table(unmeasured))
@@ -155,7 +147,7 @@ def survey(
 ) -> None:
     """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
     from eval.kv_log import measured_capacity
-    from eval.survey import CHIP_TOTAL_GIB, CHIPS, KV_CACHE_DTYPES, VLLM_DTYPES, fetch_metadata, load_metadata, measured_table, measurement_mismatch, survey_model, survey_table
+    from eval.survey import CHIP_TOTAL_GIB, CHIPS, KV_CACHE_DTYPES, VLLM_DTYPES, measured_table, measurement_mismatch, survey_models, survey_table
 
     if chip not in CHIPS:
         raise typer.BadParameter(f"choose one of {', '.join(CHIPS)}", param_hint="--chip")
@@ -182,22 +174,15 @@ def survey(
             raise typer.BadParameter(str(exc), param_hint="--measured") from None
         if why := measurement_mismatch(measurements[model], chip=chip, max_model_len=max_model_len):
             raise typer.BadParameter(f"{item}: {why}", param_hint="--measured")
-    saved = load_metadata(metadata) if metadata else {}
-    allowed = {name.strip() for name in license.split(",")} if license else None
-    rows, skipped = [], []
-    for model in models:
-        meta = saved.get(model) or (None if metadata else fetch_metadata(model))
-        if meta is None:
-            raise typer.BadParameter(f"{model} is not in {metadata}")
-        if allowed and meta.get("license") not in allowed:
-            skipped.append(f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})")
-            continue
-        try:
-            rows.append(survey_model(model, meta, chip=chip, max_model_len=max_model_len, reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib,
-                                     dtype=VLLM_DTYPES.get(dtype), kv_cache_dtype=kv_cache_dtype, memory_utilisation=gpu_memory_utilization,
-                                     measured=measurements.get(model)))  # fmt: skip
-        except ValueError as exc:  # metadata the survey cannot size (a multimodal config without the Hub's parameter total)
-            raise typer.BadParameter(str(exc), param_hint="MODELS / --metadata") from None
+    licences = {name.strip() for name in license.split(",")} if license else None
+    try:
+        rows, skipped = survey_models(
+            models, metadata=metadata, licences=licences, measurements=measurements, chip=chip, max_model_len=max_model_len,
+            reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib, dtype=VLLM_DTYPES.get(dtype), kv_cache_dtype=kv_cache_dtype,
+            memory_utilisation=gpu_memory_utilization,
+        )  # fmt: skip
+    except ValueError as exc:  # a model missing from --metadata, or metadata the survey cannot size
+        raise typer.BadParameter(str(exc), param_hint="MODELS / --metadata") from None
     typer.echo(survey_table(rows))
     if comparison := measured_table(rows):
         typer.echo("Predicted vs measured:\n\n" + comparison)

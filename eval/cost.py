@@ -50,6 +50,33 @@ def load_prices(path: Path | None = None, overrides: dict[str, tuple[str, float]
     return prices, data["jev"]
 
 
+def price_overrides(items: list[str], *, chip: str) -> dict[str, tuple[str, float]]:
+    """``NAME=USD_PER_HOUR`` items (``--price``) as ``load_prices`` overrides for ``chip``.
+
+    >>> price_overrides(["cpu-2core=0.36"], chip="cpu")
+    {'cpu-2core': ('cpu', 0.36)}
+    """
+    overrides = {}
+    for item in items:
+        name, sep, usd = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            overrides[name] = (chip, float(usd))
+        except ValueError:
+            raise ValueError(f"{item!r} is not NAME=USD_PER_HOUR") from None
+    return overrides
+
+
+def write_cost(out: Path, rows: list[dict], break_even: list[dict]) -> None:
+    """cost.json (costs and break-even rows) and cost.png in ``out``."""
+    from eval.figures import plot_costs
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cost.json").write_text(json.dumps({"costs": rows, "break_even": break_even}, indent=2) + "\n")
+    plot_costs(rows, out / "cost.png")
+
+
 def cost_per_million(usd_per_hour: float, decisions_per_s: float, utilisation: float = 1.0) -> float:
     """
     >>> round(cost_per_million(2.97, 274), 2)

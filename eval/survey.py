@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 GIB = 1024**3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
@@ -289,3 +290,26 @@ def _delta(row: SurveyRow) -> str:
 
 def _gib(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
+
+
+def survey_models(
+    models: list[str],
+    *,
+    metadata: Path | None,
+    licences: set[str] | None,
+    measurements: dict[str, Any],
+    **options: Any,
+) -> tuple[list[SurveyRow], list[str]]:
+    """Survey each model (offline from ``metadata``, else from the Hub); models whose licence is not in
+    ``licences`` are left out and named. Raises ValueError for a model ``metadata`` lacks."""
+    saved = load_metadata(metadata) if metadata else {}
+    rows, skipped = [], []
+    for model in models:
+        meta = saved.get(model) or (None if metadata else fetch_metadata(model))
+        if meta is None:
+            raise ValueError(f"{model} is not in {metadata}")
+        if licences and meta.get("license") not in licences:
+            skipped.append(f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})")
+            continue
+        rows.append(survey_model(model, meta, measured=measurements.get(model), **options))
+    return rows, skipped

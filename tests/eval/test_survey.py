@@ -276,3 +276,16 @@ def test_the_hub_path_gives_the_offline_numbers(hub, tmp_path, model):
     offline = {k: v for k, v in META[model].items() if k != "measured_kv_tokens"}
     for chip in ("v5e", "v6e"):
         assert survey_model(model, fetched, chip=chip, max_model_len=4096) == survey_model(model, offline, chip=chip, max_model_len=4096)
+
+
+def test_survey_models_leaves_out_other_licences_and_names_them():
+    from eval.survey import survey_models
+
+    rows, skipped = survey_models(
+        ["Qwen/Qwen3-4B", "google/gemma-3-270m"], metadata=METADATA, licences={"apache-2.0"},
+        measurements={"google/gemma-3-270m": {}}, chip="v5e", max_model_len=4096,
+    )  # fmt: skip
+    assert [row.model for row in rows] == ["Qwen/Qwen3-4B"]
+    assert skipped == ["google/gemma-3-270m (licence gemma; its --measured unused)"]
+    with pytest.raises(ValueError, match="is not in"):
+        survey_models(["no/such-model"], metadata=METADATA, licences=None, measurements={}, chip="v5e", max_model_len=4096)
