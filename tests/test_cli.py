@@ -26,7 +26,7 @@ def test_ask_prints_a_jev_answer(embedded_model_dir):
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)["answers"]["answer"]
     assert answer["type"] == "choice" and set(answer["probabilities"]) == {"positive", "negative"}
-    assert answer["reading"]["read_mode"] == "exact"
+    assert answer["x_reading"]["read_mode"] == "exact"
 
 
 def test_ask_refuses_two_question_kinds():
@@ -56,7 +56,7 @@ def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
         body = json.loads(output)
         assert body["model"] == "smollm2-135m-instruct"
         (answer,) = body["answers"].values()
-        assert answer["type"] in {"noul", "choice", "score"} and "reading" in answer
+        assert answer["type"] in {"noul", "choice", "score"} and "x_reading" in answer
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadRequest
-from readers.engines.function import FunctionEngine
+from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
+from tests.service.conftest import function_engine
 
 pytestmark = pytest.mark.anyio
 
 BODY = {"state": "The parcel never arrived.", "questions": {"late": {"type": "noul", "instructions": "Is the customer complaining?"}}}
-
-
-def function_engine(local_engine, fn, mode=ReadMode.TOPK) -> FunctionEngine:
-    capabilities = Capabilities(read_mode=mode, max_logprobs=32, top_k=32, probe={"engine": "function"})
-    return FunctionEngine(fn, tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=capabilities)
 
 
 def raises(error):
@@ -42,7 +37,7 @@ async def test_engine_errors_keep_their_status_and_reason(client_factory, local_
         response = await client.post("/v1/systemone", json=BODY)
     assert response.status_code == status
     detail = response.json()["detail"]
-    assert detail["type"] == error_type and detail["message"] == error.message
+    assert detail["error_type"] == error_type and detail["message"] == error.message
     if status == 503:
         assert response.headers["retry-after"] == "7"
 
@@ -55,7 +50,7 @@ async def test_an_unexpected_failure_is_a_json_500(local_engine):
     app = create_app(function_engine(local_engine, raises(RuntimeError("boom"))))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://t") as client:
         response = await client.post("/v1/systemone", json=BODY)
-    assert response.status_code == 500 and response.json()["detail"]["type"] == "internal_error"
+    assert response.status_code == 500 and response.json()["detail"]["error_type"] == "internal_error"
 
 
 async def test_reply_without_logprobs_is_a_502_not_a_guess(client_factory, local_engine):
@@ -87,9 +82,9 @@ async def test_no_label_in_the_top_k_is_an_abstention(client_factory, local_engi
         response = await client.post("/v1/systemone", json=body)
     assert response.status_code == 200
     noul = response.json()["answers"]["n"]
-    assert noul["noul"] == 0.5 and not noul["reading"]["informative"]  # Jev's "uncertain", flagged as no read
+    assert noul["noul"] == 0.5 and not noul["x_reading"]["informative"]  # Jev's "uncertain", flagged as no read
     answer = response.json()["answers"]["c"]
-    reading = answer["reading"]
+    reading = answer["x_reading"]
     assert not reading["informative"] and reading["labels_returned"] == 0
     assert answer["confidence"] == 0.0
     assert reading["probability_bounds"] == {"positive": [0.0, 1.0], "negative": [0.0, 1.0]}

@@ -26,7 +26,7 @@ async def test_requests_get_503_until_the_engine_opens(local_engine):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
             early = await client.get("/v1/models")
             assert early.status_code == 503 and "retry-after" in early.headers
-            assert early.json()["detail"]["type"] == "engine_unavailable"
+            assert early.json()["detail"]["error_type"] == "engine_unavailable"
             for _ in range(100):
                 ready = await client.get("/v1/models")
                 if ready.status_code == 200:
