@@ -52,17 +52,35 @@ def serve(
     engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
     engine_image: Annotated[Optional[str], typer.Option(help="the engine's container image by digest (repo@sha256:…), reported in every answer")] = None,
     service_image: Annotated[Optional[str], typer.Option(help="this service's container image by digest, reported in every answer")] = None,
+    api_key_file: Annotated[
+        Optional[Path], typer.Option(help="API keys, one per line (also $OPENDECIDE_API_KEYS, comma-separated); callers send Authorization: Bearer KEY")
+    ] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="serve without API keys on a non-loopback address (anyone who can reach it may call)")] = False,
+    rate_limit: Annotated[Optional[float], typer.Option(help="requests per second per API key (429 beyond); default: no limit")] = None,
+    rate_burst: Annotated[int, typer.Option(help="requests a key may send at once before --rate-limit applies")] = 20,
+    max_cost_in_flight: Annotated[int, typer.Option(help="prompt tokens (summed over reads) being read at once")] = 8_192,
+    max_cost_queued: Annotated[int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")] = 32_768,
+    max_request_cost: Annotated[int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")] = 65_536,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
-    quiet_loaders()
-    import uvicorn
-
     from readers.engines import ENGINE_KINDS
+    from service.admission import AdmissionLimits
+    from service.auth import check_bind, load_api_keys
 
     if engine not in ENGINE_KINDS:
         raise typer.BadParameter(f"choose one of {', '.join(ENGINE_KINDS)}", param_hint="--engine")
     if engine == "vllm" and not engine_url:
         raise typer.BadParameter("--engine vllm needs --engine-url", param_hint="--engine-url")
+    try:
+        api_keys = load_api_keys(api_key_file)
+        if api_keys and no_auth:
+            raise ValueError("--no-auth and API keys contradict each other")
+        auth_notice = check_bind(host, has_keys=bool(api_keys), no_auth=no_auth)
+        admission = AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost)
+    except (OSError, ValueError) as error:
+        raise typer.BadParameter(str(error)) from None
+    quiet_loaders()
+    import uvicorn
 
     from readers.engines import open_engine
     from service.app import create_app
@@ -84,10 +102,17 @@ def serve(
     service_log = logging.getLogger("opendecide")
     service_log.addHandler(handler)
     service_log.setLevel(logging.INFO)  # JSON access lines from opendecide.access, engine start-up notes
+    if auth_notice:
+        service_log.warning(auth_notice)
+    else:
+        service_log.info("authentication on: %d API key(s)", len(api_keys))
 
     calibrations = CalibrationStore(store or default_cache_dir() / "calibration.sqlite3")
     images = ServedImages(engine=engine_image, service=service_image)
-    app_ = create_app(open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every, images=images)
+    app_ = create_app(
+        open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every, images=images,
+        api_keys=api_keys or None, rate_limit=(rate_limit, rate_burst) if rate_limit else None, admission=admission,
+    )  # fmt: skip
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 

@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from deploy.processes import free_port, wait_for_models
 from opendecide.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ask_prints_a_jev_answer(embedded_model_dir):
@@ -60,3 +61,35 @@ def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_serve_with_keys_from_the_environment_on_all_interfaces(embedded_model_dir, tmp_path):
+    import httpx
+
+    key = "od-cli-test-key-9f8e7d6c5b4a"
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = dict(os.environ, OPENDECIDE_API_KEYS=key)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "opendecide", "serve", "--host", "0.0.0.0", "--port", str(port)],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            assert server.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        refused = httpx.get(f"{url}/v1/models", timeout=10)
+        served = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert refused.status_code == 401 and refused.json()["detail"]["error_type"] == "authentication_error"
+    assert served.status_code == 200
+    text = log.read_text()
+    assert "authentication on: 1 API key(s)" in text and key not in text
