@@ -25,8 +25,9 @@ from service.errors import send_error
 KEYS_ENV = "OPENDECIDE_API_KEYS"
 MIN_KEY_CHARS = 16
 # Liveness and readiness answer orchestrators' probes, which carry no key; neither says anything a
-# caller could use (readiness names the model, as /v1/models would).
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# caller could use (readiness names the model, as /v1/models would). The OpenAPI document is the
+# public contract, fetched by generators before they hold a key.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 
 
 def digest(key: str) -> bytes:
