@@ -238,6 +238,18 @@ class CalibrationStore:
             json.loads(row["options"]), json.loads(row["raw_probabilities"]), bool(row["informative"]),
         )  # fmt: skip
 
+    def prune_decisions(self, older_than: dt.datetime) -> int:
+        """Delete decisions recorded before ``older_than`` that never got feedback; returns how many.
+
+        Decisions with feedback are kept: they are the labelled data refits are fitted on."""
+        cutoff = older_than.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+        with self._connect() as db:
+            cursor = db.execute(
+                "DELETE FROM decisions WHERE created_at < ? AND NOT EXISTS (SELECT 1 FROM feedback f WHERE f.decision_id = decisions.id)",
+                (cutoff,),
+            )
+            return int(cursor.rowcount)
+
     def add_feedback(self, decision_id: str, gold: str) -> int:
         """Record the true answer for a decision; returns the feedback's sequence number."""
         with self._connect() as db:

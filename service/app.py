@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -30,6 +31,7 @@ from service.observe import ObserveMiddleware
 from service.openapi import complete_openapi
 from service.ratelimit import RateLimitMiddleware
 from service.request_id import RequestIdMiddleware
+from service.retention import prune_periodically
 from service.routes import calibrations, decisions, models, operations
 from service.state import ServedImages
 
@@ -70,6 +72,7 @@ def create_app(
     api_keys: list[str] | None = None,
     rate_limit: tuple[float, int] | None = None,
     admission: AdmissionLimits = AdmissionLimits(),
+    retention: dt.timedelta | None = None,
 ) -> FastAPI:
     """The service around one engine: pass it built, or ``open_engine`` to build it at start-up.
 
@@ -78,7 +81,8 @@ def create_app(
     ``auto_refit_every`` refits a key from its feedback every N gold answers. ``images`` names the
     serving images, reported in every answer's provenance. ``api_keys`` turns authentication on
     (None: off); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
-    prompt tokens in flight and queued.
+    prompt tokens in flight and queued. ``retention`` deletes unlabelled decision records older
+    than it (hourly, from start-up); None keeps them.
     """
     if auto_refit_every is not None and auto_refit_every < 1:
         raise ValueError("auto_refit_every must be positive")
@@ -90,9 +94,14 @@ def create_app(
         # The engine opens in the background: until it answers (a vLLM server still loading, a model
         # still converting) requests get 503 with the reason, instead of the service failing to start.
         task = asyncio.create_task(_open_until_ready(app, open_engine)) if open_engine is not None else None
+        pruning = asyncio.create_task(prune_periodically(store, retention)) if store is not None and retention else None
         try:
             yield
         finally:
+            if pruning is not None:
+                pruning.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pruning
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Annotated, Optional
@@ -61,6 +62,7 @@ def serve(
     max_cost_in_flight: Annotated[int, typer.Option(help="prompt tokens (summed over reads) being read at once")] = 8_192,
     max_cost_queued: Annotated[int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")] = 32_768,
     max_request_cost: Annotated[int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")] = 65_536,
+    retention_days: Annotated[Optional[float], typer.Option(help="delete unlabelled decision records older than this (default: keep)")] = None,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
     from readers.engines import ENGINE_KINDS
@@ -112,6 +114,7 @@ def serve(
     app_ = create_app(
         open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every, images=images,
         api_keys=api_keys or None, rate_limit=(rate_limit, rate_burst) if rate_limit else None, admission=admission,
+        retention=dt.timedelta(days=retention_days) if retention_days else None,
     )  # fmt: skip
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
