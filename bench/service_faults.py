@@ -4,15 +4,16 @@ vLLM-CPU engine is killed (its whole session) and restarted in the middle.
 The service is the real app on a real uvicorn server in this process (loopback HTTP); the engine is
 the embedded model in process, or a vLLM-CPU server this script starts. Requests are one-question
 decisions over distinct short states; a fixed count at a fixed concurrency, bounded by --max-seconds
-(requests not sent by then are counted as ``not_sent``). Every response is counted by status;
+(requests not sent by then are counted as ``not_sent``); ``--rate`` paces them, so a kill and restart
+fall inside the run rather than after it. Every response is counted by status;
 decisions/s and p50/p99 are over the 200s.
 
 Run:
 
     .venv/bin/python bench/service_faults.py --engine local --out docs/evidence/trust/local-load/result.json
     .venv/bin/python bench/service_faults.py --engine vllm --out docs/evidence/trust/vllm-load/result.json
-    .venv/bin/python bench/service_faults.py --engine vllm --kill-at 8 --restart-after 2 \
-        --out docs/evidence/trust/vllm-kill-restart/result.json
+    .venv/bin/python bench/service_faults.py --engine vllm --requests 400 --rate 4 --kill-at 20 --restart-after 2 \
+        --max-seconds 150 --out docs/evidence/trust/vllm-kill-restart/result.json
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ async def main(args: argparse.Namespace) -> dict:
                 deadline = started + args.max_seconds
 
                 async def send(i: int) -> bool:
+                    if args.rate:  # open loop: request i leaves at i / rate, whatever came back before
+                        await asyncio.sleep(max(0.0, started + i / args.rate - time.monotonic()))
                     if time.monotonic() > deadline:
                         statuses["not_sent"] += 1
                         return False
@@ -144,6 +147,7 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-seconds", type=float, default=120.0)
+    parser.add_argument("--rate", type=float, default=None, help="requests/s, paced (default: as fast as the concurrency allows)")
     parser.add_argument("--client-timeout", type=float, default=60.0)
     parser.add_argument("--engine-timeout", type=float, default=30.0)
     parser.add_argument("--kill-at", type=float, default=None, help="vllm only: seconds into the run to kill the engine")
