@@ -50,3 +50,12 @@ def serving(app) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+RUN_SUMMARIES: list[str] = []
+"""Lines a test wants printed at the end of the run even when it passes (the fuzz run's case count)."""
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for line in RUN_SUMMARIES:
+        terminalreporter.write_line(line)

@@ -4,6 +4,7 @@ per-request cap; cancelled waiters leave the queue."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -145,3 +146,34 @@ async def test_a_flood_is_refused_fast_not_queued_for_seconds(client_factory, lo
     assert set(statuses) <= {200, 529} and statuses.count(200) >= 20 and statuses.count(529) >= 100
     refused_s = sorted(seconds for status, seconds in results if status == 529)
     assert refused_s[len(refused_s) // 2] < 5.0
+
+
+def test_the_sdk_sees_529_with_its_retry_after(local_engine):
+    """Jev's SDK, retries off, against a real server whose queue is full: status 529, the message, and
+    Retry-After (which its default policy honours when it retries 5xx)."""
+    import threading
+
+    typesafe_sdk = pytest.importorskip("typesafe_sdk")
+    from service.app import create_app
+    from tests.service.conftest import serving
+
+    gate = threading.Event()
+
+    async def held(request):
+        await asyncio.to_thread(gate.wait, 60)
+        return favour_first(request)
+
+    limits = AdmissionLimits(in_flight_cost=1, queued_cost=1, retry_after_s=7)
+    app = create_app(function_engine(local_engine, held, ReadMode.EXACT), admission=limits)
+    question = {"q": typesafe_sdk.Noul(instructions="Is it?")}
+    with serving(app) as url:
+        with typesafe_sdk.TypeSafeClient(api_key="unused-without-auth", base_url=url, retry=typesafe_sdk.RetryPolicy(max_retries=0)) as client:
+            holder = threading.Thread(target=client.system_one, kwargs={"state": "first", "questions": question})
+            holder.start()
+            time.sleep(1.0)
+            with pytest.raises(typesafe_sdk.TypeSafeInternalServerError) as raised:
+                client.system_one(state="second", questions=question)
+            gate.set()
+            holder.join(timeout=30)
+    assert raised.value.status == 529 and raised.value.headers["retry-after"] == "7"
+    assert raised.value.body["detail"]["error_type"] == "overloaded_error" and "at capacity" in str(raised.value)
