@@ -34,14 +34,13 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deploy.processes import free_port  # noqa: E402
+from deploy.processes import free_port, serving  # noqa: E402
 from deploy.vllm_cpu import ServerSpec, install, session_members, start, status, stop  # noqa: E402
 from eval.load import machine_info, run_load  # noqa: E402
 from readers.embedded import prepare_embedded_model  # noqa: E402
 from readers.engines import open_engine  # noqa: E402
 from readers.engines.vllm import VLLMEngine  # noqa: E402
 from service.app import create_app  # noqa: E402
-from tests.service.conftest import serving  # noqa: E402
 
 QUESTION = {"type": "noul", "instructions": "Is the customer asking for money back?"}
 

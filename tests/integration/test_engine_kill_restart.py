@@ -13,11 +13,10 @@ import time
 import httpx
 import pytest
 
-from deploy.processes import free_port
+from deploy.processes import free_port, serving
 from deploy.vllm_cpu import ServerSpec, install, session_members, start, stop
 from readers.engines.vllm import VLLMEngine
 from service.app import create_app
-from tests.service.conftest import serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 

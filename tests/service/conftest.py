@@ -1,15 +1,10 @@
-"""Service test helpers: a function engine over the embedded model's real tokenizer."""
+"""Service test helpers: a function engine over the embedded model's real tokenizer; the run summary.
+
+A real server for an app in a thread is ``deploy.processes.serving``."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-import time
-from collections.abc import Iterator
-
 import pytest
-import uvicorn
 
 from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadRequest
 from readers.engines.function import FunctionEngine
@@ -31,25 +26,6 @@ def favour_first(request: ReadRequest) -> EngineReply:
 def quick_engine(local_engine) -> FunctionEngine:
     """Answers every read at once (no model): for HTTP-semantics tests."""
     return function_engine(local_engine, favour_first, ReadMode.EXACT)
-
-
-@contextlib.contextmanager
-def serving(app) -> Iterator[str]:
-    """``app`` on a real uvicorn server on a loopback port, in a thread; yields its URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 RUN_SUMMARIES: list[str] = []

@@ -155,7 +155,7 @@ def test_the_sdk_sees_529_with_its_retry_after(local_engine):
 
     typesafe_sdk = pytest.importorskip("typesafe_sdk")
     from service.app import create_app
-    from tests.service.conftest import serving
+    from deploy.processes import serving
 
     gate = threading.Event()
 

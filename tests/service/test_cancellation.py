@@ -17,7 +17,7 @@ import pytest
 from readers.engines.local import LocalEngine
 from service.admission import AdmissionLimits
 from service.app import create_app
-from tests.service.conftest import serving
+from deploy.processes import serving
 
 
 class CountingEngine(LocalEngine):

@@ -6,7 +6,7 @@ import pytest
 
 from service.app import create_app
 from service.ratelimit import TokenBuckets
-from tests.service.conftest import serving
+from deploy.processes import serving
 
 BODY = {"state": "Refund me.", "questions": {"q": {"type": "noul", "instructions": "Is it about money?"}}}
 KEYS = ["od-key-aaaaaaaaaaaaaaaa", "od-key-bbbbbbbbbbbbbbbb"]
