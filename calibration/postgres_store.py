@@ -219,6 +219,14 @@ class PostgresStore(CalibrationStore):
                 "INSERT INTO feedback (decision_id, gold) VALUES (%s, %s) RETURNING seq", (decision_id, gold)
             ).fetchone()[0]
 
+    def prune_decisions(self, older_than: dt.datetime) -> int:
+        with self._pool.connection() as db:
+            cursor = db.execute(
+                "DELETE FROM decisions d WHERE d.created_at < %s AND NOT EXISTS (SELECT 1 FROM feedback f WHERE f.decision_id = d.id)",
+                (older_than,),
+            )
+            return cursor.rowcount
+
     def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         where, params = key_filter(key, "%s")
         query = f"""

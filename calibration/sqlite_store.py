@@ -8,6 +8,7 @@ when another connection commits: one PRAGMA per lookup, no query.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sqlite3
 import threading
@@ -157,6 +158,15 @@ class SQLiteStore(CalibrationStore):
         with self._transaction() as db:
             cursor = db.execute("INSERT INTO feedback (decision_id, gold, received_at) VALUES (?, ?, ?)", (decision_id, gold, utc_now()))
             return int(cursor.lastrowid)
+
+    def prune_decisions(self, older_than: dt.datetime) -> int:
+        cutoff = older_than.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+        with self._transaction() as db:
+            cursor = db.execute(
+                "DELETE FROM decisions WHERE created_at < ? AND NOT EXISTS (SELECT 1 FROM feedback f WHERE f.decision_id = decisions.id)",
+                (cutoff,),
+            )
+            return int(cursor.rowcount)
 
     def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         where, params = key_filter(key, "?")

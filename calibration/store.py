@@ -194,6 +194,12 @@ class CalibrationStore(ABC):
         """Record the true answer for a decision; returns the feedback's sequence number."""
 
     @abstractmethod
+    def prune_decisions(self, older_than: dt.datetime) -> int:
+        """Delete decisions recorded before ``older_than`` that never got feedback; returns how many.
+
+        Decisions with feedback are kept: they are the gold answers refits are fitted on."""
+
+    @abstractmethod
     def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         """(raw probabilities, gold index) for every decision of ``key`` with feedback (latest wins),
         in feedback order; abstentions (no label came back) carry nothing to fit and are left out."""

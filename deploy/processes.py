@@ -1,4 +1,5 @@
-"""Local server processes: a free loopback port, and waiting until a server answers ``/v1/models``.
+"""Local servers: a free loopback port, waiting until a server answers ``/v1/models``, and an ASGI app
+served on a real loopback socket from a thread (tests and benchmarks).
 
 Both vLLM and the decision service are ready when ``GET /v1/models`` answers 200 (vLLM's ``/health``
 answers before the model can serve). Used by ``decide engine start``, the tests and the benchmarks.
@@ -6,9 +7,12 @@ answers before the model can serve). Used by ``decide engine start``, the tests 
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -39,3 +43,25 @@ def wait_for_models(url: str, *, process: subprocess.Popen | None = None, log: P
             pass
         time.sleep(0.5)
     raise TimeoutError(f"{url}/v1/models did not answer within {timeout_s:.0f} s" + (f"; see {log}" if log else ""))
+
+
+@contextlib.contextmanager
+def serving(app, *, timeout_s: float = 30.0) -> Iterator[str]:
+    """``app`` on a real uvicorn server on a free loopback port, in a thread; yields its URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)

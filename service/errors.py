@@ -1,14 +1,29 @@
-"""Errors of the service itself, and how every ``DecideError`` becomes an HTTP response.
+"""Errors of the service itself, and how every error becomes an HTTP response.
 
-    DecideError (readers/errors.py)
-    └── UnknownDecision (404)   feedback for a decision id that was never recorded
+    DecideError (readers/errors.py; engine errors 502/503/504, prompt_too_long 413, …)
+    ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded
+    ├── RequestTooCostly (413 request_too_large)    prompt tokens × questions over the per-request cap
+    ├── Overloaded (529 overloaded_error)           the admission queue is full; Retry-After
+    └── ClientDisconnected (never sent)             the client left; its work was cancelled
 
-Validation errors keep FastAPI's (and Jev's) ``{"detail": [{"loc", "msg", "type"}]}`` shape; every
-other error is ``{"detail": {"message", "type", "param", …}}``.
+Middleware answers before any route, with ``send_error``:
+
+    401 authentication_error   missing or wrong API key            (service/auth.py)
+    429 rate_limit_error       the key's token bucket is empty     (service/ratelimit.py)
+    408 request_timeout        the body did not arrive in time     (service/decompress.py)
+    413 body_too_large         the (decoded) body is over the limit
+    415 unsupported_media_type not application/json, or an unknown Content-Encoding
+    400 bad_encoding           a body that does not decode
+
+Validation errors keep FastAPI's (and Jev's) ``{"detail": [{"loc", "msg", "type"}]}`` shape, without
+``input`` (it may hold state text). Every other error is ``{"detail": {"error_type", "message", …}}``.
+No error carries a stack trace or request text.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -25,28 +40,92 @@ class UnknownDecision(DecideError):
     error_type = "unknown_decision"
 
 
-def validation_error(loc: tuple, message: str, error_type: str, value: Any = None) -> RequestValidationError:
+class RequestTooCostly(DecideError):
+    """One request whose cost (prompt tokens × questions) exceeds what one request may take."""
+
+    status_code = 413
+    error_type = "request_too_large"
+
+
+class Overloaded(DecideError):
+    """The admission queue is full: Jev's 529, which its SDK retries after Retry-After."""
+
+    status_code = 529
+    error_type = "overloaded_error"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ClientDisconnected(DecideError):
+    """The client went away before its answer: nothing is sent, the outcome is logged as a disconnect."""
+
+    status_code = 499
+    error_type = "client_disconnected"
+
+
+def validation_error(loc: tuple, message: str, error_type: str) -> RequestValidationError:
     """A 422 in the validation shape, for rules checked outside the wire models."""
-    return RequestValidationError([{"loc": loc, "msg": message, "type": error_type, "input": value}])
+    return RequestValidationError([{"loc": loc, "msg": message, "type": error_type}])
+
+
+def validation_response(error: RequestValidationError) -> JSONResponse:
+    """The 422 body: ``loc``, ``msg``, ``type`` per error. ``input`` and ``ctx`` are dropped: they echo
+    the request (state text, NaN that JSON cannot carry), and the message already names the rule."""
+    items = [
+        {"loc": [part if isinstance(part, int) else _printable(str(part)) for part in item.get("loc", ())],
+         "msg": _printable(str(item.get("msg", ""))), "type": str(item.get("type", "value_error"))}
+        for item in error.errors()
+    ]  # fmt: skip
+    return JSONResponse({"detail": items}, status_code=422)
+
+
+def _printable(text: str) -> str:
+    """Text safe to encode as UTF-8 JSON: lone surrogates become ``\\udXXX`` escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def error_body(status: int, error_type: str, message: str, **fields: Any) -> dict[str, Any]:
+    detail = ErrorDetail(error_type=error_type, message=message, **fields)
+    return ErrorResponse(detail=detail).model_dump(mode="json", exclude_none=True)
 
 
 def error_response(error: DecideError) -> JSONResponse:
-    detail = ErrorDetail(message=error.message, type=error.error_type, param=error.param)
-    headers = {}
-    if isinstance(error, PromptTooLong):
-        detail.prompt_tokens, detail.context_length = error.prompt_tokens, error.context_length
-        detail.prompt_tokens_exact = error.exact_count
-    if isinstance(error, EngineUnavailable):
-        headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, InvalidQuestion):
         # Same shape as schema errors: the field is in ``loc``.
         content = {"detail": [{"loc": list(error.loc), "msg": error.message, "type": error.error_type}]}
         return JSONResponse(content, status_code=error.status_code)
-    body = ErrorResponse(detail=detail).model_dump(mode="json", exclude_none=True)
+    fields: dict[str, Any] = {"param": error.param}
+    headers = {}
+    if isinstance(error, PromptTooLong):
+        fields |= {"prompt_tokens": error.prompt_tokens, "context_length": error.context_length, "prompt_tokens_exact": error.exact_count}
+    if isinstance(error, (EngineUnavailable, Overloaded)):
+        headers["Retry-After"] = str(error.retry_after_s)
+    body = error_body(error.status_code, error.error_type, error.message, **fields)
     return JSONResponse(body, status_code=error.status_code, headers=headers)
 
 
 def internal_error_response(error: Exception) -> JSONResponse:
     """A JSON 500 naming only the exception's type: no message, trace or request text leaks."""
-    detail = ErrorDetail(message=f"internal error ({type(error).__name__})", type="internal_error")
-    return JSONResponse(ErrorResponse(detail=detail).model_dump(mode="json", exclude_none=True), status_code=500)
+    body = error_body(500, "internal_error", f"internal error ({type(error).__name__})")
+    return JSONResponse(body, status_code=500)
+
+
+async def send_error(send, status: int, error_type: str, message: str, *, headers: dict[str, str] | None = None, **fields: Any) -> None:
+    """Answer an ASGI request with the error body, from a middleware (before any route runs)."""
+    body = json.dumps(error_body(status, error_type, message, **fields), allow_nan=False).encode()
+    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def retry_after_s(seconds: float) -> int:
+    """A Retry-After value: whole seconds, at least 1."""
+    return max(1, math.ceil(seconds))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -30,6 +32,29 @@ def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_values(payload: Any) -> None:
+    """Refuse what JSON text can spell but no reader can use, naming where it is: NaN and ±Infinity
+    (and numbers too large for a float), and lone UTF-16 surrogates (``"\\ud800"``) in any string or
+    key, which no tokenizer can encode and no JSON answer can carry back."""
+    stack: list[tuple[tuple, Any]] = [(("body",), payload)]
+    while stack:
+        loc, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise validation_error(loc, "NaN and Infinity are not valid JSON numbers here", "finite_number")
+        if isinstance(value, str) and _LONE_SURROGATE.search(value):
+            raise validation_error(loc, "text holds a lone UTF-16 surrogate (not valid Unicode)", "unicode_invalid")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _LONE_SURROGATE.search(key):
+                    raise validation_error(loc, "a key holds a lone UTF-16 surrogate (not valid Unicode)", "unicode_invalid")
+                stack.append(((*loc, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*loc, index), item) for index, item in enumerate(value))
+
+
 def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
     """Bytes → validated ``model``, every failure a 422 whose ``loc`` names the field."""
     try:
@@ -40,6 +65,7 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
         raise validation_error(("body",), f"body is not valid JSON: {error}", "json_invalid") from None
     except RecursionError:
         raise validation_error(("body",), "body nests JSON too deeply", "json_invalid") from None
+    _check_values(payload)
     try:
         return model.model_validate(payload)
     except ValidationError as error:
@@ -54,5 +80,5 @@ async def parse_for_model(request: Request, model: type[ModelT]) -> tuple[Reader
     served = reader.engine.info.name
     asked = getattr(body, "model", None)
     if asked not in (None, served, *JEV_ALIASES):
-        raise validation_error(("body", "model"), f"unknown model {asked!r}; this server serves {served!r}", "unknown_model", asked)
+        raise validation_error(("body", "model"), f"unknown model {asked!r}; this server serves {served!r}", "unknown_model")
     return reader, body

@@ -31,7 +31,7 @@ def main(url: str) -> None:
         body = {"domain": "movie-reviews", "state": "A tender, funny film that I would happily watch again.", "questions": {"sentiment": QUESTION}}
         answer = client.post("/v1/systemone", json=body).json()["answers"]["sentiment"]
         print(json.dumps(answer, indent=2))
-        feedback = {"decision_id": answer["reading"]["decision_id"], "gold": "positive"}
+        feedback = {"decision_id": answer["x_reading"]["decision_id"], "gold": "positive"}
         print(json.dumps(client.post("/v1/feedback", json=feedback).json(), indent=2))
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import re
 import time
 from pathlib import Path
@@ -110,6 +111,11 @@ class VLLMEngine(ClosingEngine):
             started = time.monotonic()
             reply = await _call(self._client, "POST", "/v1/completions", json=body)
         logprobs, prompt_tokens = parse_completion(reply)
+        outside = [token for token in logprobs if token >= self.info.vocab_size]
+        if outside:
+            raise EngineBadReply(
+                f"engine returned token id {outside[0]}, outside the tokenizer's {self.info.vocab_size} tokens: is it serving another model?"
+            )
         if prompt_tokens is not None and prompt_tokens != len(request.prompt_ids):
             raise EngineBadReply(
                 f"engine counted {prompt_tokens} prompt tokens for {len(request.prompt_ids)} ids: is it serving another model?"
@@ -150,7 +156,7 @@ def parse_completion(reply: Any) -> tuple[dict[int, float], int | None]:
     for key, value in items:
         if not isinstance(key, str) or not key.startswith("token_id:"):
             raise EngineBadReply(f"engine returned token {key!r}, not a token id (is return_tokens_as_token_ids supported?)")
-        if not isinstance(value, (int, float)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
             raise EngineBadReply(f"engine returned log-prob {value!r} for {key}")
         token = key.removeprefix("token_id:")
         if not token.isdigit():

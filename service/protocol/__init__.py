@@ -2,7 +2,7 @@
 
     base          the unknown-field policy (RequestModel, ResponseModel) and Content
     questions     POST /v1/systemone, /decide and /decide/batch bodies
-    answers       their responses, with the ``reading`` and ``provenance`` extensions
+    answers       their responses, with the ``x_reading`` and ``x_provenance`` extensions
     calibrations  /v1/calibrations, /v1/feedback, /v1/calibrations/refit
     models        GET /v1/models and the error body
 """
@@ -20,7 +20,7 @@ from service.protocol.answers import (
     SystemOneResponse,
     Usage,
 )
-from service.protocol.base import Content, RequestModel, ResponseModel
+from service.protocol.base import BodyModel, Content, RequestModel, ResponseModel
 from service.protocol.calibrations import (
     CalibrationList,
     CalibrationOut,
@@ -30,7 +30,7 @@ from service.protocol.calibrations import (
     LabelledExample,
     RefitRequest,
 )
-from service.protocol.models import ErrorDetail, ErrorResponse, ModelCard, ModelList
+from service.protocol.models import ErrorDetail, ErrorResponse, ModelCard, ModelList, ValidationErrorResponse, ValidationItem
 from service.protocol.questions import (
     MAX_BATCH_READS,
     MAX_BATCH_STATES,
@@ -60,6 +60,7 @@ __all__ = [
     "BatchRequest",
     "BatchResponse",
     "BatchResult",
+    "BodyModel",
     "CalibrationList",
     "CalibrationOut",
     "CalibrationRequest",
@@ -88,4 +89,6 @@ __all__ = [
     "SystemOneRequest",
     "SystemOneResponse",
     "Usage",
+    "ValidationErrorResponse",
+    "ValidationItem",
 ]

@@ -1,6 +1,10 @@
-"""Responses: Jev's answers, plus our extensions ``reading`` (per answer) and ``provenance``.
+"""Responses: Jev's answers, plus our extensions ``x_reading`` (per answer) and ``x_provenance``.
 
-Jev clients ignore unknown response fields, so the extensions are safe to add.
+Jev clients ignore unknown response fields, so the extensions are safe to add; the ``x_`` prefix keeps
+them clear of any field Jev adds later. In Python they are ``reading`` and ``provenance``.
+
+``confidence`` follows Jev's documented formula (``service/confidence.py``), not the top probability,
+so a threshold tuned on Jev keeps its automation rate; the top probability is ``x_reading.top_probability``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class ReadingOut(ResponseModel):
     label_logprobs: dict[str, float | None] = Field(description="as returned; null where missing")
     probability_bounds: dict[str, tuple[float, float]]
     raw_probabilities: dict[str, float]
+    top_probability: float = Field(description="the most probable option's probability (calibrated when a calibration applied)")
     calibration: CalibrationUsed | None = None
     prompt_tokens: int
     engine_latency_ms: float
@@ -46,7 +51,7 @@ class NoulAnswer(ResponseModel):
     type: Literal["noul"] = "noul"
     noul: float
     # -- opendecide extensions
-    reading: ReadingOut
+    reading: ReadingOut = Field(serialization_alias="x_reading")
 
 
 class ChoiceAnswer(ResponseModel):
@@ -55,7 +60,7 @@ class ChoiceAnswer(ResponseModel):
     confidence: float
     probabilities: dict[str, float]
     # -- opendecide extensions
-    reading: ReadingOut
+    reading: ReadingOut = Field(serialization_alias="x_reading")
 
 
 class ScoreAnswer(ResponseModel):
@@ -65,7 +70,7 @@ class ScoreAnswer(ResponseModel):
     legend: dict[str, Content]
     probabilities: dict[str, float]
     # -- opendecide extensions
-    reading: ReadingOut
+    reading: ReadingOut = Field(serialization_alias="x_reading")
 
 
 Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]
@@ -95,7 +100,7 @@ class SystemOneResponse(ResponseModel):
     answers: dict[str, Answer]
     usage: Usage
     # -- opendecide extensions
-    provenance: Provenance
+    provenance: Provenance = Field(serialization_alias="x_provenance")
 
 
 class BatchResult(ResponseModel):
@@ -109,4 +114,5 @@ class BatchResponse(ResponseModel):
     model: str
     results: list[BatchResult]
     usage: Usage
-    provenance: Provenance
+    # -- opendecide extensions
+    provenance: Provenance = Field(serialization_alias="x_provenance")

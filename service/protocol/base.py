@@ -1,14 +1,25 @@
 """Base classes of every wire model: the unknown-field policy lives here, once.
 
-Requests forbid unknown fields, and each rule is one named validator raising with the field, so a
-bad request is a 422 naming it, never a 500.
+Inside a request, unknown fields are an error naming the field (a misspelt ``criteria`` must not be
+silently dropped). At the top level of a request body, unknown fields are ignored and logged by name:
+Jev clients add their own fields there, and Jev ignores them. Each rule is one named validator
+raising with the field, so a bad request is a 422 naming it, never a 500.
+
+Our response extensions carry an ``x_`` prefix on the wire (``x_reading``, ``x_provenance``) so no
+future Jev field can collide with them; in Python they keep their plain names.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+
+logger = logging.getLogger("opendecide.service")
+
+MAX_LOGGED_FIELDS = 20
+MAX_LOGGED_NAME = 64
 
 Content = str | dict[str, Any] | list[Any]
 """Text, a JSON object or an array, as Jev accepts for state, instructions and criteria."""
@@ -20,8 +31,28 @@ class RequestModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BodyModel(RequestModel):
+    """A whole request body: unknown top-level fields are ignored and their names logged, never echoed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def log_unknown_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = set(cls.model_fields)
+            unknown = [name for name in data if name not in known]
+            if unknown:
+                # Names only (ascii, cut short): the values may be anything, and never reach a log.
+                names = [ascii(str(name)[:MAX_LOGGED_NAME]) for name in unknown[:MAX_LOGGED_FIELDS]]
+                logger.info("ignored unknown request fields in %s: %s", cls.__name__, ", ".join(names))
+        return data
+
+
 class ResponseModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Response-side policy: fields serialise under their wire alias (``x_reading``) where one is set."""
+
+    model_config = ConfigDict(extra="forbid", serialize_by_alias=True)
 
 
 def described(value: Content | None) -> bool:

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from calibration.fit import Gold
-from service.protocol.base import Content, RequestModel, ResponseModel
+from service.protocol.base import BodyModel, Content, RequestModel, ResponseModel
 from service.protocol.questions import Question
 
 
@@ -25,7 +25,7 @@ class LabelledExample(RequestModel):
         return self
 
 
-class CalibrationRequest(RequestModel):
+class CalibrationRequest(BodyModel):
     """``POST /v1/calibrations``: labelled decisions to fit temperatures on."""
 
     model: str | None = None
@@ -56,7 +56,7 @@ class CalibrationList(ResponseModel):
     calibrations: list[CalibrationOut]
 
 
-class FeedbackRequest(RequestModel):
+class FeedbackRequest(BodyModel):
     decision_id: str
     gold: Gold
 
@@ -68,7 +68,7 @@ class FeedbackResponse(ResponseModel):
     refit: CalibrationOut | None = None
 
 
-class RefitRequest(RequestModel):
+class RefitRequest(BodyModel):
     question_type: Literal["noul", "choice", "score"]
     option_count: int | None = None
     domain: str | None = None

@@ -6,12 +6,13 @@ the ``# -- opendecide extensions`` markers.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from readers.prompt import QuestionSpec, content_text
-from service.protocol.base import Content, RequestModel, described
+from service.protocol.base import BodyModel, Content, RequestModel, described
 
 MIN_OPTIONS, MAX_OPTIONS = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
@@ -52,7 +53,8 @@ class ChoiceQuestion(RequestModel):
 
     type: Literal["choice"]
     instructions: Content | None = None
-    criteria: dict[str, Content | None]
+    # Limits are checked by the validators below (their messages name the rule); the schema states them too.
+    criteria: dict[str, Content | None] = Field(json_schema_extra={"minProperties": MIN_OPTIONS, "maxProperties": MAX_OPTIONS})
 
     @field_validator("criteria")
     @classmethod
@@ -64,11 +66,13 @@ class ChoiceQuestion(RequestModel):
     @field_validator("criteria")
     @classmethod
     def check_option_names(cls, criteria: dict[str, Content | None]) -> dict[str, Content | None]:
+        # Compared after NFC normalisation: a composed and a decomposed "é" look identical to a reader
+        # (and often tokenize alike), so they are one option named twice.
         seen: dict[str, str] = {}
         for name in criteria:
             if not name.strip():
                 raise ValueError("option names must not be empty")
-            key = name.strip()
+            key = unicodedata.normalize("NFC", name.strip())
             if key in seen:
                 raise ValueError(f"duplicate options {seen[key]!r} and {name!r}")
             seen[key] = name
@@ -88,7 +92,7 @@ class ScoreQuestion(RequestModel):
 
     type: Literal["score"]
     instructions: Content | None = None
-    criteria: list[Content]
+    criteria: list[Content] = Field(json_schema_extra={"minItems": MIN_LEVELS, "maxItems": MAX_LEVELS})
 
     @field_validator("criteria")
     @classmethod
@@ -113,12 +117,12 @@ def _text_or_none(value: Content | None) -> str | None:
     return content_text(value) if described(value) else None
 
 
-class SystemOneRequest(RequestModel):
+class SystemOneRequest(BodyModel):
     """``POST /v1/systemone`` and ``POST /decide``."""
 
     model: str | None = None
     state: Content
-    questions: dict[str, Question]
+    questions: dict[str, Question] = Field(json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS})
     assets: Any = None
     # -- opendecide extensions
     domain: str | None = Field(default=None, max_length=200, description="calibration domain tag (optional)")
@@ -145,12 +149,12 @@ MAX_BATCH_STATES = 1024
 MAX_BATCH_READS = 4096
 
 
-class BatchRequest(RequestModel):
+class BatchRequest(BodyModel):
     """``POST /decide/batch``: many states, the same questions (opendecide extension)."""
 
     model: str | None = None
     states: list[Content] = Field(min_length=1, max_length=MAX_BATCH_STATES)
-    questions: dict[str, Question]
+    questions: dict[str, Question] = Field(json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS})
     domain: str | None = Field(default=None, max_length=200)
 
     @field_validator("questions")

@@ -12,31 +12,37 @@ from fastapi import APIRouter, Request
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import Calibration, CalibrationKey
 from service.calibrate import fit_from_examples
+from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
+from service.openapi import body_schema, error_responses
 from service.parse import parse_body, parse_for_model
 from service.protocol import CalibrationList, CalibrationOut, CalibrationRequest, FeedbackRequest, FeedbackResponse, RefitRequest
 from service.state import reader_of, store_of
 
 router = APIRouter()
 
+WRITE_ERRORS = error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504)
+
 
 def calibration_out(calibration: Calibration) -> CalibrationOut:
     return CalibrationOut(**calibration.as_json())
 
 
-@router.post("/v1/calibrations", response_model=CalibrationList)
+@router.post("/v1/calibrations", response_model=CalibrationList, openapi_extra=body_schema(CalibrationRequest), responses=WRITE_ERRORS)
 async def create_calibrations(request: Request) -> CalibrationList:
     reader, body = await parse_for_model(request, CalibrationRequest)
-    fitted = await fit_from_examples(body, reader, store_of(request))
+    fitted = await unless_disconnected(request, fit_from_examples(body, reader, store_of(request)))
     return CalibrationList(calibrations=[calibration_out(c) for c in fitted])
 
 
-@router.get("/v1/calibrations", response_model=CalibrationList)
+@router.get("/v1/calibrations", response_model=CalibrationList, responses=error_responses(401))
 async def list_calibrations(request: Request) -> CalibrationList:
     return CalibrationList(calibrations=[calibration_out(c) for c in store_of(request).calibrations()])
 
 
-@router.post("/v1/feedback", response_model=FeedbackResponse)
+@router.post(
+    "/v1/feedback", response_model=FeedbackResponse, openapi_extra=body_schema(FeedbackRequest), responses=error_responses(400, 401, 404, 408, 413, 415, 422, 429)
+)
 async def feedback(request: Request) -> FeedbackResponse:
     store = store_of(request)
     body = parse_body(await request.body(), FeedbackRequest)
@@ -46,7 +52,7 @@ async def feedback(request: Request) -> FeedbackResponse:
     try:
         gold = gold_index(decision.question_type, decision.options, body.gold)
     except ValueError as error:
-        raise validation_error(("body", "gold"), str(error), "invalid_gold", body.gold) from None
+        raise validation_error(("body", "gold"), str(error), "invalid_gold") from None
     recorded = await asyncio.to_thread(store.add_feedback, decision.id, decision.options[gold])
     key = CalibrationKey(decision.model, decision.revision, decision.question_type, decision.option_count, decision.domain)
     labelled = await asyncio.to_thread(store.labelled, key)
@@ -57,7 +63,7 @@ async def feedback(request: Request) -> FeedbackResponse:
     return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
 
 
-@router.post("/v1/calibrations/refit", response_model=CalibrationOut)
+@router.post("/v1/calibrations/refit", response_model=CalibrationOut, openapi_extra=body_schema(RefitRequest), responses=WRITE_ERRORS)
 async def refit(request: Request) -> CalibrationOut:
     reader = reader_of(request)
     store = store_of(request)

@@ -1,23 +1,26 @@
-"""``POST /v1/systemone`` (= ``POST /decide``) and ``POST /decide/batch``."""
+"""``POST /v1/systemone`` (= ``POST /decide``) and ``POST /decide/batch``.
+
+Each decision is admitted by its cost (``service/admission.py``) and cancelled if its client leaves
+(``service/cancel.py``).
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from service.admission import request_cost
+from service.cancel import unless_disconnected
 from service.decide import decide, decide_batch
+from service.openapi import body_schema, error_responses
 from service.parse import parse_for_model
-from service.protocol import BatchRequest, BatchResponse, ErrorResponse, SystemOneRequest, SystemOneResponse
+from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, SystemOneResponse
 
 router = APIRouter()
 
-ERRORS = {code: {"model": ErrorResponse} for code in (413, 502, 503, 504)}
-
-
-def request_body(model: type) -> dict:
-    """The OpenAPI request body of a route that parses its own body (to keep 422 ``loc``s exact)."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+DECISION_ERRORS = error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504, 529)
 
 
 def observed(request: Request, model: str, answer_sets) -> None:
@@ -31,10 +34,26 @@ def observed(request: Request, model: str, answer_sets) -> None:
             ids.append(answer.reading.decision_id)
 
 
+async def admitted(request: Request, reader, states: list[str], questions, work):
+    """Run ``work()`` once its cost is admitted; a request that cannot fit the context skips admission
+    (the reader refuses it without tokenizing)."""
+    specs = [question.to_spec() for question in questions.values()]
+    cost = await asyncio.to_thread(request_cost, reader, states, specs)
+    if cost is None:
+        return await work()
+    async with request.app.state.admission.admit(cost):
+        return await work()
+
+
 async def answer(request: Request) -> JSONResponse:
     reader, body = await parse_for_model(request, SystemOneRequest)
     state = request.app.state
-    response = await decide(body, reader, request_id=request.scope["state"]["request_id"], store=state.store, images=state.images)
+    request_id = request.scope["state"]["request_id"]
+
+    async def work():
+        return await decide(body, reader, request_id=request_id, store=state.store, images=state.images)
+
+    response = await unless_disconnected(request, admitted(request, reader, [body.state_text()], body.questions, work))
     observed(request, response.model, [response.answers])
     return JSONResponse(response.model_dump(mode="json"))
 
@@ -42,15 +61,21 @@ async def answer(request: Request) -> JSONResponse:
 async def answer_batch(request: Request) -> JSONResponse:
     reader, body = await parse_for_model(request, BatchRequest)
     state = request.app.state
-    response = await decide_batch(body, reader, request_id=request.scope["state"]["request_id"], store=state.store, images=state.images)
+    request_id = request.scope["state"]["request_id"]
+
+    async def work():
+        return await decide_batch(body, reader, request_id=request_id, store=state.store, images=state.images)
+
+    states = [one.state_text() for one in body.requests()]
+    response = await unless_disconnected(request, admitted(request, reader, states, body.questions, work))
     observed(request, response.model, [result.answers for result in response.results])
     return JSONResponse(response.model_dump(mode="json"))
 
 
 for path in ("/v1/systemone", "/decide"):
     router.add_api_route(
-        path, answer, methods=["POST"], response_model=SystemOneResponse, openapi_extra=request_body(SystemOneRequest), responses=ERRORS
+        path, answer, methods=["POST"], response_model=SystemOneResponse, openapi_extra=body_schema(SystemOneRequest), responses=DECISION_ERRORS
     )
 router.add_api_route(
-    "/decide/batch", answer_batch, methods=["POST"], response_model=BatchResponse, openapi_extra=request_body(BatchRequest), responses=ERRORS
+    "/decide/batch", answer_batch, methods=["POST"], response_model=BatchResponse, openapi_extra=body_schema(BatchRequest), responses=DECISION_ERRORS
 )

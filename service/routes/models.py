@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from service.openapi import error_responses
 from service.protocol import ModelCard, ModelList
 from service.state import JEV_ALIASES, reader_of
 
 router = APIRouter()
 
 
-@router.get("/v1/models", response_model=ModelList)
+@router.get("/v1/models", response_model=ModelList, responses=error_responses(401, 503))
 async def list_models(request: Request) -> ModelList:
     served = reader_of(request).engine
     card = ModelCard(

@@ -5,6 +5,7 @@ Lookup order, restart, pickup of fits by another process, migrations, concurrenc
 
 from __future__ import annotations
 
+import datetime as dt
 import signal
 import sqlite3
 import subprocess
@@ -227,6 +228,17 @@ def test_latest_feedback_for_a_decision_wins(open_store):
     store.add_feedback("d1", "b")  # a correction
     assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2), ([0.5, 0.3, 0.2], 1)]
     assert store.feedback_count(KEY) == 2 and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3)) == 3
+
+
+def test_pruning_deletes_old_decisions_without_feedback_only(open_store):
+    store = open_store()
+    store.add_decisions([decision("kept-labelled"), decision("pruned")])
+    store.add_feedback("kept-labelled", "a")
+    now = dt.datetime.now(dt.timezone.utc)
+    assert store.prune_decisions(now - dt.timedelta(days=1)) == 0  # both are newer than the cutoff
+    assert store.prune_decisions(now + dt.timedelta(seconds=1)) == 1
+    assert store.decision("pruned") is None and store.decision("kept-labelled") is not None
+    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]
 
 
 def test_concurrent_writers_lose_nothing(open_store, location):

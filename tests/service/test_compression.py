@@ -42,7 +42,7 @@ async def test_unknown_encoding_is_415(client_factory, local_engine):
 async def test_corrupt_stream_is_400(client_factory, local_engine):
     async with client_factory(local_engine) as client:
         response = await post(client, b"definitely not zstd", "zstd")
-    assert response.status_code == 400 and response.json()["detail"]["type"] == "bad_encoding"
+    assert response.status_code == 400 and response.json()["detail"]["error_type"] == "bad_encoding"
 
 
 @pytest.mark.parametrize(

@@ -6,20 +6,19 @@ the embedded model's real tokenizer so prompts and labels are resolved as in pro
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadRequest
-from readers.engines.function import FunctionEngine
+from readers.engines.vllm import VLLMEngine
 from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
+from tests.service.conftest import function_engine
 
 pytestmark = pytest.mark.anyio
 
 BODY = {"state": "The parcel never arrived.", "questions": {"late": {"type": "noul", "instructions": "Is the customer complaining?"}}}
-
-
-def function_engine(local_engine, fn, mode=ReadMode.TOPK) -> FunctionEngine:
-    capabilities = Capabilities(read_mode=mode, max_logprobs=32, top_k=32, probe={"engine": "function"})
-    return FunctionEngine(fn, tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=capabilities)
 
 
 def raises(error):
@@ -42,20 +41,18 @@ async def test_engine_errors_keep_their_status_and_reason(client_factory, local_
         response = await client.post("/v1/systemone", json=BODY)
     assert response.status_code == status
     detail = response.json()["detail"]
-    assert detail["type"] == error_type and detail["message"] == error.message
+    assert detail["error_type"] == error_type and detail["message"] == error.message
     if status == 503:
         assert response.headers["retry-after"] == "7"
 
 
 async def test_an_unexpected_failure_is_a_json_500(local_engine):
-    import httpx
-
     from service.app import create_app
 
     app = create_app(function_engine(local_engine, raises(RuntimeError("boom"))))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://t") as client:
         response = await client.post("/v1/systemone", json=BODY)
-    assert response.status_code == 500 and response.json()["detail"]["type"] == "internal_error"
+    assert response.status_code == 500 and response.json()["detail"]["error_type"] == "internal_error"
 
 
 async def test_reply_without_logprobs_is_a_502_not_a_guess(client_factory, local_engine):
@@ -87,10 +84,53 @@ async def test_no_label_in_the_top_k_is_an_abstention(client_factory, local_engi
         response = await client.post("/v1/systemone", json=body)
     assert response.status_code == 200
     noul = response.json()["answers"]["n"]
-    assert noul["noul"] == 0.5 and not noul["reading"]["informative"]  # Jev's "uncertain", flagged as no read
+    assert noul["noul"] == 0.5 and not noul["x_reading"]["informative"]  # Jev's "uncertain", flagged as no read
     answer = response.json()["answers"]["c"]
-    reading = answer["reading"]
+    reading = answer["x_reading"]
     assert not reading["informative"] and reading["labels_returned"] == 0
     assert answer["confidence"] == 0.0
     assert reading["probability_bounds"] == {"positive": [0.0, 1.0], "negative": [0.0, 1.0]}
     assert reading["floor_logprob"] == pytest.approx(-1.0 - 31 * 0.1 - 5.0)
+
+
+def vllm_engine(local_engine, reply):
+    """The real vLLM engine client and reply parser, its HTTP answered by ``reply(request_json)``."""
+    def handle(request: httpx.Request) -> httpx.Response:
+        return reply(json.loads(request.content))
+
+    client = httpx.AsyncClient(base_url="http://vllm.test", transport=httpx.MockTransport(handle))
+    capabilities = Capabilities(read_mode=ReadMode.TOPK, max_logprobs=32, top_k=32, probe={"engine": "mock transport"})
+    return VLLMEngine(client, served_name="m", tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=capabilities)
+
+
+def completion(top: object, prompt_tokens=None):
+    body = {"choices": [{"logprobs": {"top_logprobs": [top]}}]}
+    if prompt_tokens is not None:
+        body["usage"] = {"prompt_tokens": prompt_tokens}
+    return httpx.Response(200, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+
+
+MALFORMED = [
+    ("no logprobs", lambda req: completion({}), "no log-probs"),
+    ("no choices", lambda req: httpx.Response(200, json={"choices": []}), "no choices[0].logprobs"),
+    ("top_logprobs not a mapping", lambda req: completion([["token_id:1", -0.1]]), "no choices[0].logprobs"),
+    ("token text, not ids", lambda req: completion({"yes": -0.1}), "not a token id"),
+    ("NaN log-prob", lambda req: completion({f"token_id:{req['prompt'][0]}": float("nan")}), "log-prob nan"),
+    ("positive log-prob", lambda req: completion({"token_id:5": 3.0}), "log-prob 3.0"),
+    ("infinite log-prob", lambda req: completion({"token_id:5": float("inf")}), "log-prob inf"),
+    ("string log-prob", lambda req: completion({"token_id:5": "-0.1"}), "log-prob '-0.1'"),
+    ("id the tokenizer lacks", lambda req: completion({"token_id:5": -0.1, "token_id:99999999": -0.2}), "outside the tokenizer"),
+    ("another model's prompt", lambda req: completion({"token_id:5": -0.1}, prompt_tokens=3), "counted 3 prompt tokens"),
+    ("HTML error page", lambda req: httpx.Response(200, text="<html>gateway</html>"), "non-JSON"),
+    ("server error", lambda req: httpx.Response(500, json={"error": {"message": "CUDA OOM"}}), "answered /v1/completions with 500"),
+]
+
+
+@pytest.mark.parametrize("name, reply, message", MALFORMED, ids=[case[0] for case in MALFORMED])
+async def test_malformed_engine_replies_fail_closed_with_502(client_factory, local_engine, name, reply, message):
+    async with client_factory(vllm_engine(local_engine, reply)) as client:
+        response = await client.post("/v1/systemone", json=BODY)
+    assert response.status_code == 502, response.text
+    detail = response.json()["detail"]
+    assert detail["error_type"] == "engine_bad_reply" and message in detail["message"], detail
+    assert "answers" not in response.text

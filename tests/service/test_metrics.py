@@ -81,7 +81,7 @@ async def test_one_json_access_line_per_request(client_factory, local_engine, ca
         response = await client.post("/v1/systemone", json=BODY, headers={"x-request-id": "trace-42"})
     assert response.headers["x-request-id"] == "trace-42"
     (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "opendecide.access"]
-    ids = sorted(answer["reading"]["decision_id"] for answer in response.json()["answers"].values())
+    ids = sorted(answer["x_reading"]["decision_id"] for answer in response.json()["answers"].values())
     assert line["request_id"] == "trace-42" and line["status"] == 200 and line["route"] == "/v1/systemone"
     assert sorted(line["decision_ids"]) == ids and line["model"] == local_engine.info.name and line["latency_ms"] > 0
 

@@ -35,23 +35,30 @@ async def test_three_question_types_in_jev_shape(client_factory, local_engine):
 
     noul = answers["recommends"]
     assert noul["type"] == "noul" and 0.0 <= noul["noul"] <= 1.0
-    assert noul["noul"] == pytest.approx(noul["reading"]["raw_probabilities"]["true"])
+    assert noul["noul"] == pytest.approx(noul["x_reading"]["raw_probabilities"]["true"])
 
     choice = answers["sentiment"]
     assert choice["type"] == "choice" and set(choice["probabilities"]) == {"positive", "negative"}
     assert sum(choice["probabilities"].values()) == pytest.approx(1.0)
     assert choice["choice"] == max(choice["probabilities"], key=choice["probabilities"].get)
-    assert choice["confidence"] == pytest.approx(max(choice["probabilities"].values()))
+    p_max = max(choice["probabilities"].values())
+    assert choice["confidence"] == pytest.approx((p_max - 1 / 2) / (1 - 1 / 2))  # Jev's formula, n = 2
+    assert choice["x_reading"]["top_probability"] == pytest.approx(p_max)
 
     score = answers["stars"]
     probabilities = score["probabilities"]
     assert list(probabilities) == ["0", "1", "2", "3", "4"]
     assert score["legend"] == {str(i): text for i, text in enumerate(QUESTIONS["stars"]["criteria"])}
     assert score["score"] == pytest.approx(sum(int(level) * p for level, p in probabilities.items()))
-    assert score["confidence"] == pytest.approx(max(probabilities.values()))
+    levels = [probabilities[str(i)] for i in range(5)]
+    mode = levels.index(max(levels))
+    spread = sum(p * abs(i - mode) for i, p in enumerate(levels))
+    assert score["confidence"] == pytest.approx(max(0.0, 1 - spread / ((abs(-2) + 1 + 0 + 1 + 2) / 5)))
+    assert score["x_reading"]["top_probability"] == pytest.approx(max(levels))
+    assert "confidence" not in noul and noul["x_reading"]["top_probability"] == pytest.approx(max(noul["noul"], 1 - noul["noul"]))
 
     for answer in answers.values():
-        reading = answer["reading"]
+        reading = answer["x_reading"]
         assert reading["read_mode"] == "exact" and reading["exact"] and reading["informative"]
         assert reading["labels_returned"] == reading["labels_total"]
         assert not reading["floor_used"] and reading["floor_logprob"] is None
@@ -61,10 +68,10 @@ async def test_three_question_types_in_jev_shape(client_factory, local_engine):
         assert all(value is not None and value < 0 for value in reading["label_logprobs"].values())
 
     assert body["usage"] == {
-        "input_tokens": sum(a["reading"]["prompt_tokens"] for a in answers.values()),
+        "input_tokens": sum(a["x_reading"]["prompt_tokens"] for a in answers.values()),
         "output_tokens": 3,
     }
-    provenance = body["provenance"]
+    provenance = body["x_provenance"]
     assert provenance["engine"] == "local" and provenance["read_mode"] == "exact"
     assert provenance["model_revision"] == local_engine.info.revision
     assert provenance["model_revision"].startswith("gguf-sha256:")
@@ -102,8 +109,8 @@ async def test_labels_that_are_not_one_token_are_read_as_letter_codes(client_fac
     body = {"state": "NASA delays the rocket launch.", "questions": {"topic": {"type": "choice", "criteria": {"World": None, "Sports": None, "Business": None, "Sci/Tech": None}}}}
     async with client_factory(local_engine) as client:
         answer = (await client.post("/v1/systemone", json=body)).json()["answers"]["topic"]
-    assert answer["reading"]["label_style"] == "codes"
-    assert answer["reading"]["labels"] == {"World": "A", "Sports": "B", "Business": "C", "Sci/Tech": "D"}
+    assert answer["x_reading"]["label_style"] == "codes"
+    assert answer["x_reading"]["labels"] == {"World": "A", "Sports": "B", "Business": "C", "Sci/Tech": "D"}
     assert set(answer["probabilities"]) == {"World", "Sports", "Business", "Sci/Tech"}
     assert math.isclose(sum(answer["probabilities"].values()), 1.0)
 
@@ -112,8 +119,8 @@ async def test_top_k_engine_reports_missing_labels(client_factory, local_engine)
     body = {"state": "The match ended 2-1.", "questions": {"topic": {"type": "choice", "criteria": {"positive": None, "negative": None, "neutral": None}}}}
     async with client_factory(local_engine.with_top_k(1)) as client:
         response = await client.post("/v1/systemone", json=body)
-    reading = response.json()["answers"]["topic"]["reading"]
-    assert reading["read_mode"] == "topk" and response.json()["provenance"]["top_k"] == 1
+    reading = response.json()["answers"]["topic"]["x_reading"]
+    assert reading["read_mode"] == "topk" and response.json()["x_provenance"]["top_k"] == 1
     # Three labels, one token returned: at least two labels are missing and floored.
     assert reading["labels_returned"] <= 1 and reading["floor_used"] and not reading["exact"]
     assert sum(value is None for value in reading["label_logprobs"].values()) == 3 - reading["labels_returned"]

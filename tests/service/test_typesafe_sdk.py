@@ -18,6 +18,7 @@ from service.app import create_app
 typesafe_sdk = pytest.importorskip("typesafe_sdk")
 
 pytestmark = pytest.mark.integration  # a real uvicorn server on a loopback port
+SDK_KEY = "od-test-key-0123456789abcdef"
 
 
 class EncodingRecorder:
@@ -34,7 +35,7 @@ class EncodingRecorder:
 
 @pytest.fixture(scope="module")
 def live_server(local_engine):
-    recorder = EncodingRecorder(create_app(local_engine))
+    recorder = EncodingRecorder(create_app(local_engine, api_keys=[SDK_KEY]))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(recorder, log_level="warning", lifespan="on"))
@@ -53,8 +54,9 @@ def live_server(local_engine):
 def sdk_client(live_server, monkeypatch):
     url, _ = live_server
     monkeypatch.setenv("TYPESAFE_BASE_URL", url)  # how a Jev user points the SDK elsewhere
-    monkeypatch.setenv("TYPESAFE_API_KEY", "not-checked-here")
-    with typesafe_sdk.TypeSafeClient() as client:
+    monkeypatch.setenv("TYPESAFE_API_KEY", SDK_KEY)  # sent as Authorization: Bearer, which the server checks
+    # A long state × 3 questions on shared CI cores can take longer than the SDK's default timeout.
+    with typesafe_sdk.TypeSafeClient(timeout=120) as client:
         yield client
 
 
@@ -93,3 +95,13 @@ def test_sdk_raises_the_validation_error(sdk_client):
     with pytest.raises(typesafe_sdk.TypeSafeUnprocessableEntityError) as raised:
         sdk_client.system_one(state="s", questions={"q": {"type": "score", "instructions": "?", "criteria": ["one"]}})
     assert "questions.q.score.criteria" in str(raised.value)
+
+
+def test_sdk_with_a_wrong_key_gets_its_authentication_error(live_server, monkeypatch):
+    url, _ = live_server
+    monkeypatch.setenv("TYPESAFE_BASE_URL", url)
+    with typesafe_sdk.TypeSafeClient(api_key="od-wrong-key-0123456789abcdef") as client:
+        with pytest.raises(typesafe_sdk.TypeSafeAuthenticationError) as raised:
+            client.models.list()
+    assert raised.value.status == 401 and "invalid API key" in str(raised.value)
+    assert raised.value.body["detail"]["error_type"] == "authentication_error"

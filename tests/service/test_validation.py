@@ -32,7 +32,12 @@ CASES = [
     ("unknown type", {"state": "s", "questions": {"q": {"type": "box"}}}, ["body", "questions", "q"], "'noul', 'choice', 'score'"),
     ("no questions", {"state": "s", "questions": {}}, ["body", "questions"], "1 to 64 questions"),
     ("no state", {"questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "state"], "Field required"),
-    ("unknown field", {"state": "s", "stream": True, "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "stream"], "Extra inputs"),
+    (
+        "unknown field in a question",
+        {"state": "s", "questions": {"q": {"type": "noul", "instructions": "?", "critera": {}}}},
+        ["body", "questions", "q", "noul", "critera"],
+        "Extra inputs",
+    ),
     ("noul asks nothing", {"state": "s", "questions": {"q": {"type": "noul"}}}, ["body", "questions", "q", "noul"], "needs instructions"),
     ("65 questions", {"state": "s", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(65)}}, ["body", "questions"], "got 65"),
     ("image assets", {"state": "s", "assets": {"img": {"type": "image"}}, "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "assets"], "vision model"),
@@ -70,7 +75,7 @@ async def test_state_longer_than_the_context_is_refused_with_its_token_count(cli
         response = await client.post("/v1/systemone", json=body)
     assert response.status_code == 413
     detail = response.json()["detail"]
-    assert detail["type"] == "prompt_too_long" and detail["param"] == "body.questions.q"
+    assert detail["error_type"] == "prompt_too_long" and detail["param"] == "body.questions.q"
     assert detail["context_length"] == 8192 and detail["prompt_tokens_exact"] is True
     assert detail["prompt_tokens"] > len(tokenizer.encode(state, add_special_tokens=False)) > 8192
     assert str(detail["prompt_tokens"]) in detail["message"]

@@ -1,0 +1,50 @@
+"""Work for a client that disconnected is cancelled, not finished for nobody.
+
+``unless_disconnected`` races the work against the ASGI ``http.disconnect`` message. When the client
+leaves first, the work's task is cancelled: a request waiting for admission leaves the queue; reads
+not yet started are dropped (the embedded engine's queued forward passes are cancelled in its worker
+pool; a vLLM request's HTTP call is closed, which vLLM aborts); a forward pass already running on the
+embedded engine finishes (torch cannot stop one mid-way), bounded by the admission limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from fastapi import Request
+
+from service.errors import ClientDisconnected
+
+T = TypeVar("T")
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read, so the next ASGI message is the disconnect (sent when the client goes,
+    # or once the response is complete).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """``await work``, or cancel it and raise ``ClientDisconnected`` if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    request.scope.setdefault("state", {})["disconnected"] = True
+    raise ClientDisconnected("the client disconnected before its answer; its reads were cancelled")

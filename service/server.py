@@ -1,0 +1,128 @@
+"""``decide serve`` as a library call: check the options, open the store, build the app, run uvicorn.
+
+Every check that can refuse happens before binding, each raising ``ServeRefused`` naming its option, so
+a misconfigured service never starts half-way (answering 503 for ever, or listening without keys).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.admission import AdmissionLimits
+from service.state import ServedImages
+
+logger = logging.getLogger("opendecide")
+
+
+class ServeRefused(ValueError):
+    """An option the service cannot start with; ``option`` names it."""
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine: str = "local"
+    engine_url: str | None = None
+    top_k: int | None = None
+    model_dir: Path | None = None
+    tokenizer: str | None = None
+    workers: int = 2
+    max_in_flight: int = 16
+    engine_timeout_s: float = 30.0
+    store: str | None = None
+    """A SQLite file or a postgresql:// URL; default ``~/.cache/opendecide/calibration.sqlite3``."""
+    auto_refit_every: int | None = None
+    images: ServedImages = ServedImages()
+    api_key_file: Path | None = None
+    no_auth: bool = False
+    rate_limit: tuple[float, int] | None = None
+    """(requests per second, burst) per API key."""
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    retention_days: float | None = None
+
+
+def check_engine(options: ServeOptions) -> None:
+    """The engine options are usable, and the embedded model's wheel is there when it is the engine."""
+    from readers.engines import ENGINE_KINDS
+
+    if options.engine not in ENGINE_KINDS:
+        raise ServeRefused(f"choose one of {', '.join(ENGINE_KINDS)}", option="--engine")
+    if options.engine == "vllm" and not options.engine_url:
+        raise ServeRefused("--engine vllm needs --engine-url", option="--engine-url")
+    if options.engine_url:
+        from readers.engines.routed import parse_engine_urls
+
+        try:
+            parse_engine_urls(options.engine_url)
+        except ValueError as error:
+            raise ServeRefused(str(error), option="--engine-url") from None
+    if options.engine == "local" and options.model_dir is None:
+        from readers.embedded import gguf_path
+
+        # Checked before binding: the engine opens after start-up, so a missing wheel would
+        # otherwise leave the service answering 503 on /readyz for ever.
+        try:
+            gguf_path()
+        except FileNotFoundError as error:
+            raise ServeRefused(str(error)) from None
+
+
+def run_server(options: ServeOptions) -> None:
+    """Check everything, then serve until interrupted; the store is closed on the way out."""
+    import uvicorn
+
+    from calibration.store import CalibrationStore, SchemaTooNew
+    from readers.embedded import default_cache_dir
+    from readers.engines import open_engine
+    from service.app import create_app
+    from service.auth import check_bind, load_api_keys
+
+    check_engine(options)
+    try:
+        api_keys = load_api_keys(options.api_key_file)
+    except (OSError, ValueError) as error:
+        raise ServeRefused(str(error), option="--api-key-file") from None
+    if api_keys and options.no_auth:
+        raise ServeRefused("--no-auth and API keys contradict each other", option="--no-auth")
+    try:
+        auth_notice = check_bind(options.host, has_keys=bool(api_keys), no_auth=options.no_auth)
+    except ValueError as error:
+        raise ServeRefused(str(error), option="--host") from None
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # JSON access lines from opendecide.access, engine start-up notes
+    if auth_notice:
+        logger.warning(auth_notice)
+    else:
+        logger.info("authentication on: %d API key(s)", len(api_keys))
+
+    try:
+        store = CalibrationStore(options.store or default_cache_dir() / "calibration.sqlite3")
+    except (ConnectionError, SchemaTooNew) as error:
+        raise ServeRefused(str(error), option="--store") from None
+
+    async def opener():
+        return await open_engine(
+            options.engine, url=options.engine_url, model_dir=options.model_dir, top_k=options.top_k, tokenizer=options.tokenizer,
+            workers=options.workers, max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s,
+        )  # fmt: skip
+
+    app = create_app(
+        open_engine=opener, store=store, auto_refit_every=options.auto_refit_every, images=options.images,
+        api_keys=api_keys or None, rate_limit=options.rate_limit, admission=options.admission,
+        retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
+    )  # fmt: skip
+    try:
+        uvicorn.run(app, host=options.host, port=options.port, log_level="info")
+    finally:
+        store.close()

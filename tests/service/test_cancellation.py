@@ -1,0 +1,133 @@
+"""Work for a client that disconnected is cancelled: abandoned reads are not computed, a later request
+is not delayed by them, and the disconnect is its own outcome in metrics and logs (never a 500).
+
+A real uvicorn server on a loopback port and the real embedded model; a subclass of the local engine
+counts the forward passes its workers actually run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from readers.engines.local import LocalEngine
+from service.admission import AdmissionLimits
+from service.app import create_app
+from deploy.processes import serving
+
+
+class CountingEngine(LocalEngine):
+    """The embedded engine, counting forward passes as its workers run them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.computed = 0
+        self._lock = threading.Lock()
+
+    def _read(self, request, submitted):
+        with self._lock:
+            self.computed += 1
+        return super()._read(request, submitted)
+
+
+@pytest.fixture(scope="module")
+def counting_engine(embedded_model_dir):
+    engine = CountingEngine(embedded_model_dir, workers=2)
+    yield engine
+    asyncio.run(engine.aclose())
+
+
+def question_body(state: str, questions: int = 1) -> dict:
+    return {"state": state, "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} about billing?"} for i in range(questions)}}
+
+
+def state(i: int, words: int) -> str:
+    return f"Ticket {i}: " + " ".join(f"charge{i}-{j}" for j in range(words))
+
+
+async def abandon(url: str, bodies: list[dict], after_s: float) -> tuple[int, int]:
+    """Send every body at once, each client giving up after ``after_s``: (gave up, answered 200)."""
+
+    async def one(body):
+        async with httpx.AsyncClient(base_url=url, timeout=after_s) as client:
+            try:
+                return (await client.post("/v1/systemone", json=body)).status_code
+            except httpx.TimeoutException:
+                return None
+
+    statuses = await asyncio.gather(*(one(b) for b in bodies))
+    return statuses.count(None), statuses.count(200)
+
+
+def settled(engine: CountingEngine, quiet_s: float = 3.0, limit_s: float = 120.0) -> int:
+    """The count once no forward pass has started for ``quiet_s``."""
+    deadline = time.monotonic() + limit_s
+    last = engine.computed
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        if engine.computed == last:
+            return last
+        last = engine.computed
+    raise AssertionError("the engine kept computing")
+
+
+async def timed_answer(url: str) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        started = time.monotonic()
+        response = await client.post("/v1/systemone", json=question_body("Please refund the double charge."))
+        assert response.status_code == 200, response.text
+        return time.monotonic() - started
+
+
+# Admission off in effect: every read reaches the engine's worker queue, which is what cancellation must empty.
+UNBOUNDED = AdmissionLimits(in_flight_cost=10**9, queued_cost=10**9, request_cost=10**9)
+
+
+@pytest.mark.anyio
+async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
+    """The probe: 152 of 200 clients gave up after 5 s, the server still computed every one, and a
+    later request waited 15 s. Now only the reads already on the two workers run."""
+    app = create_app(counting_engine, admission=UNBOUNDED)
+    with serving(app) as url:
+        await timed_answer(url)  # warm
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            started = time.monotonic()
+            assert (await client.post("/v1/systemone", json=question_body(state(-1, 150)))).status_code == 200
+            one_read_s = time.monotonic() - started  # one flood-sized read, nothing else running
+        before = counting_engine.computed
+        gave_up, answered = await abandon(url, [question_body(state(i, 150)) for i in range(60)], after_s=1.0)
+        later = await timed_answer(url)
+        computed = settled(counting_engine) - before - 1  # less the later request's own read
+        async with httpx.AsyncClient(base_url=url) as client:
+            metrics = (await client.get("/metrics")).text
+    print(f"gave up {gave_up}, answered {answered}, computed {computed}, one read {one_read_s:.2f} s, later {later:.2f} s")
+    assert gave_up >= 30 and gave_up + answered == 60
+    # Besides the answered ones, only the two reads on the workers when the clients left ran.
+    assert computed <= answered + 2, (computed, answered, gave_up)
+    # The later request waits for at most those two reads, not for the ~30 rounds the flood queued.
+    assert later < 3 * one_read_s + 2.0, (later, one_read_s)
+    disconnected = next(line for line in metrics.splitlines() if 'status="disconnected"' in line and "/v1/systemone" in line)
+    assert float(disconnected.rsplit(" ", 1)[1]) == gave_up
+    assert 'status="500"' not in metrics
+
+
+@pytest.mark.anyio
+async def test_an_abandoned_long_request_does_not_hold_the_workers(counting_engine):
+    """The probe: one ~7,000-token state with 4 questions, abandoned, blocked both workers and made
+    the next small request wait 81 s. Now its queued reads are dropped when its client leaves; the two
+    already on the workers finish (torch cannot stop a forward pass). The state here is ~1,300 tokens
+    to keep the test short on CI cores: the count of reads run is what the fix changes, not the size."""
+    app = create_app(counting_engine, admission=UNBOUNDED)
+    with serving(app) as url:
+        before = counting_engine.computed
+        gave_up, _ = await abandon(url, [question_body(state(999, 200), questions=4)], after_s=1.5)
+        later = await timed_answer(url)
+        computed = settled(counting_engine) - before - 1  # less the later request's own read
+    print(f"computed {computed} of 4, later {later:.2f} s")
+    assert gave_up == 1
+    # Two workers: at most the two reads already on them ran; the other two were dropped.
+    assert computed <= 2, computed
