@@ -24,7 +24,6 @@ Run (vLLM-CPU from ``decide engine start --port 8237``; the embedded engine alwa
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import random
 import statistics

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from readers.embedded import model_manifest
-from readers.engines.base import ClosingEngine, Capabilities, EngineReply, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import Capabilities, ClosingEngine, EngineReply, ModelInfo, ReadMode, ReadRequest
 
 DEFAULT_BATCH_WINDOW_MS = 2.0
 DEFAULT_MAX_BATCH = 16
@@ -259,7 +259,7 @@ class LocalEngine(ClosingEngine):
                 [request.prompt_ids for job in jobs for request in job.requests],
                 [request.prefix_tokens if job.share_prefix else 0 for job in jobs for request in job.requests],
             )
-        except BaseException as error:  # every waiting request gets the error, the worker lives on
+        except BaseException as error:  # noqa: BLE001 -- every waiting request gets the error, the worker lives on
             for job in jobs:
                 _settle(job.future, error=error)
             return
