@@ -1,14 +1,10 @@
 """Prompt text for one question: pure, versioned, no tokenizer.
 
-Layout (what a request's questions share first, so an engine computes it once per state):
+Layout (static part first so an engine's prefix cache reuses it across states):
 
-- system: one fixed line, the same for every state and question;
-- user: the state, a blank line, then the question, its options with their descriptions and the
-  answer format;
+- system: the question, its options with their descriptions, and the answer format;
+- user: the state;
 - assistant: the answer slot, where the label token goes.
-
-Everything up to and including the blank line after the state is the shared prefix; a question's
-text never reaches into it, so a read's prompt does not depend on the other questions beside it.
 
 Changing any text here changes what the model reads: bump ``PROMPT_VERSION``.
 """
@@ -22,9 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-PROMPT_VERSION = "decide-prompt/2"
-SYSTEM_PROMPT = "Answer the question that follows the text."
-STATE_SEPARATOR = "\n\n"
+PROMPT_VERSION = "decide-prompt/1"
 
 QuestionType = Literal["noul", "choice", "score"]
 
@@ -49,15 +43,10 @@ class QuestionSpec:
 
 @dataclass(frozen=True)
 class PromptText:
-    """A prompt's texts, and the label text each option answers with.
-
-    The user message is ``shared + question``: ``shared`` (the state and its separator) is the same
-    for every question about the state, ``question`` is this question's own text.
-    """
+    """The two message texts of a prompt, and the label text each option answers with."""
 
     system: str
-    shared: str
-    question: str
+    user: str
     labels: tuple[str, ...]
     label_style: LabelStyle
 
@@ -98,10 +87,10 @@ def _or_list(labels: tuple[str, ...]) -> str:
 
 
 def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
-    """The texts for ``question`` about ``state``, answering with ``labels``.
+    """The system and user texts for ``question`` about ``state``, answering with ``labels``.
 
     Kept short: small models follow a compact question → options → answer-format layout better
-    than a long preamble. The state comes first so every question about it shares its tokens.
+    than a long preamble, and the static part stays first for prefix caching.
     """
     lines = [f"Question: {question.instructions}"] if question.instructions else []
     if question.question_type == "noul":
@@ -122,4 +111,4 @@ def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], st
         lines.append("Levels:")
         lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
         lines.append(f"Reply with exactly one number from {labels[0]} to {labels[-1]}.")
-    return PromptText(SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(lines), labels, style)
+    return PromptText("\n".join(lines), state, labels, style)
