@@ -68,7 +68,7 @@ class Replica:
     def decide_all(self, states: list[str]) -> list[str]:
         reply = self.http.post("/decide/batch", json={"states": states, "questions": {"s": QUESTION}})
         assert reply.status_code == 200, reply.text
-        return [result["answers"]["s"]["reading"]["decision_id"] for result in reply.json()["results"]]
+        return [result["answers"]["s"]["x_reading"]["decision_id"] for result in reply.json()["results"]]
 
     def feedback(self, decision_id: str, gold: str) -> int:
         reply = self.http.post("/v1/feedback", json={"decision_id": decision_id, "gold": gold})
@@ -123,7 +123,7 @@ def calibrated(raw: dict[str, float], temperature: float) -> dict[str, float]:
 @pytest.mark.integration
 def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas):
     a, b = replicas
-    assert b.ask("An odd little film.")["reading"]["calibration"] is None
+    assert b.ask("An odd little film.")["x_reading"]["calibration"] is None
 
     ids = a.decide_all([text for text, _ in REVIEWS])
     for i, (decision_id, (_, gold)) in enumerate(zip(ids, REVIEWS)):
@@ -132,8 +132,8 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
     assert fitted["n"] == len(REVIEWS) and fitted["source"] == "feedback"
     print(f"B picked up A's fit after {1000 * picked_up(b, fitted['id']):.0f} ms")
     answer = b.ask("An odd little film.")
-    assert answer["reading"]["calibration"] == {"id": fitted["id"], "temperature": fitted["temperature"], "n": fitted["n"]}
-    assert answer["probabilities"] == pytest.approx(calibrated(answer["reading"]["raw_probabilities"], fitted["temperature"]))
+    assert answer["x_reading"]["calibration"] == {"id": fitted["id"], "temperature": fitted["temperature"], "n": fitted["n"]}
+    assert answer["probabilities"] == pytest.approx(calibrated(answer["x_reading"]["raw_probabilities"], fitted["temperature"]))
 
     more = b.decide_all([text for text, _ in REVIEWS[:4]])
     for decision_id, (_, gold) in zip(more, REVIEWS):
@@ -141,7 +141,7 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
     refitted = b.refit()  # and the other way round: A applies B's refit
     assert refitted["n"] == len(REVIEWS) + 4 and refitted["id"] != fitted["id"]
     print(f"A picked up B's refit after {1000 * picked_up(a, refitted['id']):.0f} ms")
-    assert a.ask("An odd little film.")["reading"]["calibration"]["id"] == refitted["id"]
+    assert a.ask("An odd little film.")["x_reading"]["calibration"]["id"] == refitted["id"]
 
 
 @pytest.mark.integration
