@@ -25,8 +25,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_models(url: str, *, process: subprocess.Popen | None = None, log: Path | None = None, timeout_s: float = 120.0) -> None:
-    """Return once ``url``/v1/models answers 200.
+def wait_for_models(
+    url: str, *, process: subprocess.Popen | None = None, log: Path | None = None, timeout_s: float = 120.0, path: str = "/v1/models"
+) -> None:
+    """Return once ``url`` + ``path`` answers 200 (``/readyz`` for a decision service that wants a key).
 
     Raises ``RuntimeError`` (with the log's tail) if ``process`` exits first, ``TimeoutError`` after
     ``timeout_s``.
@@ -37,12 +39,12 @@ def wait_for_models(url: str, *, process: subprocess.Popen | None = None, log: P
             tail = log.read_text(errors="replace")[-3000:] if log else ""
             raise RuntimeError(f"{process.args[0] if process.args else 'server'} exited with {process.returncode} before serving; log tail:\n{tail}")
         try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"{url}/v1/models did not answer within {timeout_s:.0f} s" + (f"; see {log}" if log else ""))
+    raise TimeoutError(f"{url}{path} did not answer within {timeout_s:.0f} s" + (f"; see {log}" if log else ""))
 
 
 @contextlib.contextmanager

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -316,6 +318,25 @@ EndpointOption = Annotated[Optional[str], typer.Option(help="a Cloud Storage end
 ProjectOption = Annotated[Optional[str], typer.Option(help="Google Cloud project for the client (default: from the environment)")]
 
 
+@contextlib.contextmanager
+def storage_errors() -> Iterator[None]:
+    """How a transfer ends: a bad URL is a usage error; a refusal exits 2; a cloud error exits 1 (rerun to resume)."""
+    from google.api_core.exceptions import GoogleAPICallError
+
+    from eval.storage import TransferRefused
+
+    try:
+        yield
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="URL") from None
+    except TransferRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    except GoogleAPICallError as error:  # permission, quota, service errors
+        typer.echo(f"failed: {error}", err=True)
+        raise typer.Exit(code=1) from None
+
+
 @eval_app.command("upload")
 def eval_upload(
     run: Annotated[Path, typer.Argument(help="a run directory (records, manifest.json, …)", exists=True, file_okay=False)],
@@ -324,20 +345,10 @@ def eval_upload(
     project: ProjectOption = None,
 ) -> None:
     """Upload a run to Cloud Storage; objects already there with the same CRC32C are skipped, manifest.json goes last."""
-    from google.api_core.exceptions import GoogleAPICallError
+    from eval.storage import storage_client, upload_run
 
-    from eval.storage import TransferRefused, storage_client, upload_run
-
-    try:
+    with storage_errors():
         done = upload_run(run, url, client=storage_client(endpoint, project))
-    except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="URL") from None
-    except TransferRefused as error:
-        typer.echo(f"refused: {error}", err=True)
-        raise typer.Exit(code=2) from None
-    except GoogleAPICallError as error:  # permission, quota, service errors: rerun to resume
-        typer.echo(f"failed: {error}", err=True)
-        raise typer.Exit(code=1) from None
     state = "manifest.json written last" if done.manifest_written else "nothing changed, manifest.json kept"
     typer.echo(f"{url}: {len(done.sent)} files sent, {len(done.skipped)} already there; {state}")
 
@@ -350,20 +361,10 @@ def eval_download(
     project: ProjectOption = None,
 ) -> None:
     """Download a run from Cloud Storage, verifying every file against the manifest's sha256."""
-    from google.api_core.exceptions import GoogleAPICallError
+    from eval.storage import download_run, storage_client
 
-    from eval.storage import TransferRefused, download_run, storage_client
-
-    try:
+    with storage_errors():
         done = download_run(url, dest, client=storage_client(endpoint, project))
-    except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="URL") from None
-    except TransferRefused as error:
-        typer.echo(f"refused: {error}", err=True)
-        raise typer.Exit(code=2) from None
-    except GoogleAPICallError as error:  # permission, quota, service errors: rerun to resume
-        typer.echo(f"failed: {error}", err=True)
-        raise typer.Exit(code=1) from None
     total = len(done.sent) + len(done.skipped)
     typer.echo(f"{dest}: {len(done.sent)} files fetched, {len(done.skipped)} already there, all {total} match the manifest's sha256")
 

@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -90,14 +89,7 @@ def test_serve_with_keys_from_the_environment_on_all_interfaces(embedded_model_d
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(240):
-            assert server.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+        wait_for_models(url, process=server, log=log, path="/readyz")  # /v1/models itself wants the key
         refused = httpx.get(f"{url}/v1/models", timeout=10)
         served = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
     finally:
