@@ -335,6 +335,17 @@ async def main(args: argparse.Namespace) -> dict:
     return {"manifest": manifest, "routing": comparison, "passes": passes, "sweep_one_engine": points, "open_loop": open_loop}
 
 
+def replan(outcome: dict) -> dict:
+    """The open-loop rows' predictions recomputed with the current ``eval.plan`` model from the run's own
+    sweep, so a model change is checked against stored measurements without starting engines."""
+    points = tuple(OperatingPoint(p["concurrency"], p["decisions_per_s"], p["p99_ms"]) for p in outcome["sweep_one_engine"])
+    sweep = Sweep("vllm-cpu-1-core", points, None, "this run")
+    engines = len(outcome["open_loop"][0]["reads_per_engine"]) if outcome["open_loop"] else 1
+    for row in outcome["open_loop"]:
+        row["predicted_p99_ms"] = predicted_p99_ms(sweep, row["rate_offered_per_s"] / engines)
+    return outcome
+
+
 def summary(rows: list[dict]) -> dict:
     out = {"passes": len(rows)}
     for key in ("prefix_cache_hit_rate", "decisions_per_s"):
@@ -381,14 +392,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 1.4])
     p.add_argument("--open-requests", type=int, default=60)
     p.add_argument("--max-open-s", type=float, default=90.0)
+    p.add_argument("--replan", action="store_true", help="recompute the predictions in OUT_DIR/routing.json with the current planner; start nothing")
     return p
 
 
 if __name__ == "__main__":
     arguments = parser().parse_args()
     print("args:", json.dumps(vars_json(arguments)))
-    outcome = asyncio.run(main(arguments))
+    if arguments.replan:
+        outcome = replan(json.loads((arguments.out_dir / "routing.json").read_text()))
+        with (arguments.out_dir / "command.txt").open("a") as commands:
+            commands.write(shlex.join([sys.executable, *sys.argv]) + "\n")
+    else:
+        outcome = asyncio.run(main(arguments))
+        (arguments.out_dir / "command.txt").write_text(shlex.join([sys.executable, *sys.argv]) + "\n")
     print(report(outcome))
-    (arguments.out_dir / "command.txt").write_text(shlex.join([sys.executable, *sys.argv]) + "\n")
     write_json(arguments.out_dir / "routing.json", outcome)
     (arguments.out_dir / "routing.md").write_text(report(outcome) + "\n")
