@@ -108,12 +108,12 @@ def request_cost(reader: Reader, states: list[str], questions: list[QuestionSpec
     Counted with the served tokenizer, without the chat template's few fixed tokens. None when some
     state cannot fit the context whatever its tokens (the reader then refuses it with 413 without
     tokenizing, so there is nothing to admit)."""
-    tokenizer = reader.engine.tokenizer
-    longest = reader.template.max_token_chars
+    template = reader.template  # its caller-text encoder: locked, and special-token text stays text as in the read
+    longest = template.max_token_chars
     if any(len(state) // longest >= reader.engine.info.context_length for state in states):
         return None
-    question_tokens = sum(len(tokenizer.encode(_question_text(spec), add_special_tokens=False)) for spec in questions)
-    state_tokens = sum(len(tokenizer.encode(state, add_special_tokens=False)) for state in states)
+    question_tokens = sum(len(template.encode_text(_question_text(spec))) for spec in questions)
+    state_tokens = sum(len(template.encode_text(state)) for state in states)
     return state_tokens * len(questions) + question_tokens * len(states)
 
 
