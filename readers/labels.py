@@ -1,7 +1,7 @@
 """Resolve label tokens in context: where the answer slot is, and which token each label is.
 
 The chat template renders the conversation once with sentinels in place of the system text, the
-user text and the assistant's answer. The text before the answer sentinel is the prompt (cut at the
+user text (the shared part, then the question) and the assistant's answer. The text before the answer sentinel is the prompt (cut at the
 answer slot), the text after it the template's closing. A label set resolves when rendering each
 label in the slot changes exactly one token, at the same position (the first token after the prompt),
 with a distinct id per label, and the label text alone encodes to that one token.
@@ -22,15 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 
 SYSTEM, USER, ANSWER = "\ue000system\ue001", "\ue000user\ue001", "\ue000answer\ue001"
+QUESTION = "\ue000question\ue001"
 
 
 @dataclass(frozen=True)
 class AnswerSlot:
-    """A prompt cut at the answer slot and the label tokens that fill it."""
+    """A prompt cut at the answer slot and the label tokens that fill it.
+
+    ``prefix_tokens`` counts the leading ids every question about the same state shares (the
+    template's opening, the system text and the shared user text); the rest is this question's.
+    """
 
     prompt_ids: tuple[int, ...]
     label_ids: tuple[int, ...]
     labels: tuple[str, ...]
+    prefix_tokens: int = 0
 
 
 class LabelsUnresolvable(ValueError):
@@ -91,17 +97,22 @@ class ChatTemplate:
         before, after = self._split_once(text, ANSWER)
         return self._tail(before), after
 
-    def slot(self, system: str, user: str, labels: tuple[str, ...]) -> AnswerSlot:
+    def slot(self, system: str, shared: str, question: str, labels: tuple[str, ...]) -> AnswerSlot:
         """Prompt ids cut at the answer slot, and one token id per label.
 
-        Raises ``LabelsUnresolvable`` when the labels do not resolve to distinct single tokens.
+        The user message is ``shared + question``, each encoded on its own so the shared part's ids
+        never depend on the question after it. Raises ``LabelsUnresolvable`` when the labels do not
+        resolve to distinct single tokens.
         """
-        system_mark = _sentinel(SYSTEM, [system, user])
-        user_mark = _sentinel(USER, [system, user])
-        text = self._render(system_mark, user_mark, ANSWER)
+        texts = [system, shared, question]
+        system_mark, shared_mark, question_mark = (_sentinel(base, texts) for base in (SYSTEM, USER, QUESTION))
+        text = self._render(system_mark, shared_mark + question_mark, ANSWER)
         before, after = self._split_once(text, ANSWER)
+        if any(before.count(mark) != 1 for mark in (system_mark, shared_mark, question_mark)):
+            raise ValueError("the chat template does not place each message's content exactly once")
         label_ids = self._resolve(self._tail(before), after, labels)
-        return AnswerSlot(tuple(self._encode_prompt(before, {system_mark: system, user_mark: user})), label_ids, labels)
+        ids, marks_end = self._encode_prompt(before, {system_mark: system, shared_mark: shared, question_mark: question})
+        return AnswerSlot(tuple(ids), label_ids, labels, prefix_tokens=marks_end[shared_mark])
 
     def single_token_labels(self, candidates: Iterable[str], count: int) -> tuple[str, ...]:
         """The first ``count`` candidates that each fill the answer slot with one token."""
@@ -114,15 +125,18 @@ class ChatTemplate:
                     break
         return tuple(chosen)
 
-    def _encode_prompt(self, before: str, contents: dict[str, str]) -> list[int]:
+    def _encode_prompt(self, before: str, contents: dict[str, str]) -> tuple[list[int], dict[str, int]]:
+        """Template text and caller texts encoded piece by piece, and where each caller text ends."""
         ids: list[int] = []
+        ends: dict[str, int] = {}
         rest = before
         while True:
             hits = [(rest.find(mark), mark) for mark in contents if mark in rest]
             if not hits:
-                return ids + self.encode(rest)
+                return ids + self.encode(rest), ends
             position, mark = min(hits)
             ids += self.encode(rest[:position]) + self.encode_text(contents[mark])
+            ends[mark] = len(ids)
             rest = rest[position + len(mark) :]
 
     @staticmethod

@@ -1,10 +1,14 @@
 """Prompt text for one question: pure, versioned, no tokenizer.
 
-Layout (static part first so an engine's prefix cache reuses it across states):
+Layout (what a request's questions share first, so an engine computes it once per state):
 
-- system: the question, its options with their descriptions, and the answer format;
-- user: the state;
+- system: one fixed line, the same for every state and question;
+- user: the state, a blank line, then the question, its options with their descriptions and the
+  answer format;
 - assistant: the answer slot, where the label token goes.
+
+Everything up to and including the blank line after the state is the shared prefix; a question's
+text never reaches into it, so a read's prompt does not depend on the other questions beside it.
 
 Changing any text here changes what the model reads: bump ``PROMPT_VERSION``.
 """
@@ -18,7 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-PROMPT_VERSION = "decide-prompt/1"
+PROMPT_VERSION = "decide-prompt/2"
+SYSTEM_PROMPT = "Answer the question that follows the text."
+STATE_SEPARATOR = "\n\n"
 
 QuestionType = Literal["noul", "choice", "score"]
 
@@ -43,10 +49,15 @@ class QuestionSpec:
 
 @dataclass(frozen=True)
 class PromptText:
-    """The two message texts of a prompt, and the label text each option answers with."""
+    """A prompt's texts, and the label text each option answers with.
+
+    The user message is ``shared + question``: ``shared`` (the state and its separator) is the same
+    for every question about the state, ``question`` is this question's own text.
+    """
 
     system: str
-    user: str
+    shared: str
+    question: str
     labels: tuple[str, ...]
     label_style: LabelStyle
 
@@ -87,10 +98,10 @@ def _or_list(labels: tuple[str, ...]) -> str:
 
 
 def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
-    """The system and user texts for ``question`` about ``state``, answering with ``labels``.
+    """The texts for ``question`` about ``state``, answering with ``labels``.
 
     Kept short: small models follow a compact question → options → answer-format layout better
-    than a long preamble, and the static part stays first for prefix caching.
+    than a long preamble. The state comes first so every question about it shares its tokens.
     """
     lines = [f"Question: {question.instructions}"] if question.instructions else []
     if question.question_type == "noul":
@@ -111,4 +122,4 @@ def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], st
         lines.append("Levels:")
         lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
         lines.append(f"Reply with exactly one number from {labels[0]} to {labels[-1]}.")
-    return PromptText("\n".join(lines), state, labels, style)
+    return PromptText(SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(lines), labels, style)

@@ -1,9 +1,10 @@
-"""The reader: one question about one state → label probabilities, through one engine call."""
+"""The reader: questions about one state → label probabilities, through one engine call."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from readers.engines.base import Engine, ReadRequest
@@ -50,7 +51,7 @@ class Reader:
                     continue
             prompt = build_prompt(question, state, labels, style)
             try:
-                slot = self.template.slot(prompt.system, prompt.user, labels)
+                slot = self.template.slot(prompt.system, prompt.shared, prompt.question, labels)
             except LabelsUnresolvable as error:
                 failures.append(f"{style}: {error}")
                 continue
@@ -89,23 +90,44 @@ class Reader:
             )
 
     async def read(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> Reading:
+        """One question about ``state``: the same prompt as that question in ``read_many``."""
+        return (await self.read_many([question], state, locs=[loc]))[0]
+
+    async def read_many(
+        self, questions: Sequence[QuestionSpec], state: str, *, locs: Sequence[tuple[str | int, ...]] | None = None
+    ) -> list[Reading]:
+        """Every question about ``state`` in one engine call, readings in question order.
+
+        Each question's prompt is built on its own (state first, then the question), so a reading
+        never depends on which other questions came with it; the engine may compute their shared
+        prefix, the state, once.
+        """
         started = time.monotonic()
+        locs = list(locs) if locs is not None else [()] * len(questions)
+        if len(locs) != len(questions):
+            raise ValueError("read_many needs one loc per question")
         # Rendering and tokenizing a long state takes milliseconds to seconds: off the event loop.
-        slot, style = await asyncio.to_thread(self.prepare, question, state, loc=loc)
-        reply = await self.engine.read(ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels))
-        probabilities = label_probabilities(reply, slot.label_ids, floor_offset=self.floor_offset)
-        return Reading(
-            question=question,
-            label_style=style,
-            labels=slot.labels,
-            label_ids=slot.label_ids,
-            label_probabilities=probabilities,
-            read_mode=reply.read_mode.value,
-            prompt_tokens=len(slot.prompt_ids),
-            engine_latency_ms=reply.latency_ms,
-            queued_ms=reply.queued_ms,
-            latency_ms=(time.monotonic() - started) * 1000,
-        )
+        prepared = await asyncio.to_thread(lambda: [self.prepare(q, state, loc=loc) for q, loc in zip(questions, locs)])
+        requests = [ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels, slot.prefix_tokens) for slot, _ in prepared]
+        replies = await self.engine.read_many(requests)
+        latency_ms = (time.monotonic() - started) * 1000
+        readings = []
+        for question, (slot, style), reply in zip(questions, prepared, replies):
+            readings.append(
+                Reading(
+                    question=question,
+                    label_style=style,
+                    labels=slot.labels,
+                    label_ids=slot.label_ids,
+                    label_probabilities=label_probabilities(reply, slot.label_ids, floor_offset=self.floor_offset),
+                    read_mode=reply.read_mode.value,
+                    prompt_tokens=len(slot.prompt_ids),
+                    engine_latency_ms=reply.latency_ms,
+                    queued_ms=reply.queued_ms,
+                    latency_ms=latency_ms,
+                )
+            )
+        return readings
 
 
 def _param(loc: tuple[str | int, ...]) -> str | None:

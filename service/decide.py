@@ -74,8 +74,9 @@ async def _decide(
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
     names = list(request.questions)
-    readings = await asyncio.gather(
-        *(reader.read(request.questions[name].to_spec(), state, loc=("body", "questions", name)) for name in names)
+    # One engine call for all questions: their prompts share the state, which the engine reads once.
+    readings = await reader.read_many(
+        [request.questions[name].to_spec() for name in names], state, locs=[("body", "questions", name) for name in names]
     )
     engine = reader.engine
     answers, decisions = {}, []

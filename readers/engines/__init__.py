@@ -26,18 +26,22 @@ async def open_engine(
     top_k: int | None = None,
     tokenizer: str | None = None,
     read_mode: ReadMode | None = None,
-    workers: int = 2,
+    workers: int = 1,
     max_in_flight: int = 16,
     timeout_s: float = 30.0,
+    share_prefix: bool = True,
 ) -> Engine:
-    """Build the engine ``kind``; the vLLM engine probes the server before it is returned."""
+    """Build the engine ``kind``; the vLLM engine probes the server before it is returned.
+
+    ``share_prefix=False`` is the per-question path (no KV shared between a request's reads), kept
+    to measure what sharing the state gains."""
     if kind == "local":
         from readers.embedded import prepare_embedded_model
         from readers.engines.local import LocalEngine
 
         if read_mode not in (None, ReadMode.EXACT if top_k is None else ReadMode.TOPK):
             raise ValueError("the local engine reads exact, or top-k with --top-k")
-        return LocalEngine(model_dir or prepare_embedded_model(), top_k=top_k, workers=workers)
+        return LocalEngine(model_dir or prepare_embedded_model(), top_k=top_k, workers=workers, share_prefix=share_prefix)
     if kind == "vllm":
         from readers.engines.routed import RoutedEngine, parse_engine_urls
         from readers.engines.vllm import VLLMEngine
@@ -51,6 +55,7 @@ async def open_engine(
             read_mode=read_mode,
             max_in_flight=max_in_flight,
             timeout_s=timeout_s,
+            share_prefix=share_prefix,
         )
         if by_name:
             return await RoutedEngine.connect_name(urls[0], **options)

@@ -1,12 +1,16 @@
-"""The engine seam: one async read of next-token log-probs, plus what the engine can do.
+"""The engine seam: async reads of next-token log-probs, plus what the engine can do.
 
 Engines are the only code that talks to a model. The reader builds token-id prompts and label ids;
 an engine returns log-probs for the next token and says what those numbers are (``ReadMode``).
+``read_many`` takes the reads of one request (one state, many questions): their prompts share a
+prefix (``ReadRequest.prefix_tokens``) that an engine may compute once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -97,9 +101,14 @@ class ClosingEngine:
     async def aclose(self) -> None:
         return None
 
+    async def read_many(self, requests: Sequence[ReadRequest]) -> list[EngineReply]:
+        """The reads of one request, in order; by default each through ``read``, concurrently."""
+        return list(await asyncio.gather(*(self.read(request) for request in requests)))
+
 
 class Engine(Protocol):
-    """What the reader needs from an engine. ``read`` is the only call that reaches a model."""
+    """What the reader needs from an engine. ``read`` and ``read_many`` are the only calls that
+    reach a model; ``read_many(requests)[i]`` equals ``read(requests[i])`` up to float rounding."""
 
     kind: str
     info: ModelInfo
@@ -107,6 +116,8 @@ class Engine(Protocol):
     tokenizer: Any
 
     async def read(self, request: ReadRequest) -> EngineReply: ...
+
+    async def read_many(self, requests: Sequence[ReadRequest]) -> list[EngineReply]: ...
 
     async def aclose(self) -> None: ...
 

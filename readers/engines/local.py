@@ -2,35 +2,139 @@
 
 Reads are exact by default. ``top_k`` makes it answer like a top-k engine (only the k most likely
 tokens come back), to measure what top-k costs on the same model.
+
+How a batch of reads is computed (``share_prefix=True``, the default):
+
+1. Reads arriving within ``batch_window_ms`` of each other, up to ``max_batch`` reads, form one
+   batch (micro-batching: concurrent requests share forward passes).
+2. Each read's prompt splits at ``ReadRequest.prefix_tokens`` into a prefix (system prompt and
+   state) and a suffix (its question). Distinct prefixes not in the prefix cache are computed in one
+   right-padded forward; their keys and values go into a bounded LRU cache keyed by token ids, so a
+   state repeated across requests is not recomputed.
+3. All suffixes are read in one forward against their prefixes' keys and values: the past is padded
+   to the longest prefix, the suffixes right-padded, and a 4-D mask hides the padding; positions
+   continue from each read's own prefix length, so every read sees exactly what it would alone.
+
+``share_prefix=False`` is the per-question path: every read's whole prompt is computed (still
+micro-batched), no prefix cache. It is kept to measure what sharing gains.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from readers.embedded import model_manifest
-from readers.engines.base import ClosingEngine, Capabilities, EngineReply, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import Capabilities, ClosingEngine, EngineReply, ModelInfo, ReadMode, ReadRequest
+
+DEFAULT_BATCH_WINDOW_MS = 2.0
+DEFAULT_MAX_BATCH = 16
+DEFAULT_PREFIX_CACHE_MIB = 256
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one sequence, [1, heads, tokens, dim]
+
+
+class PrefixCache:
+    """Keys and values of prompt prefixes, keyed by token ids, least recently used evicted first.
+
+    Bounded by bytes: SmolLM2-135M in float32 holds 46,080 bytes per token (30 layers × keys and
+    values × 3 heads × 64 dims × 4 bytes), so 256 MiB keep about 5,800 prefix tokens.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError("prefix_cache_mib must be 0 (off) or positive")
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[tuple[int, ...], tuple[KV, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, prefix: tuple[int, ...]) -> KV | None:
+        if not self.max_bytes:
+            return None
+        with self._lock:
+            entry = self._entries.get(prefix)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(prefix)
+            self.hits += 1
+            return entry[0]
+
+    def put(self, prefix: tuple[int, ...], kv: KV) -> None:
+        size = sum(k.nbytes + v.nbytes for k, v in kv)
+        if size > self.max_bytes:  # also the "off" case, max_bytes 0
+            return
+        with self._lock:
+            if prefix in self._entries:
+                return
+            self._entries[prefix] = (kv, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.bytes -= evicted
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"entries": len(self._entries), "bytes": self.bytes, "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses}
+
+
+@dataclass
+class _Job:
+    """The reads of one ``read_many`` call, waiting for a batch."""
+
+    requests: Sequence[ReadRequest]
+    top_k: int | None
+    share_prefix: bool
+    submitted: float
+    future: concurrent.futures.Future
 
 
 class LocalEngine(ClosingEngine):
-    """Forward passes run on a pool of worker threads (torch releases the GIL during the forward),
-    so a request waits only for a free worker, never on a lock held around Python code."""
+    """Batches run on ``workers`` threads (torch releases the GIL during the forward); one worker
+    uses every core through torch's own threads, so more workers only help with idle cores."""
 
     kind = "local"
 
-    def __init__(self, model_dir: Path, *, top_k: int | None = None, workers: int = 2, dtype: str = "float32") -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        top_k: int | None = None,
+        workers: int = 1,
+        dtype: str = "float32",
+        share_prefix: bool = True,
+        batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        prefix_cache_mib: float = DEFAULT_PREFIX_CACHE_MIB,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        if batch_window_ms < 0:
+            raise ValueError("batch_window_ms must be 0 or more")
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+        # sdpa takes the boolean 4-D masks built below as they are.
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa")
         self.model.eval()
+        self._decoder = self.model.get_decoder()
+        self._head = self.model.get_output_embeddings()
         config = self.model.config
         vocab_size = int(config.vocab_size)
         manifest = model_manifest(model_dir)
@@ -42,10 +146,29 @@ class LocalEngine(ClosingEngine):
             context_length=int(config.max_position_embeddings),
             vocab_size=vocab_size,
         )
-        self._probe = {"engine": "local", "model_dir": str(model_dir), "dtype": dtype}
+        self.share_prefix = share_prefix
+        self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
+        self.batched_reads = 0
+        self.batch_window_s = batch_window_ms / 1000
+        self.max_batch = max_batch
+        self.prefix_cache = PrefixCache(int(prefix_cache_mib * 2**20))
+        self._pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id or 0)
+        self._probe = {
+            "engine": "local",
+            "model_dir": str(model_dir),
+            "dtype": dtype,
+            "share_prefix": share_prefix,
+            "batch_window_ms": batch_window_ms,
+            "max_batch": max_batch,
+            "prefix_cache_mib": prefix_cache_mib,
+            "workers": workers,
+        }
         self._set_top_k(top_k)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="local-engine")
-        self._owns_pool = True
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._workers = [threading.Thread(target=self._serve, name=f"local-engine-{i}", daemon=True) for i in range(workers)]
+        for worker in self._workers:
+            worker.start()
+        self._owns_workers = True
 
     def _set_top_k(self, top_k: int | None) -> None:
         vocab_size = self.info.vocab_size
@@ -60,41 +183,195 @@ class LocalEngine(ClosingEngine):
         )
 
     def with_top_k(self, top_k: int | None) -> LocalEngine:
-        """The same loaded model read another way (exact, or top-k), sharing weights and workers."""
+        """The same loaded model read another way (exact, or top-k), sharing weights, workers and cache."""
         variant = copy.copy(self)
         variant._set_top_k(top_k)
-        variant._owns_pool = False
+        variant._owns_workers = False
         return variant
 
-    def next_token_logprobs(self, prompt_ids: tuple[int, ...]) -> torch.Tensor:
-        """Full-vocabulary log-softmax at the position after ``prompt_ids``."""
+    def with_share_prefix(self, share_prefix: bool) -> LocalEngine:
+        """The same loaded model on the shared path (True) or the per-question path (False)."""
+        variant = copy.copy(self)
+        variant.share_prefix = share_prefix
+        variant._probe = {**self._probe, "share_prefix": share_prefix}
+        variant._set_top_k(self.top_k)
+        variant._owns_workers = False
+        return variant
+
+    def next_token_logprobs(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Full-vocabulary log-softmax after ``prompt_ids``: one sequence, no cache, no padding (the
+        reference every batched read is tested against)."""
         with torch.inference_mode():
-            ids = torch.tensor([prompt_ids], dtype=torch.long)
+            ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
             logits = self.model(input_ids=ids, logits_to_keep=1, use_cache=False).logits[0, -1]
             return torch.log_softmax(logits.float(), dim=-1)
 
-    def _read(self, request: ReadRequest, submitted: float) -> tuple[dict[int, float], float, float]:
-        started = time.monotonic()
-        logprobs = self.next_token_logprobs(request.prompt_ids)
-        if self.top_k is None:
-            result = {token_id: float(logprobs[token_id]) for token_id in request.label_ids}
-        else:
-            values, ids = torch.topk(logprobs, self.top_k)
-            result = dict(zip(ids.tolist(), values.tolist()))
-        return result, (started - submitted) * 1000, (time.monotonic() - started) * 1000
-
     async def read(self, request: ReadRequest) -> EngineReply:
-        logprobs, queued_ms, latency_ms = await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._read, request, time.monotonic()
-        )
-        return EngineReply(
-            logprobs=logprobs,
-            read_mode=self.capabilities.read_mode,
-            prompt_tokens=len(request.prompt_ids),
-            latency_ms=latency_ms,
-            queued_ms=queued_ms,
-        )
+        return (await self.read_many([request]))[0]
+
+    async def read_many(self, requests: Sequence[ReadRequest]) -> list[EngineReply]:
+        if not requests:
+            return []
+        job = _Job(list(requests), self.top_k, self.share_prefix, time.monotonic(), concurrent.futures.Future())
+        self._jobs.put(job)
+        results, queued_ms, latency_ms = await asyncio.wrap_future(job.future)
+        return [
+            EngineReply(
+                logprobs=logprobs,
+                read_mode=self.capabilities.read_mode,
+                prompt_tokens=len(request.prompt_ids),
+                latency_ms=latency_ms,
+                queued_ms=queued_ms,
+            )
+            for request, logprobs in zip(requests, results)
+        ]
 
     async def aclose(self) -> None:
-        if self._owns_pool:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._owns_workers:
+            for _ in self._workers:
+                self._jobs.put(None)
+
+    # Worker side ------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            jobs, rows = [job], len(job.requests)
+            deadline = time.monotonic() + self.batch_window_s
+            while rows < self.max_batch:
+                try:
+                    more = self._jobs.get(timeout=max(deadline - time.monotonic(), 0)) if self.batch_window_s else self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._jobs.put(None)  # the next loop ends this worker
+                    break
+                jobs.append(more)
+                rows += len(more.requests)
+            self._run(jobs)
+
+    def _run(self, jobs: list[_Job]) -> None:
+        started = time.monotonic()
+        try:
+            rows = self.batch_logprobs(
+                [request.prompt_ids for job in jobs for request in job.requests],
+                [request.prefix_tokens if job.share_prefix else 0 for job in jobs for request in job.requests],
+            )
+        except BaseException as error:  # noqa: BLE001 -- every waiting request gets the error, the worker lives on
+            for job in jobs:
+                _settle(job.future, error=error)
+            return
+        latency_ms = (time.monotonic() - started) * 1000
+        self.batches += 1
+        self.batched_reads += len(rows)
+        at = 0
+        for job in jobs:
+            results = [_pick(rows[at + i], request.label_ids, job.top_k) for i, request in enumerate(job.requests)]
+            at += len(job.requests)
+            _settle(job.future, result=(results, (started - job.submitted) * 1000, latency_ms))
+
+    def batch_logprobs(self, prompts: Sequence[Sequence[int]], prefix_tokens: Sequence[int]) -> list[torch.Tensor]:
+        """Full-vocabulary log-softmax after each prompt, computed as described in the module docstring;
+        a prompt with ``prefix_tokens`` 0 is computed whole."""
+        with torch.inference_mode():
+            splits = [self._split(tuple(ids), n) for ids, n in zip(prompts, prefix_tokens)]
+            kv: dict[tuple[int, ...], KV] = {}
+            missing = []
+            for prefix in dict.fromkeys(prefix for prefix, _ in splits if prefix):
+                cached = self.prefix_cache.get(prefix)
+                if cached is None:
+                    missing.append(prefix)
+                else:
+                    kv[prefix] = cached
+            for start in range(0, len(missing), self.max_batch):
+                for prefix, prefix_kv in zip(missing[start : start + self.max_batch], self._prefill(missing[start : start + self.max_batch])):
+                    kv[prefix] = prefix_kv
+                    self.prefix_cache.put(prefix, prefix_kv)
+            out: list[torch.Tensor] = []
+            for start in range(0, len(splits), self.max_batch):
+                out += self._suffixes(splits[start : start + self.max_batch], kv)
+            return out
+
+    def _split(self, ids: tuple[int, ...], prefix_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if not ids:
+            raise ValueError("a read needs at least one prompt token")
+        cut = min(prefix_tokens, len(ids) - 1)  # the suffix keeps the last token
+        return ids[:cut], ids[cut:]
+
+    def _prefill(self, prefixes: list[tuple[int, ...]]) -> list[KV]:
+        """Keys and values of each prefix, from one right-padded forward (padding sits after the
+        real tokens, so no real token attends to it and no query row is fully masked)."""
+        lengths = [len(prefix) for prefix in prefixes]
+        width = max(lengths)
+        ids = torch.full((len(prefixes), width), self._pad_id, dtype=torch.long)
+        real = torch.zeros((len(prefixes), width), dtype=torch.bool)
+        for row, prefix in enumerate(prefixes):
+            ids[row, : len(prefix)] = torch.tensor(prefix)
+            real[row, : len(prefix)] = True
+        causal = torch.ones((width, width), dtype=torch.bool).tril()
+        mask = (causal[None] & real[:, None, :])[:, None]
+        positions = torch.arange(width).expand(len(prefixes), width)
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        self._decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        return [
+            [(layer.keys[row : row + 1, :, :length].clone(), layer.values[row : row + 1, :, :length].clone()) for layer in cache.layers]
+            for row, length in enumerate(lengths)
+        ]
+
+    def _suffixes(self, rows: list[tuple[tuple[int, ...], tuple[int, ...]]], kv: dict[tuple[int, ...], KV]) -> list[torch.Tensor]:
+        """Log-softmax after each suffix, read in one forward against its prefix's keys and values."""
+        from transformers import DynamicCache
+
+        count = len(rows)
+        past = max(len(prefix) for prefix, _ in rows)
+        width = max(len(suffix) for _, suffix in rows)
+        ids = torch.full((count, width), self._pad_id, dtype=torch.long)
+        real = torch.zeros((count, past + width), dtype=torch.bool)
+        positions = torch.zeros((count, width), dtype=torch.long)
+        for row, (prefix, suffix) in enumerate(rows):
+            ids[row, : len(suffix)] = torch.tensor(suffix)
+            real[row, : len(prefix)] = True
+            real[row, past : past + len(suffix)] = True
+            positions[row] = torch.arange(len(prefix), len(prefix) + width)
+        # Query i (at key index past + i) sees every past key and the suffix keys up to itself.
+        causal = torch.cat([torch.ones((width, past), dtype=torch.bool), torch.ones((width, width), dtype=torch.bool).tril()], dim=1)
+        mask = (causal[None] & real[:, None, :])[:, None]
+        cache = DynamicCache()
+        if past:
+            template = next(kv[prefix] for prefix, _ in rows if prefix)
+            layers = []
+            for layer, (keys, values) in enumerate(template):
+                batch_keys = keys.new_zeros((count, keys.shape[1], past, keys.shape[3]))
+                batch_values = values.new_zeros((count, values.shape[1], past, values.shape[3]))
+                for row, (prefix, _) in enumerate(rows):
+                    if prefix:
+                        batch_keys[row, :, : len(prefix)] = kv[prefix][layer][0][0]
+                        batch_values[row, :, : len(prefix)] = kv[prefix][layer][1][0]
+                layers.append((batch_keys, batch_values))
+            cache = DynamicCache(layers)
+        hidden = self._decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).last_hidden_state
+        last = hidden[torch.arange(count), torch.tensor([len(suffix) - 1 for _, suffix in rows])]
+        logprobs = torch.log_softmax(self._head(last).float(), dim=-1)
+        return list(logprobs)
+
+
+def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -> dict[int, float]:
+    if top_k is None:
+        return {token_id: float(logprobs[token_id]) for token_id in label_ids}
+    values, ids = torch.topk(logprobs, top_k)
+    return dict(zip(ids.tolist(), values.tolist()))
+
+
+def _settle(future: concurrent.futures.Future, *, result=None, error: BaseException | None = None) -> None:
+    """Resolve a job's future unless its caller already gave up (a cancelled request)."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass

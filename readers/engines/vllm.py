@@ -12,6 +12,11 @@ Three read modes, the best the server accepts chosen by a start-up probe (eviden
 
 vLLM clamps ``-inf`` to ``-9999.0`` in replies (masked tokens pad a masked top-k); such entries are
 dropped, never read as log-probs.
+
+The reads of one request go out concurrently: vLLM's prefix cache (``--enable-prefix-caching``)
+serves the state's full KV blocks to every question after the first. ``share_prefix=False`` (the
+per-question path, kept to measure what sharing gains) salts each read's cache key with a fresh
+``cache_salt``, so no read reuses another's KV.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import asyncio
 import dataclasses
 import math
 import re
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -50,8 +56,10 @@ class VLLMEngine(ClosingEngine):
         info: ModelInfo,
         capabilities: Capabilities,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        share_prefix: bool = True,
     ) -> None:
         self._client = client
+        self.share_prefix = share_prefix
         self.served_name = served_name
         self.tokenizer = tokenizer
         self.info = info
@@ -69,6 +77,7 @@ class VLLMEngine(ClosingEngine):
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         transport: httpx.AsyncBaseTransport | None = None,
+        share_prefix: bool = True,
     ) -> VLLMEngine:
         """Find the served model, load its tokenizer locally, and probe which read mode works.
 
@@ -97,6 +106,7 @@ class VLLMEngine(ClosingEngine):
             info=info,
             capabilities=capabilities,
             max_in_flight=max_in_flight,
+            share_prefix=share_prefix,
         )
 
     async def read(self, request: ReadRequest) -> EngineReply:
@@ -106,6 +116,8 @@ class VLLMEngine(ClosingEngine):
             body["logprob_token_ids"] = list(request.label_ids)
         elif mode is ReadMode.MASKED:
             body["structured_outputs"] = {"choice": list(request.label_texts)}
+        if not self.share_prefix:
+            body["cache_salt"] = secrets.token_urlsafe(32)
         waiting = time.monotonic()
         async with self._in_flight:
             started = time.monotonic()

