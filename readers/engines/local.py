@@ -22,6 +22,7 @@ micro-batched), no prefix cache. It is kept to measure what sharing gains.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import copy
 import queue
@@ -169,6 +170,9 @@ class LocalEngine(ClosingEngine):
         for worker in self._workers:
             worker.start()
         self._owns_workers = True
+        # Worker threads that used torch must be gone before the interpreter finalises, or the C++
+        # runtime aborts the process at exit ("terminate called without an active exception").
+        atexit.register(_stop_workers, self._jobs, self._workers)
 
     def _set_top_k(self, top_k: int | None) -> None:
         vocab_size = self.info.vocab_size
@@ -228,8 +232,7 @@ class LocalEngine(ClosingEngine):
 
     async def aclose(self) -> None:
         if self._owns_workers:
-            for _ in self._workers:
-                self._jobs.put(None)
+            await asyncio.to_thread(_stop_workers, self._jobs, self._workers)
 
     # Worker side ------------------------------------------------------------------------------
 
@@ -364,6 +367,15 @@ def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -
         return {token_id: float(logprobs[token_id]) for token_id in label_ids}
     values, ids = torch.topk(logprobs, top_k)
     return dict(zip(ids.tolist(), values.tolist()))
+
+
+def _stop_workers(jobs: queue.Queue, workers: list[threading.Thread]) -> None:
+    """Let queued batches finish, then end every worker (idempotent)."""
+    if any(worker.is_alive() for worker in workers):
+        for _ in workers:
+            jobs.put(None)
+        for worker in workers:
+            worker.join()
 
 
 def _settle(future: concurrent.futures.Future, *, result=None, error: BaseException | None = None) -> None:
