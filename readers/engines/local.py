@@ -150,6 +150,7 @@ class LocalEngine(ClosingEngine):
         self.share_prefix = share_prefix
         self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
         self.batched_reads = 0
+        self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
         self.batch_window_s = batch_window_ms / 1000
         self.max_batch = max_batch
         self.prefix_cache = PrefixCache(int(prefix_cache_mib * 2**20))
@@ -241,6 +242,9 @@ class LocalEngine(ClosingEngine):
             job = self._jobs.get()
             if job is None:
                 return
+            if not job.future.set_running_or_notify_cancel():
+                self.dropped_reads += len(job.requests)  # its caller went away while it queued: compute nothing for it
+                continue
             jobs, rows = [job], len(job.requests)
             deadline = time.monotonic() + self.batch_window_s
             while rows < self.max_batch:
@@ -251,8 +255,11 @@ class LocalEngine(ClosingEngine):
                 if more is None:
                     self._jobs.put(None)  # the next loop ends this worker
                     break
-                jobs.append(more)
-                rows += len(more.requests)
+                if more.future.set_running_or_notify_cancel():
+                    jobs.append(more)
+                    rows += len(more.requests)
+                else:
+                    self.dropped_reads += len(more.requests)
             self._run(jobs)
 
     def _run(self, jobs: list[_Job]) -> None:
@@ -379,7 +386,8 @@ def _stop_workers(jobs: queue.Queue, workers: list[threading.Thread]) -> None:
 
 
 def _settle(future: concurrent.futures.Future, *, result=None, error: BaseException | None = None) -> None:
-    """Resolve a job's future unless its caller already gave up (a cancelled request)."""
+    """Resolve a job's future (a running future cannot be cancelled, so this always lands; the
+    guard covers a caller that gave up after the batch took its reads)."""
     try:
         if error is not None:
             future.set_exception(error)
