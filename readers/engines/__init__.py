@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from readers.engines.base import Capabilities, Engine, EngineReply, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import Capabilities, Engine, EngineReply, LocalBatching, ModelInfo, ReadMode, ReadRequest
 
 ENGINE_KINDS = ("local", "vllm")
+
 DEFAULT_VLLM_TOP_K = 32
 
 
@@ -30,18 +31,24 @@ async def open_engine(
     max_in_flight: int = 16,
     timeout_s: float = 30.0,
     share_prefix: bool = True,
+    batching: LocalBatching | None = None,
+    prefill_first: bool = False,
 ) -> Engine:
     """Build the engine ``kind``; the vLLM engine probes the server before it is returned.
 
     ``share_prefix=False`` is the per-question path (no KV shared between a request's reads), kept
-    to measure what sharing the state gains."""
+    to measure what sharing the state gains. ``batching`` sets the local engine's micro-batching and
+    prefix cache (defaults: ``LocalBatching()``); vLLM schedules its own batches, and
+    ``prefill_first`` reads a request's first question before the others (``VLLMEngine.read_many``)."""
     if kind == "local":
         from readers.embedded import prepare_embedded_model
         from readers.engines.local import LocalEngine
 
         if read_mode not in (None, ReadMode.EXACT if top_k is None else ReadMode.TOPK):
             raise ValueError("the local engine reads exact, or top-k with --top-k")
-        return LocalEngine(model_dir or prepare_embedded_model(), top_k=top_k, workers=workers, share_prefix=share_prefix)
+        return LocalEngine(
+            model_dir or prepare_embedded_model(), top_k=top_k, workers=workers, share_prefix=share_prefix, batching=batching or LocalBatching()
+        )
     if kind == "vllm":
         from readers.engines.routed import RoutedEngine, parse_engine_urls
         from readers.engines.vllm import VLLMEngine
@@ -56,6 +63,7 @@ async def open_engine(
             max_in_flight=max_in_flight,
             timeout_s=timeout_s,
             share_prefix=share_prefix,
+            prefill_first=prefill_first,
         )
         if by_name:
             return await RoutedEngine.connect_name(urls[0], **options)
@@ -69,6 +77,7 @@ __all__ = [
     "Capabilities",
     "DEFAULT_VLLM_TOP_K",
     "ENGINE_KINDS",
+    "LocalBatching",
     "Engine",
     "EngineReply",
     "ModelInfo",

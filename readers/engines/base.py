@@ -124,3 +124,23 @@ class Engine(Protocol):
     async def __aenter__(self) -> Engine: ...
 
     async def __aexit__(self, *exc_info) -> None: ...
+
+
+@dataclass(frozen=True)
+class LocalBatching:
+    """The embedded engine's batching: how long a batch waits for company (ms), how many reads one
+    forward holds, and how many MiB of prefix KV it keeps for states seen again (0: no cache).
+
+    256 MiB holds about 5,800 tokens of SmolLM2-135M's float32 KV (46,080 bytes per token)."""
+
+    batch_window_ms: float = 2.0
+    max_batch: int = 16
+    prefix_cache_mib: float = 256.0
+
+    def __post_init__(self) -> None:
+        if self.batch_window_ms < 0:
+            raise ValueError("batch_window_ms must be 0 or more")
+        if self.max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        if self.prefix_cache_mib < 0:
+            raise ValueError("prefix_cache_mib must be 0 (off) or positive")

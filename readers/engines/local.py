@@ -36,11 +36,8 @@ from pathlib import Path
 import torch
 
 from readers.embedded import model_manifest
-from readers.engines.base import Capabilities, ClosingEngine, EngineReply, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import Capabilities, ClosingEngine, EngineReply, LocalBatching, ModelInfo, ReadMode, ReadRequest
 
-DEFAULT_BATCH_WINDOW_MS = 2.0
-DEFAULT_MAX_BATCH = 16
-DEFAULT_PREFIX_CACHE_MIB = 256
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one sequence, [1, heads, tokens, dim]
 
@@ -117,18 +114,12 @@ class LocalEngine(ClosingEngine):
         workers: int = 1,
         dtype: str = "float32",
         share_prefix: bool = True,
-        batch_window_ms: float = DEFAULT_BATCH_WINDOW_MS,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        prefix_cache_mib: float = DEFAULT_PREFIX_CACHE_MIB,
+        batching: LocalBatching = LocalBatching(),
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if workers < 1:
             raise ValueError("workers must be at least 1")
-        if batch_window_ms < 0:
-            raise ValueError("batch_window_ms must be 0 or more")
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # sdpa takes the boolean 4-D masks built below as they are.
@@ -151,18 +142,18 @@ class LocalEngine(ClosingEngine):
         self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
         self.batched_reads = 0
         self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
-        self.batch_window_s = batch_window_ms / 1000
-        self.max_batch = max_batch
-        self.prefix_cache = PrefixCache(int(prefix_cache_mib * 2**20))
+        self.batch_window_s = batching.batch_window_ms / 1000
+        self.max_batch = batching.max_batch
+        self.prefix_cache = PrefixCache(int(batching.prefix_cache_mib * 2**20))
         self._pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id or 0)
         self._probe = {
             "engine": "local",
             "model_dir": str(model_dir),
             "dtype": dtype,
             "share_prefix": share_prefix,
-            "batch_window_ms": batch_window_ms,
-            "max_batch": max_batch,
-            "prefix_cache_mib": prefix_cache_mib,
+            "batch_window_ms": batching.batch_window_ms,
+            "max_batch": batching.max_batch,
+            "prefix_cache_mib": batching.prefix_cache_mib,
             "workers": workers,
         }
         self._set_top_k(top_k)

@@ -133,8 +133,11 @@ def test_the_prefix_cache_is_bounded_and_evicts_the_least_recently_used():
 
 
 def test_engine_options_are_checked(embedded_model_dir):
+    from readers.engines.base import LocalBatching
     from readers.engines.local import LocalEngine
 
-    for option, value in (("max_batch", 0), ("batch_window_ms", -1), ("workers", 0)):
+    for option, value in (("max_batch", 0), ("batch_window_ms", -1), ("prefix_cache_mib", -1)):
         with pytest.raises(ValueError, match=option):
-            LocalEngine(embedded_model_dir, **{option: value})
+            LocalBatching(**{option: value})
+    with pytest.raises(ValueError, match="workers"):
+        LocalEngine(embedded_model_dir, workers=0)

@@ -2,7 +2,8 @@
 is not delayed by them, and the disconnect is its own outcome in metrics and logs (never a 500).
 
 A real uvicorn server on a loopback port and the real embedded model; a subclass of the local engine
-counts the forward passes its workers actually run.
+counts the reads its worker actually computes. One worker, batches of at most two reads: what may
+still run after clients leave is the batch already taken, two reads.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from readers.engines.base import LocalBatching
 from readers.engines.local import LocalEngine
 from service.admission import AdmissionLimits
 from service.app import create_app
@@ -21,22 +23,25 @@ from deploy.processes import serving
 
 
 class CountingEngine(LocalEngine):
-    """The embedded engine, counting forward passes as its workers run them."""
+    """The embedded engine, counting the reads its worker computes."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.computed = 0
         self._lock = threading.Lock()
 
-    def _read(self, request, submitted):
+    def batch_logprobs(self, prompts, prefix_tokens):
         with self._lock:
-            self.computed += 1
-        return super()._read(request, submitted)
+            self.computed += len(prompts)
+        return super().batch_logprobs(prompts, prefix_tokens)
+
+
+BATCH = 2
 
 
 @pytest.fixture(scope="module")
 def counting_engine(embedded_model_dir):
-    engine = CountingEngine(embedded_model_dir, workers=2)
+    engine = CountingEngine(embedded_model_dir, workers=1, batching=LocalBatching(max_batch=BATCH))
     yield engine
     asyncio.run(engine.aclose())
 
@@ -90,7 +95,7 @@ UNBOUNDED = AdmissionLimits(in_flight_cost=10**9, queued_cost=10**9, request_cos
 @pytest.mark.anyio
 async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
     """The probe: 152 of 200 clients gave up after 5 s, the server still computed every one, and a
-    later request waited 15 s. Now only the reads already on the two workers run."""
+    later request waited 15 s. Now only the batch already on the worker runs."""
     app = create_app(counting_engine, admission=UNBOUNDED)
     with serving(app) as url:
         await timed_answer(url)  # warm
@@ -106,28 +111,35 @@ async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
             metrics = (await client.get("/metrics")).text
     print(f"gave up {gave_up}, answered {answered}, computed {computed}, one read {one_read_s:.2f} s, later {later:.2f} s")
     assert gave_up >= 30 and gave_up + answered == 60
-    # Besides the answered ones, only the two reads on the workers when the clients left ran.
-    assert computed <= answered + 2, (computed, answered, gave_up)
-    # The later request waits for at most those two reads, not for the ~30 rounds the flood queued.
-    assert later < 3 * one_read_s + 2.0, (later, one_read_s)
+    # Besides the answered ones, only the batch on the worker when the clients left ran.
+    assert computed <= answered + BATCH, (computed, answered, gave_up)
+    assert counting_engine.dropped_reads >= gave_up - BATCH
+    # The later request waits for at most that batch, not for the ~30 batches the flood queued.
+    assert later < (BATCH + 1) * one_read_s + 2.0, (later, one_read_s)
     disconnected = next(line for line in metrics.splitlines() if 'status="disconnected"' in line and "/v1/systemone" in line)
     assert float(disconnected.rsplit(" ", 1)[1]) == gave_up
     assert 'status="500"' not in metrics
 
 
 @pytest.mark.anyio
-async def test_an_abandoned_long_request_does_not_hold_the_workers(counting_engine):
+async def test_an_abandoned_long_request_does_not_hold_the_worker(counting_engine):
     """The probe: one ~7,000-token state with 4 questions, abandoned, blocked both workers and made
-    the next small request wait 81 s. Now its queued reads are dropped when its client leaves; the two
-    already on the workers finish (torch cannot stop a forward pass). The state here is ~1,300 tokens
-    to keep the test short on CI cores: the count of reads run is what the fix changes, not the size."""
+    the next small request wait 81 s. Now its questions share the state's KV and run as one job: if
+    a batch took it before the client left, it runs once (torch cannot stop a forward pass), and the
+    next request waits for that one job at most; if not, none of it runs. The state here is ~1,300
+    tokens to keep the test short on CI cores."""
     app = create_app(counting_engine, admission=UNBOUNDED)
+    long_request = question_body(state(999, 200), questions=4)
     with serving(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            started = time.monotonic()
+            assert (await client.post("/v1/systemone", json=question_body(state(998, 200), questions=4))).status_code == 200
+            one_job_s = time.monotonic() - started  # the same shape, answered, nothing else running
         before = counting_engine.computed
-        gave_up, _ = await abandon(url, [question_body(state(999, 200), questions=4)], after_s=1.5)
+        gave_up, _ = await abandon(url, [long_request], after_s=0.2 * one_job_s)
         later = await timed_answer(url)
         computed = settled(counting_engine) - before - 1  # less the later request's own read
-    print(f"computed {computed} of 4, later {later:.2f} s")
+    print(f"computed {computed} of 4, one job {one_job_s:.2f} s, later {later:.2f} s")
     assert gave_up == 1
-    # Two workers: at most the two reads already on them ran; the other two were dropped.
-    assert computed <= 2, computed
+    assert computed in (0, 4), computed  # the job runs whole or not at all, and never twice
+    assert later < 2 * one_job_s + 2.0, (later, one_job_s)
