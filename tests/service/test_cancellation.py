@@ -113,7 +113,6 @@ async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
     assert gave_up >= 30 and gave_up + answered == 60
     # Besides the answered ones, only the batch on the worker when the clients left ran.
     assert computed <= answered + BATCH, (computed, answered, gave_up)
-    assert counting_engine.dropped_reads >= gave_up - BATCH
     # The later request waits for at most that batch, not for the ~30 batches the flood queued.
     assert later < (BATCH + 1) * one_read_s + 2.0, (later, one_read_s)
     disconnected = next(line for line in metrics.splitlines() if 'status="disconnected"' in line and "/v1/systemone" in line)
