@@ -271,15 +271,19 @@ def eval_suite(
         return
     if data is None or out is None:
         raise typer.BadParameter("give --data and --out (or a subcommand)")
-    from eval.manifest import Images
+    from eval.manifest import Images, RunRefused
     from eval.suite import score_suite_with_engine, suite_table
 
-    report = asyncio.run(
-        score_suite_with_engine(
-            engine, data, out, engine_url=engine_url, top_k=top_k, concurrency=concurrency, allow_unverified=allow_unverified,
-            allow_mismatch=allow_mismatch, resamples=resamples, images=Images(engine_image, service_image),
-        )
-    )  # fmt: skip
+    try:
+        report = asyncio.run(
+            score_suite_with_engine(
+                engine, data, out, engine_url=engine_url, top_k=top_k, concurrency=concurrency, allow_unverified=allow_unverified,
+                allow_mismatch=allow_mismatch, resamples=resamples, images=Images(engine_image, service_image),
+            )
+        )  # fmt: skip
+    except RunRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(suite_table(report))
 
 

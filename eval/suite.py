@@ -373,8 +373,14 @@ def _scorecard_statistic(per_subset: dict[str, tuple[list[dict], np.ndarray, np.
     return statistic
 
 
-def _ci(interval: list[float] | None, scale: float = 1, digits: int = 1) -> str:
-    return "—" if interval is None else f"{interval[0] * scale:.{digits}f}–{interval[1] * scale:.{digits}f}"
+def _ci(interval: list[float] | None, *, percent: bool = False) -> str:
+    """A 95% range as text: percentages to 0.1 points, other figures to 3 decimals ("to" when signed)."""
+    if interval is None:
+        return "—"
+    lo, hi = interval
+    if percent:
+        return f"{lo:.1%}–{hi:.1%}"
+    return f"{lo:.3f} to {hi:.3f}" if lo < 0 else f"{lo:.3f}–{hi:.3f}"
 
 
 def _value(value: float | None, digits: int = 3) -> str:
@@ -404,8 +410,8 @@ def suite_table(report: dict) -> str:
     for name, entry in [("all", report["overall"]), *report["question_types"].items()]:
         lo, hi = entry["accuracy_ci95"]
         lines.append(
-            f"| {name} | {entry['subsets']} | {entry['n']} | {entry['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {_ci(entry['accuracy_family_ci95'], 100)} | "
-            f"{entry['macro_accuracy']:.1%} ({_ci(entry['macro_accuracy_family_ci95'], 100)}) | {jev_cells(entry)} |"
+            f"| {name} | {entry['subsets']} | {entry['n']} | {entry['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {_ci(entry['accuracy_family_ci95'], percent=True)} | "
+            f"{entry['macro_accuracy']:.1%} ({_ci(entry['macro_accuracy_family_ci95'], percent=True)}) | {jev_cells(entry)} |"
         )  # fmt: skip
     lines += [
         "", "| subset | question type | n | families (complete) | accuracy (Wilson 95%) | family 95% | ECE | ECE after 50 gold answers | Brier | Jev accuracy / ECE / Brier | checksum |",
@@ -416,22 +422,22 @@ def suite_table(report: dict) -> str:
         jev = f"{s['jev_accuracy']:.1%} / {s['jev_ece']:.3f} / {s['jev_brier']:.3f}" if "jev_accuracy" in s else "—"
         lines.append(
             f"| {name} | {s['question_type']} | {s['n']} | {s['families']} ({s['families_complete']}) | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | "
-            f"{_ci(s['accuracy_family_ci95'], 100)} | {s['ece']:.3f} | {_value(s.get('ece_after_50'))} | {s['brier']:.3f} | {jev} | {s.get('checksum', '—')} |"
+            f"{_ci(s['accuracy_family_ci95'], percent=True)} | {s['ece']:.3f} | {_value(s.get('ece_after_50'))} | {s['brier']:.3f} | {jev} | {s.get('checksum', '—')} |"
         )  # fmt: skip
     scored = {name: s for name, s in report["subsets"].items() if "mae" in s}
     if scored:
         lines += ["", "Score subsets: expected level (Σ k·p_k) against the gold level.", "",
                   "| subset | n | MAE, levels (family 95%) | Spearman (family 95%) |", "|---|---|---|---|"]  # fmt: skip
         for name, s in scored.items():
-            lines.append(f"| {name} | {s['n']} | {s['mae']:.3f} ({_ci(s['mae_family_ci95'], digits=3)}) | {_value(s['spearman'])} ({_ci(s['spearman_family_ci95'], digits=3)}) |")
+            lines.append(f"| {name} | {s['n']} | {s['mae']:.3f} ({_ci(s['mae_family_ci95'])}) | {_value(s['spearman'])} ({_ci(s['spearman_family_ci95'])}) |")
     spread = {name: s for name, s in report["subsets"].items() if "js_divergence_bits" in s}
     if spread:
         lines += ["", "Distribution subsets: the model's probabilities against the human label distribution, mean over records.", "",
                   "| subset | n | Jensen–Shannon divergence, bits (family 95%) | total variation (family 95%) |", "|---|---|---|---|"]  # fmt: skip
         for name, s in spread.items():
             lines.append(
-                f"| {name} | {s['n']} | {_value(s['js_divergence_bits'])} ({_ci(s['js_divergence_bits_family_ci95'], digits=3)}) | "
-                f"{_value(s['total_variation'])} ({_ci(s['total_variation_family_ci95'], digits=3)}) |"
+                f"| {name} | {s['n']} | {_value(s['js_divergence_bits'])} ({_ci(s['js_divergence_bits_family_ci95'])}) | "
+                f"{_value(s['total_variation'])} ({_ci(s['total_variation_family_ci95'])}) |"
             )  # fmt: skip
     after = report["median_ece_after_50"]
     lines.append(

@@ -7,7 +7,15 @@ import json
 import pytest
 
 from eval.manifest import RunRefused
-from eval.suite import build_from_tasks, jev_minus_arm, load_suite, run_suite, score_suite, score_suite_with_engine, suite_table
+from eval.suite import (
+    build_from_tasks,
+    jev_minus_arm,
+    load_suite,
+    run_suite,
+    score_suite,
+    score_suite_with_engine,
+    suite_table,
+)
 
 pytestmark = pytest.mark.anyio
 
