@@ -283,7 +283,7 @@ def score_suite(run: Path, *, seed: int = 0, resamples: int = RESAMPLES) -> dict
     families = [row["family"] for mine, _, _ in per_subset.values() for row in mine]
     intervals = family_bootstrap(strata, families, statistic, resamples=resamples, seed=seed)
     for (group, name, metric), value in point.items():
-        if group == "subset" and metric != "accuracy":
+        if group == "subset" and metric not in subsets[name]:
             subsets[name][metric] = value
     for (group, name, metric), interval in intervals.items():
         if group == "subset":
@@ -337,6 +337,8 @@ def _scorecard_statistic(per_subset: dict[str, tuple[list[dict], np.ndarray, np.
     code = np.concatenate([np.full(len(mine), i) for i, (mine, _, _) in enumerate(per_subset.values())])
     correct = np.concatenate([p.argmax(axis=1) == y for _, p, y in per_subset.values()]).astype(float)
     types = {name: mine[0]["question_type"] for name, (mine, _, _) in per_subset.items()}
+    # Brier is a mean of per-record terms, so resamples average these instead of calling scikit-learn.
+    brier = [((p - np.eye(p.shape[1])[y]) ** 2).sum(axis=1) for _, p, y in per_subset.values()]
     # Per-record distances to the human distribution (NaN where a record has none).
     distances = {}
     for i, (mine, p, _) in enumerate(per_subset.values()):
@@ -356,6 +358,8 @@ def _scorecard_statistic(per_subset: dict[str, tuple[list[dict], np.ndarray, np.
             values[("subset", name, "accuracy")] = hits[i] / counts[i]
             local = indices[drawn == i] - offsets[i]
             _, p, y = per_subset[name]
+            values[("subset", name, "ece")] = ece(p[local], y[local], SUITE_N_BINS)
+            values[("subset", name, "brier")] = float(np.mean(brier[i][local]))
             if types[name] == "score":
                 values[("subset", name, "mae")] = level_mae(p[local], y[local])
                 values[("subset", name, "spearman")] = level_spearman(p[local], y[local])

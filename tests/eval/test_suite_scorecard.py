@@ -241,7 +241,8 @@ def test_scorecard_of_a_real_run(scorecard_run):
     assert 0 < votes["js_divergence_bits"] < 1 and "mae" not in votes
 
     # family-clustered 95% ranges around every figure, reproducible for a seed
-    for entry, metric in [(overall, "accuracy"), (overall, "macro_accuracy"), (score, "accuracy"), (score, "mae"), (votes, "total_variation")]:
+    figures = [(overall, "accuracy"), (overall, "macro_accuracy"), (score, "accuracy"), (score, "mae"), (score, "ece"), (score, "brier"), (votes, "total_variation")]
+    for entry, metric in figures:
         lo, hi = entry[f"{metric}_family_ci95"]
         assert lo <= hi and lo <= entry[metric] + 1e-9 and entry[metric] - 1e-9 <= hi
     assert report["bootstrap"] == {"resamples": 300, "seed": 0, "cluster": "family, resampled within each subset", "interval": "percentile 2.5-97.5"}
