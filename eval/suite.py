@@ -120,7 +120,10 @@ def load_suite(
         payload = (folder / "all.jsonl").read_bytes()
         digest = hashlib.sha256(payload).hexdigest()
         manifest_path = folder / "manifest.json"
-        manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        try:
+            manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+        except json.JSONDecodeError as error:
+            raise RunRefused(f"{subset}/manifest.json: not JSON ({error.msg})") from None
         expected = manifest.get("dataset_sha256")
         status = checksum_status(digest, published=published.get(subset), manifest=expected)
         if status == MISMATCH and not allow_mismatch:

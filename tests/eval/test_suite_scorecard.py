@@ -4,6 +4,7 @@ run on the embedded model over a small suite with a score subset, a distribution
 from __future__ import annotations
 
 import asyncio
+import doctest
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
+import eval.scorecard
 from eval.evidence import load_rows, rows_arrays
 from eval.manifest import RunRefused
 from eval.scorecard import (
@@ -28,6 +30,11 @@ from eval.suite import load_suite, run_suite, score_suite, suite_table, write_su
 from eval.tasks import TASKS, load_sample, spread
 
 # -- metrics, by hand
+
+
+def test_doctests():
+    result = doctest.testmod(eval.scorecard)
+    assert result.attempted >= 6 and result.failed == 0
 
 
 def test_level_mae_and_spearman_by_hand():
@@ -194,6 +201,9 @@ def test_duplicate_ids_bad_lines_and_counts_are_refused(tmp_path):
     manifest = json.loads((tmp_path / "news" / "manifest.json").read_text())
     (tmp_path / "news" / "manifest.json").write_text(json.dumps(manifest | {"count": 4}))
     with pytest.raises(RunRefused, match="manifest.json count is 4, all.jsonl holds 3"):
+        load_suite(tmp_path)
+    (tmp_path / "news" / "manifest.json").write_text("{")
+    with pytest.raises(RunRefused, match="news/manifest.json: not JSON"):
         load_suite(tmp_path)
     (tmp_path / "news" / "all.jsonl").write_text('{"id": 1,\n')
     (tmp_path / "news" / "manifest.json").unlink()
