@@ -260,7 +260,9 @@ def eval_suite(
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
-    allow_unverified: Annotated[bool, typer.Option(help="run subsets whose manifest gives no dataset_sha256")] = False,
+    allow_unverified: Annotated[bool, typer.Option(help="run subsets with neither a published nor a manifest dataset_sha256")] = False,
+    allow_mismatch: Annotated[bool, typer.Option(help="run subsets whose sha256 differs from the published or manifest dataset_sha256")] = False,
+    resamples: Annotated[int, typer.Option(min=1, help="family-clustered bootstrap resamples for the 95% ranges")] = 1000,
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
 ) -> None:
@@ -269,15 +271,19 @@ def eval_suite(
         return
     if data is None or out is None:
         raise typer.BadParameter("give --data and --out (or a subcommand)")
-    from eval.manifest import Images
+    from eval.manifest import Images, RunRefused
     from eval.suite import score_suite_with_engine, suite_table
 
-    report = asyncio.run(
-        score_suite_with_engine(
-            engine, data, out, engine_url=engine_url, top_k=top_k, concurrency=concurrency, allow_unverified=allow_unverified,
-            images=Images(engine_image, service_image),
-        )
-    )  # fmt: skip
+    try:
+        report = asyncio.run(
+            score_suite_with_engine(
+                engine, data, out, engine_url=engine_url, top_k=top_k, concurrency=concurrency, allow_unverified=allow_unverified,
+                allow_mismatch=allow_mismatch, resamples=resamples, images=Images(engine_image, service_image),
+            )
+        )  # fmt: skip
+    except RunRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(suite_table(report))
 
 

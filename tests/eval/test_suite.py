@@ -7,15 +7,24 @@ import json
 import pytest
 
 from eval.manifest import RunRefused
-from eval.suite import build_from_tasks, jev_minus_arm, load_suite, run_suite, score_suite, score_suite_with_engine, suite_table
+from eval.suite import (
+    build_from_tasks,
+    jev_minus_arm,
+    load_suite,
+    run_suite,
+    score_suite,
+    score_suite_with_engine,
+    suite_table,
+)
 
 pytestmark = pytest.mark.anyio
 
 
 def test_build_and_verify(tmp_path):
     digests = build_from_tasks(tmp_path)
-    records, verified = load_suite(tmp_path)
-    assert verified == digests and len(records) == 1200
+    records, checks = load_suite(tmp_path)
+    assert {subset: check["sha256"] for subset, check in checks.items()} == digests and len(records) == 1200
+    assert {check["status"] for check in checks.values()} == {"unknown"}  # no published checksum for the task samples
     irony = [r for r in records if r.subset == "irony"]
     assert {r.gold for r in irony} == {"true", "false"} and irony[0].question_type == "noul"
     (tmp_path / "sst2" / "all.jsonl").write_bytes((tmp_path / "sst2" / "all.jsonl").read_bytes() + b"\n")
@@ -48,7 +57,7 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     assert report["overall"]["n"] == 48 and report["errors"] == 0
     assert "jev_minus_arm" in report["subsets"]["boolq"] and "jev_minus_arm" not in report["subsets"]["irony"]
     assert set(report["question_types"]) == {"choice", "noul"}
-    assert "| all | 48 |" in suite_table(report)
+    assert "| all | 4 | 48 |" in suite_table(report)
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     assert len({row["id"] for row in rows}) == 48
     # what ``decide eval suite`` calls: the engine by spec, the run resumed (nothing left to read), then the report files
