@@ -409,7 +409,7 @@ def eval_debias(
     top_k: TopKOption = None,
     tasks: Annotated[str, typer.Option(help="comma-separated choice tasks")] = "sst2,ag_news,emotion",
     limit: Annotated[Optional[int], typer.Option(help="records per task (default all 300)")] = None,
-    settings: Annotated[str, typer.Option(help="comma-separated: none, all (k = option count), or a rotation count k")] = "none,all,2",
+    settings: Annotated[str, typer.Option(help="comma-separated: none, all (k = option count), reverse (rotate_reverse, every order), or a rotation count k")] = "none,all,2",
     concurrency: Annotated[int, typer.Option(help="questions in flight")] = 4,
 ) -> None:
     """Accuracy and reversed-order changes with and without order-debiased reads (x_debias rotate), and their engine calls."""

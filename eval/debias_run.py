@@ -1,7 +1,7 @@
 """``decide eval debias``: order-debiased reads (``x_debias: "rotate"``) against plain reads.
 
-For each setting (``none``; ``all`` = k is the option count; an integer k, capped at the option
-count) the choice tasks are read in their original and reversed option order into
+For each setting (``none``; ``all`` = k is the option count; ``reverse`` = ``rotate_reverse`` with
+every order; an integer k, capped at the option count) the choice tasks are read in their original and reversed option order into
 ``OUT/<setting>/records.jsonl`` (the ``decide eval tasks`` row format, so ``score_task`` scores it),
 through the service's own path (``decide``). The engine is wrapped to count its ``read_many`` calls
 (engine calls) and the reads in them. ``debias.json`` / ``debias.md`` give per setting and task:
@@ -46,14 +46,18 @@ class CountingEngine:
 
 
 def question_options(setting: str, option_count: int) -> dict[str, Any]:
-    """The question's read options for ``setting`` (``none``, ``all`` or a rotation count)."""
+    """The question's read options for ``setting``: ``none``; ``all`` (``rotate``, every rotation);
+    ``reverse`` (``rotate_reverse``, every rotation of the order and of its reverse); or a count k of
+    ``rotate`` rotations, capped at the option count."""
     if setting == "none":
         return {}
     if setting == "all":
         return {"x_debias": "rotate"}
+    if setting == "reverse":
+        return {"x_debias": "rotate_reverse"}
     k = int(setting) if setting.isdigit() else 0
     if k < 2:
-        raise ValueError(f"a rotation setting is none, all or an integer ≥ 2, got {setting!r}")
+        raise ValueError(f"a rotation setting is none, all, reverse or an integer ≥ 2, got {setting!r}")
     return {"x_debias": "rotate", "x_rotations": min(k, option_count)}
 
 

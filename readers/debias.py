@@ -14,6 +14,12 @@ n cyclic rotations every option sits at every position exactly once.
 - The k rotated questions about one state go into one ``Reader.read_many`` call with the request's
   other questions, so they share the state's prefix (its KV) in the engine.
 - Agreement: the share of rotations whose own most probable option is the averaged answer's.
+- ``rotate_reverse`` (our extension of the cyclic set): the rotations of the asked order and of its
+  reverse, 2n orders for n ≥ 3 (for n = 2 the reverse is a rotation). Cyclic rotations alone put
+  every option at every position, but each option keeps its neighbours; a reader sensitive to them
+  still answers differently when the order is reversed. With all 2n orders, the asked order and its
+  reverse read the same set of orders, so the answer no longer depends on which of the two was asked.
+  Orders alternate between the two families (asked shift 0 first), each family evenly spread.
 
 Score questions are not rotated: their levels are ordered and named by their position (digits).
 """
@@ -29,6 +35,8 @@ from readers.prompt import QuestionSpec
 from readers.reader import Reader, Reading
 
 ROTATE = "rotate"
+ROTATE_REVERSE = "rotate_reverse"
+DEBIAS_METHODS = (ROTATE, ROTATE_REVERSE)
 MAX_ROTATIONS = 16
 """A rotated question costs one read per rotation: 16 bounds that cost (questions with more options
 get 16 evenly spread rotations by default)."""
@@ -41,12 +49,43 @@ class RotatedReading(Reading):
     rotations: int = 1
     rotation_agreement: float = 1.0
     rotation_choices: tuple[str, ...] = ()
-    """Each rotation's most probable option, in shift order."""
+    """Each rotation's most probable option, in read order."""
 
 
-def default_rotations(option_count: int) -> int:
-    """All cyclic rotations (each option at each position once), capped at :data:`MAX_ROTATIONS`."""
-    return min(option_count, MAX_ROTATIONS)
+def distinct_orders(option_count: int, method: str) -> int:
+    """How many distinct orders ``method`` can read: n rotations, or 2n with their reverses (n ≥ 3)."""
+    return option_count * 2 if method == ROTATE_REVERSE and option_count > 2 else option_count
+
+
+def default_rotations(option_count: int, method: str = ROTATE) -> int:
+    """Every distinct order of ``method`` (all cyclic rotations: each option at each position once),
+    capped at :data:`MAX_ROTATIONS`."""
+    return min(distinct_orders(option_count, method), MAX_ROTATIONS)
+
+
+def rotation_orders(option_count: int, k: int, method: str = ROTATE) -> tuple[tuple[int, ...], ...]:
+    """``k`` option orders (option indices by position), the asked order first.
+
+    >>> rotation_orders(3, 3)
+    ((0, 1, 2), (1, 2, 0), (2, 0, 1))
+    >>> rotation_orders(3, 2, ROTATE_REVERSE)
+    ((0, 1, 2), (2, 1, 0))
+    """
+    n = option_count
+    if method not in DEBIAS_METHODS:
+        raise ValueError(f"unknown debias method {method!r}")
+    if not 1 <= k <= distinct_orders(n, method):
+        raise ValueError(f"{method} reads 1 to {distinct_orders(n, method)} orders of {n} options, got {k}")
+    if method == ROTATE or n == 2:
+        return tuple(_shifted(tuple(range(n)), s) for s in rotation_shifts(n, k))
+    asked, reverse = rotation_shifts(n, (k + 1) // 2), rotation_shifts(n, k // 2) if k > 1 else ()
+    backwards = tuple(reversed(range(n)))
+    families = [_shifted(tuple(range(n)), s) for s in asked], [_shifted(backwards, s) for s in reverse]
+    return tuple(order for pair in zip(*families) for order in pair) + tuple(families[0][len(families[1]) :])
+
+
+def _shifted(order: tuple[int, ...], shift: int) -> tuple[int, ...]:
+    return order[shift:] + order[:shift]
 
 
 def rotation_shifts(option_count: int, k: int) -> tuple[int, ...]:
@@ -64,10 +103,13 @@ def rotation_shifts(option_count: int, k: int) -> tuple[int, ...]:
 
 def rotate(question: QuestionSpec, shift: int) -> QuestionSpec:
     """``question`` with its options (and their descriptions) cyclically shifted left by ``shift``."""
+    return reorder(question, _shifted(tuple(range(len(question.options))), shift))
+
+
+def reorder(question: QuestionSpec, order: Sequence[int]) -> QuestionSpec:
+    """``question`` with option ``order[i]`` (and its description) at position i."""
     if question.question_type == "score":
         raise ValueError("score levels are ordered: they are not rotated")
-    n = len(question.options)
-    order = [(i + shift) % n for i in range(n)]
     return dataclasses.replace(
         question, options=tuple(question.options[i] for i in order), descriptions=tuple(question.descriptions[i] for i in order)
     )
@@ -79,26 +121,29 @@ async def read_many_rotated(
     state: str,
     *,
     rotations: Sequence[int],
+    methods: Sequence[str] | None = None,
     locs: Sequence[tuple[str | int, ...]] | None = None,
 ) -> list[Reading]:
-    """Every question about ``state`` read ``rotations[i]`` times (1 = as asked, a plain :class:`Reading`)
-    in ONE ``reader.read_many`` call; rotated questions come back as :class:`RotatedReading`."""
-    if len(rotations) != len(questions):
-        raise ValueError("read_many_rotated needs one rotation count per question")
+    """Every question about ``state`` read in ``rotations[i]`` orders of ``methods[i]`` (default
+    ``rotate``; 1 = as asked, a plain :class:`Reading`) in ONE ``reader.read_many`` call; rotated
+    questions come back as :class:`RotatedReading`."""
+    methods = list(methods) if methods is not None else [ROTATE] * len(questions)
+    if not len(rotations) == len(methods) == len(questions):
+        raise ValueError("read_many_rotated needs one rotation count and method per question")
     locs = list(locs) if locs is not None else [()] * len(questions)
     expanded, expanded_locs, spans = [], [], []
-    for question, k, loc in zip(questions, rotations, locs):
-        shifts = rotation_shifts(len(question.options), k) if k > 1 else (0,)
-        spans.append((len(expanded), shifts))
-        expanded += [rotate(question, s) if s else question for s in shifts]
-        expanded_locs += [loc] * len(shifts)
+    for question, k, method, loc in zip(questions, rotations, methods, locs):
+        orders = rotation_orders(len(question.options), k, method) if k > 1 else (tuple(range(len(question.options))),)
+        spans.append((len(expanded), orders))
+        expanded += [reorder(question, order) if i else question for i, order in enumerate(orders)]
+        expanded_locs += [loc] * len(orders)
     readings = await reader.read_many(expanded, state, locs=expanded_locs)
     out: list[Reading] = []
-    for question, (start, shifts) in zip(questions, spans):
-        if len(shifts) == 1:
+    for question, (start, orders) in zip(questions, spans):
+        if len(orders) == 1:
             out.append(readings[start])
         else:
-            out.append(combine(question, readings[start : start + len(shifts)]))
+            out.append(combine(question, readings[start : start + len(orders)]))
     return out
 
 

@@ -83,6 +83,7 @@ async def _decide(
         [request.questions[name].to_spec() for name in names],
         state,
         rotations=[request.questions[name].read_count() for name in names],
+        methods=[request.questions[name].debias or "rotate" for name in names],
         locs=[("body", "questions", name) for name in names],
     )
     engine = reader.engine

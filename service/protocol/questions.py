@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from readers.debias import MAX_ROTATIONS, ROTATE, default_rotations
+from readers.debias import MAX_ROTATIONS, default_rotations, distinct_orders
 from readers.prompt import QuestionSpec, content_text
 from service.protocol.base import BodyModel, Content, RequestModel, described
 
@@ -22,12 +22,19 @@ MAX_QUESTIONS = 64
 
 # -- opendecide extensions: per-question read options, declared on each question type below Jev's fields
 Debias = Annotated[
-    Literal["rotate"] | None,
-    Field(alias="x_debias", description='"rotate": average reads over cyclic rotations of the option order (noul and choice)'),
+    Literal["rotate", "rotate_reverse"] | None,
+    Field(
+        alias="x_debias",
+        description='"rotate": average reads over cyclic rotations of the option order; "rotate_reverse": over the rotations '
+        "of the order and of its reverse (noul and choice)",
+    ),
 ]
 Rotations = Annotated[
     int | None,
-    Field(alias="x_rotations", ge=2, le=MAX_ROTATIONS, description=f"with x_debias: rotations to read (default: the option count, at most {MAX_ROTATIONS})"),
+    Field(
+        alias="x_rotations", ge=2, le=MAX_ROTATIONS,
+        description=f"with x_debias: option orders to read (default: every distinct one, n or 2n, at most {MAX_ROTATIONS})",
+    ),  # fmt: skip
 ]
 MinConfidence = Annotated[
     float | None,
@@ -42,7 +49,8 @@ class ReadOptions(RequestModel):
     - ``x_debias: "rotate"``: read the question in ``x_rotations`` cyclic rotations of its option
       order and average (``readers/debias.py``); noul and choice only (score levels are ordered).
       ``x_rotations`` defaults to the option count (every option at every position once), capped at
-      16; it may be 2 … the option count.
+      16; it may be 2 … the option count. ``"rotate_reverse"`` adds the rotations of the reversed
+      order: up to 2n orders (n for 2 options), the default, capped at 16.
     - ``x_min_confidence`` in [0, 1]: an answer whose confidence (Jev's, ``service/confidence.py``;
       for noul the choice formula over P(true), P(false)) is below it is marked
       ``x_reading.abstained: true``; its Jev fields are unchanged.
@@ -52,8 +60,8 @@ class ReadOptions(RequestModel):
     @field_validator("debias", check_fields=False)
     @classmethod
     def check_debias_applies(cls, debias: str | None, info: ValidationInfo) -> str | None:
-        if debias == ROTATE and info.data.get("type") == "score":
-            raise ValueError('"rotate" does not apply to a score: its levels are ordered')
+        if debias is not None and info.data.get("type") == "score":
+            raise ValueError(f"{debias!r} does not apply to a score: its levels are ordered")
         return debias
 
     @field_validator("rotations", check_fields=False)
@@ -61,19 +69,20 @@ class ReadOptions(RequestModel):
     def check_rotations(cls, rotations: int | None, info: ValidationInfo) -> int | None:
         if rotations is None:
             return None
-        if info.data.get("debias") != ROTATE:
-            raise ValueError('x_rotations needs x_debias: "rotate"')
+        method = info.data.get("debias")
+        if method is None:
+            raise ValueError('x_rotations needs x_debias ("rotate" or "rotate_reverse")')
         criteria = info.data.get("criteria")
         count = 2 if info.data.get("type") == "noul" else len(criteria) if criteria is not None else None
-        if count is not None and rotations > count:
-            raise ValueError(f"at most the option count {count}, got {rotations}")
+        if count is not None and rotations > distinct_orders(count, method):
+            raise ValueError(f"{method} of {count} options reads at most {distinct_orders(count, method)} orders, got {rotations}")
         return rotations
 
     def read_count(self) -> int:
         """Reads this question costs: its rotations, or 1."""
-        if self.debias != ROTATE:
+        if self.debias is None:
             return 1
-        return self.rotations or default_rotations(len(self.to_spec().options))
+        return self.rotations or default_rotations(len(self.to_spec().options), self.debias)
 
 
 class NoulCriteria(RequestModel):

@@ -31,6 +31,7 @@ async def test_a_tiny_run_counts_reads_and_engine_calls(local_engine, tmp_path):
 
 
 def test_settings_are_checked():
+    assert question_options("reverse", 4) == {"x_debias": "rotate_reverse"}
     assert question_options("none", 4) == {} and question_options("3", 2) == {"x_debias": "rotate", "x_rotations": 2}
-    with pytest.raises(ValueError, match="none, all or an integer"):
+    with pytest.raises(ValueError, match="none, all, reverse or an integer"):
         question_options("1", 4)

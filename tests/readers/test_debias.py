@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from readers.debias import RotatedReading, combine, read_many_rotated, rotate, rotation_shifts
+from readers.debias import ROTATE_REVERSE, RotatedReading, combine, read_many_rotated, rotate, rotation_orders, rotation_shifts
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
 
@@ -77,6 +77,16 @@ async def test_two_options_read_both_ways_give_one_answer(local_engine):
     assert max(abs(p[o] - q[o]) for o in p) < EXACT
     (plain,) = await read_many_rotated(reader, [SENTIMENT], review, rotations=[1])
     assert not isinstance(plain, RotatedReading)
+
+
+async def test_rotations_with_their_reverses_read_the_reversed_order_alike(local_engine):
+    """rotate_reverse with all 2n orders: the asked order and its reverse read the same orders, so one answer."""
+    assert len(set(rotation_orders(4, 8, ROTATE_REVERSE))) == 8
+    flipped = QuestionSpec("choice", TOPIC.instructions, TOPIC.options[::-1], TOPIC.descriptions[::-1])
+    asked, reversed_ = await read_many_rotated(Reader(local_engine), [TOPIC, flipped], STATE, rotations=[8, 8], methods=[ROTATE_REVERSE] * 2)
+    p = dict(zip(TOPIC.options, asked.label_probabilities.probabilities))
+    q = dict(zip(flipped.options, reversed_.label_probabilities.probabilities))
+    assert asked.rotations == 8 and max(abs(p[o] - q[o]) for o in p) < EXACT
 
 
 async def test_every_rotation_of_every_question_goes_in_one_engine_call(local_engine):

@@ -38,10 +38,11 @@ async def test_rotated_answer_reports_its_rotations_and_costs_their_prompts(clie
     [
         ({**TOPIC, "x_min_confidence": 1.5}, "x_min_confidence", "less than or equal to 1"),
         ({**TOPIC, "x_min_confidence": -0.1}, "x_min_confidence", "greater than or equal to 0"),
-        ({**TOPIC, "x_rotations": 2}, "x_rotations", 'needs x_debias: "rotate"'),
-        ({**TOPIC, "x_debias": "rotate", "x_rotations": 5}, "x_rotations", "at most the option count 4"),
+        ({**TOPIC, "x_rotations": 2}, "x_rotations", "needs x_debias"),
+        ({**TOPIC, "x_debias": "rotate", "x_rotations": 5}, "x_rotations", "reads at most 4 orders"),
+        ({**TOPIC, "x_debias": "rotate_reverse", "x_rotations": 9}, "x_rotations", "reads at most 8 orders"),
         ({**TOPIC, "x_debias": "rotate", "x_rotations": 1}, "x_rotations", "greater than or equal to 2"),
-        ({**TOPIC, "x_debias": "shuffle"}, "x_debias", "'rotate'"),
+        ({**TOPIC, "x_debias": "shuffle"}, "x_debias", "'rotate' or 'rotate_reverse'"),
         ({"type": "score", "criteria": ["low", "high"], "x_debias": "rotate"}, "x_debias", "levels are ordered"),
     ],
 )
