@@ -86,3 +86,14 @@ def test_answer_confidence_is_jevs():
     assert abstains("choice", {"a": 0.5, "b": 0.5}, informative=False, min_confidence=None)  # no label came back
     assert not abstains("choice", {"a": 0.7, "b": 0.3}, informative=True, min_confidence=0.2)
     assert abstains("choice", {"a": 0.55, "b": 0.45}, informative=True, min_confidence=0.2)
+
+
+async def test_a_batch_counts_rotations_against_its_read_limit(client_factory, quick_engine):
+    question = {**TOPIC, "criteria": {f"o{i}": None for i in range(6)}}
+    states = ["x"] * 700  # 700 reads as asked, 4,200 with six rotations each
+    async with client_factory(quick_engine) as client:
+        rotated = await client.post("/decide/batch", json={"states": states, "questions": {"q": {**question, "x_debias": "rotate"}}})
+        small = await client.post("/decide/batch", json={"states": ["a", "b"], "questions": {"q": {**question, "x_debias": "rotate"}}})
+    assert rotated.status_code == 422 and "got 4200" in rotated.text
+    assert small.status_code == 200
+    assert [result["answers"]["q"]["x_reading"]["rotations"] for result in small.json()["results"]] == [6, 6]
