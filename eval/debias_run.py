@@ -147,8 +147,10 @@ def _mean(values: list[float]) -> float | None:
 def debias_table(report: dict) -> str:
     engine = report["engine"]
     lines = [
-        f"Engine {engine['kind']} ({engine['read_mode']}), model {engine['model']} @ {engine['revision']}. "
-        "Reversed-order changes: records whose predicted option differs between the original and reversed option order.",
+        (
+            f"Engine {engine['kind']} ({engine['read_mode']}), model {engine['model']} @ {engine['revision']}. "
+            "Reversed-order changes: records whose predicted option differs between the original and reversed option order."
+        ),
         "",
         "| setting | task | rotations k | n | accuracy original | accuracy reversed | reversed-order changes | mean rotation agreement | reads / question | engine calls / question |",
         "|---|---|---|---|---|---|---|---|---|---|",

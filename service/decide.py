@@ -7,10 +7,10 @@ import uuid
 
 from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord
 from calibration.temperature import apply_temperature, as_logits
-from readers.engines.base import ModelInfo
 from readers.debias import RotatedReading, read_many_rotated
+from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
-from readers.reader import Reading, Reader
+from readers.reader import Reader, Reading
 from service.abstain import abstains
 from service.confidence import choice_confidence, score_confidence
 from service.protocol import (
@@ -30,6 +30,7 @@ from service.protocol import (
     Usage,
 )
 from service.state import ServedImages
+
 
 async def decide(
     request: SystemOneRequest,

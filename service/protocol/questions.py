@@ -32,9 +32,11 @@ Debias = Annotated[
 Rotations = Annotated[
     int | None,
     Field(
-        alias="x_rotations", ge=2, le=MAX_ROTATIONS,
+        alias="x_rotations",
+        ge=2,
+        le=MAX_ROTATIONS,
         description=f"with x_debias: option orders to read (default: every distinct one, n or 2n, at most {MAX_ROTATIONS})",
-    ),  # fmt: skip
+    ),
 ]
 MinConfidence = Annotated[
     float | None,

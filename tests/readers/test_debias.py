@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from readers.debias import ROTATE_REVERSE, RotatedReading, combine, read_many_rotated, rotate, rotation_orders, rotation_shifts
+from readers.debias import (
+    ROTATE_REVERSE,
+    RotatedReading,
+    combine,
+    read_many_rotated,
+    rotate,
+    rotation_orders,
+    rotation_shifts,
+)
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
 
