@@ -405,3 +405,31 @@ def plan(
         raise typer.BadParameter(str(error)) from None
     tokens = next((s.prompt_tokens_median for s in sweeps.values() if s.prompt_tokens_median), None)
     typer.echo(plan_table(plans, rate=rate, p99_ms=p99, unmeasured=[c for c in wanted if c not in sweeps], jev=jev, prompt_tokens=tokens))
+
+
+@eval_app.command("debias")
+def eval_debias(
+    out: Annotated[Path, typer.Option(help="run directory: one sub-directory of records per setting, debias.json and debias.md")],
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+    engine_url: EngineUrlOption = None,
+    top_k: TopKOption = None,
+    tasks: Annotated[str, typer.Option(help="comma-separated choice tasks")] = "sst2,ag_news,emotion",
+    limit: Annotated[Optional[int], typer.Option(help="records per task (default all 300)")] = None,
+    settings: Annotated[str, typer.Option(help="comma-separated: none, all (k = option count), reverse (rotate_reverse, every order), or a rotation count k")] = "none,all,2",
+    concurrency: Annotated[int, typer.Option(help="questions in flight")] = 4,
+) -> None:
+    """Accuracy and reversed-order changes with and without order-debiased reads (x_debias rotate), and their engine calls."""
+    quiet_loaders()
+    from eval.debias_run import debias_table, evaluate_debias
+
+    passed = {"engine": engine, "tasks": tasks, "limit": limit, "settings": settings, "concurrency": concurrency}
+    try:
+        report = asyncio.run(
+            evaluate_debias(
+                engine, out, engine_url=engine_url, top_k=top_k, tasks=tasks.split(","), limit=limit, settings=settings.split(","),
+                concurrency=concurrency, args_passed=passed,
+            )
+        )  # fmt: skip
+    except ValueError as error:  # a bad setting, named before anything is read
+        raise typer.BadParameter(str(error), param_hint="--settings") from None
+    typer.echo(debias_table(report))

@@ -95,3 +95,23 @@ def plot_costs(rows: list[dict], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
+    """Risk against coverage, with a few thresholds written on the curve (to pick ``x_min_confidence``)."""
+    figure, axis = plt.subplots(figsize=(5.2, 4.0), dpi=120)
+    coverage = [p["coverage"] for p in points]
+    risk = [p["risk"] for p in points]
+    axis.plot(coverage, risk, marker=".", markersize=3)
+    step = max(1, len(points) // 6)
+    for p in points[::step]:
+        axis.annotate(f"≥{p['threshold']:.2f}", (p["coverage"], p["risk"]), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    axis.set_xlim(0, 1.02)
+    axis.set_ylim(0, max([0.05, *risk]) * 1.1)
+    axis.set_xlabel("coverage (share answered at confidence ≥ threshold)")
+    axis.set_ylabel("risk (error rate of answered)")
+    axis.set_title(title, fontsize=9)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

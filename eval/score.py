@@ -22,6 +22,7 @@ from calibration.temperature import as_logits
 from eval.evidence import RECORDS, load_rows, rows_arrays
 from eval.gold_curve import gold_curve
 from eval.manifest import MANIFEST, write_json
+from eval.risk_coverage import write_risk_coverage
 from readers.probabilities import DEFAULT_FLOOR_OFFSET, softmax
 
 Z95 = 1.959963984540054
@@ -167,4 +168,5 @@ def write_score(run: Path, *, seed: int = 0) -> dict:
     write_json(run / "score.json", report)
     (run / "score.md").write_text(score_table(report))
     write_figures(run, report)
+    write_risk_coverage(run)  # risk-coverage.json and risk-coverage-<task>.png (eval/risk_coverage.py)
     return report

@@ -7,9 +7,11 @@ import uuid
 
 from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord
 from calibration.temperature import apply_temperature, as_logits
+from readers.debias import RotatedReading, read_many_rotated
 from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
-from readers.reader import Reading, Reader
+from readers.reader import Reader, Reading
+from service.abstain import abstains
 from service.confidence import choice_confidence, score_confidence
 from service.protocol import (
     Answer,
@@ -28,6 +30,7 @@ from service.protocol import (
     Usage,
 )
 from service.state import ServedImages
+
 
 async def decide(
     request: SystemOneRequest,
@@ -74,9 +77,15 @@ async def _decide(
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
     names = list(request.questions)
-    # One engine call for all questions: their prompts share the state, which the engine reads once.
-    readings = await reader.read_many(
-        [request.questions[name].to_spec() for name in names], state, locs=[("body", "questions", name) for name in names]
+    # One engine call for all questions (and their rotations): their prompts share the state, which
+    # the engine reads once.
+    readings = await read_many_rotated(
+        reader,
+        [request.questions[name].to_spec() for name in names],
+        state,
+        rotations=[request.questions[name].read_count() for name in names],
+        methods=[request.questions[name].debias or "rotate" for name in names],
+        locs=[("body", "questions", name) for name in names],
     )
     engine = reader.engine
     answers, decisions = {}, []
@@ -121,9 +130,13 @@ def calibration_key(info: ModelInfo, reading: Reading, domain: str | None) -> Ca
     return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain)
 
 
-def build_reading(reading: Reading, calibration: Calibration | None = None, probabilities: dict[str, float] | None = None) -> ReadingOut:
-    """The ``x_reading`` extension; ``probabilities`` are the answer's (calibrated) ones, for ``top_probability``."""
+def build_reading(
+    reading: Reading, calibration: Calibration | None = None, probabilities: dict[str, float] | None = None, *, abstained: bool | None = None
+) -> ReadingOut:
+    """The ``x_reading`` extension; ``probabilities`` are the answer's (calibrated) ones, for
+    ``top_probability``; ``abstained`` defaults to whether no label came back."""
     options = reading.question.options
+    rotated = isinstance(reading, RotatedReading)
     read = reading.label_probabilities
     raw = dict(zip(options, read.probabilities))
     return ReadingOut(
@@ -147,6 +160,9 @@ def build_reading(reading: Reading, calibration: Calibration | None = None, prob
         engine_latency_ms=round(reading.engine_latency_ms, 3),
         queued_ms=round(reading.queued_ms, 3),
         latency_ms=round(reading.latency_ms, 3),
+        abstained=not reading.label_probabilities.informative if abstained is None else abstained,
+        rotations=reading.rotations if rotated else 1,
+        rotation_agreement=reading.rotation_agreement if rotated else None,
     )
 
 
@@ -156,7 +172,9 @@ def build_answer(question, reading: Reading, calibration: Calibration | None = N
     ``confidence`` is Jev's formula (``service/confidence.py``) over the answer's probabilities; the
     top probability is ``x_reading.top_probability``. An uninformative read (no label came back) is
     an abstention: probabilities are the floor's tie, ``confidence`` is 0 and ``informative`` is
-    false, so no client takes it as an answer; no calibration is applied to it.
+    false, so no client takes it as an answer; no calibration is applied to it. An answer below the
+    question's ``x_min_confidence`` keeps its fields and is marked ``x_reading.abstained``
+    (``service/abstain.py``).
     """
     informative = reading.label_probabilities.informative
     calibration = calibration if informative else None
@@ -165,7 +183,8 @@ def build_answer(question, reading: Reading, calibration: Calibration | None = N
     if calibration is not None:
         calibrated = apply_temperature(as_logits(reading.label_probabilities.probabilities), calibration.temperature)
         probabilities = dict(zip(options, (float(p) for p in calibrated)))
-    extension = build_reading(reading, calibration, probabilities)
+    abstained = abstains(reading.question.question_type, probabilities, informative=informative, min_confidence=question.min_confidence)
+    extension = build_reading(reading, calibration, probabilities, abstained=abstained)
     if reading.question.question_type == "noul":
         return NoulAnswer(noul=probabilities["true"], reading=extension)
     values = list(probabilities.values())

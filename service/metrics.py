@@ -34,6 +34,9 @@ class ServiceMetrics:
         self.label_mass = Histogram("decide_label_mass", "Vocabulary probability on the returned labels", buckets=MASS_BUCKETS, registry=r)
         self.answers = Counter("decide_answers", "Answers, by whether a calibration applied", ["calibrated"], registry=r)
         self.abstentions = Counter("decide_abstentions", "Reads where no label came back", registry=r)
+        self.low_confidence = Counter(
+            "decide_low_confidence_abstentions", "Answers marked abstained: confidence below the question's x_min_confidence", registry=r
+        )
         self.engine_errors = Counter("decide_engine_errors", "Engine failures by kind", ["kind"], registry=r)
         self.in_flight = Gauge("decide_in_flight_requests", "Requests being served", registry=r, multiprocess_mode="livesum")
         self.engine_info = Gauge(
@@ -84,6 +87,8 @@ class ServiceMetrics:
         self.answers.labels("true" if reading.calibration else "false").inc()
         if not reading.informative:
             self.abstentions.inc()
+        elif reading.abstained:  # informative, so the question's minimum confidence made it abstain
+            self.low_confidence.inc()
 
     def observe_error(self, error_type: str) -> None:
         kind = ENGINE_ERROR_KINDS.get(error_type)

@@ -45,6 +45,12 @@ class ReadingOut(ResponseModel):
     engine_latency_ms: float
     queued_ms: float = Field(description="time waiting for a free engine slot")
     latency_ms: float
+    abstained: bool = Field(
+        description="true when no label came back (informative false) or the confidence is below the question's x_min_confidence: "
+        "the Jev fields are kept, but the answer should not be acted on"
+    )
+    rotations: int = Field(description="option orders read and averaged (x_debias rotate); 1 = read as asked")
+    rotation_agreement: float | None = Field(description="share of rotations whose most probable option is this answer's; null for 1 rotation")
 
 
 class NoulAnswer(ResponseModel):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from readers.debias import MAX_ROTATIONS, default_rotations, distinct_orders
 from readers.prompt import QuestionSpec, content_text
 from service.protocol.base import BodyModel, Content, RequestModel, described
 
@@ -19,17 +20,88 @@ MIN_LEVELS, MAX_LEVELS = 2, 10
 MAX_QUESTIONS = 64
 
 
+# -- opendecide extensions: per-question read options, declared on each question type below Jev's fields
+Debias = Annotated[
+    Literal["rotate", "rotate_reverse"] | None,
+    Field(
+        alias="x_debias",
+        description='"rotate": average reads over cyclic rotations of the option order; "rotate_reverse": over the rotations '
+        "of the order and of its reverse (noul and choice)",
+    ),
+]
+Rotations = Annotated[
+    int | None,
+    Field(
+        alias="x_rotations",
+        ge=2,
+        le=MAX_ROTATIONS,
+        description=f"with x_debias: option orders to read (default: every distinct one, n or 2n, at most {MAX_ROTATIONS})",
+    ),
+]
+MinConfidence = Annotated[
+    float | None,
+    Field(alias="x_min_confidence", ge=0.0, le=1.0, description="below this confidence the answer is marked x_reading.abstained"),
+]
+
+
+class ReadOptions(RequestModel):
+    """The rules of the per-question read options (opendecide extensions, all optional; each question
+    type declares the fields below Jev's, so the schema keeps Jev's field order).
+
+    - ``x_debias: "rotate"``: read the question in ``x_rotations`` cyclic rotations of its option
+      order and average (``readers/debias.py``); noul and choice only (score levels are ordered).
+      ``x_rotations`` defaults to the option count (every option at every position once), capped at
+      16; it may be 2 … the option count. ``"rotate_reverse"`` adds the rotations of the reversed
+      order: up to 2n orders (n for 2 options), the default, capped at 16.
+    - ``x_min_confidence`` in [0, 1]: an answer whose confidence (Jev's, ``service/confidence.py``;
+      for noul the choice formula over P(true), P(false)) is below it is marked
+      ``x_reading.abstained: true``; its Jev fields are unchanged.
+    """
+
+    # One validator per rule, on the field itself, so the 422 names it (x_debias, x_rotations).
+    @field_validator("debias", check_fields=False)
+    @classmethod
+    def check_debias_applies(cls, debias: str | None, info: ValidationInfo) -> str | None:
+        if debias is not None and info.data.get("type") == "score":
+            raise ValueError(f"{debias!r} does not apply to a score: its levels are ordered")
+        return debias
+
+    @field_validator("rotations", check_fields=False)
+    @classmethod
+    def check_rotations(cls, rotations: int | None, info: ValidationInfo) -> int | None:
+        if rotations is None:
+            return None
+        method = info.data.get("debias")
+        if method is None:
+            raise ValueError('x_rotations needs x_debias ("rotate" or "rotate_reverse")')
+        criteria = info.data.get("criteria")
+        count = 2 if info.data.get("type") == "noul" else len(criteria) if criteria is not None else None
+        if count is not None and rotations > distinct_orders(count, method):
+            raise ValueError(f"{method} of {count} options reads at most {distinct_orders(count, method)} orders, got {rotations}")
+        return rotations
+
+    def read_count(self) -> int:
+        """Reads this question costs: its rotations, or 1."""
+        if self.debias is None:
+            return 1
+        return self.rotations or default_rotations(len(self.to_spec().options), self.debias)
+
+
 class NoulCriteria(RequestModel):
     true: Content | None = None
     false: Content | None = None
 
 
-class NoulQuestion(RequestModel):
+class NoulQuestion(ReadOptions):
     """A yes/no question; ``noul`` in the answer is P(true)."""
 
     type: Literal["noul"]
     instructions: Content | None = None
     criteria: NoulCriteria | None = None
+    # -- opendecide extensions
+    debias: Debias = None
+    rotations: Rotations = None
+    min_confidence: MinConfidence = None
 
     @model_validator(mode="after")
     def check_asks_something(self) -> NoulQuestion:
@@ -48,13 +120,17 @@ class NoulQuestion(RequestModel):
         )
 
 
-class ChoiceQuestion(RequestModel):
+class ChoiceQuestion(ReadOptions):
     """One of 2–255 named options; descriptions may be null."""
 
     type: Literal["choice"]
     instructions: Content | None = None
     # Limits are checked by the validators below (their messages name the rule); the schema states them too.
     criteria: dict[str, Content | None] = Field(json_schema_extra={"minProperties": MIN_OPTIONS, "maxProperties": MAX_OPTIONS})
+    # -- opendecide extensions
+    debias: Debias = None
+    rotations: Rotations = None
+    min_confidence: MinConfidence = None
 
     @field_validator("criteria")
     @classmethod
@@ -87,12 +163,16 @@ class ChoiceQuestion(RequestModel):
         )
 
 
-class ScoreQuestion(RequestModel):
+class ScoreQuestion(ReadOptions):
     """A rubric of 2–10 ordered levels, counted from 0."""
 
     type: Literal["score"]
     instructions: Content | None = None
     criteria: list[Content] = Field(json_schema_extra={"minItems": MIN_LEVELS, "maxItems": MAX_LEVELS})
+    # -- opendecide extensions
+    debias: Debias = None
+    rotations: Rotations = None
+    min_confidence: MinConfidence = None
 
     @field_validator("criteria")
     @classmethod
@@ -164,8 +244,9 @@ class BatchRequest(BodyModel):
 
     @model_validator(mode="after")
     def check_total_reads(self) -> BatchRequest:
-        if len(self.states) * len(self.questions) > MAX_BATCH_READS:
-            raise ValueError(f"a batch reads at most {MAX_BATCH_READS} states × questions, got {len(self.states) * len(self.questions)}")
+        reads = len(self.states) * sum(question.read_count() for question in self.questions.values())
+        if reads > MAX_BATCH_READS:
+            raise ValueError(f"a batch reads at most {MAX_BATCH_READS} states × questions (× rotations), got {reads}")
         return self
 
     def requests(self) -> list[SystemOneRequest]:

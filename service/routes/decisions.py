@@ -37,7 +37,8 @@ def observed(request: Request, model: str, answer_sets) -> None:
 async def admitted(request: Request, reader, states: list[str], questions, work):
     """Run ``work()`` once its cost is admitted; a request that cannot fit the context skips admission
     (the reader refuses it without tokenizing)."""
-    specs = [question.to_spec() for question in questions.values()]
+    # A rotated question (x_debias) is read once per rotation: each read costs its prompt.
+    specs = [spec for question in questions.values() for spec in [question.to_spec()] * question.read_count()]
     cost = await asyncio.to_thread(request_cost, reader, states, specs)
     if cost is None:
         return await work()
