@@ -134,7 +134,7 @@ class Reader:
         for depth in range(max(trie.depth for trie in tries)):
             level = [(i, node) for i, trie in enumerate(tries) for node in trie.nodes_at(depth)]
             requests = [
-                ReadRequest(prepared[i][0].prompt_ids + node, tries[i].children(node), prepared[i][0].labels, prepared[i][0].prefix_tokens)
+                ReadRequest(prepared[i][0].prompt_ids + node, tries[i].children(node), prepared[i][0].labels, self._prefix_tokens(prepared[i][0], tries[i]))
                 for i, node in level
             ]
             for (i, node), reply in zip(level, await self.engine.read_many(requests)):
@@ -161,6 +161,13 @@ class Reader:
                 )
             )
         return readings
+
+    @staticmethod
+    def _prefix_tokens(slot: AnswerSlot, trie: Trie) -> int:
+        """The shared-prefix hint of a read: the state's end for one-token labels; for a trie the
+        whole prompt but its last token, the same at every depth, so an engine that caches prefixes
+        computes the question's prompt once and each node's read only adds the node's tokens."""
+        return slot.prefix_tokens if trie.depth == 1 else len(slot.prompt_ids) - 1
 
     def _probabilities(self, trie: Trie, nodes: dict[tuple[int, ...], EngineReply]) -> LabelProbabilities:
         if trie.depth == 1:
