@@ -3,8 +3,8 @@
 Layout (what a request's questions share first, so an engine computes it once per state):
 
 - system: one fixed line, the same for every state and question;
-- user: the state, a blank line, then the question, its options with their descriptions and the
-  answer format;
+- user: the state, a blank line, then the question, option descriptions (named options, in
+  canonical order) or the coded/levelled option list, and the answer format;
 - assistant: the answer slot, where the label token goes.
 
 Everything up to and including the blank line after the state is the shared prefix; a question's
@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-PROMPT_VERSION = "decide-prompt/2"
+PROMPT_VERSION = "decide-prompt/3"
 SYSTEM_PROMPT = "Answer the question that follows the text."
 STATE_SEPARATOR = "\n\n"
 
@@ -60,7 +60,7 @@ class LabelStyle(enum.StrEnum):
         return self in (LabelStyle.TRIE, LabelStyle.CODE_TRIE)
 
 
-DEFAULT_LABEL_STYLES = (LabelStyle.WORDS, LabelStyle.FIRST_TOKENS, LabelStyle.TRIE, LabelStyle.CODES, LabelStyle.CODE_TRIE)
+DEFAULT_LABEL_STYLES = (LabelStyle.WORDS, LabelStyle.TRIE, LabelStyle.CODES, LabelStyle.CODE_TRIE)
 """Preference order for noul and choice questions (score questions always read digits)."""
 
 
@@ -128,22 +128,25 @@ def _or_list(labels: tuple[str, ...]) -> str:
     return ", ".join(labels[:-1]) + f" or {labels[-1]}"
 
 
+def canonical_order(labels: Sequence[str]) -> list[int]:
+    """Label indices sorted by text, case-folded: the order named options are shown in, whatever
+    order the caller gave them (so reversing the options cannot change the prompt)."""
+    return sorted(range(len(labels)), key=lambda i: (labels[i].casefold(), labels[i]))
+
+
 def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
     """The texts for ``question`` about ``state``, answering with ``labels``.
 
-    Kept short: small models follow a compact question → options → answer-format layout better
-    than a long preamble. The state comes first so every question about it shares its tokens.
+    Named options (``words``, ``first_tokens``, ``trie``; yes/no for noul) are not listed: the
+    question and "Answer with one word." read best on SmolLM2-135M with the state first
+    (docs/reads.md), and the reads are over the options anyway. Options with descriptions get one
+    line each, in canonical order. Codes must be listed to mean anything (caller order); score
+    levels are listed in order.
     """
     lines = [f"Question: {question.instructions}"] if question.instructions else []
-    if question.question_type == "noul":
-        for label, description in zip(labels, question.descriptions):
-            if description:
-                lines.append(f"{label}: {description}")
-        lines.append(f"Reply with exactly one word: {_or_list(labels)}.")
-    elif question.question_type == "choice" and style.names_options:
-        lines.append("Options: " + ", ".join(labels))
-        lines += [f"- {label}: {description}" for label, description in zip(labels, question.descriptions) if description]
-        lines.append("Reply with exactly one option.")
+    if question.question_type == "noul" or (question.question_type == "choice" and style.names_options):
+        lines += [f"{labels[i]}: {question.descriptions[i]}" for i in canonical_order(labels) if question.descriptions[i]]
+        lines.append("Answer with one word.")
     elif question.question_type == "choice":
         lines.append("Options:")
         for label, option, description in zip(labels, question.options, question.descriptions):
