@@ -8,17 +8,17 @@ intervals, and how many records change their predicted option when the order is 
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from eval.evidence import RECORDS, load_rows
-from eval.manifest import write_json
+from eval.manifest import MANIFEST, write_json
 from eval.runner import run_tasks
 from eval.score import wilson_interval
 from eval.tasks import TASKS
 from readers.engines.base import Engine
-from readers.prompt import PROMPT_VERSION
 
 STYLE_SETS: dict[str, tuple[str, ...]] = {
     "words": ("words", "codes"),  # decide-prompt/2's reads: one-token names, else one-token codes
@@ -45,13 +45,14 @@ async def run_label_styles(
 def style_rows(run: Path, name: str) -> list[dict]:
     """One row per task of one style set's run."""
     rows = []
+    prompt_version = json.loads((run / MANIFEST).read_text()).get("prompt_version")
     by_task: dict[str, list[dict]] = {}
     for row in load_rows(run / RECORDS):
         by_task.setdefault(row["task"], []).append(row)
     for task, records in by_task.items():
         ok = [row for row in records if row["status"] == "ok"]
         variants = {variant: {row["id"]: row for row in ok if row["variant"] == variant} for variant in TASKS[task].variants}
-        result = {"style_set": name, "task": task, "prompt_version": PROMPT_VERSION, "errors": len(records) - len(ok)}
+        result = {"style_set": name, "task": task, "prompt_version": prompt_version, "errors": len(records) - len(ok)}
         for variant, rows_by_id in variants.items():
             correct = sum(row["predicted"] == row["gold"] for row in rows_by_id.values())
             n = len(rows_by_id)
@@ -67,8 +68,8 @@ def style_rows(run: Path, name: str) -> list[dict]:
 
 def label_styles_table(rows: Sequence[dict]) -> str:
     lines = [
-        "| style set | task | n | accuracy original (95%) | accuracy reversed (95%) | reversed changes | label styles used |",
-        "|---|---|---|---|---|---|---|",
+        "| style set | prompt | task | n | accuracy original (95%) | accuracy reversed (95%) | reversed changes | label styles used |",
+        "|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(result: dict | None) -> str:
@@ -80,7 +81,7 @@ def label_styles_table(rows: Sequence[dict]) -> str:
     for row in rows:
         changes = f"{row['reversed_changes']} of {row['paired']} ({row['reversed_changes'] / row['paired']:.0%})" if row.get("paired") else "—"
         used = ", ".join(f"{style} {count}" for style, count in row["label_styles_used"].items())
-        lines.append(f"| {row['style_set']} | {row['task']} | {row['original']['n']} | {cell(row['original'])} | {cell(row.get('reversed'))} | {changes} | {used} |")
+        lines.append(f"| {row['style_set']} | {row['prompt_version']} | {row['task']} | {row['original']['n']} | {cell(row['original'])} | {cell(row.get('reversed'))} | {changes} | {used} |")
     return "\n".join(lines) + "\n"
 
 

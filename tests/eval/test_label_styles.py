@@ -28,7 +28,7 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
         assert json.loads((tmp_path / name / "manifest.json").read_text())["args"]["label_styles"][:2] == list({"words": ("words", "codes"), "trie": ("words", "trie")}[name])
     assert json.loads((tmp_path / "label-styles.json").read_text()) == json.loads(json.dumps(rows))
     table = label_styles_table(rows)
-    assert "| trie | ag_news | 3 |" in table and "of 3" in table
+    assert "| trie | decide-prompt/3 | ag_news | 3 |" in table and "of 3" in table
 
 
 async def test_unknown_style_set_is_named(local_engine, tmp_path):

@@ -113,9 +113,13 @@ async def test_first_tokens_read_distinct_first_tokens_in_one_call(local_engine)
 
 
 async def test_top_k_trie_reads_are_floored_and_bounded_around_the_exact_read(local_engine):
-    question = choice(*(f"option number {i}" for i in range(30)))
+    question = choice("Business", "Sci/Tech", "World", "Sports", "Bank stocks", "Interest rates", "Weather forecast")
     exact = await Reader(local_engine).read(question, STATE)
-    topk = await Reader(local_engine.with_top_k(20)).read(question, STATE)
+    # the smallest of these k that returns some options' whole paths but not all
+    for k in (20, 100, 500, 2000, 10000):
+        topk = await Reader(local_engine.with_top_k(k)).read(question, STATE)
+        if topk.label_probabilities.informative and not topk.label_probabilities.exact:
+            break
     read = topk.label_probabilities
     assert topk.label_style is LabelStyle.TRIE and topk.read_mode == "topk"
     assert not read.exact and read.floor_used and read.informative
