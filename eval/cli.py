@@ -309,6 +309,27 @@ def eval_gold_curve(
     typer.echo(gold_curve_table(run_gold_curve(records, out, splits=splits, seed=seed)))
 
 
+@eval_app.command("label-styles")
+def eval_label_styles(
+    out: Annotated[Path, typer.Option(help="directory: one run per style set (resumed if present) + label-styles.json")],
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")] = "local",
+    engine_url: EngineUrlOption = None,
+    top_k: TopKOption = None,
+    style_sets: Annotated[str, typer.Option(help="comma-separated: words, first_tokens, trie, codes")] = "words,first_tokens,trie,codes",
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    limit: Annotated[Optional[int], typer.Option(help="records per task, spread over the sample (default all 300)")] = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+) -> None:
+    """Accuracy and reversed-order changes per label style on the shipped tasks."""
+    quiet_loaders()
+    from eval.label_styles import evaluate_label_styles, label_styles_table
+
+    rows = asyncio.run(
+        evaluate_label_styles(engine, out, engine_url=engine_url, top_k=top_k, style_sets=style_sets.split(","), tasks=tasks.split(","), limit=limit, concurrency=concurrency)
+    )
+    typer.echo(label_styles_table(rows))
+
+
 @eval_app.command("read-modes")
 def eval_read_modes(
     runs: Annotated[list[Path], typer.Argument(help="directories written by `decide eval agree --out` (a = exact reads)")],

@@ -37,6 +37,10 @@ class AnswerSlot:
     label_ids: tuple[int, ...]
     labels: tuple[str, ...]
     prefix_tokens: int = 0
+    label_sequences: tuple[tuple[int, ...], ...] = ()
+    """Per label, the token ids it fills the slot with in context (multi-token labels only; the
+    first id is ``label_ids``'s). When one label's ids begin another's, each ends with the closing's
+    first token, so a name is never scored as a prefix of a longer one."""
 
 
 class LabelsUnresolvable(ValueError):
@@ -71,6 +75,7 @@ class ChatTemplate:
         self.max_token_chars = max(len(token) for token in tokenizer.get_vocab())
         self._resolve = functools.lru_cache(maxsize=4096)(self._resolve_tail)
         self._single = functools.lru_cache(maxsize=65536)(self._single_token)
+        self._sequences = functools.lru_cache(maxsize=4096)(self._sequences_tail)
 
     def encode(self, text: str) -> list[int]:
         """Template text: special-token strings are special tokens."""
@@ -97,12 +102,13 @@ class ChatTemplate:
         before, after = self._split_once(text, ANSWER)
         return self._tail(before), after
 
-    def slot(self, system: str, shared: str, question: str, labels: tuple[str, ...]) -> AnswerSlot:
+    def slot(self, system: str, shared: str, question: str, labels: tuple[str, ...], *, sequences: bool = False) -> AnswerSlot:
         """Prompt ids cut at the answer slot, and one token id per label.
 
         The user message is ``shared + question``, each encoded on its own so the shared part's ids
         never depend on the question after it. Raises ``LabelsUnresolvable`` when the labels do not
-        resolve to distinct single tokens.
+        resolve to distinct single tokens, or with ``sequences`` to distinct token sequences (then
+        ``label_ids`` are their first tokens, not necessarily distinct).
         """
         texts = [system, shared, question]
         system_mark, shared_mark, question_mark = (_sentinel(base, texts) for base in (SYSTEM, USER, QUESTION))
@@ -110,9 +116,14 @@ class ChatTemplate:
         before, after = self._split_once(text, ANSWER)
         if any(before.count(mark) != 1 for mark in (system_mark, shared_mark, question_mark)):
             raise ValueError("the chat template does not place each message's content exactly once")
-        label_ids = self._resolve(self._tail(before), after, labels)
+        label_sequences: tuple[tuple[int, ...], ...] = ()
+        if sequences:
+            label_sequences = self._sequences(self._tail(before), after, labels)
+            label_ids = tuple(ids[0] for ids in label_sequences)
+        else:
+            label_ids = self._resolve(self._tail(before), after, labels)
         ids, marks_end = self._encode_prompt(before, {system_mark: system, shared_mark: shared, question_mark: question})
-        return AnswerSlot(tuple(ids), label_ids, labels, prefix_tokens=marks_end[shared_mark])
+        return AnswerSlot(tuple(ids), label_ids, labels, prefix_tokens=marks_end[shared_mark], label_sequences=label_sequences)
 
     def single_token_labels(self, candidates: Iterable[str], count: int) -> tuple[str, ...]:
         """The first ``count`` candidates that each fill the answer slot with one token."""
@@ -175,3 +186,25 @@ class ChatTemplate:
         if len(set(label_ids)) != len(label_ids):
             raise LabelsUnresolvable("two labels resolve to the same token")
         return tuple(label_ids)
+
+    def _sequences_tail(self, tail: str, after: str, labels: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each label's token ids in the slot, as the template tokenizes ``prompt + label + closing``."""
+        prompt = self.encode(tail)
+        sequences = []
+        for label in labels:
+            alone = self.encode(tail + label)
+            closed = self.encode(tail + label + after)
+            if not label or alone[: len(prompt)] != prompt or len(alone) == len(prompt):
+                raise LabelsUnresolvable(f"label {label!r} merges with the text before the answer slot")
+            if closed[: len(alone)] != alone or len(closed) == len(alone):
+                raise LabelsUnresolvable(f"label {label!r} merges with the template's closing")
+            sequences.append((tuple(alone[len(prompt) :]), closed[len(alone)]))
+        names = [ids for ids, _ in sequences]
+        if len(set(names)) != len(names):
+            raise LabelsUnresolvable("two labels resolve to the same tokens")
+        if any(a != b and b[: len(a)] == a for a in names for b in names):
+            ends = {end for _, end in sequences}
+            if len(ends) != 1:
+                raise LabelsUnresolvable("one label begins another and the closing does not end them alike")
+            return tuple(ids + (end,) for ids, end in sequences)
+        return tuple(names)

@@ -116,20 +116,65 @@ def _mass(label_logprobs: Sequence[float | None]) -> float | None:
 
 
 def _bounds(label_logprobs: Sequence[float | None], *, ceiling: float) -> tuple[tuple[float, float], ...]:
-    """Probability bounds when missing labels lie anywhere in (-inf, ceiling].
+    """Probability bounds when missing labels lie anywhere in (-inf, ceiling]."""
+    return _interval_bounds([ceiling if value is None else value for value in label_logprobs], [value is not None for value in label_logprobs])
 
-    A returned label is least likely when every missing label sits at the ceiling and most likely
-    when they all vanish; a missing label is most likely alone at the ceiling, least likely at -inf.
+
+def _interval_bounds(highest: Sequence[float], known: Sequence[bool]) -> tuple[tuple[float, float], ...]:
+    """Probability bounds when each label's log-prob is ``highest`` where ``known``, else anywhere in
+    (-inf, highest].
+
+    A known label is least likely when every unknown one sits at its highest and most likely when
+    they all vanish; an unknown label is most likely alone at its highest, least likely at -inf.
     """
-    shift = max([ceiling, *(value for value in label_logprobs if value is not None)])
-    present = sum(math.exp(value - shift) for value in label_logprobs if value is not None)
-    missing = sum(1 for value in label_logprobs if value is None)
-    at_ceiling = math.exp(ceiling - shift)
-    bounds = []
-    for value in label_logprobs:
-        if value is None:
-            bounds.append((0.0, at_ceiling / (present + at_ceiling)))
-        else:
-            weight = math.exp(value - shift)
-            bounds.append((weight / (present + missing * at_ceiling), weight / present))
-    return tuple(bounds)
+    shift = max(highest)
+    weights = [math.exp(value - shift) for value in highest]
+    present = sum(weight for weight, ok in zip(weights, known) if ok)
+    unknown = sum(weight for weight, ok in zip(weights, known) if not ok)
+    return tuple((weight / (present + unknown), weight / present) if ok else (0.0, weight / (present + weight)) for weight, ok in zip(weights, known))
+
+
+def chain_probabilities(
+    nodes: Sequence[LabelProbabilities],
+    paths: Sequence[Sequence[tuple[int, int]]],
+    *,
+    floor_offset: float = DEFAULT_FLOOR_OFFSET,
+    normalised_over_labels: bool = False,
+) -> LabelProbabilities:
+    """Probabilities of multi-token labels by the chain rule: log P(label) = Σ log P(tokenᵢ | prompt, tokens<ᵢ).
+
+    ``nodes`` are the reads of a token trie's nodes, each over its child tokens (from
+    :func:`label_probabilities`); ``paths[k]`` lists label ``k``'s steps as (node index, child index).
+    A label is returned when every token on its path came back; a missing token takes its node's
+    floor in the point estimate and lies in (-inf, that node's lowest returned log-prob] in the
+    bounds. ``floor`` is the lowest node floor used. With ``normalised_over_labels`` (masked reads)
+    each node is renormalised over its children, so the product is the constrained distribution
+    and ``label_mass`` is None.
+    """
+    filled, highest, returned, floors = [], [], [], []
+    for path in paths:
+        point = high = 0.0
+        complete = True
+        for node_index, child in path:
+            node = nodes[node_index]
+            value = node.logprobs[child]
+            if value is None:
+                assert node.floor is not None  # a missing child means the node was floored
+                complete = False
+                floors.append(node.floor)
+                point, high = point + node.floor, high + node.floor + floor_offset
+            else:
+                point, high = point + value, high + value
+        filled.append(point)
+        highest.append(high)
+        returned.append(complete)
+    logprobs = tuple(value if ok else None for value, ok in zip(filled, returned))
+    floor = min(floors) if floors else None
+    label_mass = None if normalised_over_labels else _mass(logprobs)
+    n = len(paths)
+    if not any(returned):
+        return LabelProbabilities(logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), tuple(returned), floor, label_mass)
+    probabilities = tuple(softmax(filled))
+    if all(returned):
+        return LabelProbabilities(logprobs, probabilities, tuple((p, p) for p in probabilities), tuple(returned), None, label_mass)
+    return LabelProbabilities(logprobs, probabilities, _interval_bounds(highest, returned), tuple(returned), floor, label_mass)

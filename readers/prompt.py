@@ -3,8 +3,8 @@
 Layout (what a request's questions share first, so an engine computes it once per state):
 
 - system: one fixed line, the same for every state and question;
-- user: the state, a blank line, then the question, its options with their descriptions and the
-  answer format;
+- user: the state, a blank line, then the question, option descriptions (named options, in
+  canonical order) or the coded/levelled option list, and the answer format;
 - assistant: the answer slot, where the label token goes.
 
 Everything up to and including the blank line after the state is the shared prefix; a question's
@@ -18,11 +18,11 @@ from __future__ import annotations
 import enum
 import json
 import string
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-PROMPT_VERSION = "decide-prompt/2"
+PROMPT_VERSION = "decide-prompt/3"
 SYSTEM_PROMPT = "Answer the question that follows the text."
 STATE_SEPARATOR = "\n\n"
 
@@ -30,11 +30,38 @@ QuestionType = Literal["noul", "choice", "score"]
 
 
 class LabelStyle(enum.StrEnum):
-    """How options are named in the answer slot."""
+    """How options are named in the answer slot, and how their names are read.
 
-    WORDS = "words"  # the options' own words (yes/no for noul)
-    CODES = "codes"  # letter codes A, B, …: only where the words do not resolve to distinct tokens
+    ``words``, ``codes`` and ``digits`` are single tokens read in one engine call. ``first_tokens``
+    reads only the first token of each name (one call; the first tokens must be distinct).
+    ``trie`` and ``code_trie`` read whole multi-token names by the chain rule over a token trie of
+    the names (one engine call per trie depth).
+    """
+
+    WORDS = "words"  # the options' own words (yes/no for noul), each one token
+    FIRST_TOKENS = "first_tokens"  # the options' own words, read by their distinct first tokens
+    TRIE = "trie"  # the options' own words, whole, by the chain rule over their tokens
+    CODES = "codes"  # letter codes A, B, …, each one token
+    CODE_TRIE = "code_trie"  # letter codes of any token count, by the chain rule (when one-token codes run out)
     DIGITS = "digits"  # score levels 0 … 9
+
+    @property
+    def names_options(self) -> bool:
+        """The labels are the options' own words (not codes or digits)."""
+        return self in (LabelStyle.WORDS, LabelStyle.FIRST_TOKENS, LabelStyle.TRIE)
+
+    @property
+    def reads_sequences(self) -> bool:
+        """Labels may span several tokens (their in-context token sequences are resolved)."""
+        return self in (LabelStyle.FIRST_TOKENS, LabelStyle.TRIE, LabelStyle.CODE_TRIE)
+
+    @property
+    def reads_trie(self) -> bool:
+        return self in (LabelStyle.TRIE, LabelStyle.CODE_TRIE)
+
+
+DEFAULT_LABEL_STYLES = (LabelStyle.WORDS, LabelStyle.TRIE, LabelStyle.CODES, LabelStyle.CODE_TRIE)
+"""Preference order for noul and choice questions (score questions always read digits)."""
 
 
 @dataclass(frozen=True)
@@ -75,20 +102,24 @@ def letter_codes() -> list[str]:
     return list(letters) + [first + second for first in letters for second in letters]
 
 
-def label_candidates(question: QuestionSpec) -> Iterator[tuple[LabelStyle, tuple[str, ...]]]:
-    """Label sets to try for a question, preferred first.
+def label_candidates(
+    question: QuestionSpec, styles: Sequence[LabelStyle] = DEFAULT_LABEL_STYLES
+) -> Iterator[tuple[LabelStyle, tuple[str, ...]]]:
+    """Label sets to try for a question, in the order of ``styles``.
 
-    For ``codes`` the set is the pool of candidates, minus the options' own names (option "B" must
-    not be read from code "B" of another option); the reader keeps the first ones that are single
-    tokens.
+    For ``codes`` and ``code_trie`` the set is the pool of candidates, minus the options' own names
+    (option "B" must not be read from code "B" of another option); the reader keeps the first ones
+    that are single tokens (``codes``) or the first ``n`` (``code_trie``).
     """
     if question.question_type == "score":
         yield LabelStyle.DIGITS, tuple(str(level) for level in range(len(question.options)))
         return
     words = ("Yes", "No") if question.question_type == "noul" else question.options  # sentence-initial capitals: more label mass
-    yield LabelStyle.WORDS, words
     taken = set(question.options) | set(words)
-    yield LabelStyle.CODES, tuple(code for code in letter_codes() if code not in taken)
+    for style in styles:
+        if style is LabelStyle.DIGITS:
+            raise ValueError("digits name score levels only")
+        yield style, words if style.names_options else tuple(code for code in letter_codes() if code not in taken)
 
 
 def _or_list(labels: tuple[str, ...]) -> str:
@@ -97,22 +128,25 @@ def _or_list(labels: tuple[str, ...]) -> str:
     return ", ".join(labels[:-1]) + f" or {labels[-1]}"
 
 
+def canonical_order(labels: Sequence[str]) -> list[int]:
+    """Label indices sorted by text, case-folded: the order named options are shown in, whatever
+    order the caller gave them (so reversing the options cannot change the prompt)."""
+    return sorted(range(len(labels)), key=lambda i: (labels[i].casefold(), labels[i]))
+
+
 def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
     """The texts for ``question`` about ``state``, answering with ``labels``.
 
-    Kept short: small models follow a compact question → options → answer-format layout better
-    than a long preamble. The state comes first so every question about it shares its tokens.
+    Named options (``words``, ``first_tokens``, ``trie``; yes/no for noul) are not listed: the
+    question and "Answer with one word." read best on SmolLM2-135M with the state first
+    (docs/reads.md), and the reads are over the options anyway. Options with descriptions get one
+    line each, in canonical order. Codes must be listed to mean anything (caller order); score
+    levels are listed in order.
     """
     lines = [f"Question: {question.instructions}"] if question.instructions else []
-    if question.question_type == "noul":
-        for label, description in zip(labels, question.descriptions):
-            if description:
-                lines.append(f"{label}: {description}")
-        lines.append(f"Reply with exactly one word: {_or_list(labels)}.")
-    elif question.question_type == "choice" and style is LabelStyle.WORDS:
-        lines.append("Options: " + ", ".join(labels))
-        lines += [f"- {label}: {description}" for label, description in zip(labels, question.descriptions) if description]
-        lines.append("Reply with exactly one option.")
+    if question.question_type == "noul" or (question.question_type == "choice" and style.names_options):
+        lines += [f"{labels[i]}: {question.descriptions[i]}" for i in canonical_order(labels) if question.descriptions[i]]
+        lines.append("Answer with one word.")
     elif question.question_type == "choice":
         lines.append("Options:")
         for label, option, description in zip(labels, question.options, question.descriptions):

@@ -7,11 +7,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from readers.engines.base import Engine, ReadRequest
+from readers.engines.base import Engine, EngineReply, ReadRequest
 from readers.errors import InvalidQuestion, PromptTooLong
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
-from readers.prompt import LabelStyle, QuestionSpec, build_prompt, label_candidates
-from readers.probabilities import DEFAULT_FLOOR_OFFSET, LabelProbabilities, label_probabilities
+from readers.prompt import DEFAULT_LABEL_STYLES, LabelStyle, QuestionSpec, build_prompt, label_candidates
+from readers.probabilities import DEFAULT_FLOOR_OFFSET, LabelProbabilities, chain_probabilities, label_probabilities
+from readers.trie import Trie
 
 
 @dataclass(frozen=True)
@@ -28,37 +29,54 @@ class Reading:
     engine_latency_ms: float
     latency_ms: float
     queued_ms: float = 0.0
+    label_sequences: tuple[tuple[int, ...], ...] = ()
+    """Per label, its in-context token ids (multi-token label styles only)."""
+    engine_calls: int = 1
+    """Engine calls this reading took part in: 1, or a trie's depth (one call per depth level)."""
 
 
 class Reader:
     """Builds prompts with the engine's own chat template and reads label tokens through it."""
 
-    def __init__(self, engine: Engine, *, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> None:
+    def __init__(
+        self, engine: Engine, *, floor_offset: float = DEFAULT_FLOOR_OFFSET, label_styles: Sequence[LabelStyle] = DEFAULT_LABEL_STYLES
+    ) -> None:
+        """``label_styles``: the noul and choice label styles to try, preferred first."""
+        if not label_styles or LabelStyle.DIGITS in label_styles:
+            raise ValueError("label_styles must name at least one noul/choice style (digits are for scores only)")
         self.engine = engine
         self.template = ChatTemplate(engine.tokenizer)
         self.floor_offset = floor_offset
+        self.label_styles = tuple(LabelStyle(style) for style in label_styles)
 
     def prepare(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> tuple[AnswerSlot, LabelStyle]:
         """Prompt ids and label ids for ``question``, trying label styles in order of preference."""
         self._check_length_bound(question, state, loc)
         failures = []
         n = len(question.options)
-        for style, labels in label_candidates(question):
+        for style, labels in label_candidates(question, self.label_styles):
             if style is LabelStyle.CODES:
                 labels = self.template.single_token_labels(labels, n)
                 if len(labels) < n:
                     failures.append(f"codes: only {len(labels)} letter codes are single tokens")
                     continue
+            elif style is LabelStyle.CODE_TRIE:
+                if len(labels) < n:
+                    failures.append(f"code_trie: only {len(labels)} letter codes")
+                    continue
+                labels = labels[:n]
             prompt = build_prompt(question, state, labels, style)
             try:
-                slot = self.template.slot(prompt.system, prompt.shared, prompt.question, labels)
+                slot = self.template.slot(prompt.system, prompt.shared, prompt.question, labels, sequences=style.reads_sequences)
+                if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:
+                    raise LabelsUnresolvable("two labels begin with the same token")
             except LabelsUnresolvable as error:
                 failures.append(f"{style}: {error}")
                 continue
-            self._check_length(len(slot.prompt_ids), loc)
+            self._check_length(len(slot.prompt_ids) + max(map(len, slot.label_sequences), default=1) - 1, loc)
             return slot, style
         raise InvalidQuestion(
-            f"{len(question.options)} options cannot each be named by one distinct token of "
+            f"{len(question.options)} options cannot each be named by distinct tokens of "
             f"{self.engine.info.name} ({'; '.join(failures)})",
             loc=(*loc, "criteria"),
         )
@@ -108,26 +126,58 @@ class Reader:
             raise ValueError("read_many needs one loc per question")
         # Rendering and tokenizing a long state takes milliseconds to seconds: off the event loop.
         prepared = await asyncio.to_thread(lambda: [self.prepare(q, state, loc=loc) for q, loc in zip(questions, locs)])
-        requests = [ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels, slot.prefix_tokens) for slot, _ in prepared]
-        replies = await self.engine.read_many(requests)
+        tries = [Trie(slot.label_sequences) if style.reads_trie else Trie(tuple((token,) for token in slot.label_ids)) for slot, style in prepared]
+        # One engine call per trie depth, every question's nodes of that depth together: a question
+        # with one-token labels is done after the first call.
+        replies: list[dict[tuple[int, ...], EngineReply]] = [{} for _ in prepared]
+        engine_calls = [0] * len(prepared)
+        for depth in range(max(trie.depth for trie in tries)):
+            level = [(i, node) for i, trie in enumerate(tries) for node in trie.nodes_at(depth)]
+            requests = [
+                ReadRequest(prepared[i][0].prompt_ids + node, tries[i].children(node), prepared[i][0].labels, self._prefix_tokens(prepared[i][0], tries[i]))
+                for i, node in level
+            ]
+            for (i, node), reply in zip(level, await self.engine.read_many(requests)):
+                replies[i][node] = reply
+                engine_calls[i] = depth + 1
         latency_ms = (time.monotonic() - started) * 1000
         readings = []
-        for question, (slot, style), reply in zip(questions, prepared, replies):
+        for question, (slot, style), trie, nodes, calls in zip(questions, prepared, tries, replies, engine_calls):
+            root = nodes[()]
             readings.append(
                 Reading(
                     question=question,
                     label_style=style,
                     labels=slot.labels,
                     label_ids=slot.label_ids,
-                    label_probabilities=label_probabilities(reply, slot.label_ids, floor_offset=self.floor_offset),
-                    read_mode=reply.read_mode.value,
+                    label_probabilities=self._probabilities(trie, nodes),
+                    read_mode=root.read_mode.value,
                     prompt_tokens=len(slot.prompt_ids),
-                    engine_latency_ms=reply.latency_ms,
-                    queued_ms=reply.queued_ms,
+                    engine_latency_ms=sum(max(r.latency_ms for node, r in nodes.items() if len(node) == d) for d in range(calls)),
+                    queued_ms=root.queued_ms,
                     latency_ms=latency_ms,
+                    label_sequences=slot.label_sequences,
+                    engine_calls=calls,
                 )
             )
         return readings
+
+    @staticmethod
+    def _prefix_tokens(slot: AnswerSlot, trie: Trie) -> int:
+        """The shared-prefix hint of a read: the state's end for one-token labels; for a trie the
+        whole prompt but its last token, the same at every depth, so an engine that caches prefixes
+        computes the question's prompt once and each node's read only adds the node's tokens."""
+        return slot.prefix_tokens if trie.depth == 1 else len(slot.prompt_ids) - 1
+
+    def _probabilities(self, trie: Trie, nodes: dict[tuple[int, ...], EngineReply]) -> LabelProbabilities:
+        if trie.depth == 1:
+            return label_probabilities(nodes[()], trie.children(()), floor_offset=self.floor_offset)
+        order = list(nodes)
+        reads = [label_probabilities(nodes[node], trie.children(node), floor_offset=self.floor_offset) for node in order]
+        index = {node: i for i, node in enumerate(order)}
+        paths = [[(index[node], child) for node, child in trie.path(k)] for k in range(len(trie.sequences))]
+        normalised = all(reply.normalised_over_labels for reply in nodes.values())
+        return chain_probabilities(reads, paths, floor_offset=self.floor_offset, normalised_over_labels=normalised)
 
 
 def _param(loc: tuple[str | int, ...]) -> str | None:

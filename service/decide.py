@@ -163,6 +163,7 @@ def build_reading(
         abstained=not reading.label_probabilities.informative if abstained is None else abstained,
         rotations=reading.rotations if rotated else 1,
         rotation_agreement=reading.rotation_agreement if rotated else None,
+        engine_calls=reading.engine_calls,
     )
 
 

@@ -27,7 +27,9 @@ class ReadingOut(ResponseModel):
 
     decision_id: str = Field(description="send it to POST /v1/feedback with the true answer")
     read_mode: Literal["exact", "masked", "topk"]
-    label_style: Literal["words", "codes", "digits"]
+    label_style: Literal["words", "first_tokens", "trie", "codes", "code_trie", "digits"] = Field(
+        description="how the options were named and read: one-token words/codes/digits, first tokens, or whole names by a token trie"
+    )
     labels: dict[str, str] = Field(description="option (or level) → the label token text it was read from")
     labels_returned: int
     labels_total: int
@@ -51,6 +53,7 @@ class ReadingOut(ResponseModel):
     )
     rotations: int = Field(description="option orders read and averaged (x_debias rotate); 1 = read as asked")
     rotation_agreement: float | None = Field(description="share of rotations whose most probable option is this answer's; null for 1 rotation")
+    engine_calls: int | None = Field(default=None, description="engine calls the read took: 1, or the token trie's depth")
 
 
 class NoulAnswer(ResponseModel):

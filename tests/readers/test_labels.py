@@ -76,13 +76,14 @@ def test_single_token_codes_are_picked_from_the_pool(tokenizer):
 
 
 def test_reader_recodes_colliding_labels_as_letters(local_engine):
-    slot, style = Reader(local_engine).prepare(choice("World", "Sci/Tech", "Sports"), "Rocket launch delayed")
+    reader = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES))
+    slot, style = reader.prepare(choice("World", "Sci/Tech", "Sports"), "Rocket launch delayed")
     assert style is LabelStyle.CODES
     assert slot.labels == ("A", "B", "C") and len(set(slot.label_ids)) == 3
 
 
 def test_codes_never_reuse_an_option_name(local_engine):
-    slot, style = Reader(local_engine).prepare(choice("B", "Sci/Tech", "A"), "s")
+    slot, style = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES)).prepare(choice("B", "Sci/Tech", "A"), "s")
     assert style is LabelStyle.CODES
     assert "A" not in slot.labels and "B" not in slot.labels
 
@@ -94,7 +95,7 @@ def test_reader_keeps_words_where_they_resolve(local_engine):
 
 def test_255_multi_word_options_are_read_with_codes(local_engine):
     options = tuple(f"option number {i}" for i in range(255))
-    slot, style = Reader(local_engine).prepare(choice(*options), "s")
+    slot, style = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.FIRST_TOKENS, LabelStyle.CODES)).prepare(choice(*options), "s")
     assert style is LabelStyle.CODES and len(set(slot.label_ids)) == 255
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from readers.prompt import QuestionSpec
+from readers.prompt import LabelStyle, QuestionSpec
 from readers.reader import Reader
 from readers.probabilities import softmax
 
@@ -30,7 +30,7 @@ def direct_label_probabilities(engine, prompt_ids, label_ids) -> list[float]:
 
 @pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q.question_type + str(len(q.options)))
 async def test_exact_read_equals_direct_log_softmax(local_engine, question):
-    reader = Reader(local_engine)
+    reader = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES))  # one-token reads (tries: test_label_styles.py)
     for state in STATES:
         reading = await reader.read(question, state)
         assert reading.label_probabilities.exact and reading.read_mode == "exact"

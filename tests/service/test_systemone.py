@@ -105,12 +105,12 @@ async def test_models_list_in_jev_shape(client_factory, local_engine):
     assert "jev-latest" in card["aliases"]
 
 
-async def test_labels_that_are_not_one_token_are_read_as_letter_codes(client_factory, local_engine):
+async def test_labels_that_are_not_one_token_are_read_whole_by_the_trie(client_factory, local_engine):
     body = {"state": "NASA delays the rocket launch.", "questions": {"topic": {"type": "choice", "criteria": {"World": None, "Sports": None, "Business": None, "Sci/Tech": None}}}}
     async with client_factory(local_engine) as client:
         answer = (await client.post("/v1/systemone", json=body)).json()["answers"]["topic"]
-    assert answer["x_reading"]["label_style"] == "codes"
-    assert answer["x_reading"]["labels"] == {"World": "A", "Sports": "B", "Business": "C", "Sci/Tech": "D"}
+    assert answer["x_reading"]["label_style"] == "trie"
+    assert answer["x_reading"]["labels"] == {"World": "World", "Sports": "Sports", "Business": "Business", "Sci/Tech": "Sci/Tech"}
     assert set(answer["probabilities"]) == {"World", "Sports", "Business", "Sci/Tech"}
     assert math.isclose(sum(answer["probabilities"].values()), 1.0)
 

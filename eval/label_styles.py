@@ -1,0 +1,93 @@
+"""``decide eval label-styles``: accuracy and reversed-order changes per label style on the shipped tasks.
+
+Each style set is a reader preference order (``STYLE_SETS``); each runs as ``decide eval tasks``
+does (:func:`eval.runner.run_tasks`, resumable) into ``<out>/<style set>/``. The table reads only
+those record rows: per task, accuracy on the original and reversed option order with 95% Wilson
+intervals, and how many records change their predicted option when the order is reversed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from eval.evidence import RECORDS, load_rows
+from eval.manifest import MANIFEST, write_json
+from eval.runner import run_tasks
+from eval.score import wilson_interval
+from eval.tasks import TASKS
+from readers.engines.base import Engine
+
+STYLE_SETS: dict[str, tuple[str, ...]] = {
+    "words": ("words", "codes"),  # decide-prompt/2's reads: one-token names, else one-token codes
+    "first_tokens": ("words", "first_tokens", "codes"),
+    "trie": ("words", "trie", "codes"),
+    "codes": ("codes", "code_trie"),
+}
+
+
+async def run_label_styles(
+    engine: Engine, out: Path, *, style_sets: Sequence[str] = tuple(STYLE_SETS), tasks: Sequence[str] = tuple(TASKS), limit: int | None = None, concurrency: int = 4
+) -> list[dict]:
+    """Run every style set into ``out/<name>`` and return (and write to ``out/label-styles.json``) the rows."""
+    unknown = [name for name in style_sets if name not in STYLE_SETS]
+    if unknown:
+        raise ValueError(f"unknown style set(s) {unknown}; known: {', '.join(STYLE_SETS)}")
+    for name in style_sets:
+        await run_tasks(engine, out / name, tasks=tasks, limit=limit, concurrency=concurrency, label_styles=STYLE_SETS[name])
+    rows = [row for name in style_sets for row in style_rows(out / name, name)]
+    write_json(out / "label-styles.json", rows)
+    return rows
+
+
+def style_rows(run: Path, name: str) -> list[dict]:
+    """One row per task of one style set's run."""
+    rows = []
+    prompt_version = json.loads((run / MANIFEST).read_text()).get("prompt_version")
+    by_task: dict[str, list[dict]] = {}
+    for row in load_rows(run / RECORDS):
+        by_task.setdefault(row["task"], []).append(row)
+    for task, records in by_task.items():
+        ok = [row for row in records if row["status"] == "ok"]
+        variants = {variant: {row["id"]: row for row in ok if row["variant"] == variant} for variant in TASKS[task].variants}
+        result = {"style_set": name, "task": task, "prompt_version": prompt_version, "errors": len(records) - len(ok)}
+        for variant, rows_by_id in variants.items():
+            correct = sum(row["predicted"] == row["gold"] for row in rows_by_id.values())
+            n = len(rows_by_id)
+            result[variant] = {"n": n, "correct": correct, "accuracy": correct / n if n else None, "interval": wilson_interval(correct, n) if n else None}
+        if "reversed" in variants:
+            both = variants["original"].keys() & variants["reversed"].keys()
+            result["reversed_changes"] = sum(variants["original"][i]["predicted"] != variants["reversed"][i]["predicted"] for i in both)
+            result["paired"] = len(both)
+        result["label_styles_used"] = dict(Counter(row["reading"]["label_style"] for row in ok))
+        rows.append(result)
+    return rows
+
+
+def label_styles_table(rows: Sequence[dict]) -> str:
+    lines = [
+        "| style set | prompt | task | n | accuracy original (95%) | accuracy reversed (95%) | reversed changes | label styles used |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(result: dict | None) -> str:
+        if not result or not result["n"]:
+            return "—"
+        lo, hi = result["interval"]
+        return f"{result['accuracy']:.1%} ({lo:.1%}–{hi:.1%})"
+
+    for row in rows:
+        changes = f"{row['reversed_changes']} of {row['paired']} ({row['reversed_changes'] / row['paired']:.0%})" if row.get("paired") else "—"
+        used = ", ".join(f"{style} {count}" for style, count in row["label_styles_used"].items())
+        lines.append(f"| {row['style_set']} | {row['prompt_version']} | {row['task']} | {row['original']['n']} | {cell(row['original'])} | {cell(row.get('reversed'))} | {changes} | {used} |")
+    return "\n".join(lines) + "\n"
+
+
+async def evaluate_label_styles(engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options) -> list[dict]:
+    """Open the engine ``engine_spec`` names and :func:`run_label_styles` into ``out``."""
+    from readers.engines import open_engine_spec
+
+    async with await open_engine_spec(engine_spec, top_k=top_k, engine_url=engine_url) as engine:
+        return await run_label_styles(engine, out, **options)
