@@ -133,6 +133,8 @@ async def read_many_rotated(
     locs = list(locs) if locs is not None else [()] * len(questions)
     expanded, expanded_locs, spans = [], [], []
     for question, k, method, loc in zip(questions, rotations, methods, locs):
+        if k > 1 and order_free(reader, question, state, loc):
+            k = 1  # every order is the same prompt: one read is the average
         orders = rotation_orders(len(question.options), k, method) if k > 1 else (tuple(range(len(question.options))),)
         spans.append((len(expanded), orders))
         expanded += [reorder(question, order) if i else question for i, order in enumerate(orders)]
@@ -145,6 +147,16 @@ async def read_many_rotated(
         else:
             out.append(combine(question, readings[start : start + len(orders)]))
     return out
+
+
+def order_free(reader: Reader, question: QuestionSpec, state: str, loc: tuple[str | int, ...] = ()) -> bool:
+    """Whether ``question``'s prompt is the same in every option order. Under decide-prompt/3 named
+    options are not listed (descriptions in a canonical order), so their rotations are one prompt;
+    codes are listed in order, so theirs are not. A shift and the reverse together move every
+    option, so equal prompts for both mean the layout ignores the order."""
+    n = len(question.options)
+    asked = reader.prepare(question, state, loc=loc)[0].prompt_ids
+    return all(reader.prepare(other, state, loc=loc)[0].prompt_ids == asked for other in (rotate(question, 1), reorder(question, tuple(reversed(range(n))))))
 
 
 def combine(question: QuestionSpec, readings: Sequence[Reading]) -> RotatedReading:
