@@ -96,6 +96,7 @@ async def _decide(
                 options=list(reading.question.options),
                 raw_probabilities=list(reading.label_probabilities.probabilities),
                 informative=reading.label_probabilities.informative,
+                prompt_version=key.prompt_version,
             )
         )
     response = SystemOneResponse(
@@ -118,7 +119,8 @@ async def _decide(
 
 
 def calibration_key(info: ModelInfo, reading: Reading, domain: str | None) -> CalibrationKey:
-    return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain)
+    """The reading's calibration key; the prompt version is the one this service reads with."""
+    return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain, prompt_version=PROMPT_VERSION)
 
 
 def build_reading(reading: Reading, calibration: Calibration | None = None, probabilities: dict[str, float] | None = None) -> ReadingOut:
