@@ -47,6 +47,6 @@ async def fit_from_examples(request: CalibrationRequest, reader: Reader, store: 
         described = ", ".join(f"{k.question_type} with {k.option_count} options: {n}" for k, n in short.items()) or "none"
         raise InvalidQuestion(f"each question type and option count needs at least {MIN_GOLD} readable labelled decisions ({described})", loc=("body", "examples"))
     return [
-        await asyncio.to_thread(fit_and_store, store, key, rows, source="labels", seed=request.seed)
+        await asyncio.to_thread(fit_and_store, store, key, rows, source="labels", seed=request.seed, mode=request.mode)
         for key, rows in sorted(groups.items(), key=lambda item: (item[0].question_type, item[0].option_count))
     ]

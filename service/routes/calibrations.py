@@ -62,7 +62,9 @@ async def feedback(request: Request) -> FeedbackResponse:
     refit = None
     every = request.app.state.auto_refit_every
     if every and len(labelled) >= MIN_GOLD and len(labelled) % every == 0:
-        refit = calibration_out(await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback"))
+        current = store.lookup(key)  # a refit keeps the mode the key was fitted in
+        mode = current.mode if current is not None and current.key == key else "temperature"
+        refit = calibration_out(await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback", mode=mode))
     return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
 
 
@@ -75,7 +77,7 @@ async def refit(request: Request) -> CalibrationOut:
     key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=PROMPT_VERSION)
     labelled = await asyncio.to_thread(store.labelled, key)
     try:
-        fitted = await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback")
+        fitted = await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback", mode=body.mode)
     except ValueError as error:
         raise validation_error(("body",), str(error), "not_enough_feedback") from None
     return calibration_out(fitted)
