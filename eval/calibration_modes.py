@@ -135,9 +135,11 @@ async def calibration_modes(
 
 def modes_table(report: dict) -> str:
     lines = [
-        f"Model {report['model']} @ {report['revision']}, prompt {report['prompt_version']}; {report['splits']} random splits per task, "
-        f"{report['labels']} gold answers fit, {report['held_out']} held out; ECE over {report['n_bins']} bins, mean over splits; "
-        "floor = mean over splits of the median ECE of perfectly calibrated draws at the same n (95% range).",
+        (
+            f"Model {report['model']} @ {report['revision']}, prompt {report['prompt_version']}; {report['splits']} random splits per task, "
+            f"{report['labels']} gold answers fit, {report['held_out']} held out; ECE over {report['n_bins']} bins, mean over splits; "
+            "floor = mean over splits of the median ECE of perfectly calibrated draws at the same n (95% range)."
+        ),
         "",
         "| task | n | mode | accuracy (sd) | ECE | ECE floor (95% range) | splits above the range |",
         "|---|---|---|---|---|---|---|",

@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord
 from calibration.bias import apply_prior, apply_temperature_bias
+from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord
 from calibration.temperature import apply_temperature, as_logits
 from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
-from readers.reader import Reading, Reader
+from readers.reader import Reader, Reading
 from service.confidence import choice_confidence, score_confidence
+from service.prior import OptionPrior, OptionPriors
 from service.protocol import (
     Answer,
     BatchRequest,
@@ -28,8 +29,8 @@ from service.protocol import (
     SystemOneResponse,
     Usage,
 )
-from service.prior import OptionPrior, OptionPriors
 from service.state import ServedImages
+
 
 async def decide(
     request: SystemOneRequest,

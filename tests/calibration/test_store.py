@@ -22,7 +22,13 @@ import pytest
 from calibration.postgres_store import LISTENER_NAME, SCHEMA_VERSION, PostgresStore, migrate
 from calibration.sqlite_store import MIGRATIONS as SQLITE_MIGRATIONS
 from calibration.sqlite_store import SQLiteStore
-from calibration.store import LEGACY_PROMPT_VERSION, CalibrationKey, CalibrationStore, DecisionRecord, SchemaTooNew
+from calibration.store import (
+    LEGACY_PROMPT_VERSION,
+    CalibrationKey,
+    CalibrationStore,
+    DecisionRecord,
+    SchemaTooNew,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "decide-prompt/2"  # any version string: the store compares, never parses, it
