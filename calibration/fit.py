@@ -1,8 +1,9 @@
 """Fitting a calibration for one key and storing it: pure calibration, no HTTP and no engine.
 
-Each fit stores the temperature fitted on all n decisions with a gold answer, and reports held-out ECE
-(15 bins) before and after: a seeded random half fits a temperature, the other half is scored at T = 1
-and at that temperature.
+Each fit stores the calibration (``mode`` ``temperature``: T; ``temperature_bias``: T and one bias per
+option, ``calibration.bias``) fitted on all n decisions with a gold answer, and reports held-out ECE
+(15 bins) before and after: a seeded random half fits the same mode, the other half is scored raw and
+calibrated, beside the ECE floor of its calibrated probabilities (``calibration.metrics.ece_floor``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calibration.metrics import N_BINS, ece
-from calibration.store import Calibration, CalibrationKey, CalibrationStore
-from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
+from calibration.bias import TemperatureBiasScaler
+from calibration.metrics import N_BINS, ece, ece_floor
+from calibration.store import MODES, Calibration, CalibrationKey, CalibrationStore
+from calibration.temperature import TemperatureScaler, as_logits
 
 Gold = bool | int | str
 """A true answer: noul true/false, a choice option's name, a score level (0-based)."""
@@ -46,27 +48,43 @@ def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
     return np.array([np.pad(row, (0, width - len(row))) for row in probabilities])
 
 
-def fit_and_store(store: CalibrationStore, key: CalibrationKey, rows: list[tuple[list[float], int]], *, source: str, seed: int = 0) -> Calibration:
-    """Fit T on all ``rows`` (raw probabilities, gold index), score a held-out half, store."""
+def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler:
+    """An unfitted scaler of calibration ``mode``."""
+    if mode == "temperature":
+        return TemperatureScaler()
+    if mode == "temperature_bias":
+        return TemperatureBiasScaler()
+    raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
+
+
+def fit_and_store(
+    store: CalibrationStore, key: CalibrationKey, rows: list[tuple[list[float], int]], *, source: str, seed: int = 0, mode: str = "temperature"
+) -> Calibration:
+    """Fit ``mode`` on all ``rows`` (raw probabilities, gold index), score a held-out half, store."""
     if len(rows) < MIN_GOLD:
         raise ValueError(f"{len(rows)} decisions with a gold answer; a calibration needs at least {MIN_GOLD}")
+    if mode == "temperature_bias" and key.option_count is None:
+        raise ValueError("a temperature_bias calibration needs an option count: its biases are per option")
     logits = [as_logits(probabilities) for probabilities, _ in rows]
     labels = np.array([gold for _, gold in rows])
-    scaler = TemperatureScaler().fit(logits, labels)
+    scaler = scaler_for(mode).fit(logits, labels)
 
     order = np.random.default_rng(seed).permutation(len(rows))
     fit_half, score_half = order[: len(rows) // 2], order[len(rows) // 2 :]
-    half = TemperatureScaler().fit([logits[i] for i in fit_half], labels[fit_half])
+    half = scaler_for(mode).fit([logits[i] for i in fit_half], labels[fit_half])
     raw = _padded([np.exp(logits[i]) / np.exp(logits[i]).sum() for i in score_half])
-    calibrated = _padded([apply_temperature(logits[i], half.temperature_) for i in score_half])
+    calibrated = _padded([half.predict_proba(logits[i]) for i in score_half])
     return store.add_calibration(
         key,
         temperature=scaler.temperature_,
         n=scaler.n_samples_,
         source=source,
+        mode=mode,
+        bias=getattr(scaler, "bias_", None),
         nll_before=scaler.nll_before_,
         nll_after=scaler.nll_after_,
         heldout_n=len(score_half),
         heldout_ece_before=ece(raw, labels[score_half], N_BINS),
         heldout_ece_after=ece(calibrated, labels[score_half], N_BINS),
+        heldout_ece_floor=ece_floor(calibrated, N_BINS, seed=seed)["median"],
     )

@@ -113,3 +113,31 @@ def nll_loss(probabilities, labels) -> float:
 
     p, y = _check(probabilities, labels)
     return float(log_loss(y, p, labels=np.arange(p.shape[1])))
+
+
+FLOOR_DRAWS = 200
+
+
+def ece_floor(probabilities, n_bins: int = N_BINS, *, draws: int = FLOOR_DRAWS, seed: int = 0) -> dict:
+    """The ECE that perfectly calibrated reads show at this n and these bins: its finite-sample floor.
+
+    Method: keep the probabilities, draw the true answers from them (each row's answer ~ its own
+    probabilities, so the reads are calibrated by construction), compute :func:`ece` on those
+    answers; repeat ``draws`` times with a fixed ``seed``. Top-label ECE only sees whether the top
+    option is right, so each draw is "right with probability max p". Returns the ``median`` and the
+    95% range (``lo``, ``hi``: 2.5th and 97.5th percentiles) with ``n``, ``n_bins`` and ``draws``.
+    An ECE inside the range is what sampling noise alone gives at this n; only an ECE above ``hi``
+    shows miscalibration.
+    """
+    p, _ = _check(probabilities, np.zeros(len(np.asarray(probabilities)), dtype=int))
+    if draws < 1:
+        raise ValueError("draws must be ≥ 1")
+    confidence = p.max(axis=1)
+    bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
+    right = np.random.default_rng(seed).random((draws, len(p))) < confidence
+    confidence_sums = np.bincount(bins, weights=confidence, minlength=n_bins)
+    # Per draw and bin: |Σ right − Σ confidence| / n, summed over bins (empty bins add 0).
+    right_sums = np.stack([np.bincount(bins, weights=draw, minlength=n_bins) for draw in right.astype(float)])
+    values = np.abs(right_sums - confidence_sums).sum(axis=1) / len(p)
+    lo, median, hi = np.percentile(values, [2.5, 50, 97.5])
+    return {"median": float(median), "lo": float(lo), "hi": float(hi), "n": len(p), "n_bins": n_bins, "draws": draws}

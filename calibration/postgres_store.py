@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from calibration.store import (
+    LEGACY_PROMPT_VERSION,
     Calibration,
     CalibrationKey,
     CalibrationStore,
@@ -69,6 +70,18 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         f"""CREATE FUNCTION notify_calibration_added() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN PERFORM pg_notify('{CHANNEL}', NEW.id); RETURN NULL; END $$""",
         "CREATE TRIGGER calibration_added AFTER INSERT ON calibrations FOR EACH ROW EXECUTE FUNCTION notify_calibration_added()",
+    )),
+    # Rows already stored were read under the first prompt layout: tagged so, kept, and no longer
+    # applied to reads of another version. The defaults are dropped after: every insert names it.
+    (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias", (
+        f"ALTER TABLE calibrations ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
+        "ALTER TABLE calibrations ALTER COLUMN prompt_version DROP DEFAULT",
+        "ALTER TABLE calibrations ADD COLUMN mode TEXT NOT NULL DEFAULT 'temperature'",
+        "ALTER TABLE calibrations ADD COLUMN bias DOUBLE PRECISION[]",
+        "ALTER TABLE calibrations ADD COLUMN heldout_ece_floor DOUBLE PRECISION",
+        f"ALTER TABLE decisions ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
+        "ALTER TABLE decisions ALTER COLUMN prompt_version DROP DEFAULT",
+        "CREATE INDEX calibrations_version_key ON calibrations (model, revision, prompt_version, question_type, option_count, domain, seq)",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -144,8 +157,10 @@ class PostgresStore(CalibrationStore):
 
     # -- calibrations -------------------------------------------------------------------------
 
-    def add_calibration(self, key: CalibrationKey, *, temperature: float, n: int, source: str, **metrics: float | int | None) -> Calibration:
-        calibration = self._new_calibration(key, temperature, n, source, metrics)
+    def add_calibration(
+        self, key: CalibrationKey, *, temperature: float, n: int, source: str, mode: str = "temperature", bias=None, **metrics: float | int | None
+    ) -> Calibration:
+        calibration = self._new_calibration(key, temperature, n, source, metrics, mode, bias)
         row = calibration.as_json()
         row["fitted_at"] = dt.datetime.fromisoformat(calibration.fitted_at)
         with self._pool.connection() as db:
@@ -163,8 +178,8 @@ class PostgresStore(CalibrationStore):
             if version == self._seen:
                 return
             rows = conn.cursor(row_factory=dict_row).execute(
-                f"SELECT DISTINCT ON (model, revision, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
-                "FROM calibrations ORDER BY model, revision, question_type, option_count, domain, seq DESC"
+                f"SELECT DISTINCT ON (model, revision, prompt_version, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
+                "FROM calibrations ORDER BY model, revision, prompt_version, question_type, option_count, domain, seq DESC"
             )
             self._remember((row.pop("seq"), _calibration(row)) for row in rows)
             self._seen = version
@@ -192,7 +207,7 @@ class PostgresStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, Jsonb(list(d.options)),
-             Jsonb(list(d.raw_probabilities)), bool(d.informative))
+             Jsonb(list(d.raw_probabilities)), bool(d.informative), d.prompt_version)
             for d in decisions
         ]  # fmt: skip
         if not rows:
@@ -200,18 +215,18 @@ class PostgresStore(CalibrationStore):
         with self._pool.connection() as db, db.transaction(), db.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
-                "informative) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "informative, prompt_version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 rows,
             )
 
     def decision(self, decision_id: str) -> DecisionRecord | None:
         with self._pool.connection() as db:
             row = db.execute(
-                "SELECT id, model, revision, question_type, option_count, domain, options, raw_probabilities, informative "
+                "SELECT id, model, revision, question_type, option_count, domain, options, raw_probabilities, informative, prompt_version "
                 "FROM decisions WHERE id = %s",
                 (decision_id,),
             ).fetchone()
-        return None if row is None else DecisionRecord(*row)
+        return None if row is None else DecisionRecord(*row[:-1], prompt_version=row[-1])
 
     def add_feedback(self, decision_id: str, gold: str) -> int:
         with self._pool.connection() as db:
@@ -241,5 +256,6 @@ class PostgresStore(CalibrationStore):
 
 def _calibration(row: dict) -> Calibration:
     fitted_at = row["fitted_at"].astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
-    return Calibration(**{**row, "fitted_at": fitted_at})
+    bias = None if row["bias"] is None else tuple(row["bias"])
+    return Calibration(**{**row, "fitted_at": fitted_at, "bias": bias})
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from calibration.store import (
+    LEGACY_PROMPT_VERSION,
     Calibration,
     CalibrationKey,
     CalibrationStore,
@@ -46,6 +47,15 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     )),
     (2, "decisions.informative: abstentions are not fitted on", (
         "ALTER TABLE decisions ADD COLUMN informative INTEGER NOT NULL DEFAULT 1",
+    )),
+    # Rows already stored were read under the first prompt layout: tagged so, kept, and no longer
+    # applied to reads of another version. Every insert names the version (the DEFAULT is for them).
+    (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias", (
+        f"ALTER TABLE calibrations ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
+        "ALTER TABLE calibrations ADD COLUMN mode TEXT NOT NULL DEFAULT 'temperature'",
+        "ALTER TABLE calibrations ADD COLUMN bias TEXT",
+        "ALTER TABLE calibrations ADD COLUMN heldout_ece_floor REAL",
+        f"ALTER TABLE decisions ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -97,22 +107,29 @@ class SQLiteStore(CalibrationStore):
     @staticmethod
     def _versions_before_migrations(db: sqlite3.Connection) -> set[int]:
         """Files written before schema_migrations existed. Version 1 creates only what is missing (IF
-        NOT EXISTS), so it always runs; version 2 is recorded as found when its column is there."""
-        columns = {row["name"] for row in db.execute("PRAGMA table_info(decisions)")}
-        if "informative" not in columns:
-            return set()
-        version, description, _ = MIGRATIONS[1]
-        db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, f"{description} (found)", utc_now()))
-        return {version}
+        NOT EXISTS), so it always runs; versions 2 and 3 are recorded as found when their columns are there."""
+        decisions = {row["name"] for row in db.execute("PRAGMA table_info(decisions)")}
+        calibrations = {row["name"] for row in db.execute("PRAGMA table_info(calibrations)")}
+        found = set()
+        for version, present in ((2, "informative" in decisions), (3, "prompt_version" in calibrations)):
+            if not present:
+                break
+            _, description, _ = MIGRATIONS[version - 1]
+            db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, f"{description} (found)", utc_now()))
+            found.add(version)
+        return found
 
     def schema_version(self) -> int:
         return self._connection().execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0]
 
     # -- calibrations -------------------------------------------------------------------------
 
-    def add_calibration(self, key: CalibrationKey, *, temperature: float, n: int, source: str, **metrics: float | int | None) -> Calibration:
-        calibration = self._new_calibration(key, temperature, n, source, metrics)
+    def add_calibration(
+        self, key: CalibrationKey, *, temperature: float, n: int, source: str, mode: str = "temperature", bias=None, **metrics: float | int | None
+    ) -> Calibration:
+        calibration = self._new_calibration(key, temperature, n, source, metrics, mode, bias)
         row = calibration.as_json()
+        row["bias"] = None if row["bias"] is None else json.dumps(row["bias"])
         with self._transaction() as db:
             cursor = db.execute(f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
         self._remember([(cursor.lastrowid, calibration)])
@@ -121,7 +138,7 @@ class SQLiteStore(CalibrationStore):
     def _reload(self) -> None:
         # rowid is the insertion order (rows are never deleted), the same on every connection.
         rows = self._connection().execute("SELECT rowid AS stored, * FROM calibrations").fetchall()
-        self._remember((row["stored"], Calibration(**{k: row[k] for k in row.keys() if k != "stored"})) for row in rows)
+        self._remember((row["stored"], _calibration(row)) for row in rows)
 
     def _refresh(self) -> None:
         version = self._connection().execute("PRAGMA data_version").fetchone()[0]
@@ -135,13 +152,13 @@ class SQLiteStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
-             json.dumps(d.raw_probabilities), int(d.informative), utc_now())
+             json.dumps(d.raw_probabilities), int(d.informative), d.prompt_version, utc_now())
             for d in decisions
         ]  # fmt: skip
         with self._transaction() as db:
             db.executemany(
                 "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
-                "informative, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "informative, prompt_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
 
@@ -152,6 +169,7 @@ class SQLiteStore(CalibrationStore):
         return DecisionRecord(
             row["id"], row["model"], row["revision"], row["question_type"], row["option_count"], row["domain"],
             json.loads(row["options"]), json.loads(row["raw_probabilities"]), bool(row["informative"]),
+            prompt_version=row["prompt_version"],
         )  # fmt: skip
 
     def add_feedback(self, decision_id: str, gold: str) -> int:
@@ -184,6 +202,12 @@ class SQLiteStore(CalibrationStore):
         if db is not None:  # sqlite3 connections belong to their thread: this thread's one
             db.close()
             self._local.db = None
+
+
+def _calibration(row: sqlite3.Row) -> Calibration:
+    fields = {k: row[k] for k in row.keys() if k != "stored"}
+    fields["bias"] = None if fields["bias"] is None else tuple(json.loads(fields["bias"]))
+    return Calibration(**fields)
 
 
 class _Transaction:

@@ -5,10 +5,15 @@ PostgreSQL (shared by replicas). It persists and looks up; fitting lives in ``ca
 ``postgres://``) URL opens ``calibration.postgres_store.PostgresStore``, anything else is a file path
 for ``calibration.sqlite_store.SQLiteStore``. Both keep one contract, checked by one test suite:
 
-- A calibration is keyed by (model, model revision, question type, option count, domain); option
-  count and domain may be NULL, meaning "any". Lookup takes the most specific that exists:
-  domain (type + count + domain) → type + count → type → none; of several fits of one key, the
-  last stored wins.
+- A calibration is keyed by (model, model revision, prompt version, question type, option count,
+  domain); option count and domain may be NULL, meaning "any". Lookup takes the most specific that
+  exists: domain (type + count + domain) → type + count → type → none; of several fits of one key,
+  the last stored wins. The prompt version (``readers.prompt.PROMPT_VERSION``, passed in by the
+  service) is never relaxed: the layout changes what the model reads, so a fit made under one
+  version never applies to reads made under another. Rows stored before versions were recorded
+  are tagged ``decide-prompt/1`` (the only layout there was) and kept; they simply stop applying.
+- A calibration has a ``mode``: ``temperature`` (p ∝ exp(z / T)) or ``temperature_bias``
+  (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count).
 - Every write is one transaction, durable before the call returns, so an acknowledged write
   survives a crash of the writer (and of SQLite's host or the Postgres server).
 - Lookups read an in-process cache of the latest calibration per key, so a decision costs no query;
@@ -24,10 +29,13 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+LEGACY_PROMPT_VERSION = "decide-prompt/1"
+"""The prompt version of rows stored before the store recorded one."""
+MODES = ("temperature", "temperature_bias")
 
 
 def utc_now() -> str:
@@ -42,12 +50,14 @@ class CalibrationKey:
     question_type: str
     option_count: int | None = None
     domain: str | None = None
+    prompt_version: str = field(kw_only=True)  # required: no default version to fall back on
 
     def fallbacks(self) -> list[CalibrationKey]:
-        """This key and the less specific ones, most specific first."""
+        """This key and the less specific ones, most specific first (same prompt version)."""
         keys = [self] if self.domain is not None else []
-        keys.append(CalibrationKey(self.model, self.revision, self.question_type, self.option_count))
-        keys.append(CalibrationKey(self.model, self.revision, self.question_type))
+        version = self.prompt_version
+        keys.append(CalibrationKey(self.model, self.revision, self.question_type, self.option_count, prompt_version=version))
+        keys.append(CalibrationKey(self.model, self.revision, self.question_type, prompt_version=version))
         return keys
 
 
@@ -68,13 +78,19 @@ class Calibration:
     heldout_ece_after: float | None
     source: str
     fitted_at: str
+    prompt_version: str
+    mode: str = "temperature"
+    bias: tuple[float, ...] | None = None
+    heldout_ece_floor: float | None = None  # median ECE of calibrated draws at heldout_n (calibration.metrics.ece_floor)
 
     @property
     def key(self) -> CalibrationKey:
-        return CalibrationKey(self.model, self.revision, self.question_type, self.option_count, self.domain)
+        return CalibrationKey(self.model, self.revision, self.question_type, self.option_count, self.domain, prompt_version=self.prompt_version)
 
     def as_json(self) -> dict:
-        return asdict(self)
+        row = asdict(self)
+        row["bias"] = None if self.bias is None else list(self.bias)
+        return row
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,7 @@ class DecisionRecord:
     options: list[str]
     raw_probabilities: list[float]
     informative: bool = True
+    prompt_version: str = field(kw_only=True)
 
 
 class SchemaTooNew(RuntimeError):
@@ -156,7 +173,15 @@ class CalibrationStore(ABC):
         return None
 
     @staticmethod
-    def _new_calibration(key: CalibrationKey, temperature: float, n: int, source: str, metrics: dict) -> Calibration:
+    def _new_calibration(
+        key: CalibrationKey, temperature: float, n: int, source: str, metrics: dict, mode: str = "temperature", bias=None
+    ) -> Calibration:
+        if mode not in MODES:
+            raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
+        if (mode == "temperature_bias") != (bias is not None):
+            raise ValueError("a temperature_bias calibration has a bias, and only it")
+        if bias is not None and len(bias) != key.option_count:
+            raise ValueError(f"a bias has one value per option: {len(bias)} for option count {key.option_count}")
         return Calibration(
             id=f"cal_{uuid.uuid4().hex[:16]}",
             model=key.model,
@@ -171,14 +196,20 @@ class CalibrationStore(ABC):
             heldout_n=metrics.get("heldout_n"),
             heldout_ece_before=metrics.get("heldout_ece_before"),
             heldout_ece_after=metrics.get("heldout_ece_after"),
+            heldout_ece_floor=metrics.get("heldout_ece_floor"),
             source=source,
             fitted_at=utc_now(),
+            prompt_version=key.prompt_version,
+            mode=mode,
+            bias=None if bias is None else tuple(float(b) for b in bias),
         )
 
     # -- the backend's part ---------------------------------------------------------------------
 
     @abstractmethod
-    def add_calibration(self, key: CalibrationKey, *, temperature: float, n: int, source: str, **metrics: float | int | None) -> Calibration:
+    def add_calibration(
+        self, key: CalibrationKey, *, temperature: float, n: int, source: str, mode: str = "temperature", bias=None, **metrics: float | int | None
+    ) -> Calibration:
         """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
 
     @abstractmethod
@@ -217,8 +248,8 @@ class CalibrationStore(ABC):
 
 def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
     """The WHERE clause (on decisions ``d``) selecting ``key``'s decisions, and its parameters."""
-    clauses = [f"d.model = {placeholder}", f"d.revision = {placeholder}", f"d.question_type = {placeholder}"]
-    params: list = [key.model, key.revision, key.question_type]
+    clauses = [f"d.model = {placeholder}", f"d.revision = {placeholder}", f"d.prompt_version = {placeholder}", f"d.question_type = {placeholder}"]
+    params: list = [key.model, key.revision, key.prompt_version, key.question_type]
     if key.option_count is not None:
         clauses.append(f"d.option_count = {placeholder}")
         params.append(key.option_count)

@@ -330,6 +330,28 @@ def eval_label_styles(
     typer.echo(label_styles_table(rows))
 
 
+@eval_app.command("calibration-modes")
+def eval_calibration_modes(
+    run: Annotated[Path, typer.Argument(help="a `decide eval tasks` run directory (records.jsonl, manifest.json)")],
+    out: Annotated[Path, typer.Option(help="directory for modes.{json,md} and priors.json (the content-free reads, kept and reused)")],
+    engine: Annotated[str, typer.Option("--engine", help="engine for the content-free reads of the prior (KIND[:MODE][@URL])")] = "local",
+    engine_url: EngineUrlOption = None,
+    prior: Annotated[bool, typer.Option("--prior/--no-prior", help="measure and evaluate the label-free prior correction")] = True,
+    labels: Annotated[int, typer.Option(help="gold answers each split fits on")] = 50,
+    held_out: Annotated[int, typer.Option(help="records each split scores")] = 100,
+    splits: Annotated[int, typer.Option(help="random splits per task")] = 20,
+    seed: Annotated[int, typer.Option(help="split and ECE-floor seed")] = 0,
+) -> None:
+    """Raw, temperature, temperature + bias and prior-corrected reads per task: accuracy, ECE and its floor."""
+    quiet_loaders()
+    from eval.calibration_modes import calibration_modes, modes_table
+
+    report = asyncio.run(
+        calibration_modes(run, out, engine=engine if prior else None, engine_url=engine_url, labels=labels, held_out=held_out, splits=splits, seed=seed)
+    )
+    typer.echo(modes_table(report))
+
+
 @eval_app.command("read-modes")
 def eval_read_modes(
     runs: Annotated[list[Path], typer.Argument(help="directories written by `decide eval agree --out` (a = exact reads)")],

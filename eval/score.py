@@ -1,7 +1,8 @@
 """``decide eval score DIR``: per-task figures from a run's evidence files only.
 
 Conventions: accuracy with a Wilson 95% interval; ECE top-label on 15 equal-width bins (see
-``calibration.metrics``); Brier multiclass; "after 50" = temperature fitted on 50 records (with their gold answers) of
+``calibration.metrics``), beside its finite-sample floor (the ECE perfectly calibrated draws show at
+the same n: median and 95% range, ``calibration.metrics.ece_floor``); Brier multiclass; "after 50" = temperature fitted on 50 records (with their gold answers) of
 one random half, ECE of the other half (single split = split 0 of the seeded sequence; the mean is over
 20 splits). Records whose read failed are counted on their own line and excluded from every metric;
 the last row written for a record wins (a resumed run may retry a failed one).
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.metrics import N_BINS, brier_loss, ece
+from calibration.metrics import N_BINS, brier_loss, ece, ece_floor
 from calibration.temperature import as_logits
 from eval.evidence import RECORDS, load_rows, rows_arrays
 from eval.gold_curve import gold_curve
@@ -80,6 +81,7 @@ def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT
         "accuracy_ci95": [lo, hi],
         "majority": majority,
         "ece": ece(p, y, N_BINS),
+        "ece_floor": ece_floor(p, N_BINS, seed=seed),
         "brier": brier_loss(p, y),
         **(after_50(p, y, seed=seed) if len(ok) >= 100 else {}),
         "all_labels_returned": float(np.mean([row["reading"]["exact"] for row in ok])),
@@ -118,18 +120,24 @@ def score_run(run: Path, *, seed: int = 0) -> dict:
     return report
 
 
+def floor_cell(scored: dict) -> str:
+    """The ECE floor (``calibration.metrics.ece_floor``) as "median (lo–hi)"; "—" in reports scored before it."""
+    floor = scored.get("ece_floor")
+    return "—" if floor is None else f"{floor['median']:.3f} ({floor['lo']:.3f}–{floor['hi']:.3f})"
+
+
 def score_table(report: dict) -> str:
     engine = report["engine"]
     lines = [
         f"Engine {engine['kind']} ({engine['read_mode']}, top-k {engine['top_k']}), model {engine['model']} @ {engine['revision']}; "
         f"ECE over {report['n_bins']} bins; run status {report['status']}; records planned but not in the evidence: {report['missing_records']}.",
         "",
-        "| task | n | accuracy (95% CI) | majority | ECE | Brier | ECE after 50 gold answers, split 0 / 20-split mean | median T at 50 | reversed-order changes | all labels returned | ECE raw / after 50, missing at top-k bound | median ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| task | n | accuracy (95% CI) | majority | ECE | ECE floor (95% range) | Brier | ECE after 50 gold answers, split 0 / 20-split mean | median T at 50 | reversed-order changes | all labels returned | ECE raw / after 50, missing at top-k bound | median ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task, s in report["tasks"].items():
         if not s["n"]:
-            lines.append(f"| {task} | 0 | — | — | — | — | — | — | — | — | — | — | {s['errors']} |")
+            lines.append(f"| {task} | 0 | — | — | — | — | — | — | — | — | — | — | — | {s['errors']} |")
             continue
         lo, hi = s["accuracy_ci95"]
         changes = f"{s['reversed_changes']} of {s['reversed_pairs']}" if "reversed_changes" in s else "—"
@@ -137,7 +145,7 @@ def score_table(report: dict) -> str:
         t50 = f"{s['temperature_at_50']:.2f}" if "temperature_at_50" in s else "—"
         bound_after = f"{s['ece_after_50_at_top_k_bound']:.3f}" if s.get("ece_after_50_at_top_k_bound") is not None else "—"
         lines.append(
-            f"| {task} | {s['n']} | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {s['majority']:.1%} | {s['ece']:.3f} | {s['brier']:.3f} | "
+            f"| {task} | {s['n']} | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {s['majority']:.1%} | {s['ece']:.3f} | {floor_cell(s)} | {s['brier']:.3f} | "
             f"{after} | {t50} | {changes} | {s['all_labels_returned']:.1%} | {s['ece_at_top_k_bound']:.3f} / {bound_after} | "
             f"{s['median_latency_ms']:.0f} | {s['errors']} |"
         )

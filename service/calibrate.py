@@ -11,7 +11,7 @@ import asyncio
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import Calibration, CalibrationKey, CalibrationStore
 from readers.errors import InvalidQuestion
-from readers.prompt import QuestionSpec, content_text
+from readers.prompt import PROMPT_VERSION, QuestionSpec, content_text
 from readers.reader import Reader
 from service.protocol import CalibrationRequest
 
@@ -35,7 +35,7 @@ async def fit_from_examples(request: CalibrationRequest, reader: Reader, store: 
     async def read(spec: QuestionSpec, state, gold: int, loc):
         async with gate:
             reading = await reader.read(spec, content_text(state), loc=loc)
-        key = CalibrationKey(info.name, info.revision, spec.question_type, len(spec.options), request.domain)
+        key = CalibrationKey(info.name, info.revision, spec.question_type, len(spec.options), request.domain, prompt_version=PROMPT_VERSION)
         return key, (list(reading.label_probabilities.probabilities), gold), reading.label_probabilities.informative
 
     groups: dict[CalibrationKey, list[tuple[list[float], int]]] = {}
@@ -47,6 +47,6 @@ async def fit_from_examples(request: CalibrationRequest, reader: Reader, store: 
         described = ", ".join(f"{k.question_type} with {k.option_count} options: {n}" for k, n in short.items()) or "none"
         raise InvalidQuestion(f"each question type and option count needs at least {MIN_GOLD} readable labelled decisions ({described})", loc=("body", "examples"))
     return [
-        await asyncio.to_thread(fit_and_store, store, key, rows, source="labels", seed=request.seed)
+        await asyncio.to_thread(fit_and_store, store, key, rows, source="labels", seed=request.seed, mode=request.mode)
         for key, rows in sorted(groups.items(), key=lambda item: (item[0].question_type, item[0].option_count))
     ]

@@ -86,6 +86,9 @@ def serve(
     max_cost_queued: Annotated[int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")] = 32_768,
     max_request_cost: Annotated[int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")] = 65_536,
     retention_days: Annotated[Optional[float], typer.Option(help="delete unlabelled decision records older than this (default: keep)")] = None,
+    prior_correction: Annotated[
+        bool, typer.Option("--prior-correction", help="divide each question's option prior (read on content-free states) out of reads no stored calibration covers")
+    ] = False,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
     from service.admission import AdmissionLimits
@@ -100,7 +103,7 @@ def serve(
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost),
-            retention_days=retention_days,
+            retention_days=retention_days, prior_correction=prior_correction,
         )  # fmt: skip
         run_server(options)
     except ServeRefused as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from calibration.bias import apply_prior, apply_temperature_bias
 from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord
 from calibration.temperature import apply_temperature, as_logits
 from readers.debias import RotatedReading, read_many_rotated
@@ -13,6 +14,7 @@ from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader, Reading
 from service.abstain import abstains
 from service.confidence import choice_confidence, score_confidence
+from service.prior import OptionPrior, OptionPriors
 from service.protocol import (
     Answer,
     BatchRequest,
@@ -39,9 +41,12 @@ async def decide(
     request_id: str,
     store: CalibrationStore | None = None,
     images: ServedImages = ServedImages(),
+    priors: OptionPriors | None = None,
 ) -> SystemOneResponse:
-    """Read every question of ``request``, apply calibrations, record the decisions, respond."""
-    response, decisions = await _decide(request, reader, request_id=request_id, store=store, images=images)
+    """Read every question of ``request``, apply calibrations, record the decisions, respond.
+
+    With ``priors``, a read no stored calibration covers gets the label-free prior correction."""
+    response, decisions = await _decide(request, reader, request_id=request_id, store=store, images=images, priors=priors)
     if store is not None:
         await asyncio.to_thread(store.add_decisions, decisions)
     return response
@@ -54,10 +59,11 @@ async def decide_batch(
     request_id: str,
     store: CalibrationStore | None = None,
     images: ServedImages = ServedImages(),
+    priors: OptionPriors | None = None,
 ) -> BatchResponse:
     """Every state × question read concurrently; the engine's own in-flight limit bounds the load."""
     requests = request.requests()
-    outcomes = await asyncio.gather(*(_decide(one, reader, request_id=request_id, store=store, images=images) for one in requests))
+    outcomes = await asyncio.gather(*(_decide(one, reader, request_id=request_id, store=store, images=images, priors=priors) for one in requests))
     if store is not None:
         await asyncio.to_thread(store.add_decisions, [d for _, decisions in outcomes for d in decisions])
     responses = [response for response, _ in outcomes]
@@ -73,7 +79,8 @@ async def decide_batch(
 
 
 async def _decide(
-    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None, images: ServedImages
+    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None, images: ServedImages,
+    priors: OptionPriors | None = None,
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
     names = list(request.questions)
@@ -92,7 +99,10 @@ async def _decide(
     for name, reading in zip(names, readings):
         key = calibration_key(engine.info, reading, request.domain)
         calibration = store.lookup(key) if store is not None else None
-        answer = build_answer(request.questions[name], reading, calibration)
+        prior = None
+        if calibration is None and priors is not None and reading.label_probabilities.informative:
+            prior = await priors.prior(reader, reading.question)
+        answer = build_answer(request.questions[name], reading, calibration, prior)
         answers[name] = answer
         decisions.append(
             DecisionRecord(
@@ -105,6 +115,7 @@ async def _decide(
                 options=list(reading.question.options),
                 raw_probabilities=list(reading.label_probabilities.probabilities),
                 informative=reading.label_probabilities.informative,
+                prompt_version=key.prompt_version,
             )
         )
     response = SystemOneResponse(
@@ -127,11 +138,41 @@ async def _decide(
 
 
 def calibration_key(info: ModelInfo, reading: Reading, domain: str | None) -> CalibrationKey:
-    return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain)
+    """The reading's calibration key; the prompt version is the one this service reads with."""
+    return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain, prompt_version=PROMPT_VERSION)
+
+
+def calibration_used(reading: Reading, calibration: Calibration | None, prior: OptionPrior | None) -> CalibrationUsed | None:
+    """What ``x_reading.calibration`` reports: the stored fit, else the prior, else nothing."""
+    options = reading.question.options
+    if calibration is not None:
+        return CalibrationUsed(
+            mode=calibration.mode, id=calibration.id, temperature=calibration.temperature, n=calibration.n,
+            bias=dict(zip(options, calibration.bias)) if calibration.bias is not None else None, prompt_version=calibration.prompt_version,
+        )  # fmt: skip
+    if prior is not None:
+        return CalibrationUsed(mode="prior", id=None, prior=dict(zip(options, prior.prior)), content_free_states=list(prior.states), prompt_version=prior.prompt_version)
+    return None
+
+
+def calibrated_probabilities(raw, calibration: Calibration | None, prior: OptionPrior | None):
+    """Raw label probabilities through the stored fit (its mode), else the prior; else unchanged."""
+    if calibration is not None and calibration.mode == "temperature_bias":
+        return apply_temperature_bias(as_logits(raw), calibration.temperature, calibration.bias)
+    if calibration is not None:
+        return apply_temperature(as_logits(raw), calibration.temperature)
+    if prior is not None:
+        return apply_prior(raw, prior.prior)
+    return raw
 
 
 def build_reading(
-    reading: Reading, calibration: Calibration | None = None, probabilities: dict[str, float] | None = None, *, abstained: bool | None = None
+    reading: Reading,
+    calibration: Calibration | None = None,
+    probabilities: dict[str, float] | None = None,
+    prior: OptionPrior | None = None,
+    *,
+    abstained: bool | None = None,
 ) -> ReadingOut:
     """The ``x_reading`` extension; ``probabilities`` are the answer's (calibrated) ones, for
     ``top_probability``; ``abstained`` defaults to whether no label came back."""
@@ -155,7 +196,7 @@ def build_reading(
         probability_bounds=dict(zip(options, read.bounds)),
         raw_probabilities=raw,
         top_probability=max((probabilities or raw).values()),
-        calibration=CalibrationUsed(id=calibration.id, temperature=calibration.temperature, n=calibration.n) if calibration else None,
+        calibration=calibration_used(reading, calibration, prior),
         prompt_tokens=reading.prompt_tokens,
         engine_latency_ms=round(reading.engine_latency_ms, 3),
         queued_ms=round(reading.queued_ms, 3),
@@ -167,8 +208,8 @@ def build_reading(
     )
 
 
-def build_answer(question, reading: Reading, calibration: Calibration | None = None) -> Answer:
-    """Jev's answer fields from a reading, calibrated when a calibration applies.
+def build_answer(question, reading: Reading, calibration: Calibration | None = None, prior: OptionPrior | None = None) -> Answer:
+    """Jev's answer fields from a reading, calibrated when a calibration (or, without one, a prior) applies.
 
     ``confidence`` is Jev's formula (``service/confidence.py``) over the answer's probabilities; the
     top probability is ``x_reading.top_probability``. An uninformative read (no label came back) is
@@ -179,13 +220,12 @@ def build_answer(question, reading: Reading, calibration: Calibration | None = N
     """
     informative = reading.label_probabilities.informative
     calibration = calibration if informative else None
+    prior = prior if informative and calibration is None else None
     options = reading.question.options
-    probabilities = dict(zip(options, reading.label_probabilities.probabilities))
-    if calibration is not None:
-        calibrated = apply_temperature(as_logits(reading.label_probabilities.probabilities), calibration.temperature)
-        probabilities = dict(zip(options, (float(p) for p in calibrated)))
+    calibrated = calibrated_probabilities(reading.label_probabilities.probabilities, calibration, prior)
+    probabilities = dict(zip(options, (float(p) for p in calibrated)))
     abstained = abstains(reading.question.question_type, probabilities, informative=informative, min_confidence=question.min_confidence)
-    extension = build_reading(reading, calibration, probabilities, abstained=abstained)
+    extension = build_reading(reading, calibration, probabilities, prior, abstained=abstained)
     if reading.question.question_type == "noul":
         return NoulAnswer(noul=probabilities["true"], reading=extension)
     values = list(probabilities.values())

@@ -49,6 +49,7 @@ class ServeOptions:
     """(requests per second, burst) per API key."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     retention_days: float | None = None
+    prior_correction: bool = False
 
 
 def check_engine(options: ServeOptions) -> None:
@@ -123,6 +124,7 @@ def run_server(options: ServeOptions) -> None:
         open_engine=opener, store=store, auto_refit_every=options.auto_refit_every, images=options.images,
         api_keys=api_keys or None, rate_limit=options.rate_limit, admission=options.admission,
         retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
+        prior_correction=options.prior_correction,
     )  # fmt: skip
     try:
         uvicorn.run(app, host=options.host, port=options.port, log_level="info")

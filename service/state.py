@@ -5,6 +5,7 @@
     store         the calibration store, or None (no calibration routes, nothing recorded)
     metrics       the app's ServiceMetrics
     images        the serving images (engine, service), reported in every answer's provenance
+    priors        the label-free option priors (service.prior.OptionPriors), or None (no prior correction)
 """
 
 from __future__ import annotations

@@ -25,10 +25,15 @@ class LabelledExample(RequestModel):
         return self
 
 
+CalibrationMode = Literal["temperature", "temperature_bias"]
+MODE_DESCRIPTION = "temperature: softmax(z / T); temperature_bias: softmax(z / T + b), one L2-regularised bias per option"
+
+
 class CalibrationRequest(BodyModel):
-    """``POST /v1/calibrations``: labelled decisions to fit temperatures on."""
+    """``POST /v1/calibrations``: labelled decisions to fit calibrations on."""
 
     model: str | None = None
+    mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
     domain: str | None = Field(default=None, max_length=200)
     examples: list[LabelledExample] = Field(min_length=1, max_length=5000)
     seed: int = 0
@@ -47,9 +52,15 @@ class CalibrationOut(ResponseModel):
     nll_after: float | None
     heldout_n: int | None
     heldout_ece_before: float | None = Field(description="ECE (15 bins) at T = 1 on the held-out half")
-    heldout_ece_after: float | None = Field(description="ECE (15 bins) with T fitted on the other half")
+    heldout_ece_after: float | None = Field(description="ECE (15 bins) calibrated by the same mode fitted on the other half")
+    heldout_ece_floor: float | None = Field(
+        default=None, description="median ECE that perfectly calibrated draws show at heldout_n (15 bins): ECEs near it are sampling noise"
+    )
     source: str
     fitted_at: str
+    prompt_version: str = Field(description="the prompt layout the fit was made under: it applies only to reads made under it")
+    mode: CalibrationMode
+    bias: list[float] | None = Field(default=None, description="temperature_bias: per-option bias, in option order")
 
 
 class CalibrationList(ResponseModel):
@@ -70,6 +81,7 @@ class FeedbackResponse(ResponseModel):
 
 class RefitRequest(BodyModel):
     question_type: Literal["noul", "choice", "score"]
+    mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
     option_count: int | None = None
     domain: str | None = None
     model: str | None = None
@@ -79,4 +91,6 @@ class RefitRequest(BodyModel):
         # Lookups go domain → type + count → type: a domain calibration without a count is never applied.
         if self.domain is not None and self.option_count is None:
             raise ValueError("a domain calibration needs option_count")
+        if self.mode == "temperature_bias" and self.option_count is None:
+            raise ValueError("a temperature_bias calibration needs option_count: its biases are per option")
         return self

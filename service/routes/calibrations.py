@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import Calibration, CalibrationKey
+from readers.prompt import PROMPT_VERSION
 from service.calibrate import fit_from_examples
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
@@ -54,12 +55,16 @@ async def feedback(request: Request) -> FeedbackResponse:
     except ValueError as error:
         raise validation_error(("body", "gold"), str(error), "invalid_gold") from None
     recorded = await asyncio.to_thread(store.add_feedback, decision.id, decision.options[gold])
-    key = CalibrationKey(decision.model, decision.revision, decision.question_type, decision.option_count, decision.domain)
+    key = CalibrationKey(
+        decision.model, decision.revision, decision.question_type, decision.option_count, decision.domain, prompt_version=decision.prompt_version
+    )
     labelled = await asyncio.to_thread(store.labelled, key)
     refit = None
     every = request.app.state.auto_refit_every
     if every and len(labelled) >= MIN_GOLD and len(labelled) % every == 0:
-        refit = calibration_out(await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback"))
+        current = store.lookup(key)  # a refit keeps the mode the key was fitted in
+        mode = current.mode if current is not None and current.key == key else "temperature"
+        refit = calibration_out(await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback", mode=mode))
     return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
 
 
@@ -69,10 +74,10 @@ async def refit(request: Request) -> CalibrationOut:
     store = store_of(request)
     body = parse_body(await request.body(), RefitRequest)
     info = reader.engine.info
-    key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain)
+    key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=PROMPT_VERSION)
     labelled = await asyncio.to_thread(store.labelled, key)
     try:
-        fitted = await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback")
+        fitted = await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback", mode=body.mode)
     except ValueError as error:
         raise validation_error(("body",), str(error), "not_enough_feedback") from None
     return calibration_out(fitted)

@@ -52,7 +52,7 @@ async def answer(request: Request) -> JSONResponse:
     request_id = request.scope["state"]["request_id"]
 
     async def work():
-        return await decide(body, reader, request_id=request_id, store=state.store, images=state.images)
+        return await decide(body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors)
 
     response = await unless_disconnected(request, admitted(request, reader, [body.state_text()], body.questions, work))
     observed(request, response.model, [response.answers])
@@ -65,7 +65,7 @@ async def answer_batch(request: Request) -> JSONResponse:
     request_id = request.scope["state"]["request_id"]
 
     async def work():
-        return await decide_batch(body, reader, request_id=request_id, store=state.store, images=state.images)
+        return await decide_batch(body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors)
 
     states = [one.state_text() for one in body.requests()]
     response = await unless_disconnected(request, admitted(request, reader, states, body.questions, work))

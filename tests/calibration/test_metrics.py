@@ -86,3 +86,22 @@ def test_brier_and_nll_match_their_definitions_on_many_rows():
 def test_auroc_counts_ordered_pairs():
     # positives at 0.9 and 0.4, negatives at 0.5 and 0.1: 3 of the 4 (positive, negative) pairs ordered.
     assert metrics.auroc_score([0.9, 0.4, 0.5, 0.1], [1, 1, 0, 0]) == pytest.approx(0.75)
+
+
+def test_the_ece_floor_is_what_calibrated_draws_show():
+    """The floor's median matches ECEs of answers drawn from the probabilities themselves, and it
+    shrinks as n grows (it is sampling noise, not miscalibration)."""
+    from calibration.metrics import ece, ece_floor
+
+    rng = np.random.default_rng(2)
+    p = rng.dirichlet([1, 1, 1], size=100)
+    floor = ece_floor(p, 15, draws=400, seed=0)
+    drawn = [ece(p, [rng.choice(3, p=row) for row in p], 15) for _ in range(400)]
+    assert floor["lo"] < floor["median"] < floor["hi"]
+    assert floor["median"] == pytest.approx(np.median(drawn), abs=0.01)
+    assert (floor["n"], floor["n_bins"], floor["draws"]) == (100, 15, 400)
+    big = ece_floor(rng.dirichlet([1, 1, 1], size=2500), 15)
+    assert big["median"] < floor["median"] / 3  # ~1/√n: 25× the rows, about a fifth of the floor
+    assert ece_floor(p, 15, seed=0) == ece_floor(p, 15, seed=0)  # fixed seed: reproducible
+    with pytest.raises(ValueError):
+        ece_floor(p, 15, draws=0)

@@ -13,17 +13,26 @@ import sys
 import textwrap
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from calibration.postgres_store import LISTENER_NAME, PostgresStore, migrate
+from calibration.postgres_store import LISTENER_NAME, SCHEMA_VERSION, PostgresStore, migrate
+from calibration.sqlite_store import MIGRATIONS as SQLITE_MIGRATIONS
 from calibration.sqlite_store import SQLiteStore
-from calibration.store import CalibrationKey, CalibrationStore, DecisionRecord, SchemaTooNew
+from calibration.store import (
+    LEGACY_PROMPT_VERSION,
+    CalibrationKey,
+    CalibrationStore,
+    DecisionRecord,
+    SchemaTooNew,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-KEY = CalibrationKey("smol", "rev1", "choice", 3, "support")
+VERSION = "decide-prompt/2"  # any version string: the store compares, never parses, it
+KEY = CalibrationKey("smol", "rev1", "choice", 3, "support", prompt_version=VERSION)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
@@ -65,7 +74,7 @@ def eventually(check, timeout_s: float = 10.0):
 
 
 def decision(id_: str, key: CalibrationKey = KEY) -> DecisionRecord:
-    return DecisionRecord(id_, key.model, key.revision, key.question_type, key.option_count, key.domain, ["a", "b", "c"], [0.5, 0.3, 0.2])
+    return DecisionRecord(id_, key.model, key.revision, key.question_type, key.option_count, key.domain, ["a", "b", "c"], [0.5, 0.3, 0.2], prompt_version=VERSION)
 
 
 @pytest.mark.integration
@@ -82,14 +91,14 @@ def test_the_location_picks_the_backend(tmp_path, postgres_url):
 def test_lookup_takes_the_most_specific_calibration(open_store):
     store = open_store()
     assert store.lookup(KEY) is None
-    by_type = store.add_calibration(CalibrationKey("smol", "rev1", "choice"), temperature=2.0, n=50, source="labels")
+    by_type = store.add_calibration(CalibrationKey("smol", "rev1", "choice", prompt_version=VERSION), temperature=2.0, n=50, source="labels")
     assert store.lookup(KEY) == by_type
-    by_count = store.add_calibration(CalibrationKey("smol", "rev1", "choice", 3), temperature=1.5, n=50, source="labels")
+    by_count = store.add_calibration(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION), temperature=1.5, n=50, source="labels")
     assert store.lookup(KEY) == by_count
     by_domain = store.add_calibration(KEY, temperature=1.2, n=50, source="labels")
     assert store.lookup(KEY) == by_domain
-    assert store.lookup(CalibrationKey("smol", "rev1", "choice", 3, "other-domain")) == by_count
-    assert store.lookup(CalibrationKey("smol", "rev2", "choice", 3)) is None  # another revision: nothing applies
+    assert store.lookup(CalibrationKey("smol", "rev1", "choice", 3, "other-domain", prompt_version=VERSION)) == by_count
+    assert store.lookup(CalibrationKey("smol", "rev2", "choice", 3, prompt_version=VERSION)) is None  # another revision: nothing applies
     newer = store.add_calibration(KEY, temperature=1.1, n=80, source="feedback")
     assert store.lookup(KEY) == newer and store.calibrations() == [by_type, by_count, newer]
 
@@ -98,7 +107,7 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(open_store, 
     store = open_store()
     fitted = store.add_calibration(KEY, temperature=1.7, n=60, source="labels", heldout_ece_after=0.05)
     store.add_decisions([decision("d1"), decision("d2")])
-    abstained = DecisionRecord("d3", KEY.model, KEY.revision, KEY.question_type, 2, None, ["true", "false"], [0.5, 0.5], informative=False)
+    abstained = DecisionRecord("d3", KEY.model, KEY.revision, KEY.question_type, 2, None, ["true", "false"], [0.5, 0.5], informative=False, prompt_version=VERSION)
     store.add_decisions([abstained])
     assert store.add_feedback("d1", "b") < store.add_feedback("d2", "c")
     store.close()
@@ -167,11 +176,12 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     store = CalibrationStore(path)
     store.add_decisions([decision("d1")])
     store.add_feedback("d0", "c")
+    store.add_feedback("d1", "a")
     assert store.decision("d0").informative and store.decision("d1") == decision("d1")
-    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2)]
-    assert query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version") == [
-        (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on")
-    ]  # fmt: skip
+    assert store.decision("d0").prompt_version == LEGACY_PROMPT_VERSION  # read under the first layout
+    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]  # d1 only: d0's layout is not this one
+    assert store.labelled(replace(KEY, prompt_version=LEGACY_PROMPT_VERSION)) == [([0.5, 0.3, 0.2], 2)]
+    assert [v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")] == [1, 2, 3]
 
 
 @pytest.mark.integration
@@ -183,7 +193,7 @@ def test_a_postgres_database_at_an_earlier_version_is_brought_up(postgres_url):
     # No polling: only version 2's trigger can tell ``serving`` of the other store's fit in time.
     serving, other = PostgresStore(postgres_url, poll_s=3600), CalibrationStore(postgres_url)
     try:
-        assert serving.schema_version() == 2 and serving.decision("d0").options == ["a", "b", "c"]
+        assert serving.schema_version() == SCHEMA_VERSION and serving.decision("d0").options == ["a", "b", "c"]
         fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")
         eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=5.0)
     finally:
@@ -212,7 +222,7 @@ def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_
 
 def test_abstentions_are_not_fitted_on(open_store):
     store = open_store()
-    abstained = DecisionRecord("d0", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [1 / 3] * 3, informative=False)
+    abstained = DecisionRecord("d0", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [1 / 3] * 3, informative=False, prompt_version=VERSION)
     store.add_decisions([abstained, decision("d1")])
     store.add_feedback("d0", "a")
     store.add_feedback("d1", "a")
@@ -221,13 +231,13 @@ def test_abstentions_are_not_fitted_on(open_store):
 
 def test_latest_feedback_for_a_decision_wins(open_store):
     store = open_store()
-    store.add_decisions([decision("d1"), decision("d2"), decision("x", CalibrationKey("smol", "rev1", "choice", 3, "elsewhere"))])
+    store.add_decisions([decision("d1"), decision("d2"), decision("x", CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", prompt_version=VERSION))])
     store.add_feedback("d1", "a")
     store.add_feedback("d2", "c")
     store.add_feedback("x", "c")
     store.add_feedback("d1", "b")  # a correction
     assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2), ([0.5, 0.3, 0.2], 1)]
-    assert store.feedback_count(KEY) == 2 and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3)) == 3
+    assert store.feedback_count(KEY) == 2 and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION)) == 3
 
 
 def test_pruning_deletes_old_decisions_without_feedback_only(open_store):
@@ -271,7 +281,7 @@ WRITER = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from calibration.store import CalibrationStore, DecisionRecord
     store = CalibrationStore({location!r})
-    store.add_decisions([DecisionRecord({name!r}, "smol", "rev1", "noul", 2, None, ["true", "false"], [0.6, 0.4])])
+    store.add_decisions([DecisionRecord({name!r}, "smol", "rev1", "noul", 2, None, ["true", "false"], [0.6, 0.4], prompt_version="decide-prompt/2")])
     print("ready", flush=True)
     i = 0
     while True:
@@ -333,5 +343,58 @@ def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
     reopened = CalibrationStore(path)
     assert reopened.lookup(KEY) == fitted and reopened.labelled(KEY) == [([0.5, 0.3, 0.2], 1)]
     assert query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version") == [
-        (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on (found)")
+        (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on (found)"),
+        (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias (found)"),
     ]  # fmt: skip
+
+
+def at_version_2(location: str) -> None:
+    """A store as opendecide left it before prompt versions were recorded: schema version 2, one
+    committed temperature fit and one labelled decision, written with that version's columns."""
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location, autocommit=True) as db:
+            assert migrate(db, target=2) == 2
+            db.execute("INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, fitted_at) "
+                       "VALUES ('cal_old', 'smol', 'rev1', 'choice', 3, 'support', 1.9, 60, 'labels', now())")  # fmt: skip
+            db.execute("INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, informative) "
+                       "VALUES ('d0', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', true)")  # fmt: skip
+            db.execute("INSERT INTO feedback (decision_id, gold) VALUES ('d0', 'c')")
+        return
+    with sqlite3.connect(location) as db:
+        db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)")
+        for version, description, statements in SQLITE_MIGRATIONS[:2]:
+            for statement in statements:
+                db.execute(statement)
+            db.execute("INSERT INTO schema_migrations VALUES (?, ?, 'then')", (version, description))
+        db.execute("INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, fitted_at) "
+                   "VALUES ('cal_old', 'smol', 'rev1', 'choice', 3, 'support', 1.9, 60, 'labels', '2026-11-01T00:00:00.000000+00:00')")  # fmt: skip
+        db.execute("INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, created_at) "
+                   "VALUES ('d0', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', 'then')")  # fmt: skip
+        db.execute("INSERT INTO feedback (decision_id, gold, received_at) VALUES ('d0', 'c', 'then')")
+
+
+def test_committed_calibrations_survive_the_prompt_version_migration_and_stop_applying(open_store, location):
+    at_version_2(location)
+    store = open_store()
+    legacy_key = replace(KEY, prompt_version=LEGACY_PROMPT_VERSION)
+    (old,) = store.calibrations()
+    assert (old.id, old.temperature, old.prompt_version, old.mode, old.bias) == ("cal_old", 1.9, LEGACY_PROMPT_VERSION, "temperature", None)
+    assert store.lookup(legacy_key) == old  # kept, under the version it was made under
+    assert store.lookup(KEY) is None  # and never applied to reads of another layout
+    assert store.labelled(KEY) == [] and store.labelled(legacy_key) == [([0.5, 0.3, 0.2], 2)]
+    new = store.add_calibration(KEY, temperature=1.2, n=50, source="labels")
+    assert store.lookup(KEY) == new and store.lookup(legacy_key) == old
+    store.close()
+    assert {c.id for c in open_store().calibrations()} == {"cal_old", new.id}
+
+
+def test_a_temperature_bias_calibration_round_trips(open_store):
+    store = open_store()
+    fitted = store.add_calibration(KEY, temperature=1.5, n=50, source="labels", mode="temperature_bias", bias=[0.25, -0.5, 0.25], heldout_ece_floor=0.04)
+    store.close()
+    again = open_store().lookup(KEY)
+    assert again == fitted and again.bias == (0.25, -0.5, 0.25) and again.heldout_ece_floor == 0.04
+    with pytest.raises(ValueError, match="one value per option"):
+        open_store().add_calibration(KEY, temperature=1.0, n=50, source="labels", mode="temperature_bias", bias=[0.1, -0.1])
+    with pytest.raises(ValueError, match="mode is one of"):
+        open_store().add_calibration(KEY, temperature=1.0, n=50, source="labels", mode="platt")

@@ -132,7 +132,9 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
     assert fitted["n"] == len(REVIEWS) and fitted["source"] == "feedback"
     print(f"B picked up A's fit after {1000 * picked_up(b, fitted['id']):.0f} ms")
     answer = b.ask("An odd little film.")
-    assert answer["x_reading"]["calibration"] == {"id": fitted["id"], "temperature": fitted["temperature"], "n": fitted["n"]}
+    used = answer["x_reading"]["calibration"]
+    assert (used["mode"], used["id"], used["temperature"], used["n"]) == ("temperature", fitted["id"], fitted["temperature"], fitted["n"])
+    assert used["prompt_version"] == fitted["prompt_version"]
     assert answer["probabilities"] == pytest.approx(calibrated(answer["x_reading"]["raw_probabilities"], fitted["temperature"]))
 
     more = b.decide_all([text for text, _ in REVIEWS[:4]])

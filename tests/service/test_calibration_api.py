@@ -8,6 +8,7 @@ import pytest
 
 from calibration.store import CalibrationStore
 from eval.tasks import TASKS, load_sample, spread
+from readers.prompt import PROMPT_VERSION
 from service.app import create_app
 
 pytestmark = pytest.mark.anyio
@@ -34,7 +35,11 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
         answer = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()["answers"]["s"]
 
     used = answer["x_reading"]["calibration"]
-    assert used == {"id": calibration["id"], "temperature": calibration["temperature"], "n": 60}
+    assert used == {
+        "mode": "temperature", "id": calibration["id"], "temperature": calibration["temperature"], "n": 60, "bias": None,
+        "prior": None, "content_free_states": None, "prompt_version": PROMPT_VERSION,
+    }  # fmt: skip
+    assert calibration["prompt_version"] == PROMPT_VERSION and calibration["mode"] == "temperature" and calibration["heldout_ece_floor"] > 0
     raw = answer["x_reading"]["raw_probabilities"]
     t = calibration["temperature"]
     weights = {o: math.exp(math.log(p) / t) for o, p in raw.items()}

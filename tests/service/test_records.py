@@ -12,6 +12,8 @@ import pytest
 from calibration.store import CalibrationStore
 from service.retention import prune_periodically
 
+VERSION = "decide-prompt/2"
+
 pytestmark = pytest.mark.anyio
 
 STATE = "Customer 88123 (jane@example.com) writes: my card ending 4242 was charged twice."
@@ -36,7 +38,7 @@ def test_prune_deletes_old_unlabelled_records_only(tmp_path):
     from calibration.store import DecisionRecord
 
     store = CalibrationStore(tmp_path / "store.sqlite3")
-    records = [DecisionRecord(f"dec_{i}", "m", "r", "noul", 2, None, ["true", "false"], [0.6, 0.4], True) for i in range(3)]
+    records = [DecisionRecord(f"dec_{i}", "m", "r", "noul", 2, None, ["true", "false"], [0.6, 0.4], True, prompt_version=VERSION) for i in range(3)]
     store.add_decisions(records)
     store.add_feedback("dec_1", "true")
     assert store.prune_decisions(dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)) == 0  # all newer
@@ -49,7 +51,7 @@ async def test_pruning_runs_at_once_and_refuses_zero_retention(tmp_path):
     from calibration.store import DecisionRecord
 
     store = CalibrationStore(tmp_path / "store.sqlite3")
-    store.add_decisions([DecisionRecord("dec_old", "m", "r", "noul", 2, None, ["true", "false"], [0.5, 0.5], True)])
+    store.add_decisions([DecisionRecord("dec_old", "m", "r", "noul", 2, None, ["true", "false"], [0.5, 0.5], True, prompt_version=VERSION)])
     await asyncio.sleep(0.05)
     task = asyncio.create_task(prune_periodically(store, dt.timedelta(milliseconds=10)))
     await asyncio.sleep(0.5)

@@ -1,0 +1,112 @@
+"""Two corrections beyond a temperature, for weak models whose label reads lean towards some options.
+
+**Temperature + per-option bias** (mode ``temperature_bias``): p ∝ exp(z / T + b), with z a decision's
+label log-probs and b one bias per option (in option order). ``fit`` minimises mean NLL + ``l2`` · Σ b²
+over (log T, b) with L-BFGS and the exact gradient. The penalty keeps b small on few labels and fixes
+the one free direction (adding a constant to every b changes nothing): the fitted b sums to zero.
+A bias belongs to one option order, so every row must have the same option count.
+
+**Label-free prior correction** (no gold answers): the model's prior q over the options is the mean
+of its label probabilities on content-free states (e.g. "", "N/A", "[MASK]"), read with the same
+question and prompt layout; a decision's probabilities are divided by q and renormalised,
+p'_i ∝ p_i / q_i (contextual calibration). q depends on the question's prompt, so it is measured per
+question and per prompt version; measuring it (reading the states) is the caller's part.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import log_softmax, softmax
+
+from calibration.temperature import T_MAX, T_MIN, nll_at
+
+BIAS_L2 = 0.01
+"""Default L2 weight on the biases, on the scale of the mean NLL (nats per decision)."""
+
+CONTENT_FREE_STATES = ("", "N/A", "[MASK]")
+"""States with no content: what the model answers on them is its prior over the options."""
+
+
+def apply_temperature_bias(logits, temperature: float, bias) -> np.ndarray:
+    """softmax(logits / T + b), row by row."""
+    z = np.asarray(logits, dtype=float)
+    return np.exp(log_softmax(z / temperature + np.asarray(bias, dtype=float), axis=-1))
+
+
+class TemperatureBiasScaler:
+    """Fit T and per-option biases on (n, k) label logits; apply them to new ones.
+
+    Attributes set by ``fit``: ``temperature_``, ``bias_`` (k,), ``n_samples_``, ``nll_before_``
+    (T = 1, b = 0) and ``nll_after_`` (unpenalised NLL at the fit) on the fit set.
+    """
+
+    def __init__(self, l2: float = BIAS_L2, t_min: float = T_MIN, t_max: float = T_MAX) -> None:
+        if l2 < 0:
+            raise ValueError("l2 must be ≥ 0")
+        self.l2, self.t_min, self.t_max = l2, t_min, t_max
+
+    def fit(self, logits, labels) -> TemperatureBiasScaler:
+        widths = {len(row) for row in logits}
+        if len(widths) != 1:
+            raise ValueError(f"a per-option bias needs one option count; rows have {sorted(widths)}")
+        z = np.asarray([np.asarray(row, dtype=float) for row in logits])
+        y = np.asarray(labels, dtype=int)
+        if len(z) != len(y) or not len(y):
+            raise ValueError("need one label per row and at least one row")
+        if not np.all(np.isfinite(z)):
+            raise ValueError("logits must be finite")
+        if np.any((y < 0) | (y >= z.shape[1])):
+            raise ValueError("a label is outside its row")
+        n, k = z.shape
+        onehot = np.eye(k)[y]
+
+        def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+            log_t, b = theta[0], theta[1:]
+            t = math.exp(log_t)
+            u = z / t + b
+            logp = log_softmax(u, axis=1)
+            value = -logp[np.arange(n), y].mean() + self.l2 * float(b @ b)
+            residual = (softmax(u, axis=1) - onehot) / n  # d mean NLL / d u
+            grad_b = residual.sum(axis=0) + 2 * self.l2 * b
+            grad_log_t = float((residual * (-z / t)).sum())
+            return value, np.concatenate([[grad_log_t], grad_b])
+
+        bounds = [(math.log(self.t_min), math.log(self.t_max))] + [(None, None)] * k
+        result = minimize(loss, np.zeros(k + 1), jac=True, method="L-BFGS-B", bounds=bounds)
+        if not np.all(np.isfinite(result.x)):
+            raise RuntimeError(f"temperature + bias fit failed: {result.message}")
+        temperature, bias = math.exp(result.x[0]), result.x[1:] - result.x[1:].mean()
+        self.temperature_ = temperature
+        self.bias_ = bias
+        self.n_samples_ = n
+        self.nll_before_ = nll_at(z, y, 1.0)
+        self.nll_after_ = float(-log_softmax(z / temperature + bias, axis=1)[np.arange(n), y].mean())
+        return self
+
+    def predict_proba(self, logits) -> np.ndarray:
+        return apply_temperature_bias(logits, self.temperature_, self.bias_)
+
+
+def option_prior(probabilities) -> np.ndarray:
+    """The model's prior over the options: the mean of its label probabilities on content-free
+    states (rows of one option count), renormalised."""
+    p = np.asarray(probabilities, dtype=float)
+    if p.ndim != 2 or not len(p):
+        raise ValueError("need content-free reads as an (m, k) array, m ≥ 1")
+    prior = p.mean(axis=0)
+    if not np.all(prior > 0):
+        raise ValueError("a content-free prior needs every option's probability above 0")
+    return prior / prior.sum()
+
+
+def apply_prior(probabilities, prior) -> np.ndarray:
+    """Divide the prior out and renormalise, row by row: p'_i ∝ p_i / q_i."""
+    p = np.asarray(probabilities, dtype=float)
+    q = np.asarray(prior, dtype=float)
+    if p.shape[-1] != q.shape[-1]:
+        raise ValueError(f"the prior has {q.shape[-1]} options, the probabilities {p.shape[-1]}")
+    corrected = p / q
+    return corrected / corrected.sum(axis=-1, keepdims=True)

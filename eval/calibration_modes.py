@@ -1,0 +1,159 @@
+"""``decide eval calibration-modes RUN``: the calibration modes compared on a run's per-record rows.
+
+Per task (original option order, reads that succeeded): ``splits`` seeded random splits, each fitting
+on ``labels`` records with their gold answers and scoring ``held_out`` others, in four modes:
+
+- ``raw``: the read's probabilities;
+- ``temperature``: T fitted on the labels (``calibration.temperature``);
+- ``temperature_bias``: T and per-option biases fitted on the labels (``calibration.bias``);
+- ``prior``: no labels; the question's option prior, read on content-free states through the engine
+  under the run's prompt version, divided out (``service.prior``).
+
+Reported per mode: mean held-out accuracy (and its standard deviation over splits), mean ECE (15
+bins) and, beside it, the mean over splits of the ECE floor of that mode's held-out probabilities
+(``calibration.metrics.ece_floor``: median and 95% range of the ECE perfectly calibrated draws
+show at the same n and bins). The prior needs reads the run does not hold: they are made once (12
+reads for the four tasks) and kept in ``priors.json`` beside the report; they are made only when the
+run's prompt version is this code's, since a prior measured under another layout does not apply.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from calibration.bias import CONTENT_FREE_STATES, TemperatureBiasScaler, apply_prior, apply_temperature_bias
+from calibration.metrics import N_BINS, ece, ece_floor
+from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
+from eval.evidence import RECORDS, load_rows, rows_arrays
+from eval.manifest import MANIFEST, write_json
+from eval.tasks import TASKS
+from readers.prompt import PROMPT_VERSION
+
+MODES = ("raw", "temperature", "temperature_bias", "prior")
+PRIORS = "priors.json"
+
+
+def task_rows(rows: list[dict], task: str) -> list[dict]:
+    return [row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"]
+
+
+def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, labels: int = 50, held_out: int = 100, splits: int = 20, seed: int = 0) -> dict:
+    """Accuracy, ECE and ECE floor per mode, over ``splits`` random (labels, held_out) splits."""
+    if len(y) < labels + held_out:
+        raise ValueError(f"{len(y)} records; {labels} labels and {held_out} held out need {labels + held_out}")
+    logits = as_logits(p)
+    rng = np.random.default_rng(seed)
+    per_mode: dict[str, list[dict]] = {mode: [] for mode in MODES if mode != "prior" or prior is not None}
+    for split in range(splits):
+        order = rng.permutation(len(y))
+        fit, held = order[:labels], order[labels : labels + held_out]
+        temperature = TemperatureScaler().fit(logits[fit], y[fit]).temperature_
+        bias = TemperatureBiasScaler().fit(logits[fit], y[fit])
+        calibrated = {
+            "raw": p[held],
+            "temperature": apply_temperature(logits[held], temperature),
+            "temperature_bias": apply_temperature_bias(logits[held], bias.temperature_, bias.bias_),
+        }
+        if prior is not None:
+            calibrated["prior"] = apply_prior(p[held], prior)
+        for mode, q in calibrated.items():
+            floor = ece_floor(q, N_BINS, seed=seed + split)
+            per_mode[mode].append({"accuracy": float(np.mean(q.argmax(axis=1) == y[held])), "ece": ece(q, y[held], N_BINS), "floor": floor})
+    return {
+        mode: {
+            "accuracy": float(np.mean([s["accuracy"] for s in scored])),
+            "accuracy_sd": float(np.std([s["accuracy"] for s in scored])),
+            "ece": float(np.mean([s["ece"] for s in scored])),
+            "ece_floor": float(np.mean([s["floor"]["median"] for s in scored])),
+            "ece_floor_range": [float(np.mean([s["floor"]["lo"] for s in scored])), float(np.mean([s["floor"]["hi"] for s in scored]))],
+            "splits_above_floor_range": int(sum(s["ece"] > s["floor"]["hi"] for s in scored)),
+        }
+        for mode, scored in per_mode.items()
+    }
+
+
+async def measure_priors(engine_spec: str, tasks: list[str], *, engine_url: str | None = None) -> dict:
+    """Each task's option prior on the content-free states, read through ``engine_spec`` now."""
+    from readers.engines import open_engine_spec
+    from readers.reader import Reader
+    from service.prior import measure_prior
+    from service.protocol import SystemOneRequest
+
+    priors = {}
+    async with await open_engine_spec(engine_spec, engine_url=engine_url) as engine:
+        reader = Reader(engine)
+        for task in tasks:
+            question = SystemOneRequest.model_validate({"state": "", "questions": {"q": TASKS[task].question()}}).questions["q"]
+            spec = question.to_spec()
+            measured = await measure_prior(reader, spec, CONTENT_FREE_STATES)
+            priors[task] = {"prior": dict(zip(spec.options, measured.prior)), "states": list(measured.states)}
+        info = {"model": engine.info.name, "revision": engine.info.revision}
+    return {"prompt_version": PROMPT_VERSION, **info, "tasks": priors}
+
+
+async def calibration_modes(
+    run: Path, out: Path, *, engine: str | None = "local", engine_url: str | None = None, labels: int = 50, held_out: int = 100,
+    splits: int = 20, seed: int = 0,
+) -> dict:  # fmt: skip
+    """Evaluate the modes on ``run``'s rows; write modes.json, modes.md (and priors.json) into ``out``."""
+    manifest = json.loads((run / MANIFEST).read_text())
+    rows = load_rows(run / RECORDS)
+    tasks = [task for task in manifest["args"]["tasks"] if task_rows(rows, task)]
+    run_version = manifest.get("prompt_version")
+    model = manifest["engines"]["run"]
+    priors, prior_note = None, None
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / PRIORS).is_file():
+        priors = json.loads((out / PRIORS).read_text())
+    elif engine is None:
+        prior_note = "no engine given: the prior was not measured"
+    elif run_version != PROMPT_VERSION:
+        prior_note = f"the run was read under {run_version}, this code reads {PROMPT_VERSION}: a prior measured now would not apply"
+    else:
+        priors = await measure_priors(engine, tasks, engine_url=engine_url)
+        write_json(out / PRIORS, priors)
+    if priors is not None and (priors["prompt_version"], priors["model"], priors["revision"]) != (run_version, model["model"], model["revision"]):
+        raise ValueError(f"{out / PRIORS} was measured under {priors['prompt_version']} on {priors['model']}, not the run's {run_version} on {model['model']}")
+    report = {
+        "run": str(run), "prompt_version": run_version, "model": model["model"], "revision": model["revision"], "n_bins": N_BINS,
+        "labels": labels, "held_out": held_out, "splits": splits, "seed": seed, "prior_note": prior_note, "tasks": {},
+    }  # fmt: skip
+    for task in tasks:
+        ok = task_rows(rows, task)
+        p, y = rows_arrays(ok)
+        prior = None
+        if priors is not None:
+            prior = np.array([priors["tasks"][task]["prior"][option] for option in ok[0]["options"]])
+        report["tasks"][task] = {"n": len(ok), **evaluate_task(p, y, prior, labels=labels, held_out=held_out, splits=splits, seed=seed)}
+    write_json(out / "modes.json", report)
+    (out / "modes.md").write_text(modes_table(report))
+    return report
+
+
+def modes_table(report: dict) -> str:
+    lines = [
+        (
+            f"Model {report['model']} @ {report['revision']}, prompt {report['prompt_version']}; {report['splits']} random splits per task, "
+            f"{report['labels']} gold answers fit, {report['held_out']} held out; ECE over {report['n_bins']} bins, mean over splits; "
+            "floor = mean over splits of the median ECE of perfectly calibrated draws at the same n (95% range)."
+        ),
+        "",
+        "| task | n | mode | accuracy (sd) | ECE | ECE floor (95% range) | splits above the range |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for task, scored in report["tasks"].items():
+        for mode in MODES:
+            if mode not in scored:
+                continue
+            s = scored[mode]
+            lo, hi = s["ece_floor_range"]
+            lines.append(
+                f"| {task} | {scored['n']} | {mode} | {s['accuracy']:.1%} ({s['accuracy_sd']:.1%}) | {s['ece']:.3f} | "
+                f"{s['ece_floor']:.3f} ({lo:.3f}–{hi:.3f}) | {s['splits_above_floor_range']} of {report['splits']} |"
+            )
+    if report["prior_note"]:
+        lines += ["", f"Prior correction not evaluated: {report['prior_note']}."]
+    return "\n".join(lines) + "\n"

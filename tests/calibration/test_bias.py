@@ -1,0 +1,73 @@
+"""Temperature + per-option bias and the label-free prior correction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from calibration.bias import TemperatureBiasScaler, apply_prior, apply_temperature_bias, option_prior
+from calibration.temperature import TemperatureScaler, nll_at
+
+
+def leaning_draws(temperature: float, bias, n: int, seed: int):
+    """Reads whose true answers follow softmax(z / T + b): a model that leans away from some options."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 2.0, size=(n, len(bias)))
+    p = apply_temperature_bias(logits, temperature, bias)
+    labels = np.array([rng.choice(len(bias), p=row) for row in p])
+    return logits, labels
+
+
+def test_recovers_a_known_temperature_and_bias():
+    bias = np.array([1.0, -0.5, 0.0, -0.5])
+    logits, labels = leaning_draws(2.0, bias, 8000, seed=3)
+    scaler = TemperatureBiasScaler(l2=0.0).fit(logits, labels)
+    assert scaler.temperature_ == pytest.approx(2.0, rel=0.1)
+    assert scaler.bias_ == pytest.approx(bias - bias.mean(), abs=0.1)
+    assert scaler.bias_.sum() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_beats_temperature_alone_on_held_out_reads_when_the_model_leans():
+    bias = np.array([1.5, -1.0, -0.5])
+    logits, labels = leaning_draws(1.5, bias, 1050, seed=4)
+    fit, held = slice(0, 50), slice(50, None)
+    with_bias = TemperatureBiasScaler().fit(logits[fit], labels[fit])
+    alone = TemperatureScaler().fit(logits[fit], labels[fit])
+    nll_bias = -np.log(with_bias.predict_proba(logits[held])[np.arange(1000), labels[held]]).mean()
+    assert nll_bias < nll_at(logits[held], labels[held], alone.temperature_)
+    accuracy_bias = (with_bias.predict_proba(logits[held]).argmax(1) == labels[held]).mean()
+    assert accuracy_bias > (logits[held].argmax(1) == labels[held]).mean()  # a bias can move the top option; T cannot
+
+
+def test_the_penalty_shrinks_the_bias_and_fit_nll_never_beats_the_unpenalised_fit():
+    logits, labels = leaning_draws(1.0, [0.8, -0.8], 60, seed=5)
+    free, shrunk = TemperatureBiasScaler(l2=0.0).fit(logits, labels), TemperatureBiasScaler(l2=1.0).fit(logits, labels)
+    assert np.abs(shrunk.bias_).sum() < np.abs(free.bias_).sum()
+    assert free.nll_after_ <= shrunk.nll_after_ + 1e-9 and free.nll_after_ <= free.nll_before_
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="one option count"):
+        TemperatureBiasScaler().fit([[0.0, 1.0], [0.0, 1.0, 2.0]], [0, 1])
+    with pytest.raises(ValueError, match="outside its row"):
+        TemperatureBiasScaler().fit([[0.0, 1.0]], [2])
+    with pytest.raises(ValueError, match="l2"):
+        TemperatureBiasScaler(l2=-1.0)
+    with pytest.raises(ValueError, match="options"):
+        apply_prior([[0.5, 0.5]], [0.2, 0.3, 0.5])
+    with pytest.raises(ValueError, match="above 0"):
+        option_prior([[1.0, 0.0]])
+
+
+def test_dividing_out_the_prior_undoes_a_lean_the_model_has_on_every_state():
+    """A model that multiplies option 0 by 4 on every read: its content-free reads measure that factor,
+    and dividing it out gives back the unbiased probabilities."""
+    rng = np.random.default_rng(6)
+    honest = rng.dirichlet([1, 1, 1], size=200)
+    lean = np.array([4.0, 1.0, 1.0])
+    leaning = honest * lean / (honest * lean).sum(axis=1, keepdims=True)
+    content_free = np.tile(lean / lean.sum(), (3, 1))  # no content: only the lean is left
+    prior = option_prior(content_free)
+    assert prior == pytest.approx([2 / 3, 1 / 6, 1 / 6])
+    assert apply_prior(leaning, prior) == pytest.approx(honest)
+    assert apply_prior(leaning, prior).sum(axis=1) == pytest.approx(np.ones(200))

@@ -1,0 +1,67 @@
+"""``decide eval calibration-modes`` on evidence made here: reads that lean towards one option."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from eval.calibration_modes import PRIORS, calibration_modes
+from eval.manifest import write_json
+from eval.tasks import TASKS, load_sample
+from readers.prompt import PROMPT_VERSION
+
+pytestmark = pytest.mark.anyio
+LEAN = 6.0  # every read multiplies the first option's weight by this, whatever the text
+
+
+def leaning_run(path, version: str = PROMPT_VERSION) -> None:
+    """200 ag_news records: informative but leaning reads (the gold option's weight ×3, the first
+    option's ×LEAN), the case a per-option bias or a divided-out prior corrects."""
+    rng = np.random.default_rng(4)
+    options = list(TASKS["ag_news"].options)
+    lines = []
+    for record in load_sample("ag_news")[:200]:
+        weights = rng.dirichlet(np.ones(4)) * np.where(np.array(options) == record.gold, 3.0, 1.0) * np.array([LEAN, 1, 1, 1])
+        probabilities = dict(zip(options, (weights / weights.sum()).tolist()))
+        lines.append(json.dumps({"id": record.id, "task": "ag_news", "variant": "original", "gold": record.gold, "options": options,
+                                 "status": "ok", "probabilities": probabilities, "reading": {}, "latency_ms": 1.0,
+                                 "predicted": max(probabilities, key=probabilities.get)}))  # fmt: skip
+    path.mkdir()
+    run = {"kind": "local", "model": "m", "revision": "r"}
+    write_json(path / "manifest.json", {"engines": {"run": run}, "prompt_version": version, "status": "success", "args": {"tasks": ["ag_news"]}})
+    (path / "records.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def measured_prior(out, version: str = PROMPT_VERSION) -> None:
+    """What content-free reads of a model with that lean give: the lean alone."""
+    prior = dict(zip(TASKS["ag_news"].options, (np.array([LEAN, 1, 1, 1]) / (LEAN + 3)).tolist()))
+    out.mkdir(exist_ok=True)
+    write_json(out / PRIORS, {"prompt_version": version, "model": "m", "revision": "r", "tasks": {"ag_news": {"prior": prior, "states": ["", "N/A"]}}})
+
+
+async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
+    leaning_run(tmp_path / "run")
+    measured_prior(tmp_path / "out")
+    report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=5)
+    scored = report["tasks"]["ag_news"]
+    assert scored["n"] == 200 and set(scored) == {"n", "raw", "temperature", "temperature_bias", "prior"}
+    assert scored["temperature"]["accuracy"] == scored["raw"]["accuracy"]  # T never moves the top option
+    assert scored["temperature_bias"]["accuracy"] > scored["raw"]["accuracy"] + 0.05
+    assert scored["prior"]["accuracy"] > scored["raw"]["accuracy"] + 0.1
+    for mode in ("raw", "temperature", "temperature_bias", "prior"):
+        lo, hi = scored[mode]["ece_floor_range"]
+        assert 0 <= lo < scored[mode]["ece_floor"] < hi
+    assert "| ag_news | 200 | prior |" in (tmp_path / "out" / "modes.md").read_text()
+
+
+async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
+    leaning_run(tmp_path / "run", version="decide-prompt/1")
+    report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine="local", splits=2)
+    assert "prior" not in report["tasks"]["ag_news"] and "decide-prompt/1" in report["prior_note"]  # no engine was opened
+    measured_prior(tmp_path / "out")  # measured under this code's version, the run under another
+    with pytest.raises(ValueError, match="measured under"):
+        await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=2)
+    with pytest.raises(ValueError, match="need 250"):
+        await calibration_modes(tmp_path / "run", tmp_path / "other", engine=None, labels=150)
