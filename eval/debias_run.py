@@ -22,6 +22,7 @@ from eval.manifest import MANIFEST, check_directory, run_manifest, write_json
 from eval.runner import plan
 from eval.score import score_task
 from readers.engines.base import Engine, ReadRequest
+from readers.prompt import LabelStyle
 from readers.reader import Reader
 
 CHOICE_TASKS = ("sst2", "ag_news", "emotion")
@@ -70,13 +71,18 @@ async def run_debias(
     settings: Sequence[str] = SETTINGS,
     concurrency: int = 4,
     args_passed: dict | None = None,
+    label_styles: Sequence[LabelStyle] = (LabelStyle.CODES,),
 ) -> dict:
-    """Read every setting into ``out/<setting>`` and write ``debias.json`` and ``debias.md``; returns the report."""
+    """Read every setting into ``out/<setting>`` and write ``debias.json`` and ``debias.md``; returns the report.
+
+    Letter codes by default: since decide-prompt/3 they are the prompts that list the options in the
+    asked order, so the only ones rotations change (named options are one prompt in every order and
+    are read once whatever ``x_debias`` asks)."""
     for setting in settings:
         question_options(setting, 2)  # refuse a bad setting before reading anything
     counting = CountingEngine(engine)
-    reader = Reader(counting)
-    args = {"tasks": list(tasks), "limit": limit, "settings": list(settings), "concurrency": concurrency}
+    reader = Reader(counting, label_styles=tuple(label_styles))
+    args = {"tasks": list(tasks), "limit": limit, "settings": list(settings), "concurrency": concurrency, "label_styles": [str(style) for style in label_styles]}
     report: dict[str, Any] = {"settings": {}}
     for setting in settings:
         directory = out / setting
