@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from calibration.fit import Gold
 from service.protocol.base import BodyModel, Content, RequestModel, ResponseModel
-from service.protocol.questions import Question
+from service.protocol.questions import MAX_OPTIONS, MIN_OPTIONS, Question
 
 
 class LabelledExample(RequestModel):
@@ -82,7 +82,7 @@ class FeedbackResponse(ResponseModel):
 class RefitRequest(BodyModel):
     question_type: Literal["noul", "choice", "score"]
     mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
-    option_count: int | None = None
+    option_count: int | None = Field(default=None, ge=MIN_OPTIONS, le=MAX_OPTIONS)
     domain: str | None = None
     model: str | None = None
 
