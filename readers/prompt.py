@@ -63,6 +63,11 @@ class LabelStyle(enum.StrEnum):
 DEFAULT_LABEL_STYLES = (LabelStyle.WORDS, LabelStyle.TRIE, LabelStyle.CODES, LabelStyle.CODE_TRIE)
 """Preference order for noul and choice questions (score questions always read digits)."""
 
+MASKED_LABEL_STYLES = (LabelStyle.WORDS, LabelStyle.FIRST_TOKENS, LabelStyle.CODES, LabelStyle.CODE_TRIE)
+"""The order on masked engines. A masked read renormalises over the tokens the grammar allows, so
+only differences within one node are the model's: a trie node with one child reads 1, and the chain
+rule over such nodes favours long names. First tokens are one node, so they stay exact there."""
+
 
 @dataclass(frozen=True)
 class QuestionSpec:

@@ -7,10 +7,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from readers.engines.base import Engine, EngineReply, ReadRequest
+from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest
 from readers.errors import InvalidQuestion, PromptTooLong
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
-from readers.prompt import DEFAULT_LABEL_STYLES, LabelStyle, QuestionSpec, build_prompt, label_candidates
+from readers.prompt import DEFAULT_LABEL_STYLES, MASKED_LABEL_STYLES, LabelStyle, QuestionSpec, build_prompt, label_candidates
 from readers.probabilities import DEFAULT_FLOOR_OFFSET, LabelProbabilities, chain_probabilities, label_probabilities
 from readers.trie import Trie
 
@@ -39,9 +39,13 @@ class Reader:
     """Builds prompts with the engine's own chat template and reads label tokens through it."""
 
     def __init__(
-        self, engine: Engine, *, floor_offset: float = DEFAULT_FLOOR_OFFSET, label_styles: Sequence[LabelStyle] = DEFAULT_LABEL_STYLES
+        self, engine: Engine, *, floor_offset: float = DEFAULT_FLOOR_OFFSET, label_styles: Sequence[LabelStyle] | None = None
     ) -> None:
-        """``label_styles``: the noul and choice label styles to try, preferred first."""
+        """``label_styles``: the noul and choice label styles to try, preferred first (default: by
+        the engine's read mode, ``DEFAULT_LABEL_STYLES`` or on masked engines ``MASKED_LABEL_STYLES``)."""
+        if label_styles is None:
+            masked = engine.capabilities.read_mode is ReadMode.MASKED
+            label_styles = MASKED_LABEL_STYLES if masked else DEFAULT_LABEL_STYLES
         if not label_styles or LabelStyle.DIGITS in label_styles:
             raise ValueError("label_styles must name at least one noul/choice style (digits are for scores only)")
         self.engine = engine
@@ -134,7 +138,7 @@ class Reader:
         for depth in range(max(trie.depth for trie in tries)):
             level = [(i, node) for i, trie in enumerate(tries) for node in trie.nodes_at(depth)]
             requests = [
-                ReadRequest(prepared[i][0].prompt_ids + node, tries[i].children(node), prepared[i][0].labels, self._prefix_tokens(prepared[i][0], tries[i]))
+                ReadRequest(prepared[i][0].prompt_ids + node, tries[i].children(node), self._node_texts(prepared[i][0], node), self._prefix_tokens(prepared[i][0], tries[i]))
                 for i, node in level
             ]
             for (i, node), reply in zip(level, await self.engine.read_many(requests)):
@@ -161,6 +165,15 @@ class Reader:
                 )
             )
         return readings
+
+    def _node_texts(self, slot: AnswerSlot, node: tuple[int, ...]) -> tuple[str, ...]:
+        """What may follow ``node``, as text: the labels at the root, else the rest of each option
+        under the node. A masked engine constrains the continuation of the prompt it is sent, which
+        at a deeper node already holds the node's tokens."""
+        if not node:
+            return slot.labels
+        rests = (self.template.tokenizer.decode(list(sequence[len(node) :]), skip_special_tokens=True) for sequence in slot.label_sequences if tuple(sequence[: len(node)]) == node)
+        return tuple(dict.fromkeys(rests))
 
     @staticmethod
     def _prefix_tokens(slot: AnswerSlot, trie: Trie) -> int:

@@ -24,7 +24,7 @@ QUESTIONS = {
 
 
 def probabilities(answer: dict) -> list[float]:
-    return list(answer["reading"]["raw_probabilities"].values())
+    return list(answer["x_reading"]["raw_probabilities"].values())
 
 
 async def prefix_cache(url: str) -> tuple[float, float]:
@@ -51,7 +51,7 @@ async def test_answers_do_not_depend_on_the_other_questions_or_their_order(vllm_
             answers = reply.json()["answers"]
             assert list(answers) == order
             for name in order:
-                assert answers[name]["reading"]["prompt_tokens"] == alone[name]["reading"]["prompt_tokens"]
+                assert answers[name]["x_reading"]["prompt_tokens"] == alone[name]["x_reading"]["prompt_tokens"]
                 assert probabilities(answers[name]) == pytest.approx(probabilities(alone[name]), abs=1e-4)
 
 
@@ -68,6 +68,6 @@ async def test_a_requests_questions_reuse_the_states_kv_unless_salted(vllm_url, 
             assert reply.status_code == 200, reply.text
             after = await prefix_cache(vllm_url)
         hit_tokens[share_prefix] = after[0] - before[0]
-        assert 0 < after[1] - before[1] <= sum(a["reading"]["prompt_tokens"] for a in reply.json()["answers"].values())
+        assert after[1] - before[1] >= sum(a["x_reading"]["prompt_tokens"] for a in reply.json()["answers"].values())  # every read queried
     assert hit_tokens[False] == 0
     assert hit_tokens[True] > 0

@@ -13,6 +13,7 @@ from eval.evidence import read_rows
 from eval.tasks import TASKS, load_sample, spread
 from readers.engines.base import ReadMode
 from readers.engines.vllm import VLLMEngine
+from readers.prompt import DEFAULT_LABEL_STYLES, MASKED_LABEL_STYLES
 from readers.reader import Reader
 
 pytestmark = pytest.mark.anyio
@@ -32,7 +33,12 @@ async def read_all(reader: Reader) -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 async def embedded_reads(local_engine):
-    return await read_all(Reader(local_engine))
+    """In-process exact reads with each engine's default label styles (masked engines read first
+    tokens where the others read whole names: readers/prompt.py MASKED_LABEL_STYLES)."""
+    return {
+        ReadMode.EXACT: await read_all(Reader(local_engine, label_styles=DEFAULT_LABEL_STYLES)),
+        ReadMode.MASKED: await read_all(Reader(local_engine, label_styles=MASKED_LABEL_STYLES)),
+    }
 
 
 async def test_probe_finds_every_mode_and_the_logprob_cap(vllm_url):
@@ -55,7 +61,7 @@ async def test_exact_and_masked_reads_agree_with_the_embedded_model(vllm_url, em
         served = await read_all(Reader(engine))
     finally:
         await engine.aclose()
-    rows = [agreement(name, embedded_reads[name], served[name]) for name in TASKS]
+    rows = [agreement(name, embedded_reads[mode][name], served[name]) for name in TASKS]
     total = sum(row.n for row in rows)
     same = sum(row.same_label for row in rows)
     worst = max(row.max_abs_dp for row in rows)
@@ -77,11 +83,11 @@ async def test_top_k_disagreements_only_where_labels_were_missing(vllm_url, embe
     missing = sum(read["reading"]["labels_returned"] < read["reading"]["labels_total"] for reads in served.values() for read in reads)
     assert missing > 0, "top-3 should miss labels on some records"
     for name in TASKS:
-        row = agreement(name, embedded_reads[name], served[name])
+        row = agreement(name, embedded_reads[ReadMode.EXACT][name], served[name])
         assert all(case["b_missing_labels"] > 0 for case in row.differing), row.differing
         for read_b in served[name]:
             if read_b["reading"]["exact"]:
-                twin = next(r for r in embedded_reads[name] if (r["id"], r["variant"]) == (read_b["id"], read_b["variant"]))
+                twin = next(r for r in embedded_reads[ReadMode.EXACT][name] if (r["id"], r["variant"]) == (read_b["id"], read_b["variant"]))
                 assert read_b["probabilities"] == pytest.approx(twin["probabilities"], abs=1e-3)
 
 
