@@ -15,7 +15,6 @@ from pathlib import Path
 from readers.engines.base import Capabilities, Engine, EngineReply, LocalBatching, ModelInfo, ReadMode, ReadRequest
 
 ENGINE_KINDS = ("local", "vllm")
-
 DEFAULT_VLLM_TOP_K = 32
 
 

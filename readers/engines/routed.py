@@ -268,6 +268,8 @@ class RoutedEngine(ClosingEngine):
         refresh_s: float = DEFAULT_REFRESH_S,
         eject_s: tuple[float, float] = (EJECT_FIRST_S, EJECT_MAX_S),
         transport: httpx.AsyncBaseTransport | None = None,
+        share_prefix: bool = True,
+        prefill_first: bool = False,
     ) -> RoutedEngine:
         """Connect every address that answers; all must serve one model (served name, model, revision).
 
@@ -277,8 +279,9 @@ class RoutedEngine(ClosingEngine):
         async def connect_one(url: str) -> VLLMEngine:
             # Each engine probes on its own (its best mode); the router then sets the common one.
             return await VLLMEngine.connect(
-                url, top_k=top_k, tokenizer=tokenizer, timeout_s=timeout_s, max_in_flight=max_in_flight, transport=transport
-            )
+                url, top_k=top_k, tokenizer=tokenizer, timeout_s=timeout_s, max_in_flight=max_in_flight, transport=transport,
+                share_prefix=share_prefix, prefill_first=prefill_first,
+            )  # fmt: skip
 
         urls = await addresses()
         if not urls:

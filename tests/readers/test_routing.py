@@ -357,3 +357,13 @@ async def test_a_names_addresses_are_followed_without_dropping_reads_in_flight(f
         with pytest.raises(EngineUnavailable, match="cannot resolve vllm-engine-headless"):
             await engine.refresh()
         assert list(engine.stats()) == ["10.0.0.1:8000", "10.0.0.3:8000"]  # a failed lookup drops no engine
+
+
+async def test_the_engine_options_open_engine_passes_reach_every_member(fleet):
+    """open_engine hands a routed engine the same options as a single one (share_prefix,
+    prefill_first); each member engine gets them."""
+    for n in (1, 2):
+        fleet.add(f"10.0.0.{n}:8000")
+    async with await route(fleet, ["10.0.0.1:8000", "10.0.0.2:8000"], share_prefix=False, prefill_first=True) as engine:
+        members = [member.engine for member in engine._members.values()]
+        assert len(members) == 2 and all(m.share_prefix is False and m.prefill_first is True for m in members)
