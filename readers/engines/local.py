@@ -262,7 +262,7 @@ class LocalEngine(ClosingEngine):
             )
         except BaseException as error:  # noqa: BLE001 -- every waiting request gets the error, the worker lives on
             for job in jobs:
-                _settle(job.future, error=error)
+                job.future.set_exception(error)
             return
         latency_ms = (time.monotonic() - started) * 1000
         self.batches += 1
@@ -271,7 +271,8 @@ class LocalEngine(ClosingEngine):
         for job in jobs:
             results = [_pick(rows[at + i], request.label_ids, job.top_k) for i, request in enumerate(job.requests)]
             at += len(job.requests)
-            _settle(job.future, result=(results, (started - job.submitted) * 1000, latency_ms))
+            # A running future cannot be cancelled (set_running_or_notify_cancel above), so this always lands.
+            job.future.set_result((results, (started - job.submitted) * 1000, latency_ms))
 
     def batch_logprobs(self, prompts: Sequence[Sequence[int]], prefix_tokens: Sequence[int]) -> list[torch.Tensor]:
         """Full-vocabulary log-softmax after each prompt, computed as described in the module docstring;
@@ -374,15 +375,3 @@ def _stop_workers(jobs: queue.Queue, workers: list[threading.Thread]) -> None:
             jobs.put(None)
         for worker in workers:
             worker.join()
-
-
-def _settle(future: concurrent.futures.Future, *, result=None, error: BaseException | None = None) -> None:
-    """Resolve a job's future (a running future cannot be cancelled, so this always lands; the
-    guard covers a caller that gave up after the batch took its reads)."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except concurrent.futures.InvalidStateError:
-        pass
