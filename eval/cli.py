@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from service.cli import EngineUrlOption, TopKOption, quiet_loaders
+from readers.prompt import PROMPT_VERSION
 
 app = typer.Typer()
 eval_app = typer.Typer(help="Evaluate: agreement between engines, tasks, the public suite, comparisons.")
@@ -311,21 +312,34 @@ def eval_gold_curve(
 
 @eval_app.command("label-styles")
 def eval_label_styles(
-    out: Annotated[Path, typer.Option(help="directory: one run per style set (resumed if present) + label-styles.json")],
+    out: Annotated[Path, typer.Option(help="directory: one run per prompt version and style set (resumed if present) + label-styles.json")],
     engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
-    style_sets: Annotated[str, typer.Option(help="comma-separated: words, first_tokens, trie, codes")] = "words,first_tokens,trie,codes",
+    style_sets: Annotated[str, typer.Option(help="comma-separated: default (the layout's own), words, first_tokens, trie, codes")] = "words,first_tokens,trie,codes",
+    prompt_versions: Annotated[
+        str, typer.Option(help="comma-separated prompt layouts to read under, e.g. decide-prompt/1,decide-prompt/3 (default: the current one)")
+    ] = PROMPT_VERSION,
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
     limit: Annotated[Optional[int], typer.Option(help="records per task, spread over the sample (default all 300)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
 ) -> None:
-    """Accuracy and reversed-order changes per label style on the shipped tasks."""
+    """Accuracy and reversed-order changes per label style (and prompt layout) on the shipped tasks."""
     quiet_loaders()
     from eval.label_styles import evaluate_label_styles, label_styles_table
 
     rows = asyncio.run(
-        evaluate_label_styles(engine, out, engine_url=engine_url, top_k=top_k, style_sets=style_sets.split(","), tasks=tasks.split(","), limit=limit, concurrency=concurrency)
+        evaluate_label_styles(
+            engine,
+            out,
+            engine_url=engine_url,
+            top_k=top_k,
+            style_sets=style_sets.split(","),
+            prompt_versions=prompt_versions.split(","),
+            tasks=tasks.split(","),
+            limit=limit,
+            concurrency=concurrency,
+        )
     )
     typer.echo(label_styles_table(rows))
 

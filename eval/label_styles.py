@@ -1,7 +1,9 @@
 """``decide eval label-styles``: accuracy and reversed-order changes per label style on the shipped tasks.
 
-Each style set is a reader preference order (``STYLE_SETS``); each runs as ``decide eval tasks``
-does (:func:`eval.runner.run_tasks`, resumable) into ``<out>/<style set>/``. The table reads only
+Each style set is a reader preference order (``STYLE_SETS``; ``default`` is the layout's own); each
+runs, under each prompt layout asked for, as ``decide eval tasks`` does (:func:`eval.runner.run_tasks`,
+resumable) into ``<out>/<prompt version>/<style set>/`` (``decide-prompt/3`` → ``decide-prompt-3``),
+so one run can compare layouts as well as styles. The table reads only
 those record rows: per task, accuracy on the original and reversed option order with 95% Wilson
 intervals, and how many records change their predicted option when the order is reversed.
 """
@@ -19,8 +21,10 @@ from eval.runner import run_tasks
 from eval.score import wilson_interval
 from eval.tasks import TASKS
 from readers.engines.base import Engine
+from readers.prompt import PROMPT_VERSION, prompt_layout
 
-STYLE_SETS: dict[str, tuple[str, ...]] = {
+STYLE_SETS: dict[str, tuple[str, ...] | None] = {
+    "default": None,  # the layout's own preference order (PromptLayout.label_styles)
     "words": ("words", "codes"),  # decide-prompt/2's reads: one-token names, else one-token codes
     "first_tokens": ("words", "first_tokens", "codes"),
     "trie": ("words", "trie", "codes"),
@@ -28,16 +32,32 @@ STYLE_SETS: dict[str, tuple[str, ...]] = {
 }
 
 
+def run_dir(out: Path, prompt_version: str, style_set: str) -> Path:
+    return out / prompt_version.replace("/", "-") / style_set
+
+
 async def run_label_styles(
-    engine: Engine, out: Path, *, style_sets: Sequence[str] = tuple(STYLE_SETS), tasks: Sequence[str] = tuple(TASKS), limit: int | None = None, concurrency: int = 4
+    engine: Engine,
+    out: Path,
+    *,
+    style_sets: Sequence[str] = tuple(STYLE_SETS),
+    prompt_versions: Sequence[str] = (PROMPT_VERSION,),
+    tasks: Sequence[str] = tuple(TASKS),
+    limit: int | None = None,
+    concurrency: int = 4,
 ) -> list[dict]:
-    """Run every style set into ``out/<name>`` and return (and write to ``out/label-styles.json``) the rows."""
+    """Run every style set under every layout and return (and write to ``out/label-styles.json``) the rows."""
     unknown = [name for name in style_sets if name not in STYLE_SETS]
     if unknown:
         raise ValueError(f"unknown style set(s) {unknown}; known: {', '.join(STYLE_SETS)}")
-    for name in style_sets:
-        await run_tasks(engine, out / name, tasks=tasks, limit=limit, concurrency=concurrency, label_styles=STYLE_SETS[name])
-    rows = [row for name in style_sets for row in style_rows(out / name, name)]
+    for version in prompt_versions:
+        prompt_layout(version)  # refuse an unknown version before any reading
+    runs = [(version, name) for version in prompt_versions for name in style_sets]
+    for version, name in runs:
+        await run_tasks(
+            engine, run_dir(out, version, name), tasks=tasks, limit=limit, concurrency=concurrency, label_styles=STYLE_SETS[name], prompt_version=version
+        )
+    rows = [row for version, name in runs for row in style_rows(run_dir(out, version, name), name)]
     write_json(out / "label-styles.json", rows)
     return rows
 

@@ -71,9 +71,16 @@ def samples_manifest() -> dict[str, Any]:
 
 
 def run_manifest(
-    run: str, *, engines: dict[str, Engine], args: dict[str, Any], images: Images | None = None, status: str = "success"
+    run: str,
+    *,
+    engines: dict[str, Engine],
+    args: dict[str, Any],
+    images: Images | None = None,
+    status: str = "success",
+    prompt_version: str = PROMPT_VERSION,
 ) -> dict[str, Any]:
-    """The manifest of ``run`` read through ``engines`` (name → open engine) with ``args``."""
+    """The manifest of ``run`` read through ``engines`` (name → open engine) with ``args``, under
+    the layout ``prompt_version`` (the current one unless a run compares layouts)."""
     tasks = samples_manifest()["tasks"]
     return {
         "manifest_version": MANIFEST_VERSION,
@@ -81,7 +88,7 @@ def run_manifest(
         "status": status,
         "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git": git_revision(),
-        "prompt_version": PROMPT_VERSION,
+        "prompt_version": prompt_version,
         "data_sha256": {task: entry["sample_sha256"] for task, entry in tasks.items()},
         "engines": {name: describe_engine(engine) for name, engine in engines.items()},
         "images": asdict(images or Images()),

@@ -23,7 +23,7 @@ from eval.evidence import RECORDS, RecordWriter, read_row
 from eval.manifest import MANIFEST, Images, RunRefused, check_directory, run_manifest, write_json
 from eval.tasks import TASKS, Record, Task, load_sample, spread
 from readers.engines.base import Engine
-from readers.prompt import LabelStyle
+from readers.prompt import PROMPT_VERSION, LabelStyle, prompt_layout
 from readers.reader import Reader
 
 SMOKE_RECORDS = 5
@@ -66,15 +66,18 @@ async def run_tasks(
     progress: Callable[[int, int], None] | None = None,
     engine_log: str | None = None,
     label_styles: Sequence[str] | None = None,
+    prompt_version: str = PROMPT_VERSION,
 ) -> dict:
     """Run (or resume) the evidence for ``tasks`` into ``out``; returns the final manifest.
-    ``label_styles``: the reader's label-style preference order (default: the reader's)."""
+    ``label_styles``: the reader's label-style preference order (default: the layout's);
+    ``prompt_version``: the layout to read under (an earlier one only to compare layouts)."""
     out.mkdir(parents=True, exist_ok=True)
     args = {"tasks": list(tasks), "limit": limit, "concurrency": concurrency, "seed": seed}
-    reader = Reader(engine) if label_styles is None else Reader(engine, label_styles=[LabelStyle(style) for style in label_styles])
+    styles = None if label_styles is None else [LabelStyle(style) for style in label_styles]
+    reader = Reader(engine, label_styles=styles, layout=prompt_layout(prompt_version))
     args["floor_offset"] = reader.floor_offset
     args["label_styles"] = [style.value for style in reader.label_styles]
-    manifest = run_manifest("tasks", engines={"run": engine}, args=args, images=images, status="started")
+    manifest = run_manifest("tasks", engines={"run": engine}, args=args, images=images, status="started", prompt_version=prompt_version)
     manifest["args_passed"] = args_passed or {}
     if engine_log is not None:
         from eval.kv_log import read_engine_log

@@ -10,7 +10,9 @@ Layout (what a request's questions share first, so an engine computes it once pe
 Everything up to and including the blank line after the state is the shared prefix; a question's
 text never reaches into it, so a read's prompt does not depend on the other questions beside it.
 
-Changing any text here changes what the model reads: bump ``PROMPT_VERSION``.
+Changing any text here changes what the model reads: bump ``PROMPT_VERSION``. Earlier layouts stay
+in ``PROMPT_LAYOUTS`` so an eval run can read a task under the old and the new layout side by side;
+the service reads only the current one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -140,7 +142,7 @@ def canonical_order(labels: Sequence[str]) -> list[int]:
 
 
 def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
-    """The texts for ``question`` about ``state``, answering with ``labels``.
+    """The texts for ``question`` about ``state``, answering with ``labels`` (the current layout).
 
     Named options (``words``, ``first_tokens``, ``trie``; yes/no for noul) are not listed: the
     question and "Answer with one word." read best on SmolLM2-135M with the state first
@@ -162,3 +164,54 @@ def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], st
         lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
         lines.append(f"Reply with exactly one number from {labels[0]} to {labels[-1]}.")
     return PromptText(SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(lines), labels, style)
+
+
+def build_question_first(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
+    """decide-prompt/1: the question, its options (caller order) and the answer format as the system
+    text, the state as the user text. Nothing of the state is shared between questions."""
+    lines = [f"Question: {question.instructions}"] if question.instructions else []
+    if question.question_type == "noul":
+        lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions) if description]
+        lines.append(f"Reply with exactly one word: {_or_list(labels)}.")
+    elif question.question_type == "choice" and style.names_options:
+        lines.append("Options: " + ", ".join(labels))
+        lines += [f"- {label}: {description}" for label, description in zip(labels, question.descriptions) if description]
+        lines.append("Reply with exactly one option.")
+    elif question.question_type == "choice":
+        lines.append("Options:")
+        for label, option, description in zip(labels, question.options, question.descriptions):
+            lines.append(f"{label}. {option}: {description}" if description else f"{label}. {option}")
+        lines.append(f"Reply with exactly one letter: {_or_list(labels)}.")
+    else:
+        lines.append("Levels:")
+        lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
+        lines.append(f"Reply with exactly one number from {labels[0]} to {labels[-1]}.")
+    return PromptText("\n".join(lines), "", state, labels, style)
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """One prompt version: how a question about a state becomes text, and the label styles its
+    reads prefer (on exact and top-k engines; masked engines read ``MASKED_LABEL_STYLES``)."""
+
+    version: str
+    build: Callable[[QuestionSpec, str, tuple[str, ...], LabelStyle], PromptText]
+    label_styles: tuple[LabelStyle, ...] = DEFAULT_LABEL_STYLES
+
+
+PROMPT_LAYOUTS: dict[str, PromptLayout] = {
+    layout.version: layout
+    for layout in (
+        # Its reads: one-token names, else one-token codes (multi-token names did not exist yet).
+        PromptLayout("decide-prompt/1", build_question_first, (LabelStyle.WORDS, LabelStyle.CODES)),
+        PromptLayout(PROMPT_VERSION, build_prompt),
+    )
+}
+CURRENT_LAYOUT = PROMPT_LAYOUTS[PROMPT_VERSION]
+
+
+def prompt_layout(version: str) -> PromptLayout:
+    try:
+        return PROMPT_LAYOUTS[version]
+    except KeyError:
+        raise ValueError(f"unknown prompt version {version!r}; known: {', '.join(PROMPT_LAYOUTS)}") from None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest
 from readers.errors import InvalidQuestion, PromptTooLong
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
-from readers.prompt import DEFAULT_LABEL_STYLES, MASKED_LABEL_STYLES, LabelStyle, QuestionSpec, build_prompt, label_candidates
+from readers.prompt import CURRENT_LAYOUT, MASKED_LABEL_STYLES, LabelStyle, PromptLayout, QuestionSpec, label_candidates
 from readers.probabilities import DEFAULT_FLOOR_OFFSET, LabelProbabilities, chain_probabilities, label_probabilities
 from readers.trie import Trie
 
@@ -39,16 +39,23 @@ class Reader:
     """Builds prompts with the engine's own chat template and reads label tokens through it."""
 
     def __init__(
-        self, engine: Engine, *, floor_offset: float = DEFAULT_FLOOR_OFFSET, label_styles: Sequence[LabelStyle] | None = None
+        self,
+        engine: Engine,
+        *,
+        floor_offset: float = DEFAULT_FLOOR_OFFSET,
+        label_styles: Sequence[LabelStyle] | None = None,
+        layout: PromptLayout = CURRENT_LAYOUT,
     ) -> None:
         """``label_styles``: the noul and choice label styles to try, preferred first (default: by
-        the engine's read mode, ``DEFAULT_LABEL_STYLES`` or on masked engines ``MASKED_LABEL_STYLES``)."""
+        the engine's read mode, the layout's own or on masked engines ``MASKED_LABEL_STYLES``).
+        ``layout``: the prompt version to read under (the service reads only the current one)."""
         if label_styles is None:
             masked = engine.capabilities.read_mode is ReadMode.MASKED
-            label_styles = MASKED_LABEL_STYLES if masked else DEFAULT_LABEL_STYLES
+            label_styles = MASKED_LABEL_STYLES if masked else layout.label_styles
         if not label_styles or LabelStyle.DIGITS in label_styles:
             raise ValueError("label_styles must name at least one noul/choice style (digits are for scores only)")
         self.engine = engine
+        self.layout = layout
         self.template = ChatTemplate(engine.tokenizer)
         self.floor_offset = floor_offset
         self.label_styles = tuple(LabelStyle(style) for style in label_styles)
@@ -69,7 +76,7 @@ class Reader:
                     failures.append(f"code_trie: only {len(labels)} letter codes")
                     continue
                 labels = labels[:n]
-            prompt = build_prompt(question, state, labels, style)
+            prompt = self.layout.build(question, state, labels, style)
             try:
                 slot = self.template.slot(prompt.system, prompt.shared, prompt.question, labels, sequences=style.reads_sequences)
                 if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:

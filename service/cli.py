@@ -61,7 +61,9 @@ def serve(
     top_k: TopKOption = None,
     model_dir: ModelDirOption = None,
     tokenizer: TokenizerOption = None,
-    workers: Annotated[int, typer.Option(help="local engine: batch threads (one already uses every core through torch)")] = 1,
+    workers: Annotated[
+        Optional[int], typer.Option(help="local engine: batch threads, the cores shared among them (default: one per core)")
+    ] = None,
     batch_window_ms: Annotated[float, typer.Option(help="local engine: how long a batch waits for more reads")] = 2.0,
     max_batch: Annotated[int, typer.Option(help="local engine: reads in one forward pass at most")] = 16,
     prefix_cache_mib: Annotated[float, typer.Option(help="local engine: MiB of state KV kept for states seen again (0: off)")] = 256.0,

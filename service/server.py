@@ -35,7 +35,8 @@ class ServeOptions:
     top_k: int | None = None
     model_dir: Path | None = None
     tokenizer: str | None = None
-    workers: int = 1
+    workers: int | None = None
+    """Local engine batch threads; None: one per core (``LocalEngine``)."""
     batching: LocalBatching = LocalBatching()
     max_in_flight: int = 16
     engine_timeout_s: float = 30.0

@@ -26,7 +26,7 @@ async def open_engine(
     top_k: int | None = None,
     tokenizer: str | None = None,
     read_mode: ReadMode | None = None,
-    workers: int = 1,
+    workers: int | None = None,
     max_in_flight: int = 16,
     timeout_s: float = 30.0,
     share_prefix: bool = True,

@@ -100,9 +100,19 @@ class _Job:
     future: concurrent.futures.Future
 
 
+def thread_budget() -> int:
+    """torch's intra-op threads in this thread: the usable cores, or OMP_NUM_THREADS where set."""
+    return max(1, torch.get_num_threads())
+
+
 class LocalEngine(ClosingEngine):
-    """Batches run on ``workers`` threads (torch releases the GIL during the forward); one worker
-    uses every core through torch's own threads, so more workers only help with idle cores."""
+    """Batches run on ``workers`` threads (torch releases the GIL during the forward), each with
+    ``thread_budget() // workers`` intra-op threads (at least one).
+
+    The default is one worker per thread of the budget, one thread each: this model's forwards are
+    small matrices, where two batches side by side on two cores read 1.6× the decisions/s of one
+    batch on both (evidence/multi-question-3: 2.95 against 1.82 at concurrency 8), and a lone
+    request still gets a whole core. ``workers=1`` gives one batch every thread."""
 
     kind = "local"
 
@@ -111,15 +121,18 @@ class LocalEngine(ClosingEngine):
         model_dir: Path,
         *,
         top_k: int | None = None,
-        workers: int = 1,
+        workers: int | None = None,
         dtype: str = "float32",
         share_prefix: bool = True,
         batching: LocalBatching = LocalBatching(),
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        budget = thread_budget()
+        workers = budget if workers is None else workers
         if workers < 1:
             raise ValueError("workers must be at least 1")
+        self.threads = max(1, budget // workers)
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # sdpa takes the boolean 4-D masks built below as they are.
@@ -155,6 +168,7 @@ class LocalEngine(ClosingEngine):
             "max_batch": batching.max_batch,
             "prefix_cache_mib": batching.prefix_cache_mib,
             "workers": workers,
+            "threads_per_worker": self.threads,
         }
         self._set_top_k(top_k)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -229,6 +243,8 @@ class LocalEngine(ClosingEngine):
     # Worker side ------------------------------------------------------------------------------
 
     def _serve(self) -> None:
+        # Per worker thread: the calling thread (and so the caller's own torch work) keeps its count.
+        torch.set_num_threads(self.threads)
         while True:
             job = self._jobs.get()
             if job is None:

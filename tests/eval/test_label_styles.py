@@ -1,4 +1,5 @@
-"""``decide eval label-styles`` on the embedded model: one run per style set, rows from its records."""
+"""``decide eval label-styles`` on the embedded model: one run per prompt layout and style set, rows
+from its records."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import pytest
 
 from eval.evidence import RECORDS, load_rows
-from eval.label_styles import label_styles_table, run_label_styles
+from eval.label_styles import label_styles_table, run_dir, run_label_styles
+from readers.prompt import PROMPT_VERSION
 
 pytestmark = pytest.mark.anyio
 
@@ -19,13 +21,14 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
     assert by_set["words"]["label_styles_used"] == {"codes": 6}
     assert by_set["trie"]["label_styles_used"] == {"trie": 6}
     for name, row in by_set.items():
-        records = load_rows(tmp_path / name / RECORDS)
+        run = run_dir(tmp_path, PROMPT_VERSION, name)
+        records = load_rows(run / RECORDS)
         original = {r["id"]: r for r in records if r["variant"] == "original"}
         reversed_ = {r["id"]: r for r in records if r["variant"] == "reversed"}
         assert row["original"]["n"] == 3 and row["paired"] == 3
         assert row["original"]["correct"] == sum(r["predicted"] == r["gold"] for r in original.values())
         assert row["reversed_changes"] == sum(original[i]["predicted"] != reversed_[i]["predicted"] for i in original)
-        assert json.loads((tmp_path / name / "manifest.json").read_text())["args"]["label_styles"][:2] == list({"words": ("words", "codes"), "trie": ("words", "trie")}[name])
+        assert json.loads((run / "manifest.json").read_text())["args"]["label_styles"][:2] == list({"words": ("words", "codes"), "trie": ("words", "trie")}[name])
     assert json.loads((tmp_path / "label-styles.json").read_text()) == json.loads(json.dumps(rows))
     table = label_styles_table(rows)
     assert "| trie | decide-prompt/3 | ag_news | 3 |" in table and "of 3" in table
@@ -34,3 +37,24 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
 async def test_unknown_style_set_is_named(local_engine, tmp_path):
     with pytest.raises(ValueError, match="letters"):
         await run_label_styles(local_engine, tmp_path, style_sets=["letters"])
+
+
+async def test_layouts_side_by_side_in_one_run(local_engine, tmp_path):
+    """The before/after comparison of a prompt change: each layout with its own default reads."""
+    rows = await run_label_styles(local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/1", PROMPT_VERSION], tasks=["ag_news"], limit=2)
+    by_version = {row["prompt_version"]: row for row in rows}
+    assert set(by_version) == {"decide-prompt/1", PROMPT_VERSION}
+    # decide-prompt/1 read one-token names, else one-token codes; the current layout reads whole names
+    assert by_version["decide-prompt/1"]["label_styles_used"] == {"codes": 4}
+    assert by_version[PROMPT_VERSION]["label_styles_used"] == {"trie": 4}
+    for version in by_version:
+        manifest = json.loads((run_dir(tmp_path, version, "default") / "manifest.json").read_text())
+        assert manifest["prompt_version"] == version
+    table = label_styles_table(rows)
+    assert "| default | decide-prompt/1 | ag_news | 2 |" in table and f"| default | {PROMPT_VERSION} | ag_news | 2 |" in table
+
+
+async def test_unknown_prompt_version_is_refused_before_reading(local_engine, tmp_path):
+    with pytest.raises(ValueError, match="decide-prompt/9"):
+        await run_label_styles(local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/9"])
+    assert not any(tmp_path.iterdir())

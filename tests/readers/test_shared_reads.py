@@ -141,3 +141,29 @@ def test_engine_options_are_checked(embedded_model_dir):
             LocalBatching(**{option: value})
     with pytest.raises(ValueError, match="workers"):
         LocalEngine(embedded_model_dir, workers=0)
+
+
+async def test_workers_share_the_thread_budget(embedded_model_dir):
+    """Default: one batch worker per intra-op thread of the budget; each worker's forwards run on
+    budget // workers threads, and the caller's own thread keeps its count."""
+    from readers.engines.local import LocalEngine, thread_budget
+
+    class ThreadCounting(LocalEngine):
+        seen: set[int] = set()
+
+        def batch_logprobs(self, prompts, prefix_tokens):
+            self.seen.add(torch.get_num_threads())  # on the worker thread
+            return super().batch_logprobs(prompts, prefix_tokens)
+
+    budget = thread_budget()
+    for workers, threads in ((None, 1), (1, budget)):
+        engine = ThreadCounting(embedded_model_dir, workers=workers)
+        try:
+            assert len(engine._workers) == (budget if workers is None else 1)
+            assert engine.threads == threads and engine.capabilities.probe["threads_per_worker"] == threads
+            engine.seen = set()
+            await engine.read(ReadRequest((1, 2, 3), (4,), ("x",)))
+            assert engine.seen == {threads}
+            assert torch.get_num_threads() == budget
+        finally:
+            await engine.aclose()
