@@ -30,7 +30,7 @@ from calibration.temperature import TemperatureScaler, apply_temperature, as_log
 from eval.evidence import RECORDS, load_rows, rows_arrays
 from eval.manifest import MANIFEST, write_json
 from eval.tasks import TASKS
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import PROMPT_LAYOUTS, PROMPT_VERSION
 
 MODES = ("raw", "temperature", "temperature_bias", "prior")
 PRIORS = "priors.json"
@@ -75,23 +75,28 @@ def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, lab
     }
 
 
-async def measure_priors(engine_spec: str, tasks: list[str], *, engine_url: str | None = None) -> dict:
-    """Each task's option prior on the content-free states, read through ``engine_spec`` now."""
+async def measure_priors(
+    engine_spec: str, tasks: list[str], *, engine_url: str | None = None, prompt_version: str = PROMPT_VERSION, label_styles: list[str] | None = None
+) -> dict:
+    """Each task's option prior on the content-free states, read through ``engine_spec`` now, under
+    the run's prompt layout and label styles (a prior applies only to reads made the same way)."""
     from readers.engines import open_engine_spec
+    from readers.prompt import LabelStyle, prompt_layout
     from readers.reader import Reader
     from service.prior import measure_prior
     from service.protocol import SystemOneRequest
 
     priors = {}
     async with await open_engine_spec(engine_spec, engine_url=engine_url) as engine:
-        reader = Reader(engine)
+        styles = None if label_styles is None else [LabelStyle(style) for style in label_styles]
+        reader = Reader(engine, label_styles=styles, layout=prompt_layout(prompt_version))
         for task in tasks:
             question = SystemOneRequest.model_validate({"state": "", "questions": {"q": TASKS[task].question()}}).questions["q"]
             spec = question.to_spec()
             measured = await measure_prior(reader, spec, CONTENT_FREE_STATES)
             priors[task] = {"prior": dict(zip(spec.options, measured.prior)), "states": list(measured.states)}
         info = {"model": engine.info.name, "revision": engine.info.revision}
-    return {"prompt_version": PROMPT_VERSION, **info, "tasks": priors}
+    return {"prompt_version": prompt_version, **info, "tasks": priors}
 
 
 async def calibration_modes(
@@ -110,10 +115,10 @@ async def calibration_modes(
         priors = json.loads((out / PRIORS).read_text())
     elif engine is None:
         prior_note = "no engine given: the prior was not measured"
-    elif run_version != PROMPT_VERSION:
-        prior_note = f"the run was read under {run_version}, this code reads {PROMPT_VERSION}: a prior measured now would not apply"
+    elif run_version not in PROMPT_LAYOUTS:
+        prior_note = f"the run was read under {run_version}, a layout this code no longer has: a prior measured now would not apply"
     else:
-        priors = await measure_priors(engine, tasks, engine_url=engine_url)
+        priors = await measure_priors(engine, tasks, engine_url=engine_url, prompt_version=run_version, label_styles=manifest["args"].get("label_styles"))
         write_json(out / PRIORS, priors)
     if priors is not None and (priors["prompt_version"], priors["model"], priors["revision"]) != (run_version, model["model"], model["revision"]):
         raise ValueError(f"{out / PRIORS} was measured under {priors['prompt_version']} on {priors['model']}, not the run's {run_version} on {model['model']}")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from calibration.bias import CONTENT_FREE_STATES, option_prior
 from readers.errors import EngineError
-from readers.prompt import PROMPT_VERSION, QuestionSpec
+from readers.prompt import QuestionSpec
 from readers.reader import Reader
 
 
@@ -38,7 +38,7 @@ async def measure_prior(reader: Reader, question: QuestionSpec, states: tuple[st
     if not used:
         raise EngineError("no label came back on any content-free state: the option prior cannot be measured")
     prior = option_prior([probabilities for _, probabilities in used])
-    return OptionPrior(tuple(float(q) for q in prior), tuple(state for state, _ in used), PROMPT_VERSION)
+    return OptionPrior(tuple(float(q) for q in prior), tuple(state for state, _ in used), reader.layout.version)
 
 
 class OptionPriors:
@@ -53,7 +53,7 @@ class OptionPriors:
 
     async def prior(self, reader: Reader, question: QuestionSpec) -> OptionPrior:
         info = reader.engine.info
-        key = (info.name, info.revision, PROMPT_VERSION, question)
+        key = (info.name, info.revision, reader.layout.version, reader.label_styles, question)
         task = self._measured.get(key)
         if task is None or (task.done() and task.exception() is not None):  # a failed measurement is retried
             task = self._measured[key] = asyncio.ensure_future(measure_prior(reader, question, self.states))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from eval.calibration_modes import PRIORS, calibration_modes
+from eval.calibration_modes import PRIORS, calibration_modes, measure_priors
 from eval.manifest import write_json
 from eval.tasks import TASKS, load_sample
 from readers.prompt import PROMPT_VERSION
@@ -57,11 +57,19 @@ async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
 
 
 async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
-    leaning_run(tmp_path / "run", version="decide-prompt/1")
+    leaning_run(tmp_path / "run", version="decide-prompt/2")  # a layout the code no longer has
     report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine="local", splits=2)
-    assert "prior" not in report["tasks"]["ag_news"] and "decide-prompt/1" in report["prior_note"]  # no engine was opened
+    assert "prior" not in report["tasks"]["ag_news"] and "decide-prompt/2" in report["prior_note"]  # no engine was opened
     measured_prior(tmp_path / "out")  # measured under this code's version, the run under another
     with pytest.raises(ValueError, match="measured under"):
         await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=2)
     with pytest.raises(ValueError, match="need 250"):
         await calibration_modes(tmp_path / "run", tmp_path / "other", engine=None, labels=150)
+
+
+async def test_a_prior_is_measured_under_the_runs_own_layout():
+    """A run read under an earlier layout gets its prior from that layout's prompts, not the current one's."""
+    old = await measure_priors("local", ["sst2"], prompt_version="decide-prompt/1", label_styles=["words", "codes"])
+    new = await measure_priors("local", ["sst2"])
+    assert (old["prompt_version"], new["prompt_version"]) == ("decide-prompt/1", PROMPT_VERSION)
+    assert old["tasks"]["sst2"]["prior"] != pytest.approx(new["tasks"]["sst2"]["prior"], abs=1e-3)
