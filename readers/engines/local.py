@@ -109,10 +109,11 @@ class LocalEngine(ClosingEngine):
     """Batches run on ``workers`` threads (torch releases the GIL during the forward), each with
     ``thread_budget() // workers`` intra-op threads (at least one).
 
-    The default is one worker per thread of the budget, one thread each: this model's forwards are
-    small matrices, where two batches side by side on two cores read 1.6× the decisions/s of one
-    batch on both (evidence/multi-question-3: 2.95 against 1.82 at concurrency 8), and a lone
-    request still gets a whole core. ``workers=1`` gives one batch every thread."""
+    The default is one worker per thread of the budget, one thread each, for a server's concurrent
+    load: on two cores, 10-question requests at concurrency 4 read 14.0 decisions/s against 11.4
+    with one worker on both threads, and one-question requests at concurrency 8 read alike (2.92 and
+    2.85). ``workers=1`` suits one client at a time: a lone request, or one large batch, has every
+    thread (N=1 490 ms against 677; evidence/multi-question-4 and its embedded-workers-1/)."""
 
     kind = "local"
 
