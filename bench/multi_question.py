@@ -106,7 +106,7 @@ def start(variant: dict, args: argparse.Namespace) -> tuple[subprocess.Popen, st
             command += ["--engine-url", args.engine_url, "--engine-timeout", "120"]
         cwd, env = variant["tree"], {**os.environ, "PYTHONPATH": variant["tree"]}
     else:
-        command = [sys.executable, __file__, "--serve-child", "--kind", variant["kind"], "--port", str(port)] + (["--workers", str(args.workers)] if args.workers else [])
+        command = [sys.executable, __file__, "--serve-child", "--kind", variant["kind"], "--port", str(port)] + (["--workers", str(args.workers)] if args.workers is not None else [])
         command += ["--engine-url", args.engine_url or "", "--share-prefix" if variant["share_prefix"] else "--per-question"]
         command += ["--prefill-first"] if variant.get("prefill_first") else []
         cwd, env = ROOT, os.environ
@@ -324,7 +324,7 @@ if __name__ == "__main__":
     parser.add_argument("--ten-requests", type=int, default=3, help="10-question requests per unit of concurrency")
     parser.add_argument("--single-requests", type=int, default=48, help="one-question requests at concurrency 8")
     parser.add_argument("--batch-requests", type=int, default=3, help="/decide/batch requests of 16 states")
-    parser.add_argument("--workers", type=int, default=None, help="embedded engine: batch worker threads (default: the engine's, one per core)")
+    parser.add_argument("--workers", type=int, default=None, help="embedded engine: batch worker threads (default: the engine's, one per core, at most 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)

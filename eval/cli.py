@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from service.cli import EngineUrlOption, TopKOption, quiet_loaders
 from readers.prompt import PROMPT_VERSION
+from service.cli import EngineUrlOption, TopKOption, quiet_loaders
 
 app = typer.Typer()
 eval_app = typer.Typer(help="Evaluate: agreement between engines, tasks, the public suite, comparisons.")

@@ -62,7 +62,7 @@ def serve(
     model_dir: ModelDirOption = None,
     tokenizer: TokenizerOption = None,
     workers: Annotated[
-        Optional[int], typer.Option(help="local engine: batch threads, the cores shared among them (default: one per core)")
+        Optional[int], typer.Option(help="local engine: batch threads, the cores shared among them (default: one per core, at most 2)")
     ] = None,
     batch_window_ms: Annotated[float, typer.Option(help="local engine: how long a batch waits for more reads")] = 2.0,
     max_batch: Annotated[int, typer.Option(help="local engine: reads in one forward pass at most")] = 16,

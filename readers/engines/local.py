@@ -100,17 +100,25 @@ class _Job:
     future: concurrent.futures.Future
 
 
+# Read once, at import: a thread that has not used torch yet reports the count the last worker set.
+_THREAD_BUDGET = max(1, torch.get_num_threads())
+DEFAULT_MAX_WORKERS = 2
+"""The default's cap. Measured on two cores (evidence/multi-question-4); idle workers each take
+the next job (the queue wakes a different one per job), so many of them would split concurrent
+reads into batches of one instead of batching them."""
+
+
 def thread_budget() -> int:
-    """torch's intra-op threads in this thread: the usable cores, or OMP_NUM_THREADS where set."""
-    return max(1, torch.get_num_threads())
+    """torch's intra-op threads when this module was imported: the cores it uses, or OMP_NUM_THREADS."""
+    return _THREAD_BUDGET
 
 
 class LocalEngine(ClosingEngine):
     """Batches run on ``workers`` threads (torch releases the GIL during the forward), each with
     ``thread_budget() // workers`` intra-op threads (at least one).
 
-    The default is one worker per thread of the budget, one thread each, for a server's concurrent
-    load: on two cores, 10-question requests at concurrency 4 read 14.0 decisions/s against 11.4
+    The default is one worker per thread of the budget, at most ``DEFAULT_MAX_WORKERS``, for a
+    server's concurrent load: on two cores, 10-question requests at concurrency 4 read 14.0 decisions/s against 11.4
     with one worker on both threads, and one-question requests at concurrency 8 read alike (2.92 and
     2.85). ``workers=1`` suits one client at a time: a lone request, or one large batch, has every
     thread (N=1 490 ms against 677; evidence/multi-question-4 and its embedded-workers-1/)."""
@@ -130,7 +138,7 @@ class LocalEngine(ClosingEngine):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         budget = thread_budget()
-        workers = budget if workers is None else workers
+        workers = min(budget, DEFAULT_MAX_WORKERS) if workers is None else workers
         if workers < 1:
             raise ValueError("workers must be at least 1")
         self.threads = max(1, budget // workers)
@@ -245,6 +253,9 @@ class LocalEngine(ClosingEngine):
 
     def _serve(self) -> None:
         # Per worker thread: the calling thread (and so the caller's own torch work) keeps its count.
+        # torch's per-thread setup runs on a thread's first torch call and reloads the process-wide
+        # count, which any other thread may have set since: run it first, then set this worker's.
+        torch.get_num_threads()
         torch.set_num_threads(self.threads)
         while True:
             job = self._jobs.get()

@@ -143,27 +143,29 @@ def test_engine_options_are_checked(embedded_model_dir):
         LocalEngine(embedded_model_dir, workers=0)
 
 
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: every split is the same")
 async def test_workers_share_the_thread_budget(embedded_model_dir):
-    """Default: one batch worker per intra-op thread of the budget; each worker's forwards run on
-    budget // workers threads, and the caller's own thread keeps its count."""
-    from readers.engines.local import LocalEngine, thread_budget
+    """Default: one batch worker per thread of the budget (at most DEFAULT_MAX_WORKERS), each
+    running its forwards on budget // workers threads; a second engine with another split, built
+    and used afterwards, does not change the first one's workers."""
+    from readers.engines.local import DEFAULT_MAX_WORKERS, LocalEngine, thread_budget
 
     class ThreadCounting(LocalEngine):
-        seen: set[int] = set()
-
         def batch_logprobs(self, prompts, prefix_tokens):
             self.seen.add(torch.get_num_threads())  # on the worker thread
             return super().batch_logprobs(prompts, prefix_tokens)
 
     budget = thread_budget()
-    for workers, threads in ((None, 1), (1, budget)):
-        engine = ThreadCounting(embedded_model_dir, workers=workers)
-        try:
-            assert len(engine._workers) == (budget if workers is None else 1)
-            assert engine.threads == threads and engine.capabilities.probe["threads_per_worker"] == threads
+    split = ThreadCounting(embedded_model_dir)
+    whole = ThreadCounting(embedded_model_dir, workers=1)
+    try:
+        workers = min(budget, DEFAULT_MAX_WORKERS)
+        assert len(split._workers) == workers and split.threads == budget // workers
+        assert whole.threads == budget and whole.capabilities.probe["threads_per_worker"] == budget
+        for engine in (split, whole, split):
             engine.seen = set()
-            await engine.read(ReadRequest((1, 2, 3), (4,), ("x",)))
-            assert engine.seen == {threads}
-            assert torch.get_num_threads() == budget
-        finally:
-            await engine.aclose()
+            await asyncio.gather(*(engine.read(ReadRequest((1, 2, 3 + i), (4,), ("x",))) for i in range(4)))
+            assert engine.seen == {engine.threads}
+    finally:
+        await split.aclose()
+        await whole.aclose()
