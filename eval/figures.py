@@ -10,6 +10,13 @@ matplotlib.use("Agg")  # files only: no display on servers or CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _save(figure, path: Path) -> None:
+    """Lay out, write and release a figure (pyplot keeps every open figure alive otherwise)."""
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
 def plot_gold_curves(report: dict, path: Path) -> None:
     figure, axis = plt.subplots(figsize=(6.4, 4.2), dpi=120)
     for task, entry in report["tasks"].items():
@@ -24,9 +31,7 @@ def plot_gold_curves(report: dict, path: Path) -> None:
     axis.set_title("ECE after N gold answers (mean ± sd over splits)")
     axis.grid(alpha=0.3)
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_reliability(diagrams: dict, path: Path, *, title: str) -> None:
@@ -46,9 +51,7 @@ def plot_reliability(diagrams: dict, path: Path, *, title: str) -> None:
     axes[0].set_ylabel("accuracy")
     axes[0].legend(loc="upper left", fontsize=8)
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_accuracy(report: dict, path: Path) -> None:
@@ -63,9 +66,7 @@ def plot_accuracy(report: dict, path: Path) -> None:
     axis.set_title(f"{report['engine']['model']} ({report['engine']['kind']}, {report['engine']['read_mode']})")
     axis.legend()
     axis.grid(alpha=0.3, axis="y")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_reliability_raw(bins: list[dict], path: Path, *, title: str) -> None:
@@ -78,9 +79,7 @@ def plot_reliability_raw(bins: list[dict], path: Path, *, title: str) -> None:
     axis.set_ylabel("accuracy")
     axis.set_title(title, fontsize=9)
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_costs(rows: list[dict], path: Path) -> None:
@@ -92,9 +91,7 @@ def plot_costs(rows: list[dict], path: Path) -> None:
     axis.set_xlabel("$ per million decisions")
     axis.invert_yaxis()
     axis.grid(alpha=0.3, axis="x")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    _save(figure, path)
 
 
 def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
@@ -112,6 +109,4 @@ def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
     axis.set_ylabel("risk (error rate of answered)")
     axis.set_title(title, fontsize=9)
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    _save(figure, path)

@@ -141,6 +141,18 @@ def canonical_order(labels: Sequence[str]) -> list[int]:
     return sorted(range(len(labels)), key=lambda i: (labels[i].casefold(), labels[i]))
 
 
+def _listed_lines(question: QuestionSpec, labels: tuple[str, ...]) -> list[str]:
+    """Coded options (caller order) or score levels (in order) and their answer format: the same
+    text in every layout so far."""
+    if question.question_type == "choice":
+        lines = ["Options:"]
+        for label, option, description in zip(labels, question.options, question.descriptions):
+            lines.append(f"{label}. {option}: {description}" if description else f"{label}. {option}")
+        return lines + [f"Reply with exactly one letter: {_or_list(labels)}."]
+    lines = ["Levels:"] + [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
+    return lines + [f"Reply with exactly one number from {labels[0]} to {labels[-1]}."]
+
+
 def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
     """The texts for ``question`` about ``state``, answering with ``labels`` (the current layout).
 
@@ -154,15 +166,8 @@ def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], st
     if question.question_type == "noul" or (question.question_type == "choice" and style.names_options):
         lines += [f"{labels[i]}: {question.descriptions[i]}" for i in canonical_order(labels) if question.descriptions[i]]
         lines.append("Answer with one word.")
-    elif question.question_type == "choice":
-        lines.append("Options:")
-        for label, option, description in zip(labels, question.options, question.descriptions):
-            lines.append(f"{label}. {option}: {description}" if description else f"{label}. {option}")
-        lines.append(f"Reply with exactly one letter: {_or_list(labels)}.")
     else:
-        lines.append("Levels:")
-        lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
-        lines.append(f"Reply with exactly one number from {labels[0]} to {labels[-1]}.")
+        lines += _listed_lines(question, labels)
     return PromptText(SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(lines), labels, style)
 
 
@@ -177,15 +182,8 @@ def build_question_first(question: QuestionSpec, state: str, labels: tuple[str, 
         lines.append("Options: " + ", ".join(labels))
         lines += [f"- {label}: {description}" for label, description in zip(labels, question.descriptions) if description]
         lines.append("Reply with exactly one option.")
-    elif question.question_type == "choice":
-        lines.append("Options:")
-        for label, option, description in zip(labels, question.options, question.descriptions):
-            lines.append(f"{label}. {option}: {description}" if description else f"{label}. {option}")
-        lines.append(f"Reply with exactly one letter: {_or_list(labels)}.")
     else:
-        lines.append("Levels:")
-        lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
-        lines.append(f"Reply with exactly one number from {labels[0]} to {labels[-1]}.")
+        lines += _listed_lines(question, labels)
     return PromptText("\n".join(lines), "", state, labels, style)
 
 
