@@ -11,6 +11,14 @@ of its label probabilities on content-free states (e.g. "", "N/A", "[MASK]"), re
 question and prompt layout; a decision's probabilities are divided by q and renormalised,
 p'_i ∝ p_i / q_i (contextual calibration). q depends on the question's prompt, so it is measured per
 question and per prompt version; measuring it (reading the states) is the caller's part.
+
+**State prior** (mode ``state_prior``, no gold answers): the same division, with q the mean of the
+model's label probabilities on the caller's own states of the question (unlabelled examples, or the
+decisions already served). In-domain states carry the bias the task's text induces, which content-free
+states miss (on AG News the shipped question leans to one option on real articles, not on "N/A").
+It assumes the options are about equally frequent among those states: on a task with a skewed label
+mix it pulls answers towards the rare options. Stored in the form ``temperature_bias`` has, with
+T = 1 and b = −log q (centred), so it is applied, listed and refitted like any stored fit.
 """
 
 from __future__ import annotations
@@ -91,15 +99,22 @@ class TemperatureBiasScaler:
 
 
 def option_prior(probabilities) -> np.ndarray:
-    """The model's prior over the options: the mean of its label probabilities on content-free
-    states (rows of one option count), renormalised."""
+    """The model's prior over the options: the mean of its label probabilities over reads of one
+    question (content-free states, or the caller's states; rows of one option count), renormalised."""
     p = np.asarray(probabilities, dtype=float)
     if p.ndim != 2 or not len(p):
-        raise ValueError("need content-free reads as an (m, k) array, m ≥ 1")
+        raise ValueError("need the reads as an (m, k) array, m ≥ 1")
     prior = p.mean(axis=0)
     if not np.all(prior > 0):
-        raise ValueError("a content-free prior needs every option's probability above 0")
+        raise ValueError("a prior needs every option's probability above 0")
     return prior / prior.sum()
+
+
+def state_prior_bias(probabilities) -> np.ndarray:
+    """The per-option bias that divides the states' prior out: b = −log q, centred (softmax(z + b)
+    with z the label log-probs equals ``apply_prior``)."""
+    bias = -np.log(option_prior(probabilities))
+    return bias - bias.mean()
 
 
 def apply_prior(probabilities, prior) -> np.ndarray:
@@ -110,3 +125,25 @@ def apply_prior(probabilities, prior) -> np.ndarray:
         raise ValueError(f"the prior has {q.shape[-1]} options, the probabilities {p.shape[-1]}")
     corrected = p / q
     return corrected / corrected.sum(axis=-1, keepdims=True)
+
+
+class StatePriorScaler:
+    """Fit the state prior on (n, k) label logits of unlabelled reads; apply it to new ones.
+
+    The same attributes as ``TemperatureBiasScaler`` (``temperature_`` is 1): the fit is stored and
+    applied as a bias. Labels, when given, are not used.
+    """
+
+    def fit(self, logits, labels=None) -> StatePriorScaler:
+        if len({len(row) for row in logits}) != 1:
+            raise ValueError("a state prior needs rows of one option count, at least one")
+        z = np.asarray([np.asarray(row, dtype=float) for row in logits])
+        if not np.all(np.isfinite(z)):
+            raise ValueError("logits must be finite")
+        self.temperature_ = 1.0
+        self.bias_ = state_prior_bias(softmax(z, axis=1))
+        self.n_samples_ = len(z)
+        return self
+
+    def predict_proba(self, logits) -> np.ndarray:
+        return apply_temperature_bias(logits, 1.0, self.bias_)

@@ -1,9 +1,11 @@
 """Fitting a calibration for one key and storing it: pure calibration, no HTTP and no engine.
 
 Each fit stores the calibration (``mode`` ``temperature``: T; ``temperature_bias``: T and one bias per
-option, ``calibration.bias``) fitted on all n decisions with a gold answer, and reports held-out ECE
-(15 bins) before and after: a seeded random half fits the same mode, the other half is scored raw and
-calibrated, beside the ECE floor of its calibrated probabilities (``calibration.metrics.ece_floor``).
+option; ``state_prior``: the bias that divides out the mean of the reads, fitted without gold answers;
+``calibration.bias``) fitted on all n decisions (each with a gold answer, but for ``state_prior``),
+and reports held-out ECE (15 bins) before and after: a seeded random half fits the same mode, the
+other half is scored raw and calibrated, beside the ECE floor of its calibrated probabilities
+(``calibration.metrics.ece_floor``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calibration.bias import TemperatureBiasScaler
+from calibration.bias import StatePriorScaler, TemperatureBiasScaler
 from calibration.metrics import N_BINS, ece, ece_floor
-from calibration.store import MODES, Calibration, CalibrationKey, CalibrationStore
+from calibration.store import BIAS_MODES, MODES, Calibration, CalibrationKey, CalibrationStore
 from calibration.temperature import TemperatureScaler, as_logits
 
 Gold = bool | int | str
@@ -48,43 +50,63 @@ def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
     return np.array([np.pad(row, (0, width - len(row))) for row in probabilities])
 
 
-def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler:
+def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePriorScaler:
     """An unfitted scaler of calibration ``mode``."""
     if mode == "temperature":
         return TemperatureScaler()
     if mode == "temperature_bias":
         return TemperatureBiasScaler()
+    if mode == "state_prior":
+        return StatePriorScaler()
     raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
 
 
+def _nll(probabilities: list[np.ndarray], labels: np.ndarray) -> float:
+    return float(-np.mean([np.log(max(p[y], 1e-300)) for p, y in zip(probabilities, labels)]))
+
+
 def fit_and_store(
-    store: CalibrationStore, key: CalibrationKey, rows: list[tuple[list[float], int]], *, source: str, seed: int = 0, mode: str = "temperature"
+    store: CalibrationStore, key: CalibrationKey, rows: list[tuple[list[float], int | None]], *, source: str, seed: int = 0, mode: str = "temperature"
 ) -> Calibration:
-    """Fit ``mode`` on all ``rows`` (raw probabilities, gold index), score a held-out half, store."""
+    """Fit ``mode`` on all ``rows`` (raw probabilities, gold index), score a held-out half, store.
+
+    ``state_prior`` needs no gold answers (a row's gold may be None): it fits on every row, and the
+    held-out scores and NLLs are reported over the rows that have one (None when none has).
+    """
+    labelled_only = mode != "state_prior"
+    if labelled_only and any(gold is None for _, gold in rows):
+        raise ValueError(f"a {mode} calibration needs a gold answer for every decision; only state_prior fits without")
     if len(rows) < MIN_GOLD:
-        raise ValueError(f"{len(rows)} decisions with a gold answer; a calibration needs at least {MIN_GOLD}")
-    if mode == "temperature_bias" and key.option_count is None:
-        raise ValueError("a temperature_bias calibration needs an option count: its biases are per option")
+        what = "decisions with a gold answer" if labelled_only else "decisions"
+        raise ValueError(f"{len(rows)} {what}; a calibration needs at least {MIN_GOLD}")
+    if mode in BIAS_MODES and key.option_count is None:
+        raise ValueError(f"a {mode} calibration needs an option count: its biases are per option")
     logits = [as_logits(probabilities) for probabilities, _ in rows]
-    labels = np.array([gold for _, gold in rows])
+    labels = np.array([-1 if gold is None else gold for _, gold in rows])
+    has_gold = labels >= 0
     scaler = scaler_for(mode).fit(logits, labels)
 
     order = np.random.default_rng(seed).permutation(len(rows))
     fit_half, score_half = order[: len(rows) // 2], order[len(rows) // 2 :]
     half = scaler_for(mode).fit([logits[i] for i in fit_half], labels[fit_half])
-    raw = _padded([np.exp(logits[i]) / np.exp(logits[i]).sum() for i in score_half])
-    calibrated = _padded([half.predict_proba(logits[i]) for i in score_half])
+    scored = [i for i in score_half if has_gold[i]]
+    metrics: dict = {"heldout_n": len(scored) or None}
+    if scored:
+        raw = _padded([np.exp(logits[i]) / np.exp(logits[i]).sum() for i in scored])
+        calibrated = _padded([half.predict_proba(logits[i]) for i in scored])
+        metrics |= {
+            "heldout_ece_before": ece(raw, labels[scored], N_BINS),
+            "heldout_ece_after": ece(calibrated, labels[scored], N_BINS),
+            "heldout_ece_floor": ece_floor(calibrated, N_BINS, seed=seed)["median"],
+        }
+    if labelled_only:
+        metrics |= {"nll_before": scaler.nll_before_, "nll_after": scaler.nll_after_}
+    elif has_gold.any():
+        gold_logits = [logits[i] for i in np.flatnonzero(has_gold)]
+        metrics |= {
+            "nll_before": _nll([np.exp(z) / np.exp(z).sum() for z in gold_logits], labels[has_gold]),
+            "nll_after": _nll([scaler.predict_proba(z) for z in gold_logits], labels[has_gold]),
+        }
     return store.add_calibration(
-        key,
-        temperature=scaler.temperature_,
-        n=scaler.n_samples_,
-        source=source,
-        mode=mode,
-        bias=getattr(scaler, "bias_", None),
-        nll_before=scaler.nll_before_,
-        nll_after=scaler.nll_after_,
-        heldout_n=len(score_half),
-        heldout_ece_before=ece(raw, labels[score_half], N_BINS),
-        heldout_ece_after=ece(calibrated, labels[score_half], N_BINS),
-        heldout_ece_floor=ece_floor(calibrated, N_BINS, seed=seed)["median"],
+        key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None), **metrics
     )

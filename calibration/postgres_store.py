@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool
 
 from calibration.store import (
     LEGACY_PROMPT_VERSION,
+    RECORDED_LIMIT,
     Calibration,
     CalibrationKey,
     CalibrationStore,
@@ -252,6 +253,13 @@ class PostgresStore(CalibrationStore):
         with self._pool.connection() as db:
             rows = db.execute(query, params).fetchall()
         return [(raw, options.index(gold)) for options, raw, gold in rows]
+
+    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[list[float]]:
+        where, params = key_filter(key, "%s")
+        query = f"SELECT d.raw_probabilities FROM decisions d WHERE {where} AND d.informative ORDER BY d.created_at DESC, d.id DESC LIMIT %s"
+        with self._pool.connection() as db:
+            rows = db.execute(query, [*params, limit]).fetchall()
+        return [raw for (raw,) in reversed(rows)]
 
 
 def _calibration(row: dict) -> Calibration:

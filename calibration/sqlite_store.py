@@ -17,6 +17,7 @@ from pathlib import Path
 
 from calibration.store import (
     LEGACY_PROMPT_VERSION,
+    RECORDED_LIMIT,
     Calibration,
     CalibrationKey,
     CalibrationStore,
@@ -196,6 +197,11 @@ class SQLiteStore(CalibrationStore):
         rows = self._connection().execute(query, params).fetchall()
         return [(json.loads(r["raw_probabilities"]), json.loads(r["options"]).index(r["gold"])) for r in rows]
 
+    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[list[float]]:
+        where, params = key_filter(key, "?")
+        query = f"SELECT d.raw_probabilities FROM decisions d WHERE {where} AND d.informative = 1 ORDER BY d.created_at DESC, d.rowid DESC LIMIT ?"
+        rows = self._connection().execute(query, [*params, limit]).fetchall()
+        return [json.loads(row["raw_probabilities"]) for row in reversed(rows)]
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

@@ -12,8 +12,9 @@ for ``calibration.sqlite_store.SQLiteStore``. Both keep one contract, checked by
   service) is never relaxed: the layout changes what the model reads, so a fit made under one
   version never applies to reads made under another. Rows stored before versions were recorded
   are tagged ``decide-prompt/1`` (the only layout there was) and kept; they simply stop applying.
-- A calibration has a ``mode``: ``temperature`` (p ∝ exp(z / T)) or ``temperature_bias``
-  (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count).
+- A calibration has a ``mode``: ``temperature`` (p ∝ exp(z / T)), ``temperature_bias``
+  (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count), or
+  ``state_prior`` (the same form with T = 1, b fitted without gold answers: ``calibration.bias``).
 - Every write is one transaction, durable before the call returns, so an acknowledged write
   survives a crash of the writer (and of SQLite's host or the Postgres server).
 - Lookups read an in-process cache of the latest calibration per key, so a decision costs no query;
@@ -35,7 +36,11 @@ from pathlib import Path
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 LEGACY_PROMPT_VERSION = "decide-prompt/1"
 """The prompt version of rows stored before the store recorded one."""
-MODES = ("temperature", "temperature_bias")
+MODES = ("temperature", "temperature_bias", "state_prior")
+RECORDED_LIMIT = 10_000
+"""Most recorded decisions a label-free refit reads (the latest ones)."""
+BIAS_MODES = ("temperature_bias", "state_prior")
+"""Modes whose calibrations carry one bias per option (applied as softmax(z / T + b))."""
 
 
 def utc_now() -> str:
@@ -178,8 +183,8 @@ class CalibrationStore(ABC):
     ) -> Calibration:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
-        if (mode == "temperature_bias") != (bias is not None):
-            raise ValueError("a temperature_bias calibration has a bias, and only it")
+        if (mode in BIAS_MODES) != (bias is not None):
+            raise ValueError(f"a {' or '.join(BIAS_MODES)} calibration has a bias, and only it")
         if bias is not None and len(bias) != key.option_count:
             raise ValueError(f"a bias has one value per option: {len(bias)} for option count {key.option_count}")
         return Calibration(
@@ -234,6 +239,11 @@ class CalibrationStore(ABC):
     def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         """(raw probabilities, gold index) for every decision of ``key`` with feedback (latest wins),
         in feedback order; abstentions (no label came back) carry nothing to fit and are left out."""
+
+    @abstractmethod
+    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[list[float]]:
+        """Raw probabilities of the latest ``limit`` informative decisions of ``key`` still stored,
+        with or without feedback, oldest first: what a label-free fit (``state_prior``) is fitted on."""
 
     @abstractmethod
     def schema_version(self) -> int:

@@ -7,7 +7,9 @@ on ``labels`` records with their gold answers and scoring ``held_out`` others, i
 - ``temperature``: T fitted on the labels (``calibration.temperature``);
 - ``temperature_bias``: T and per-option biases fitted on the labels (``calibration.bias``);
 - ``prior``: no labels; the question's option prior, read on content-free states through the engine
-  under the run's prompt version, divided out (``service.prior``).
+  under the run's prompt version, divided out (``service.prior``);
+- ``state_prior``: no labels; the mean of the reads of the same ``labels`` records' states divided
+  out (``calibration.bias.StatePriorScaler``: what ``POST /v1/calibrations`` fits in that mode).
 
 Reported per mode: mean held-out accuracy (and its standard deviation over splits), mean ECE (15
 bins) and, beside it, the mean over splits of the ECE floor of that mode's held-out probabilities
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.bias import CONTENT_FREE_STATES, TemperatureBiasScaler, apply_prior, apply_temperature_bias
+from calibration.bias import CONTENT_FREE_STATES, StatePriorScaler, TemperatureBiasScaler, apply_prior, apply_temperature_bias
 from calibration.metrics import N_BINS, ece, ece_floor
 from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
 from eval.evidence import RECORDS, load_rows, rows_arrays
@@ -32,7 +34,7 @@ from eval.manifest import MANIFEST, write_json
 from eval.tasks import TASKS
 from readers.prompt import PROMPT_LAYOUTS, PROMPT_VERSION
 
-MODES = ("raw", "temperature", "temperature_bias", "prior")
+MODES = ("raw", "temperature", "temperature_bias", "prior", "state_prior")
 PRIORS = "priors.json"
 
 
@@ -56,6 +58,7 @@ def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, lab
             "raw": p[held],
             "temperature": apply_temperature(logits[held], temperature),
             "temperature_bias": apply_temperature_bias(logits[held], bias.temperature_, bias.bias_),
+            "state_prior": StatePriorScaler().fit(logits[fit]).predict_proba(logits[held]),  # the fit records' states, not their labels
         }
         if prior is not None:
             calibrated["prior"] = apply_prior(p[held], prior)

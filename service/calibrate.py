@@ -1,4 +1,7 @@
-"""Calibration from labelled examples on the served route: read each example, then fit and store.
+"""Calibration from examples on the served route: read each example, then fit and store.
+
+Examples carry gold answers, except for ``state_prior``, which fits on the states alone (gold answers
+given with it are used only to report held-out scores).
 
 The fit itself (``calibration/fit.py``) needs no engine; this module reads the examples through the
 reader, which is why it lives in the service.
@@ -17,36 +20,40 @@ from service.protocol import CalibrationRequest
 
 
 async def fit_from_examples(request: CalibrationRequest, reader: Reader, store: CalibrationStore, *, concurrency: int = 8) -> list[Calibration]:
-    """Read every labelled example (raw, uncalibrated), group by key, fit and store each group."""
+    """Read every example (raw, uncalibrated), group by key, fit and store each group."""
     info = reader.engine.info
     gate = asyncio.Semaphore(concurrency)
     jobs = []
     for i, example in enumerate(request.examples):
         state = example.state
+        if example.gold is None and request.mode != "state_prior":
+            raise InvalidQuestion(f"a {request.mode} calibration needs the gold answers; only mode state_prior fits without", loc=("body", "examples", i, "gold"))
         for name, question in example.questions.items():
             spec = question.to_spec()
             loc = ("body", "examples", i, "gold", name)
             try:
-                gold = gold_index(spec.question_type, spec.options, example.gold[name])
+                gold = None if example.gold is None else gold_index(spec.question_type, spec.options, example.gold[name])
             except ValueError as error:
                 raise InvalidQuestion(str(error), loc=loc) from None
             jobs.append((spec, state, gold, ("body", "examples", i, "questions", name)))
 
-    async def read(spec: QuestionSpec, state, gold: int, loc):
+    async def read(spec: QuestionSpec, state, gold: int | None, loc):
         async with gate:
             reading = await reader.read(spec, content_text(state), loc=loc)
         key = CalibrationKey(info.name, info.revision, spec.question_type, len(spec.options), request.domain, prompt_version=PROMPT_VERSION)
         return key, (list(reading.label_probabilities.probabilities), gold), reading.label_probabilities.informative
 
-    groups: dict[CalibrationKey, list[tuple[list[float], int]]] = {}
+    groups: dict[CalibrationKey, list[tuple[list[float], int | None]]] = {}
     for key, row, informative in await asyncio.gather(*(read(*job) for job in jobs)):
         if informative:  # an abstention carries no information to fit on
             groups.setdefault(key, []).append(row)
     short = {key: len(rows) for key, rows in groups.items() if len(rows) < MIN_GOLD}
     if short or not groups:
         described = ", ".join(f"{k.question_type} with {k.option_count} options: {n}" for k, n in short.items()) or "none"
-        raise InvalidQuestion(f"each question type and option count needs at least {MIN_GOLD} readable labelled decisions ({described})", loc=("body", "examples"))
+        what = "readable decisions" if request.mode == "state_prior" else "readable labelled decisions"
+        raise InvalidQuestion(f"each question type and option count needs at least {MIN_GOLD} {what} ({described})", loc=("body", "examples"))
+    source = "states" if request.mode == "state_prior" else "labels"
     return [
-        await asyncio.to_thread(fit_and_store, store, key, rows, source="labels", seed=request.seed, mode=request.mode)
+        await asyncio.to_thread(fit_and_store, store, key, rows, source=source, seed=request.seed, mode=request.mode)
         for key, rows in sorted(groups.items(), key=lambda item: (item[0].question_type, item[0].option_count))
     ]

@@ -6,7 +6,7 @@ import asyncio
 import uuid
 
 from calibration.bias import apply_prior, apply_temperature_bias
-from calibration.store import Calibration, CalibrationKey, CalibrationStore, DecisionRecord
+from calibration.store import BIAS_MODES, Calibration, CalibrationKey, CalibrationStore, DecisionRecord
 from calibration.temperature import apply_temperature, as_logits
 from readers.debias import RotatedReading, read_many_rotated
 from readers.engines.base import ModelInfo
@@ -157,7 +157,7 @@ def calibration_used(reading: Reading, calibration: Calibration | None, prior: O
 
 def calibrated_probabilities(raw, calibration: Calibration | None, prior: OptionPrior | None):
     """Raw label probabilities through the stored fit (its mode), else the prior; else unchanged."""
-    if calibration is not None and calibration.mode == "temperature_bias":
+    if calibration is not None and calibration.mode in BIAS_MODES:
         return apply_temperature_bias(as_logits(raw), calibration.temperature, calibration.bias)
     if calibration is not None:
         return apply_temperature(as_logits(raw), calibration.temperature)

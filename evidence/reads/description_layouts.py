@@ -3,7 +3,9 @@
 Reads the AG News question (the only shipped task whose options have descriptions) on spread
 records under layouts that differ from decide-prompt/3 only in how the descriptions are shown,
 with the default label styles, and prints accuracy and how often each option is predicted, raw and
-after the label-free prior correction (content-free states). Layouts are ``PromptLayout``s handed
+after the label-free prior corrections: the content-free prior (content-free states) and the state
+prior (the mean of the other records' reads, leave-one-out: what a ``state_prior`` calibration fitted
+on unlabelled states of the task divides out). Layouts are ``PromptLayout``s handed
 to the reader, the same way eval reads earlier prompt versions.
 
 Run: PYTHONPATH=. python evidence/reads/description_layouts.py 60 > evidence/reads/description-layouts-60.txt
@@ -85,8 +87,8 @@ async def main(n: int) -> None:
     engine = LocalEngine(prepare_embedded_model())
     try:
         print(f"ag_news, {n} spread records; options {list(question.options)}; predicted counts in that order")
-        print("| layout | accuracy | with prior correction | predicted per option |")
-        print("|---|---|---|---|")
+        print("| layout | accuracy | content-free prior | state prior (leave-one-out) | predicted per option |")
+        print("|---|---|---|---|---|")
         for name in LAYOUTS:
             reader = Reader(engine, layout=described(name))
             readings = await asyncio.gather(*(reader.read(question, record.text) for record in records))
@@ -94,8 +96,10 @@ async def main(n: int) -> None:
             free = [await reader.read(question, state) for state in CONTENT_FREE_STATES]
             prior = option_prior([r.label_probabilities.probabilities for r in free])
             corrected = np.array([apply_prior(row, prior) for row in p])
+            others = (p.sum(axis=0) - p) / (len(p) - 1)  # each record's prior from the other records
+            state_corrected = p / others
             counts = np.bincount(p.argmax(axis=1), minlength=len(question.options)).tolist()
-            print(f"| {name} | {np.mean(p.argmax(axis=1) == gold):.1%} | {np.mean(corrected.argmax(axis=1) == gold):.1%} | {counts} |", flush=True)
+            print(f"| {name} | {np.mean(p.argmax(axis=1) == gold):.1%} | {np.mean(corrected.argmax(axis=1) == gold):.1%} | {np.mean(state_corrected.argmax(axis=1) == gold):.1%} | {counts} |", flush=True)
     finally:
         await engine.aclose()
 

@@ -19,13 +19,16 @@ from service.protocol.base import Content, ResponseModel
 class CalibrationUsed(ResponseModel):
     """The calibration applied to an answer's probabilities (``raw_probabilities`` are before it)."""
 
-    mode: Literal["temperature", "temperature_bias", "prior"] = Field(
-        description="temperature: softmax(z / T); temperature_bias: softmax(z / T + b); prior: the label-free prior divided out, renormalised"
+    mode: Literal["temperature", "temperature_bias", "state_prior", "prior"] = Field(
+        description=(
+            "temperature: softmax(z / T); temperature_bias: softmax(z / T + b); state_prior: softmax(z + b), b fitted on unlabelled states; "
+            "prior: the label-free prior on content-free states divided out, renormalised"
+        )
     )
     id: str | None = Field(description="the stored calibration's id; null for a prior (measured, not stored)")
     temperature: float | None = None
-    n: int | None = Field(default=None, description="gold answers it was fitted on; null for a prior")
-    bias: dict[str, float] | None = Field(default=None, description="temperature_bias: per-option bias b")
+    n: int | None = Field(default=None, description="decisions it was fitted on (gold answers, but for state_prior); null for a prior")
+    bias: dict[str, float] | None = Field(default=None, description="temperature_bias, state_prior: per-option bias b")
     prior: dict[str, float] | None = Field(default=None, description="prior: the model's option prior on content-free states")
     content_free_states: list[str] | None = Field(default=None, description="prior: the states it was measured on")
     prompt_version: str = Field(description="the prompt layout the calibration was fitted or measured under")

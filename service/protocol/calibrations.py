@@ -7,17 +7,22 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from calibration.fit import Gold
+from calibration.store import BIAS_MODES
 from service.protocol.base import BodyModel, Content, RequestModel, ResponseModel
 from service.protocol.questions import MAX_OPTIONS, MIN_OPTIONS, Question
 
 
 class LabelledExample(RequestModel):
+    """A state, its questions and their gold answers (which mode ``state_prior`` does without)."""
+
     state: Content
     questions: dict[str, Question]
-    gold: dict[str, Gold]
+    gold: dict[str, Gold] | None = Field(default=None, description="the true answer per question; only mode state_prior fits without")
 
     @model_validator(mode="after")
     def check_gold_names_questions(self) -> LabelledExample:
+        if self.gold is None:
+            return self
         missing = set(self.questions) - set(self.gold)
         extra = set(self.gold) - set(self.questions)
         if missing or extra:
@@ -25,18 +30,21 @@ class LabelledExample(RequestModel):
         return self
 
 
-CalibrationMode = Literal["temperature", "temperature_bias"]
-MODE_DESCRIPTION = "temperature: softmax(z / T); temperature_bias: softmax(z / T + b), one L2-regularised bias per option"
+CalibrationMode = Literal["temperature", "temperature_bias", "state_prior"]
+MODE_DESCRIPTION = (
+    "temperature: softmax(z / T); temperature_bias: softmax(z / T + b), one L2-regularised bias per option; "
+    "state_prior: softmax(z + b) with b = -log of the mean label probabilities over the states (no gold answers needed)"
+)
 
 
 class CalibrationRequest(BodyModel):
-    """``POST /v1/calibrations``: labelled decisions to fit calibrations on."""
+    """``POST /v1/calibrations``: decisions to fit calibrations on (labelled, but for ``state_prior``)."""
 
     model: str | None = None
     mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
     domain: str | None = Field(default=None, max_length=200)
     examples: list[LabelledExample] = Field(min_length=1, max_length=5000)
-    seed: int = 0
+    seed: int = Field(default=0, strict=True)
 
 
 class CalibrationOut(ResponseModel):
@@ -60,7 +68,7 @@ class CalibrationOut(ResponseModel):
     fitted_at: str
     prompt_version: str = Field(description="the prompt layout the fit was made under: it applies only to reads made under it")
     mode: CalibrationMode
-    bias: list[float] | None = Field(default=None, description="temperature_bias: per-option bias, in option order")
+    bias: list[float] | None = Field(default=None, description="temperature_bias, state_prior: per-option bias, in option order")
 
 
 class CalibrationList(ResponseModel):
@@ -82,7 +90,7 @@ class FeedbackResponse(ResponseModel):
 class RefitRequest(BodyModel):
     question_type: Literal["noul", "choice", "score"]
     mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
-    option_count: int | None = Field(default=None, ge=MIN_OPTIONS, le=MAX_OPTIONS)
+    option_count: int | None = Field(default=None, strict=True, ge=MIN_OPTIONS, le=MAX_OPTIONS)
     domain: str | None = None
     model: str | None = None
 
@@ -91,6 +99,6 @@ class RefitRequest(BodyModel):
         # Lookups go domain → type + count → type: a domain calibration without a count is never applied.
         if self.domain is not None and self.option_count is None:
             raise ValueError("a domain calibration needs option_count")
-        if self.mode == "temperature_bias" and self.option_count is None:
-            raise ValueError("a temperature_bias calibration needs option_count: its biases are per option")
+        if self.mode in BIAS_MODES and self.option_count is None:
+            raise ValueError(f"a {self.mode} calibration needs option_count: its biases are per option")
         return self

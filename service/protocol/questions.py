@@ -33,6 +33,7 @@ Rotations = Annotated[
     int | None,
     Field(
         alias="x_rotations",
+        strict=True,  # the schema says integer: "3" or true is refused, not coerced
         ge=2,
         le=MAX_ROTATIONS,
         description=f"with x_debias: option orders to read (default: every distinct one, n or 2n, at most {MAX_ROTATIONS})",
@@ -40,7 +41,7 @@ Rotations = Annotated[
 ]
 MinConfidence = Annotated[
     float | None,
-    Field(alias="x_min_confidence", ge=0.0, le=1.0, description="below this confidence the answer is marked x_reading.abstained"),
+    Field(alias="x_min_confidence", strict=True, ge=0.0, le=1.0, description="below this confidence the answer is marked x_reading.abstained"),
 ]
 
 

@@ -1,4 +1,7 @@
-"""Calibration routes (opendecide extension): fit from labelled examples, feedback, refits, listing.
+"""Calibration routes (opendecide extension): fit from examples, feedback, refits, listing.
+
+A refit reads the store: the decisions with feedback (their latest gold answer), or for
+``state_prior`` every recorded decision of the key, with or without feedback (``store.recorded``).
 
 Mounted only when the app has a calibration store.
 """
@@ -10,7 +13,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
-from calibration.store import Calibration, CalibrationKey
+from calibration.store import Calibration, CalibrationKey, CalibrationStore
 from readers.prompt import PROMPT_VERSION
 from service.calibrate import fit_from_examples
 from service.cancel import unless_disconnected
@@ -27,6 +30,14 @@ WRITE_ERRORS = error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504)
 
 def calibration_out(calibration: Calibration) -> CalibrationOut:
     return CalibrationOut(**calibration.as_json())
+
+
+def refit_key(store: CalibrationStore, key: CalibrationKey, mode: str, labelled: list[tuple[list[float], int]] | None = None) -> Calibration:
+    """Fit ``key`` again from what the store holds: its feedback, or (``state_prior``) its recorded
+    decisions, whose reads need no gold answer. Runs in a worker thread (store queries)."""
+    if mode == "state_prior":
+        return fit_and_store(store, key, [(raw, None) for raw in store.recorded(key)], source="decisions", mode=mode)
+    return fit_and_store(store, key, store.labelled(key) if labelled is None else labelled, source="feedback", mode=mode)
 
 
 @router.post("/v1/calibrations", response_model=CalibrationList, openapi_extra=body_schema(CalibrationRequest), responses=WRITE_ERRORS)
@@ -64,7 +75,7 @@ async def feedback(request: Request) -> FeedbackResponse:
     if every and len(labelled) >= MIN_GOLD and len(labelled) % every == 0:
         current = store.lookup(key)  # a refit keeps the mode the key was fitted in
         mode = current.mode if current is not None and current.key == key else "temperature"
-        refit = calibration_out(await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback", mode=mode))
+        refit = calibration_out(await asyncio.to_thread(refit_key, store, key, mode, labelled))
     return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
 
 
@@ -75,9 +86,8 @@ async def refit(request: Request) -> CalibrationOut:
     body = parse_body(await request.body(), RefitRequest)
     info = reader.engine.info
     key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=PROMPT_VERSION)
-    labelled = await asyncio.to_thread(store.labelled, key)
     try:
-        fitted = await asyncio.to_thread(fit_and_store, store, key, labelled, source="feedback", mode=body.mode)
+        fitted = await asyncio.to_thread(refit_key, store, key, body.mode)
     except ValueError as error:
         raise validation_error(("body",), str(error), "not_enough_feedback") from None
     return calibration_out(fitted)

@@ -1,11 +1,11 @@
-"""Temperature + per-option bias and the label-free prior correction."""
+"""Temperature + per-option bias, the label-free prior correction and the state prior."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from calibration.bias import TemperatureBiasScaler, apply_prior, apply_temperature_bias, option_prior
+from calibration.bias import StatePriorScaler, TemperatureBiasScaler, apply_prior, apply_temperature_bias, option_prior
 from calibration.temperature import TemperatureScaler, nll_at
 
 
@@ -71,3 +71,27 @@ def test_dividing_out_the_prior_undoes_a_lean_the_model_has_on_every_state():
     assert prior == pytest.approx([2 / 3, 1 / 6, 1 / 6])
     assert apply_prior(leaning, prior) == pytest.approx(honest)
     assert apply_prior(leaning, prior).sum(axis=1) == pytest.approx(np.ones(200))
+
+
+def test_a_state_prior_fitted_without_labels_undoes_a_lean_on_real_states():
+    """Balanced classes, reads that favour the true option, times a lean towards option 0 on every
+    state: the mean of the reads carries the lean, so dividing it out recovers accuracy; the fit
+    never sees a label, and is the same stored as a bias as applied as a divided prior."""
+    rng = np.random.default_rng(8)
+    n, k = 600, 4
+    labels = rng.integers(0, k, size=n)
+    honest = rng.dirichlet(np.ones(k), size=n) * np.where(np.arange(k) == labels[:, None], 4.0, 1.0)
+    leaning = honest * np.array([12.0, 1, 1, 1])
+    leaning /= leaning.sum(axis=1, keepdims=True)
+    logits = np.log(leaning)
+    fit, held = slice(0, 300), slice(300, n)
+    scaler = StatePriorScaler().fit(logits[fit])
+    calibrated = scaler.predict_proba(logits[held])
+    raw_accuracy = np.mean(leaning[held].argmax(axis=1) == labels[held])
+    honest_accuracy = np.mean(honest[held].argmax(axis=1) == labels[held])
+    assert raw_accuracy + 0.1 < np.mean(calibrated.argmax(axis=1) == labels[held]) and np.mean(calibrated.argmax(axis=1) == labels[held]) > honest_accuracy - 0.05
+    assert scaler.temperature_ == 1.0 and scaler.n_samples_ == 300 and scaler.bias_.sum() == pytest.approx(0.0, abs=1e-9)
+    assert calibrated == pytest.approx(apply_prior(leaning[held], option_prior(leaning[fit])))
+    assert StatePriorScaler().fit(logits[fit], labels[fit]).bias_ == pytest.approx(scaler.bias_)  # labels are not used
+    with pytest.raises(ValueError, match="one option count"):
+        StatePriorScaler().fit([[0.0, -1.0], [0.0, -1.0, -2.0]])

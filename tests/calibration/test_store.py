@@ -388,6 +388,27 @@ def test_committed_calibrations_survive_the_prompt_version_migration_and_stop_ap
     assert {c.id for c in open_store().calibrations()} == {"cal_old", new.id}
 
 
+def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_without_feedback(open_store):
+    store = open_store()
+    other = CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", prompt_version=VERSION)
+    abstained = DecisionRecord("d0", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [1 / 3] * 3, informative=False, prompt_version=VERSION)
+    store.add_decisions([abstained, decision("d1"), decision("x", other)])
+    later = DecisionRecord("d2", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [0.1, 0.1, 0.8], prompt_version=VERSION)
+    store.add_decisions([later])
+    store.add_feedback("d1", "a")
+    assert store.recorded(KEY) == [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]  # oldest first; the abstention and the other domain left out
+    assert store.recorded(KEY, limit=1) == [[0.1, 0.1, 0.8]]  # the latest
+    assert len(store.recorded(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION))) == 3  # any domain
+
+
+def test_a_state_prior_calibration_carries_a_bias(open_store):
+    store = open_store()
+    fitted = store.add_calibration(KEY, temperature=1.0, n=40, source="states", mode="state_prior", bias=[0.5, -0.25, -0.25])
+    assert open_store().lookup(KEY) == fitted and fitted.bias == (0.5, -0.25, -0.25)
+    with pytest.raises(ValueError, match="has a bias"):
+        store.add_calibration(KEY, temperature=1.0, n=40, source="states", mode="state_prior")
+
+
 def test_a_temperature_bias_calibration_round_trips(open_store):
     store = open_store()
     fitted = store.add_calibration(KEY, temperature=1.5, n=50, source="labels", mode="temperature_bias", bias=[0.25, -0.5, 0.25], heldout_ece_floor=0.04)

@@ -1,12 +1,13 @@
 """Calibration modes on the served route (embedded model, real SQLite): temperature + bias, the
-label-free prior correction, and fits that stop applying under another prompt version."""
+label-free prior correction, the state prior (fitted on unlabelled states or served decisions), and
+fits that stop applying under another prompt version."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from calibration.bias import CONTENT_FREE_STATES
+from calibration.bias import CONTENT_FREE_STATES, state_prior_bias
 from calibration.store import LEGACY_PROMPT_VERSION, CalibrationKey, CalibrationStore
 from eval.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
@@ -46,6 +47,39 @@ async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_fact
     expected = np.exp(u - u.max()) / np.exp(u - u.max()).sum()
     assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx(expected)
     assert no_count.status_code == 422 and "option_count" in no_count.text
+
+
+@pytest.mark.slow  # 24 states read, unlabelled
+async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_decisions(client_factory, local_engine, tmp_path):
+    records = spread(load_sample("ag_news"), 24)
+    spec = ChoiceQuestion.model_validate(QUESTION).to_spec()
+    reader = Reader(local_engine)
+    direct = np.array([(await reader.read(spec, r.text)).label_probabilities.probabilities for r in records[:12]])
+    store = CalibrationStore(tmp_path / "c.sqlite3")
+    unlabelled = [{"state": r.text, "questions": {"topic": QUESTION}} for r in records[:12]]
+    async with client_factory(local_engine, store=store) as client:
+        needs_gold = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "temperature"})
+        fitted = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "state_prior"})
+        assert fitted.status_code == 200, fitted.text
+        answer = await ask(client)
+        served = await client.post("/decide/batch", json={"states": [r.text for r in records[12:]], "questions": {"topic": QUESTION}})
+        assert served.status_code == 200, served.text
+        refit = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "option_count": 4, "mode": "state_prior"})
+        assert refit.status_code == 200, refit.text
+    assert needs_gold.status_code == 422 and needs_gold.json()["detail"][0]["loc"] == ["body", "examples", 0, "gold"]
+    (calibration,) = fitted.json()["calibrations"]
+    assert (calibration["mode"], calibration["temperature"], calibration["n"], calibration["source"]) == ("state_prior", 1.0, 12, "states")
+    assert calibration["heldout_n"] is None  # no gold answers, no held-out score
+    assert calibration["bias"] == pytest.approx(state_prior_bias(direct).tolist(), abs=1e-4)  # −log of the states' mean read, centred
+    used = answer["x_reading"]["calibration"]
+    assert used["mode"] == "state_prior" and used["id"] == calibration["id"]
+    raw = np.array([answer["x_reading"]["raw_probabilities"][o] for o in OPTIONS])
+    prior = direct.mean(axis=0) / direct.mean(axis=0).sum()
+    assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx((raw / prior) / (raw / prior).sum(), abs=1e-4)
+    recorded = store.recorded(CalibrationKey(local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=PROMPT_VERSION))
+    assert len(recorded) == 13  # the one answer and the twelve batch decisions: every decision served, none labelled
+    assert (refit.json()["source"], refit.json()["n"]) == ("decisions", 13)
+    assert refit.json()["bias"] == pytest.approx(state_prior_bias(recorded).tolist())
 
 
 async def test_the_prior_correction_divides_out_what_the_model_answers_on_content_free_states(client_factory, local_engine, tmp_path):

@@ -36,6 +36,8 @@ async def test_named_options_are_read_once_whatever_the_rotations_asked(client_f
     [
         ({**TOPIC, "x_min_confidence": 1.5}, "x_min_confidence", "less than or equal to 1"),
         ({**TOPIC, "x_min_confidence": -0.1}, "x_min_confidence", "greater than or equal to 0"),
+        ({**TOPIC, "x_min_confidence": False}, "x_min_confidence", "valid number"),  # a bool is not a number (not 0.0)
+        ({**TOPIC, "x_debias": "rotate", "x_rotations": "3"}, "x_rotations", "valid integer"),  # nor a string
         ({**TOPIC, "x_rotations": 2}, "x_rotations", "needs x_debias"),
         ({**TOPIC, "x_debias": "rotate", "x_rotations": 5}, "x_rotations", "reads at most 4 orders"),
         ({**TOPIC, "x_debias": "rotate_reverse", "x_rotations": 9}, "x_rotations", "reads at most 8 orders"),
