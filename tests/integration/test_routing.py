@@ -18,7 +18,7 @@ from deploy.processes import free_port
 from deploy.vllm_cpu import ServerSpec, install, start, stop
 from eval.sweep import long_states
 from readers.engines.base import ReadMode
-from readers.engines.routed import RoutedEngine
+from readers.engines.routed import RoutedEngine, prefix_key, rendezvous_order
 from service.app import create_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -43,13 +43,25 @@ def two_engines(embedded_model_dir, tmp_path_factory):
             stop(port)
 
 
+def spread_requests(tokenizer, urls: list[str], first_seed: int):
+    """Six states' requests (three questions each) whose prefixes favour both engines. The engines'
+    ports are free ports, so which engine a state's key favours changes from run to run; six states
+    land on one engine 1 time in 32, and the test checks the spread, so states are drawn until the
+    rendezvous order gives each engine at least one."""
+    ids = [url.removeprefix("http://") for url in urls]  # an engine's id is its URL's netloc
+    for seed in range(first_seed, first_seed + 20):
+        requests = bench.shared_prefix_requests(tokenizer, long_states(tokenizer, 256, 6, seed=seed), 3)
+        if len({rendezvous_order(prefix_key(reads[0]), ids)[0] for reads in requests}) == len(ids):
+            return requests
+    raise AssertionError("no draw of six states favoured both engines")
+
+
 async def test_affinity_keeps_requests_together_and_beats_round_robin_on_the_prefix_cache(two_engines):
     async with await RoutedEngine.connect(two_engines, read_mode=ReadMode.EXACT) as engine:
         tokenizer = engine.tokenizer
     rows = {}
     for seed, routing in enumerate(("affinity", "round_robin")):
-        states = long_states(tokenizer, 256, 6, seed=seed + 50)
-        requests = bench.shared_prefix_requests(tokenizer, states, 3)
+        requests = spread_requests(tokenizer, two_engines, first_seed=50 + 100 * seed)
         assert all(read.prefix_tokens > 256 for reads in requests for read in reads)
         rows[routing] = await bench.routing_pass(two_engines, routing, requests, visits=2, concurrency=2, seed=seed)
     affinity, round_robin = rows["affinity"], rows["round_robin"]
