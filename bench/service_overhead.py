@@ -40,7 +40,7 @@ from eval.manifest import run_manifest  # noqa: E402
 from eval.tasks import load_sample, spread  # noqa: E402
 from readers.engines import open_engine_spec  # noqa: E402
 from readers.engines.vllm import completion_body  # noqa: E402
-from readers.prompt import QuestionSpec, build_prompt  # noqa: E402
+from readers.prompt import QuestionSpec, prompt_layout  # noqa: E402
 from readers.reader import Reader  # noqa: E402
 
 # A production-sized question: the static part (instructions, options, descriptions) spans several
@@ -94,12 +94,11 @@ async def main(args: argparse.Namespace) -> dict:
     shared, question_first, bodies = [], [], []
     async with await open_engine_spec("vllm:exact", engine_url=args.engine_url) as engine:
         manifest = run_manifest("bench:service_overhead", engines={"direct": engine}, args=bench_args(args))
-        reader = Reader(engine)
+        reader, question_first_reader = Reader(engine), Reader(engine, layout=prompt_layout("decide-prompt/1"))  # /1: question as the system text
         for record in records:
-            slot, style = reader.prepare(spec, record.text)
+            slot, _ = reader.prepare(spec, record.text)
             shared.append(completion_body(engine.served_name, slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(slot.label_ids)})
-            text = build_prompt(spec, record.text, slot.labels, style)
-            old_slot = reader.template.slot(text.question, record.text, "", slot.labels)  # decide-prompt/1: question as the system text
+            old_slot, _ = question_first_reader.prepare(spec, record.text)
             question_first.append(completion_body(engine.served_name, old_slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(old_slot.label_ids)})
             bodies.append({"state": record.text, "questions": {"sentiment": {"type": "choice", "instructions": INSTRUCTIONS, "criteria": OPTIONS}}})
 

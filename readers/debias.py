@@ -150,7 +150,7 @@ async def read_many_rotated(
 
 
 def order_free(reader: Reader, question: QuestionSpec, state: str, loc: tuple[str | int, ...] = ()) -> bool:
-    """Whether ``question``'s prompt is the same in every option order. Under decide-prompt/3 named
+    """Whether ``question``'s prompt is the same in every option order. Since decide-prompt/3 named
     options are not listed (descriptions in a canonical order), so their rotations are one prompt;
     codes are listed in order, so theirs are not. A shift and the reverse together move every
     option, so equal prompts for both mean the layout ignores the order."""

@@ -96,23 +96,25 @@ class ChatTemplate:
         with self._lock:
             return self.tokenizer.apply_chat_template(messages, tokenize=False)
 
-    def closing(self) -> tuple[str, str]:
-        """The template text from the last special token before the answer slot, and after it."""
-        text = self._render(SYSTEM, USER, ANSWER)
+    def closing(self, lead: str = "") -> tuple[str, str]:
+        """The template text from the last special token before the answer slot (the assistant
+        turn's ``lead`` included), and after it."""
+        text = self._render(SYSTEM, USER, lead + ANSWER)
         before, after = self._split_once(text, ANSWER)
         return self._tail(before), after
 
-    def slot(self, system: str, shared: str, question: str, labels: tuple[str, ...], *, sequences: bool = False) -> AnswerSlot:
+    def slot(self, system: str, shared: str, question: str, labels: tuple[str, ...], *, sequences: bool = False, lead: str = "") -> AnswerSlot:
         """Prompt ids cut at the answer slot, and one token id per label.
 
         The user message is ``shared + question``, each encoded on its own so the shared part's ids
-        never depend on the question after it. Raises ``LabelsUnresolvable`` when the labels do not
+        never depend on the question after it. The assistant turn holds ``lead`` before the slot;
+        ``labels`` are the texts read there (with any space they take after the lead). Raises ``LabelsUnresolvable`` when the labels do not
         resolve to distinct single tokens, or with ``sequences`` to distinct token sequences (then
         ``label_ids`` are their first tokens, not necessarily distinct).
         """
         texts = [system, shared, question]
         system_mark, shared_mark, question_mark = (_sentinel(base, texts) for base in (SYSTEM, USER, QUESTION))
-        text = self._render(system_mark, shared_mark + question_mark, ANSWER)
+        text = self._render(system_mark, shared_mark + question_mark, lead + ANSWER)
         before, after = self._split_once(text, ANSWER)
         if any(before.count(mark) != 1 for mark in (system_mark, shared_mark, question_mark)):
             raise ValueError("the chat template does not place each message's content exactly once")
@@ -125,12 +127,13 @@ class ChatTemplate:
         ids, marks_end = self._encode_prompt(before, {system_mark: system, shared_mark: shared, question_mark: question})
         return AnswerSlot(tuple(ids), label_ids, labels, prefix_tokens=marks_end[shared_mark], label_sequences=label_sequences)
 
-    def single_token_labels(self, candidates: Iterable[str], count: int) -> tuple[str, ...]:
-        """The first ``count`` candidates that each fill the answer slot with one token."""
-        tail, after = self.closing()
+    def single_token_labels(self, candidates: Iterable[str], count: int, *, lead: str = "", separator: str = "") -> tuple[str, ...]:
+        """The first ``count`` candidates that each fill the answer slot (after ``lead``, read as
+        ``separator + candidate``) with one token."""
+        tail, after = self.closing(lead)
         chosen = []
         for candidate in candidates:
-            if self._single(tail, after, candidate) is not None:
+            if self._single(tail, after, separator + candidate) is not None:
                 chosen.append(candidate)
                 if len(chosen) == count:
                     break

@@ -65,27 +65,31 @@ class Reader:
         self._check_length_bound(question, state, loc)
         failures = []
         n = len(question.options)
-        for style, labels in label_candidates(question, self.label_styles):
-            if style is LabelStyle.CODES:
-                labels = self.template.single_token_labels(labels, n)
-                if len(labels) < n:
-                    failures.append(f"codes: only {len(labels)} letter codes are single tokens")
+        for style, candidates in label_candidates(question, self.label_styles):
+            for lead, separator in self.layout.slot_forms():
+                labels = candidates
+                if style is LabelStyle.CODES:
+                    labels = self.template.single_token_labels(candidates, n, lead=lead, separator=separator)
+                    if len(labels) < n:
+                        failures.append(f"codes: only {len(labels)} letter codes are single tokens")
+                        continue
+                elif style is LabelStyle.CODE_TRIE:
+                    if len(labels) < n:
+                        failures.append(f"code_trie: only {len(labels)} letter codes")
+                        continue
+                    labels = labels[:n]
+                prompt = self.layout.build(question, state, labels, style)
+                try:
+                    slot = self.template.slot(
+                        prompt.system, prompt.shared, prompt.question, tuple(separator + label for label in labels), sequences=style.reads_sequences, lead=lead
+                    )
+                    if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:
+                        raise LabelsUnresolvable("two labels begin with the same token")
+                except LabelsUnresolvable as error:
+                    failures.append(f"{style}: {error}")
                     continue
-            elif style is LabelStyle.CODE_TRIE:
-                if len(labels) < n:
-                    failures.append(f"code_trie: only {len(labels)} letter codes")
-                    continue
-                labels = labels[:n]
-            prompt = self.layout.build(question, state, labels, style)
-            try:
-                slot = self.template.slot(prompt.system, prompt.shared, prompt.question, labels, sequences=style.reads_sequences)
-                if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:
-                    raise LabelsUnresolvable("two labels begin with the same token")
-            except LabelsUnresolvable as error:
-                failures.append(f"{style}: {error}")
-                continue
-            self._check_length(len(slot.prompt_ids) + max(map(len, slot.label_sequences), default=1) - 1, loc)
-            return slot, style
+                self._check_length(len(slot.prompt_ids) + max(map(len, slot.label_sequences), default=1) - 1, loc)
+                return slot, style
         raise InvalidQuestion(
             f"{len(question.options)} options cannot each be named by distinct tokens of "
             f"{self.engine.info.name} ({'; '.join(failures)})",

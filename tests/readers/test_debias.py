@@ -29,7 +29,7 @@ EXACT = 1e-4  # float32 batched vs single reads: rounding only
 
 def coded(engine) -> Reader:
     """Letter codes: the one label style whose prompt lists the options in the asked order, so
-    rotations read different prompts (named options are not listed under decide-prompt/3)."""
+    rotations read different prompts (named options are not listed since decide-prompt/3)."""
     return Reader(engine, label_styles=(LabelStyle.CODES,))
 
 

@@ -75,22 +75,33 @@ def test_single_token_codes_are_picked_from_the_pool(tokenizer):
     assert template.single_token_labels(["red car", "so good", "A"], 3) == ("A",)
 
 
+def test_after_a_lead_labels_are_read_as_the_next_word(tokenizer):
+    template = ChatTemplate(tokenizer)
+    codes = template.single_token_labels(letter_codes(), 3, lead="Answer:", separator=" ")
+    assert codes == ("A", "B", "C")  # candidates come back as named; " A" is what fills the slot
+    slot = template.slot("S", "s", "Q", (" A", " B"), lead="Answer:")
+    assert tokenizer.decode(list(slot.prompt_ids)).endswith("assistant\nAnswer:")
+    assert [tokenizer.decode([i]) for i in slot.label_ids] == [" A", " B"]
+    with pytest.raises(LabelsUnresolvable):  # a lead that ends in the space: the space and the label merge into one token
+        template.slot("S", "s", "Q", ("A", "B"), lead="Answer: ")
+
+
 def test_reader_recodes_colliding_labels_as_letters(local_engine):
     reader = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES))
     slot, style = reader.prepare(choice("World", "Sci/Tech", "Sports"), "Rocket launch delayed")
     assert style is LabelStyle.CODES
-    assert slot.labels == ("A", "B", "C") and len(set(slot.label_ids)) == 3
+    assert slot.labels == (" A", " B", " C") and len(set(slot.label_ids)) == 3  # read as the word after "Answer:"
 
 
 def test_codes_never_reuse_an_option_name(local_engine):
     slot, style = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES)).prepare(choice("B", "Sci/Tech", "A"), "s")
     assert style is LabelStyle.CODES
-    assert "A" not in slot.labels and "B" not in slot.labels
+    assert " A" not in slot.labels and " B" not in slot.labels
 
 
 def test_reader_keeps_words_where_they_resolve(local_engine):
     slot, style = Reader(local_engine).prepare(choice("positive", "negative"), "fine")
-    assert style is LabelStyle.WORDS and slot.labels == ("positive", "negative")
+    assert style is LabelStyle.WORDS and slot.labels == (" positive", " negative")
 
 
 def test_255_multi_word_options_are_read_with_codes(local_engine):

@@ -14,7 +14,7 @@ STATE = "The match ended in a draw after extra time."
 
 
 def test_versions_are_registered_and_unknown_ones_named():
-    assert CURRENT_LAYOUT.version == PROMPT_VERSION and "decide-prompt/1" in PROMPT_LAYOUTS
+    assert CURRENT_LAYOUT.version == PROMPT_VERSION == "decide-prompt/4" and {"decide-prompt/1", "decide-prompt/3"} <= set(PROMPT_LAYOUTS)
     with pytest.raises(ValueError, match="decide-prompt/0"):
         prompt_layout("decide-prompt/0")
 
@@ -39,3 +39,29 @@ async def test_a_read_under_an_earlier_layout_is_exact(local_engine):
     reference = local_engine.next_token_logprobs(slot.prompt_ids)
     expected = reference[list(slot.label_ids)].softmax(-1).tolist()
     assert reading.label_probabilities.probabilities == pytest.approx(expected, abs=1e-4)
+
+
+async def test_the_current_layout_reads_the_answer_after_its_lead(local_engine):
+    """decide-prompt/4 is decide-prompt/3's text with "Answer:" opening the assistant turn: the
+    prompts differ only there, the labels are read as the next word (" World"), and the read is the
+    model's own next-token distribution at that place."""
+    question = QuestionSpec("choice", "What is the topic of this news article?", ("World", "Sports", "Business"), (None, None, None))
+    before, after = (Reader(local_engine, layout=prompt_layout(version)) for version in ("decide-prompt/3", "decide-prompt/4"))
+    (old, _), (new, style) = before.prepare(question, STATE), after.prepare(question, STATE)
+    lead = local_engine.tokenizer.encode("Answer:", add_special_tokens=False)
+    assert style is LabelStyle.WORDS and new.labels == (" World", " Sports", " Business")
+    assert new.prompt_ids == old.prompt_ids + tuple(lead) and new.prefix_tokens == old.prefix_tokens
+    assert [local_engine.tokenizer.decode([i]) for i in new.label_ids] == [" World", " Sports", " Business"]
+    reading = await after.read(question, STATE)
+    expected = local_engine.next_token_logprobs(new.prompt_ids)[list(new.label_ids)].softmax(-1).tolist()
+    assert reading.label_probabilities.probabilities == pytest.approx(expected, abs=1e-4)
+
+
+def test_where_the_tokenizer_splits_the_space_off_the_label_the_space_joins_the_lead(local_engine):
+    """SmolLM2 encodes " 3" as " " and "3": score levels are read after "Answer: " as single digits,
+    while words keep their space (" World" is one token)."""
+    levels = QuestionSpec("score", "How positive is this review?", ("0", "1", "2"), ("bad", "mixed", "good"))
+    slot, style = Reader(local_engine).prepare(levels, STATE)
+    assert style is LabelStyle.DIGITS and slot.labels == ("0", "1", "2")
+    assert local_engine.tokenizer.decode(list(slot.prompt_ids)).endswith("assistant\nAnswer: ")
+    assert [local_engine.tokenizer.decode([i]) for i in slot.label_ids] == ["0", "1", "2"]

@@ -18,7 +18,7 @@ def body(**extensions) -> dict:
 
 
 async def test_named_options_are_read_once_whatever_the_rotations_asked(client_factory, local_engine):
-    """Under decide-prompt/3 named options are not listed in the prompt, so every order is the same
+    """Since decide-prompt/3 named options are not listed in the prompt, so every order is the same
     prompt: x_debias reads it once and says so (rotations 1). Rotated reads of listed options (letter
     codes) are tested in tests/readers/test_debias.py."""
     async with client_factory(local_engine) as client:
