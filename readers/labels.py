@@ -108,9 +108,10 @@ class ChatTemplate:
 
         The user message is ``shared + question``, each encoded on its own so the shared part's ids
         never depend on the question after it. The assistant turn holds ``lead`` before the slot;
-        ``labels`` are the texts read there (with any space they take after the lead). Raises ``LabelsUnresolvable`` when the labels do not
-        resolve to distinct single tokens, or with ``sequences`` to distinct token sequences (then
-        ``label_ids`` are their first tokens, not necessarily distinct).
+        ``labels`` are the texts read there (with any space they take after the lead). Raises
+        ``LabelsUnresolvable`` when the labels do not resolve to distinct single tokens, or with
+        ``sequences`` to distinct token sequences (then ``label_ids`` are their first tokens, not
+        necessarily distinct).
         """
         texts = [system, shared, question]
         system_mark, shared_mark, question_mark = (_sentinel(base, texts) for base in (SYSTEM, USER, QUESTION))

@@ -6,7 +6,7 @@ Layout (what a request's questions share first, so an engine computes it once pe
 - user: the state, a blank line, then the question, option descriptions (named options, in
   canonical order) or the coded/levelled option list, and the answer format;
 - assistant: ``ANSWER_LEAD`` ("Answer:"), then the answer slot, where the label's tokens go (read
-  as the next word: " World", " A", " 3").
+  as the next word, " World" or " A"; ``PromptLayout.slot_forms``).
 
 Everything up to and including the blank line after the state is the shared prefix; a question's
 text never reaches into it, so a read's prompt does not depend on the other questions beside it.
@@ -218,7 +218,7 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
         PromptLayout("decide-prompt/1", build_question_first, (LabelStyle.WORDS, LabelStyle.CODES)),
         PromptLayout("decide-prompt/3", build_prompt),
         # decide-prompt/3's text, the answer read after "Answer:" in the assistant turn: on the
-        # embedded model the lead moved AG News 25.7 → 48.3% and emotion 24.3 → 38.3% (docs/reads.md).
+        # embedded model the lead moved AG News 25.7 → 42.3% and emotion 24.3 → 38.3% (docs/reads.md).
         PromptLayout("decide-prompt/4", build_prompt, answer_lead=ANSWER_LEAD),
     )
 }

@@ -31,7 +31,7 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
         assert json.loads((run / "manifest.json").read_text())["args"]["label_styles"][:2] == list({"words": ("words", "codes"), "trie": ("words", "trie")}[name])
     assert json.loads((tmp_path / "label-styles.json").read_text()) == json.loads(json.dumps(rows))
     table = label_styles_table(rows)
-    assert "| trie | decide-prompt/3 | ag_news | 3 |" in table and "of 3" in table
+    assert f"| trie | {PROMPT_VERSION} | ag_news | 3 |" in table and "of 3" in table
 
 
 async def test_unknown_style_set_is_named(local_engine, tmp_path):
