@@ -15,7 +15,8 @@ question and per prompt version; measuring it (reading the states) is the caller
 **State prior** (mode ``state_prior``, no gold answers): the same division, with q the mean of the
 model's label probabilities on the caller's own states of the question (unlabelled examples, or the
 decisions already served). In-domain states carry the bias the task's text induces, which content-free
-states miss (on AG News the shipped question leans to one option on real articles, not on "N/A").
+states can miss (on AG News under decide-prompt/3 the question leaned to one option on real articles,
+not on "N/A"; docs/reads.md).
 It assumes the options are about equally frequent among those states: on a task with a skewed label
 mix it pulls answers towards the rare options. Stored in the form ``temperature_bias`` has, with
 T = 1 and b = −log q (centred), so it is applied, listed and refitted like any stored fit.

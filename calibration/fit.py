@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.special import softmax
 
 from calibration.bias import StatePriorScaler, TemperatureBiasScaler
-from calibration.metrics import N_BINS, ece, ece_floor
+from calibration.metrics import N_BINS, ece, ece_floor, nll_loss
 from calibration.store import BIAS_MODES, MODES, Calibration, CalibrationKey, CalibrationStore
 from calibration.temperature import TemperatureScaler, as_logits
 
@@ -61,10 +62,6 @@ def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePr
     raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
 
 
-def _nll(probabilities: list[np.ndarray], labels: np.ndarray) -> float:
-    return float(-np.mean([np.log(max(p[y], 1e-300)) for p, y in zip(probabilities, labels)]))
-
-
 def fit_and_store(
     store: CalibrationStore, key: CalibrationKey, rows: list[tuple[list[float], int | None]], *, source: str, seed: int = 0, mode: str = "temperature"
 ) -> Calibration:
@@ -102,10 +99,10 @@ def fit_and_store(
     if labelled_only:
         metrics |= {"nll_before": scaler.nll_before_, "nll_after": scaler.nll_after_}
     elif has_gold.any():
-        gold_logits = [logits[i] for i in np.flatnonzero(has_gold)]
+        gold_logits = np.array([logits[i] for i in np.flatnonzero(has_gold)])
         metrics |= {
-            "nll_before": _nll([np.exp(z) / np.exp(z).sum() for z in gold_logits], labels[has_gold]),
-            "nll_after": _nll([scaler.predict_proba(z) for z in gold_logits], labels[has_gold]),
+            "nll_before": nll_loss(softmax(gold_logits, axis=1), labels[has_gold]),
+            "nll_after": nll_loss(scaler.predict_proba(gold_logits), labels[has_gold]),
         }
     return store.add_calibration(
         key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None), **metrics

@@ -84,6 +84,11 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         "ALTER TABLE decisions ALTER COLUMN prompt_version DROP DEFAULT",
         "CREATE INDEX calibrations_version_key ON calibrations (model, revision, prompt_version, question_type, option_count, domain, seq)",
     )),
+    # The state_prior mode reads a key's latest decisions (``recorded``). Also a version step: a
+    # replica that cannot read a state_prior calibration refuses this database (roll forward).
+    (4, "decisions by key and time, for state_prior refits; calibration mode state_prior", (
+        "CREATE INDEX decisions_recorded ON decisions (model, revision, prompt_version, question_type, option_count, created_at)",
+    )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -254,12 +259,12 @@ class PostgresStore(CalibrationStore):
             rows = db.execute(query, params).fetchall()
         return [(raw, options.index(gold)) for options, raw, gold in rows]
 
-    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[list[float]]:
+    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[tuple[list[str], list[float]]]:
         where, params = key_filter(key, "%s")
-        query = f"SELECT d.raw_probabilities FROM decisions d WHERE {where} AND d.informative ORDER BY d.created_at DESC, d.id DESC LIMIT %s"
+        query = f"SELECT d.options, d.raw_probabilities FROM decisions d WHERE {where} AND d.informative ORDER BY d.created_at DESC, d.id DESC LIMIT %s"
         with self._pool.connection() as db:
             rows = db.execute(query, [*params, limit]).fetchall()
-        return [raw for (raw,) in reversed(rows)]
+        return [(options, raw) for options, raw in reversed(rows)]
 
 
 def _calibration(row: dict) -> Calibration:

@@ -58,6 +58,11 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         "ALTER TABLE calibrations ADD COLUMN heldout_ece_floor REAL",
         f"ALTER TABLE decisions ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
     )),
+    # The state_prior mode reads a key's latest decisions (``recorded``). Also a version step: an
+    # opendecide that cannot read a state_prior calibration refuses this file.
+    (4, "decisions by key and time, for state_prior refits; calibration mode state_prior", (
+        "CREATE INDEX IF NOT EXISTS decisions_recorded ON decisions (model, revision, prompt_version, question_type, option_count, created_at)",
+    )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -197,11 +202,11 @@ class SQLiteStore(CalibrationStore):
         rows = self._connection().execute(query, params).fetchall()
         return [(json.loads(r["raw_probabilities"]), json.loads(r["options"]).index(r["gold"])) for r in rows]
 
-    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[list[float]]:
+    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[tuple[list[str], list[float]]]:
         where, params = key_filter(key, "?")
-        query = f"SELECT d.raw_probabilities FROM decisions d WHERE {where} AND d.informative = 1 ORDER BY d.created_at DESC, d.rowid DESC LIMIT ?"
+        query = f"SELECT d.options, d.raw_probabilities FROM decisions d WHERE {where} AND d.informative = 1 ORDER BY d.created_at DESC, d.rowid DESC LIMIT ?"
         rows = self._connection().execute(query, [*params, limit]).fetchall()
-        return [json.loads(row["raw_probabilities"]) for row in reversed(rows)]
+        return [(json.loads(row["options"]), json.loads(row["raw_probabilities"])) for row in reversed(rows)]
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

@@ -241,9 +241,10 @@ class CalibrationStore(ABC):
         in feedback order; abstentions (no label came back) carry nothing to fit and are left out."""
 
     @abstractmethod
-    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[list[float]]:
-        """Raw probabilities of the latest ``limit`` informative decisions of ``key`` still stored,
-        with or without feedback, oldest first: what a label-free fit (``state_prior``) is fitted on."""
+    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[tuple[list[str], list[float]]]:
+        """(options in the order asked, raw probabilities) of the latest ``limit`` informative
+        decisions of ``key`` still stored, with or without feedback, oldest first: what a label-free
+        fit (``state_prior``) is fitted on."""
 
     @abstractmethod
     def schema_version(self) -> int:

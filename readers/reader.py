@@ -66,17 +66,19 @@ class Reader:
         failures = []
         n = len(question.options)
         for style, candidates in label_candidates(question, self.label_styles):
+            deferred = None
             for lead, separator in self.layout.slot_forms():
+                name = f"{style} after {lead!r}" if lead else str(style)
                 labels = candidates
                 if style is LabelStyle.CODES:
                     labels = self.template.single_token_labels(candidates, n, lead=lead, separator=separator)
                     if len(labels) < n:
-                        failures.append(f"codes: only {len(labels)} letter codes are single tokens")
+                        failures.append(f"{name}: only {len(labels)} letter codes are single tokens")
                         continue
                 elif style is LabelStyle.CODE_TRIE:
                     if len(labels) < n:
-                        failures.append(f"code_trie: only {len(labels)} letter codes")
-                        continue
+                        failures.append(f"{name}: only {len(labels)} letter codes")
+                        break  # the same count in every form
                     labels = labels[:n]
                 prompt = self.layout.build(question, state, labels, style)
                 try:
@@ -86,10 +88,17 @@ class Reader:
                     if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:
                         raise LabelsUnresolvable("two labels begin with the same token")
                 except LabelsUnresolvable as error:
-                    failures.append(f"{style}: {error}")
+                    failures.append(f"{name}: {error}")
                     continue
                 self._check_length(len(slot.prompt_ids) + max(map(len, slot.label_sequences), default=1) - 1, loc)
+                if style.reads_trie and n > 1 and len(set(slot.label_ids)) == 1 and deferred is None:
+                    # Every label begins with the same token (a lone space before "10", "20"): that
+                    # trie level reads 1 for all and costs an engine call; a later form may not have it.
+                    deferred = slot, style
+                    continue
                 return slot, style
+            if deferred is not None:
+                return deferred
         raise InvalidQuestion(
             f"{len(question.options)} options cannot each be named by distinct tokens of "
             f"{self.engine.info.name} ({'; '.join(failures)})",

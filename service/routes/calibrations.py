@@ -34,9 +34,15 @@ def calibration_out(calibration: Calibration) -> CalibrationOut:
 
 def refit_key(store: CalibrationStore, key: CalibrationKey, mode: str, labelled: list[tuple[list[float], int]] | None = None) -> Calibration:
     """Fit ``key`` again from what the store holds: its feedback, or (``state_prior``) its recorded
-    decisions, whose reads need no gold answer. Runs in a worker thread (store queries)."""
+    decisions, whose reads need no gold answer. Runs in a worker thread (store queries).
+
+    A state prior is one bias per option position, so it is fitted on the decisions asked with the
+    latest decision's options in its order: others (another question with as many options, or the
+    same options reordered) would average different options into one position."""
     if mode == "state_prior":
-        return fit_and_store(store, key, [(raw, None) for raw in store.recorded(key)], source="decisions", mode=mode)
+        recorded = store.recorded(key)
+        latest = recorded[-1][0] if recorded else None
+        return fit_and_store(store, key, [(raw, None) for options, raw in recorded if options == latest], source="decisions", mode=mode)
     return fit_and_store(store, key, store.labelled(key) if labelled is None else labelled, source="feedback", mode=mode)
 
 
@@ -89,5 +95,5 @@ async def refit(request: Request) -> CalibrationOut:
     try:
         fitted = await asyncio.to_thread(refit_key, store, key, body.mode)
     except ValueError as error:
-        raise validation_error(("body",), str(error), "not_enough_feedback") from None
+        raise validation_error(("body",), str(error), "not_enough_decisions" if body.mode == "state_prior" else "not_enough_feedback") from None
     return calibration_out(fitted)

@@ -95,3 +95,26 @@ def test_a_state_prior_fitted_without_labels_undoes_a_lean_on_real_states():
     assert StatePriorScaler().fit(logits[fit], labels[fit]).bias_ == pytest.approx(scaler.bias_)  # labels are not used
     with pytest.raises(ValueError, match="one option count"):
         StatePriorScaler().fit([[0.0, -1.0], [0.0, -1.0, -2.0]])
+
+
+def test_fit_and_store_fits_a_state_prior_without_gold_and_scores_only_the_labelled(tmp_path):
+    """Stored in a real SQLite file: no gold, no held-out scores; some gold, scored on those alone;
+    a labelled mode given a row without gold is refused."""
+    from calibration.fit import fit_and_store
+    from calibration.store import CalibrationKey, CalibrationStore
+
+    rng = np.random.default_rng(9)
+    labels = rng.integers(0, 3, size=40)
+    p = rng.dirichlet(np.ones(3), size=40) * np.where(np.arange(3) == labels[:, None], 3.0, 1.0) * np.array([5.0, 1, 1])
+    p /= p.sum(axis=1, keepdims=True)
+    store = CalibrationStore(tmp_path / "c.sqlite3")
+    key = CalibrationKey("m", "r", "choice", 3, prompt_version="v")
+    unlabelled = fit_and_store(store, key, [(row.tolist(), None) for row in p], source="states", mode="state_prior")
+    assert unlabelled.heldout_n is None and unlabelled.nll_before is None and unlabelled.n == 40
+    assert list(unlabelled.bias) == pytest.approx(StatePriorScaler().fit(np.log(p)).bias_)
+    half = [(row.tolist(), int(y) if i % 2 else None) for i, (row, y) in enumerate(zip(p, labels))]
+    some = fit_and_store(store, key, half, source="states", mode="state_prior")
+    assert 0 < some.heldout_n < 20 and some.heldout_ece_after is not None and some.nll_after < some.nll_before  # the lean undone
+    assert list(some.bias) == pytest.approx(list(unlabelled.bias))  # the gold answers change nothing in the fit
+    with pytest.raises(ValueError, match="needs a gold answer for every decision"):
+        fit_and_store(store, key, half, source="labels", mode="temperature_bias")

@@ -181,7 +181,7 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     assert store.decision("d0").prompt_version == LEGACY_PROMPT_VERSION  # read under the first layout
     assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]  # d1 only: d0's layout is not this one
     assert store.labelled(replace(KEY, prompt_version=LEGACY_PROMPT_VERSION)) == [([0.5, 0.3, 0.2], 2)]
-    assert [v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")] == [1, 2, 3]
+    assert [v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")] == [1, 2, 3, 4]
 
 
 @pytest.mark.integration
@@ -345,6 +345,7 @@ def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
     assert query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version") == [
         (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on (found)"),
         (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias (found)"),
+        (4, "decisions by key and time, for state_prior refits; calibration mode state_prior"),
     ]  # fmt: skip
 
 
@@ -396,8 +397,9 @@ def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_withou
     later = DecisionRecord("d2", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [0.1, 0.1, 0.8], prompt_version=VERSION)
     store.add_decisions([later])
     store.add_feedback("d1", "a")
-    assert store.recorded(KEY) == [[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]]  # oldest first; the abstention and the other domain left out
-    assert store.recorded(KEY, limit=1) == [[0.1, 0.1, 0.8]]  # the latest
+    options = ["a", "b", "c"]
+    assert store.recorded(KEY) == [(options, [0.5, 0.3, 0.2]), (options, [0.1, 0.1, 0.8])]  # oldest first; the abstention and the other domain left out
+    assert store.recorded(KEY, limit=1) == [(options, [0.1, 0.1, 0.8])]  # the latest
     assert len(store.recorded(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION))) == 3  # any domain
 
 

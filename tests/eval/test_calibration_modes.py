@@ -61,8 +61,8 @@ async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
 async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
     leaning_run(tmp_path / "run", version="decide-prompt/2")  # a layout the code no longer has
     report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine="local", splits=2)
-    assert "prior" not in report["tasks"]["ag_news"] and "decide-prompt/2" in report["prior_note"]
-    assert "state_prior" in report["tasks"]["ag_news"]  # fitted on the run's own reads: no engine, any layout  # no engine was opened
+    assert "prior" not in report["tasks"]["ag_news"] and "decide-prompt/2" in report["prior_note"]  # no engine was opened
+    assert "state_prior" in report["tasks"]["ag_news"]  # fitted on the run's own reads: no engine, any layout
     measured_prior(tmp_path / "out")  # measured under this code's version, the run under another
     with pytest.raises(ValueError, match="measured under"):
         await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=2)

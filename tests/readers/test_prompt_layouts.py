@@ -65,3 +65,12 @@ def test_where_the_tokenizer_splits_the_space_off_the_label_the_space_joins_the_
     assert style is LabelStyle.DIGITS and slot.labels == ("0", "1", "2")
     assert local_engine.tokenizer.decode(list(slot.prompt_ids)).endswith("assistant\nAnswer: ")
     assert [local_engine.tokenizer.decode([i]) for i in slot.label_ids] == ["0", "1", "2"]
+
+
+def test_a_trie_whose_labels_all_begin_with_the_space_takes_the_form_without_it(local_engine):
+    """" 10", " 20", " 30" all begin with SmolLM2's lone space token: that trie level would read 1
+    for every option and cost an engine call, so the reader takes "Answer: " and reads "10", "20"…"""
+    question = QuestionSpec("choice", "How many?", ("10", "20", "30"), (None, None, None))
+    slot, style = Reader(local_engine).prepare(question, STATE)
+    assert style is LabelStyle.TRIE and slot.labels == ("10", "20", "30") and len(set(slot.label_ids)) == 3
+    assert local_engine.tokenizer.decode(list(slot.prompt_ids)).endswith("assistant\nAnswer: ")

@@ -62,6 +62,7 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
         fitted = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "state_prior"})
         assert fitted.status_code == 200, fitted.text
         answer = await ask(client)
+        await ask(client, TASKS["ag_news"].question(reversed_options=True))  # recorded, but its positions hold other options
         served = await client.post("/decide/batch", json={"states": [r.text for r in records[12:]], "questions": {"topic": QUESTION}})
         assert served.status_code == 200, served.text
         refit = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "option_count": 4, "mode": "state_prior"})
@@ -77,9 +78,10 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
     prior = direct.mean(axis=0) / direct.mean(axis=0).sum()
     assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx((raw / prior) / (raw / prior).sum(), abs=1e-4)
     recorded = store.recorded(CalibrationKey(local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=PROMPT_VERSION))
-    assert len(recorded) == 13  # the one answer and the twelve batch decisions: every decision served, none labelled
-    assert (refit.json()["source"], refit.json()["n"]) == ("decisions", 13)
-    assert refit.json()["bias"] == pytest.approx(state_prior_bias(recorded).tolist())
+    assert len(recorded) == 14  # every decision served, none labelled
+    same_order = [raw for options, raw in recorded if options == OPTIONS]
+    assert (refit.json()["source"], refit.json()["n"]) == ("decisions", 13)  # the reversed question left out
+    assert refit.json()["bias"] == pytest.approx(state_prior_bias(same_order).tolist())
 
 
 async def test_the_prior_correction_divides_out_what_the_model_answers_on_content_free_states(client_factory, local_engine, tmp_path):
