@@ -30,6 +30,7 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import log_softmax, softmax
 
+from calibration.metrics import nll_loss
 from calibration.temperature import T_MAX, T_MIN, nll_at
 
 BIAS_L2 = 0.01
@@ -132,7 +133,8 @@ class StatePriorScaler:
     """Fit the state prior on (n, k) label logits of unlabelled reads; apply it to new ones.
 
     The same attributes as ``TemperatureBiasScaler`` (``temperature_`` is 1): the fit is stored and
-    applied as a bias. Labels, when given, are not used.
+    applied as a bias. Labels (gold indices, −1 where there is none) do not enter the fit; the NLLs
+    before and after are taken over the rows that have one (None when none has).
     """
 
     def fit(self, logits, labels=None) -> StatePriorScaler:
@@ -144,6 +146,10 @@ class StatePriorScaler:
         self.temperature_ = 1.0
         self.bias_ = state_prior_bias(softmax(z, axis=1))
         self.n_samples_ = len(z)
+        y = np.full(len(z), -1) if labels is None else np.asarray(labels, dtype=int)
+        gold = y >= 0
+        self.nll_before_ = nll_loss(softmax(z[gold], axis=1), y[gold]) if gold.any() else None
+        self.nll_after_ = nll_loss(self.predict_proba(z[gold]), y[gold]) if gold.any() else None
         return self
 
     def predict_proba(self, logits) -> np.ndarray:

@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.special import softmax
 
 from calibration.bias import StatePriorScaler, TemperatureBiasScaler
-from calibration.metrics import N_BINS, ece, ece_floor, nll_loss
+from calibration.metrics import N_BINS, ece, ece_floor
 from calibration.store import BIAS_MODES, MODES, Calibration, CalibrationKey, CalibrationStore
 from calibration.temperature import TemperatureScaler, as_logits
 
@@ -96,14 +95,21 @@ def fit_and_store(
             "heldout_ece_after": ece(calibrated, labels[scored], N_BINS),
             "heldout_ece_floor": ece_floor(calibrated, N_BINS, seed=seed)["median"],
         }
-    if labelled_only:
-        metrics |= {"nll_before": scaler.nll_before_, "nll_after": scaler.nll_after_}
-    elif has_gold.any():
-        gold_logits = np.array([logits[i] for i in np.flatnonzero(has_gold)])
-        metrics |= {
-            "nll_before": nll_loss(softmax(gold_logits, axis=1), labels[has_gold]),
-            "nll_after": nll_loss(scaler.predict_proba(gold_logits), labels[has_gold]),
-        }
     return store.add_calibration(
-        key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None), **metrics
-    )
+        key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None),
+        nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
+    )  # fmt: skip
+
+
+def refit_from_store(store: CalibrationStore, key: CalibrationKey, mode: str, labelled: list[tuple[list[float], int]] | None = None) -> Calibration:
+    """Fit ``key`` again from what the store holds: its feedback (``labelled``, when the caller has
+    already read it), or for ``state_prior`` its recorded decisions, whose reads need no gold answer.
+
+    A state prior is one bias per option position, so it is fitted on the decisions asked with the
+    latest decision's options in its order: others (another question with as many options, or the
+    same options reordered) would average different options into one position."""
+    if mode == "state_prior":
+        recorded = store.recorded(key)
+        latest = recorded[-1][0] if recorded else None
+        return fit_and_store(store, key, [(raw, None) for options, raw in recorded if options == latest], source="decisions", mode=mode)
+    return fit_and_store(store, key, store.labelled(key) if labelled is None else labelled, source="feedback", mode=mode)

@@ -1,7 +1,7 @@
 """Calibration routes (opendecide extension): fit from examples, feedback, refits, listing.
 
-A refit reads the store: the decisions with feedback (their latest gold answer), or for
-``state_prior`` every recorded decision of the key, with or without feedback (``store.recorded``).
+A refit reads the store (``calibration.fit.refit_from_store``): the decisions with feedback, or for
+``state_prior`` the recorded decisions of the key, with or without feedback.
 
 Mounted only when the app has a calibration store.
 """
@@ -12,8 +12,8 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
-from calibration.fit import MIN_GOLD, fit_and_store, gold_index
-from calibration.store import Calibration, CalibrationKey, CalibrationStore
+from calibration.fit import MIN_GOLD, gold_index, refit_from_store
+from calibration.store import Calibration, CalibrationKey
 from readers.prompt import PROMPT_VERSION
 from service.calibrate import fit_from_examples
 from service.cancel import unless_disconnected
@@ -30,20 +30,6 @@ WRITE_ERRORS = error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504)
 
 def calibration_out(calibration: Calibration) -> CalibrationOut:
     return CalibrationOut(**calibration.as_json())
-
-
-def refit_key(store: CalibrationStore, key: CalibrationKey, mode: str, labelled: list[tuple[list[float], int]] | None = None) -> Calibration:
-    """Fit ``key`` again from what the store holds: its feedback, or (``state_prior``) its recorded
-    decisions, whose reads need no gold answer. Runs in a worker thread (store queries).
-
-    A state prior is one bias per option position, so it is fitted on the decisions asked with the
-    latest decision's options in its order: others (another question with as many options, or the
-    same options reordered) would average different options into one position."""
-    if mode == "state_prior":
-        recorded = store.recorded(key)
-        latest = recorded[-1][0] if recorded else None
-        return fit_and_store(store, key, [(raw, None) for options, raw in recorded if options == latest], source="decisions", mode=mode)
-    return fit_and_store(store, key, store.labelled(key) if labelled is None else labelled, source="feedback", mode=mode)
 
 
 @router.post("/v1/calibrations", response_model=CalibrationList, openapi_extra=body_schema(CalibrationRequest), responses=WRITE_ERRORS)
@@ -81,7 +67,7 @@ async def feedback(request: Request) -> FeedbackResponse:
     if every and len(labelled) >= MIN_GOLD and len(labelled) % every == 0:
         current = store.lookup(key)  # a refit keeps the mode the key was fitted in
         mode = current.mode if current is not None and current.key == key else "temperature"
-        refit = calibration_out(await asyncio.to_thread(refit_key, store, key, mode, labelled))
+        refit = calibration_out(await asyncio.to_thread(refit_from_store, store, key, mode, labelled))
     return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
 
 
@@ -93,7 +79,7 @@ async def refit(request: Request) -> CalibrationOut:
     info = reader.engine.info
     key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=PROMPT_VERSION)
     try:
-        fitted = await asyncio.to_thread(refit_key, store, key, body.mode)
+        fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode)
     except ValueError as error:
         raise validation_error(("body",), str(error), "not_enough_decisions" if body.mode == "state_prior" else "not_enough_feedback") from None
     return calibration_out(fitted)
