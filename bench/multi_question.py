@@ -83,7 +83,9 @@ def body(ticket: int, n: int) -> dict:
 
 
 def serve_child(args: argparse.Namespace) -> None:
-    """The service around an engine opened with ``share_prefix`` as asked (no calibration store)."""
+    """The service around an engine opened with ``share_prefix`` as asked (no calibration store, no
+    prior correction: the bench measures the read path, and a prior's three reads per new question,
+    on empty states, would add reads to the first requests and hits to the engine's prefix cache)."""
     import uvicorn
 
     from readers.engines import open_engine
@@ -94,7 +96,7 @@ def serve_child(args: argparse.Namespace) -> None:
             args.kind, url=args.engine_url, share_prefix=args.share_prefix, prefill_first=args.prefill_first, workers=args.workers, timeout_s=120
         )
 
-    uvicorn.run(create_app(open_engine=opener), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(create_app(open_engine=opener, prior_correction="off"), host="127.0.0.1", port=args.port, log_level="warning")
 
 
 def start(variant: dict, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:

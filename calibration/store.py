@@ -108,6 +108,8 @@ class DecisionRecord:
     domain: str | None
     options: list[str]
     raw_probabilities: list[float]
+    """The read the key's fits are made on, before any stored fit: the model's own, or with a
+    correction divided out where ``prompt_version`` says so (the service's ``+prior``)."""
     informative: bool = True
     prompt_version: str = field(kw_only=True)
 

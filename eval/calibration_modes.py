@@ -29,7 +29,7 @@ import numpy as np
 from calibration.bias import CONTENT_FREE_STATES, StatePriorScaler, TemperatureBiasScaler, apply_prior, apply_temperature_bias
 from calibration.metrics import N_BINS, ece, ece_floor
 from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
-from eval.evidence import RECORDS, load_rows, rows_arrays
+from eval.evidence import RECORDS, load_rows, raw_probabilities, rows_arrays
 from eval.manifest import MANIFEST, write_json
 from eval.tasks import TASKS
 from readers.prompt import PROMPT_LAYOUTS, PROMPT_VERSION
@@ -97,7 +97,8 @@ async def measure_priors(
             question = SystemOneRequest.model_validate({"state": "", "questions": {"q": TASKS[task].question()}}).questions["q"]
             spec = question.to_spec()
             measured = await measure_prior(reader, spec, CONTENT_FREE_STATES)
-            priors[task] = {"prior": dict(zip(spec.options, measured.prior)), "states": list(measured.states)}
+            if measured is not None:  # else no label came back on any content-free state: no prior column
+                priors[task] = {"prior": dict(zip(spec.options, measured.prior)), "states": list(measured.states)}
         info = {"model": engine.info.name, "revision": engine.info.revision}
     return {"prompt_version": prompt_version, **info, "tasks": priors}
 
@@ -131,9 +132,9 @@ async def calibration_modes(
     }  # fmt: skip
     for task in tasks:
         ok = task_rows(rows, task)
-        p, y = rows_arrays(ok)
+        p, y = rows_arrays(ok, raw_probabilities)  # every mode starts from the model's own read
         prior = None
-        if priors is not None:
+        if priors is not None and task in priors["tasks"]:
             prior = np.array([priors["tasks"][task]["prior"][option] for option in ok[0]["options"]])
         report["tasks"][task] = {"n": len(ok), **evaluate_task(p, y, prior, labels=labels, held_out=held_out, splits=splits, seed=seed)}
     write_json(out / "modes.json", report)

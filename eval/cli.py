@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from readers.prompt import PROMPT_VERSION
-from service.cli import EngineUrlOption, TopKOption, quiet_loaders
+from service.cli import EngineUrlOption, PriorCorrectionOption, TopKOption, quiet_loaders
+from service.prior import DEFAULT_PRIOR_CORRECTION
 
 app = typer.Typer()
 eval_app = typer.Typer(help="Evaluate: agreement between engines, tasks, the public suite, comparisons.")
@@ -71,6 +72,7 @@ def eval_tasks(
     latency: Annotated[bool, typer.Option("--latency/--no-latency", help="also measure latency at c=1 and decisions/s at c=8")] = True,
     engine_log: Annotated[Optional[Path], typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest")] = None,
     seed: Annotated[int, typer.Option(help="recorded; the samples themselves are fixed")] = 0,
+    prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
 ) -> None:
     """Read the shipped tasks (and reversed options) through an engine; write per-record evidence."""
     quiet_loaders()
@@ -79,13 +81,14 @@ def eval_tasks(
     from eval.manifest import Images
     from eval.runner import evaluate_tasks
 
-    passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency}
+    passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency,
+              "prior_correction": prior_correction.value}  # fmt: skip
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
         job = bar.add_task(engine, total=None)
         manifest = asyncio.run(
             evaluate_tasks(
                 engine, out, engine_url=engine_url, top_k=top_k, latency=latency, tasks=tasks.split(","), limit=limit, concurrency=concurrency,
-                images=Images(engine_image, service_image), seed=seed, args_passed=passed,
+                images=Images(engine_image, service_image), seed=seed, args_passed=passed, prior_correction=prior_correction,
                 progress=lambda done, total: bar.update(job, completed=done, total=total),
                 engine_log=engine_log.read_text(errors="replace") if engine_log else None,
             )
@@ -266,6 +269,7 @@ def eval_suite(
     resamples: Annotated[int, typer.Option(min=1, help="family-clustered bootstrap resamples for the 95% ranges")] = 1000,
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
+    prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
 ) -> None:
     """Run the suite at --data through an engine into --out, then score it (suite.json, suite.md)."""
     if context.invoked_subcommand is not None:
@@ -279,7 +283,7 @@ def eval_suite(
         report = asyncio.run(
             score_suite_with_engine(
                 engine, data, out, engine_url=engine_url, top_k=top_k, concurrency=concurrency, allow_unverified=allow_unverified,
-                allow_mismatch=allow_mismatch, resamples=resamples, images=Images(engine_image, service_image),
+                allow_mismatch=allow_mismatch, resamples=resamples, images=Images(engine_image, service_image), prior_correction=prior_correction,
             )
         )  # fmt: skip
     except RunRefused as error:
@@ -323,6 +327,7 @@ def eval_label_styles(
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
     limit: Annotated[Optional[int], typer.Option(help="records per task, spread over the sample (default all 300)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
 ) -> None:
     """Accuracy and reversed-order changes per label style (and prompt layout) on the shipped tasks."""
     quiet_loaders()
@@ -339,6 +344,7 @@ def eval_label_styles(
             tasks=tasks.split(","),
             limit=limit,
             concurrency=concurrency,
+            prior_correction=prior_correction,
         )
     )
     typer.echo(label_styles_table(rows))

@@ -2,8 +2,10 @@
 
 A **record row** is one JSON line per (task, record id, variant): ``id``, ``task`` (the suite's
 subset), ``variant``, ``gold`` (the true answer, an option name), ``options`` (option order),
-``status`` (``ok`` or ``error``), then for ``ok`` rows ``probabilities`` (by option),
-``reading`` (the answer's reading), ``latency_ms`` and ``predicted``, or for ``error`` rows
+``status`` (``ok`` or ``error``), then for ``ok`` rows ``probabilities`` (by option: the answer's,
+what a caller gets; the model's own read is ``reading.raw_probabilities``, and the two differ only
+where a correction applied, ``reading.calibration``), ``reading`` (the answer's reading),
+``latency_ms`` and ``predicted`` (from ``probabilities``), or for ``error`` rows
 ``error: {type, message}``. Callers may add fields (the suite adds ``subset``, ``question_type``,
 ``family``). ``decide eval tasks``, ``suite`` and ``agree`` write rows with :class:`RecordWriter`;
 every scorer reads them with :func:`load_rows`.
@@ -25,7 +27,8 @@ import numpy as np
 from readers.errors import DecideError
 from readers.reader import Reader
 from service.decide import decide
-from service.protocol import SystemOneRequest
+from service.prior import OptionPriors
+from service.protocol import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest
 
 RECORDS = "records.jsonl"
 
@@ -38,28 +41,43 @@ def row_key(row: RecordRow) -> Key:
     return (row["task"], row["id"], row["variant"])
 
 
-async def read_row(reader: Reader, base: RecordRow, body: dict[str, Any], question: str) -> RecordRow:
-    """One Jev request through ``decide`` (the service's path minus HTTP) as a record row: ``base``
-    plus the read, or plus the error (an engine error is evidence, never a crash or a wrong answer)."""
+def answer_probabilities(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> dict[str, float]:
+    """An answer's probabilities by option (a yes/no answer's as true/false)."""
+    if isinstance(answer, NoulAnswer):
+        return {"true": answer.noul, "false": 1.0 - answer.noul}
+    return dict(answer.probabilities)
+
+
+def raw_probabilities(row: RecordRow) -> dict[str, float]:
+    """The model's own read of an ``ok`` row, before any correction (for :func:`rows_arrays`)."""
+    return row["reading"]["raw_probabilities"]
+
+
+async def read_row(reader: Reader, base: RecordRow, body: dict[str, Any], question: str, priors: OptionPriors | None = None) -> RecordRow:
+    """One Jev request through ``decide`` (the service's path minus HTTP; ``priors`` as the service
+    passes them) as a record row: ``base`` plus the answer, or plus the error (an engine error is
+    evidence, never a crash or a wrong answer)."""
     started = time.monotonic()
     try:
-        response = await decide(SystemOneRequest.model_validate(body), reader, request_id=uuid.uuid4().hex)
+        response = await decide(SystemOneRequest.model_validate(body), reader, request_id=uuid.uuid4().hex, priors=priors)
     except DecideError as error:
         return {**base, "status": "error", "error": {"type": error.error_type, "message": error.message}}
     latency_ms = (time.monotonic() - started) * 1000
-    reading = response.answers[question].reading.model_dump(mode="json")
-    probabilities = reading["raw_probabilities"]
-    return {**base, "status": "ok", "probabilities": probabilities, "reading": reading, "latency_ms": latency_ms,
+    answer = response.answers[question]
+    probabilities = answer_probabilities(answer)
+    return {**base, "status": "ok", "probabilities": probabilities, "reading": answer.reading.model_dump(mode="json"), "latency_ms": latency_ms,
             "predicted": max(probabilities, key=probabilities.__getitem__)}  # fmt: skip
 
 
-async def read_rows(reader: Reader, jobs: Iterable[tuple[RecordRow, dict[str, Any], str]], *, concurrency: int = 4) -> list[RecordRow]:
+async def read_rows(
+    reader: Reader, jobs: Iterable[tuple[RecordRow, dict[str, Any], str]], *, concurrency: int = 4, priors: OptionPriors | None = None
+) -> list[RecordRow]:
     """``(base, body, question)`` jobs through :func:`read_row`, at most ``concurrency`` in flight, in job order."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(base: RecordRow, body: dict[str, Any], question: str) -> RecordRow:
         async with gate:
-            return await read_row(reader, base, body, question)
+            return await read_row(reader, base, body, question, priors)
 
     return list(await asyncio.gather(*(one(*job) for job in jobs)))
 
@@ -92,14 +110,14 @@ class RecordWriter:
 
     async def read_all(
         self, reader: Reader, jobs: Iterable[tuple[RecordRow, dict[str, Any], str]], *, concurrency: int = 4,
-        progress: Callable[[], None] | None = None,
+        progress: Callable[[], None] | None = None, priors: OptionPriors | None = None,
     ) -> None:  # fmt: skip
         """Read every job not already done and append its row as it finishes."""
         gate = asyncio.Semaphore(concurrency)
 
         async def one(base: RecordRow, body: dict[str, Any], question: str) -> None:
             async with gate:
-                row = await read_row(reader, base, body, question)
+                row = await read_row(reader, base, body, question, priors)
             await self.write(row)
             if progress:
                 progress()

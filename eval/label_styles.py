@@ -3,9 +3,11 @@
 Each style set is a reader preference order (``STYLE_SETS``; ``default`` is the layout's own); each
 runs, under each prompt layout asked for, as ``decide eval tasks`` does (:func:`eval.runner.run_tasks`,
 resumable) into ``<out>/<prompt version>/<style set>/`` (``decide-prompt/3`` → ``decide-prompt-3``),
-so one run can compare layouts as well as styles. The table reads only
-those record rows: per task, accuracy on the original and reversed option order with 95% Wilson
-intervals, and how many records change their predicted option when the order is reversed.
+so one run can compare layouts as well as styles. The table reads only those record rows: per
+task, the answers' accuracy (read as ``decide serve`` answers, the run's ``--prior-correction``
+included) on the original and reversed option order with 95% Wilson intervals, how many records
+change their predicted option when the order is reversed, and the raw read's accuracy (the
+model's own probabilities, before any correction) beside it.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval.evidence import RECORDS, load_rows
+from eval.evidence import RECORDS, load_rows, raw_probabilities
 from eval.manifest import MANIFEST, write_json
 from eval.runner import run_tasks
 from eval.score import wilson_interval
 from eval.tasks import TASKS
 from readers.engines.base import Engine
 from readers.prompt import PROMPT_VERSION, prompt_layout
+from service.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
 
 STYLE_SETS: dict[str, tuple[str, ...] | None] = {
     "default": None,  # the layout's own preference order (PromptLayout.label_styles)
@@ -45,8 +48,10 @@ async def run_label_styles(
     tasks: Sequence[str] = tuple(TASKS),
     limit: int | None = None,
     concurrency: int = 4,
+    prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
 ) -> list[dict]:
-    """Run every style set under every layout and return (and write to ``out/label-styles.json``) the rows."""
+    """Run every style set under every layout and return (and write to ``out/label-styles.json``)
+    the rows; ``prior_correction`` as ``decide serve``'s (accuracy is the answers')."""
     unknown = [name for name in style_sets if name not in STYLE_SETS]
     if unknown:
         raise ValueError(f"unknown style set(s) {unknown}; known: {', '.join(STYLE_SETS)}")
@@ -55,28 +60,36 @@ async def run_label_styles(
     runs = [(version, name) for version in prompt_versions for name in style_sets]
     for version, name in runs:
         await run_tasks(
-            engine, run_dir(out, version, name), tasks=tasks, limit=limit, concurrency=concurrency, label_styles=STYLE_SETS[name], prompt_version=version
-        )
+            engine, run_dir(out, version, name), tasks=tasks, limit=limit, concurrency=concurrency, label_styles=STYLE_SETS[name], prompt_version=version,
+            prior_correction=prior_correction,
+        )  # fmt: skip
     rows = [row for version, name in runs for row in style_rows(run_dir(out, version, name), name)]
     write_json(out / "label-styles.json", rows)
     return rows
 
 
 def style_rows(run: Path, name: str) -> list[dict]:
-    """One row per task of one style set's run."""
+    """One row per task of one style set's run: the answers' accuracy (what a caller gets) and, for
+    the original order, the model's own read's (``raw``; equal where no correction applied)."""
     rows = []
-    prompt_version = json.loads((run / MANIFEST).read_text()).get("prompt_version")
+    manifest = json.loads((run / MANIFEST).read_text())
+    prompt_version = manifest.get("prompt_version")
+    prior_correction = manifest["args"].get("prior_correction", "off")  # runs from before the option answered raw
     by_task: dict[str, list[dict]] = {}
     for row in load_rows(run / RECORDS):
         by_task.setdefault(row["task"], []).append(row)
     for task, records in by_task.items():
         ok = [row for row in records if row["status"] == "ok"]
         variants = {variant: {row["id"]: row for row in ok if row["variant"] == variant} for variant in TASKS[task].variants}
-        result = {"style_set": name, "task": task, "prompt_version": prompt_version, "errors": len(records) - len(ok)}
+        result = {"style_set": name, "task": task, "prompt_version": prompt_version, "prior_correction": prior_correction, "errors": len(records) - len(ok)}
         for variant, rows_by_id in variants.items():
             correct = sum(row["predicted"] == row["gold"] for row in rows_by_id.values())
             n = len(rows_by_id)
             result[variant] = {"n": n, "correct": correct, "accuracy": correct / n if n else None, "interval": wilson_interval(correct, n) if n else None}
+        original = variants["original"].values()
+        raw_correct = sum(max(raw := raw_probabilities(row), key=raw.__getitem__) == row["gold"] for row in original)
+        result["raw"] = {"n": len(original), "correct": raw_correct, "accuracy": raw_correct / len(original) if original else None}
+        result["corrected"] = sum(row["reading"]["prior_correction"] is not None for row in ok)
         if "reversed" in variants:
             both = variants["original"].keys() & variants["reversed"].keys()
             result["reversed_changes"] = sum(variants["original"][i]["predicted"] != variants["reversed"][i]["predicted"] for i in both)
@@ -88,8 +101,8 @@ def style_rows(run: Path, name: str) -> list[dict]:
 
 def label_styles_table(rows: Sequence[dict]) -> str:
     lines = [
-        "| style set | prompt | task | n | accuracy original (95%) | accuracy reversed (95%) | reversed changes | label styles used |",
-        "|---|---|---|---|---|---|---|---|",
+        "| style set | prompt | prior correction | task | n | accuracy original (95%) | accuracy reversed (95%) | reversed changes | raw read, original | label styles used |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(result: dict | None) -> str:
@@ -101,7 +114,11 @@ def label_styles_table(rows: Sequence[dict]) -> str:
     for row in rows:
         changes = f"{row['reversed_changes']} of {row['paired']} ({row['reversed_changes'] / row['paired']:.0%})" if row.get("paired") else "—"
         used = ", ".join(f"{style} {count}" for style, count in row["label_styles_used"].items())
-        lines.append(f"| {row['style_set']} | {row['prompt_version']} | {row['task']} | {row['original']['n']} | {cell(row['original'])} | {cell(row.get('reversed'))} | {changes} | {used} |")
+        raw = f"{row['raw']['accuracy']:.1%}" if row["raw"]["n"] else "—"
+        lines.append(
+            f"| {row['style_set']} | {row['prompt_version']} | {row['prior_correction']} | {row['task']} | {row['original']['n']} | {cell(row['original'])} "
+            f"| {cell(row.get('reversed'))} | {changes} | {raw} | {used} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -116,6 +116,8 @@ def check_directory(out: Path, manifest: dict) -> None:
         ("data", manifest["data_sha256"], existing["data_sha256"]),
         ("tasks", manifest["args"].get("tasks"), existing["args"].get("tasks")),
         ("limit", manifest["args"].get("limit"), existing["args"].get("limit")),
+        # Runs from before the option answered raw.
+        ("prior correction", manifest["args"].get("prior_correction", "off"), existing["args"].get("prior_correction", "off")),
     ]:
         if a != b:
             raise RunRefused(f"{out} holds results with {field} {b!r}, not {a!r}: use another --out")

@@ -25,6 +25,7 @@ from eval.tasks import TASKS, Record, Task, load_sample, spread
 from readers.engines.base import Engine
 from readers.prompt import PROMPT_VERSION, LabelStyle, prompt_layout
 from readers.reader import Reader
+from service.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 
 SMOKE_RECORDS = 5
 
@@ -67,16 +68,22 @@ async def run_tasks(
     engine_log: str | None = None,
     label_styles: Sequence[str] | None = None,
     prompt_version: str = PROMPT_VERSION,
+    prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
 ) -> dict:
     """Run (or resume) the evidence for ``tasks`` into ``out``; returns the final manifest.
     ``label_styles``: the reader's label-style preference order (default: the layout's);
-    ``prompt_version``: the layout to read under (an earlier one only to compare layouts)."""
+    ``prompt_version``: the layout to read under (an earlier one only to compare layouts);
+    ``prior_correction``: which questions' answers get the label-free prior, as ``decide serve``'s
+    option (rows record the answer and, in ``reading.raw_probabilities``, the model's own read)."""
     out.mkdir(parents=True, exist_ok=True)
+    prior_correction = PriorCorrection(prior_correction)
     args = {"tasks": list(tasks), "limit": limit, "concurrency": concurrency, "seed": seed}
     styles = None if label_styles is None else [LabelStyle(style) for style in label_styles]
     reader = Reader(engine, label_styles=styles, layout=prompt_layout(prompt_version))
+    priors = None if prior_correction is PriorCorrection.OFF else OptionPriors(prior_correction)
     args["floor_offset"] = reader.floor_offset
     args["label_styles"] = [style.value for style in reader.label_styles]
+    args["prior_correction"] = prior_correction.value
     manifest = run_manifest("tasks", engines={"run": engine}, args=args, images=images, status="started", prompt_version=prompt_version)
     manifest["args_passed"] = args_passed or {}
     if engine_log is not None:
@@ -89,7 +96,7 @@ async def run_tasks(
     started = time.monotonic()
     async with RecordWriter(out / RECORDS) as sink:
         if not sink.done:
-            await smoke_gate(reader, jobs[:SMOKE_RECORDS])
+            await smoke_gate(reader, jobs[:SMOKE_RECORDS])  # reads only: a correction cannot make a read informative
         write_json(out / MANIFEST, manifest)
         finished = sum(job.key in sink.done for job in jobs)
 
@@ -99,7 +106,7 @@ async def run_tasks(
             if progress:
                 progress(finished, len(jobs))
 
-        await sink.read_all(reader, (job.as_read() for job in jobs), concurrency=concurrency, progress=tick)
+        await sink.read_all(reader, (job.as_read() for job in jobs), concurrency=concurrency, progress=tick, priors=priors)
     manifest["status"] = "success"
     manifest["records"] = len(jobs)
     manifest["wall_s"] = previous_wall_s + time.monotonic() - started  # summed over resumed sessions

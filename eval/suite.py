@@ -49,6 +49,7 @@ from eval.scorecard import (
 from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
 from readers.reader import Reader
+from service.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.protocol import SystemOneRequest
 
 # Human distributions are written as decimals (civil_comments: toxicity and 1 - toxicity).
@@ -191,13 +192,16 @@ def _distribution(where: str, options: tuple[str, ...], distribution: Any) -> di
 
 async def run_suite(
     engine: Engine, data: Path, out: Path, *, concurrency: int = 4, allow_unverified: bool = False, allow_mismatch: bool = False,
-    images: Images | None = None,
+    images: Images | None = None, prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
 ) -> dict:
-    """Read (or resume) every suite record at ``data`` into ``out``; returns the final manifest (with each
-    subset's checksum check under ``checksums``)."""
+    """Read (or resume) every suite record at ``data`` into ``out``, answered as ``decide serve``
+    answers with ``prior_correction``; returns the final manifest (with each subset's checksum check
+    under ``checksums``)."""
     records, checks = load_suite(data, allow_unverified=allow_unverified, allow_mismatch=allow_mismatch)
+    prior_correction = PriorCorrection(prior_correction)
     out.mkdir(parents=True, exist_ok=True)
-    manifest = run_manifest("suite", engines={"run": engine}, args={"data": str(data), "concurrency": concurrency}, images=images, status="started")
+    args = {"data": str(data), "concurrency": concurrency, "prior_correction": prior_correction.value}
+    manifest = run_manifest("suite", engines={"run": engine}, args=args, images=images, status="started")
     manifest["data_sha256"] = {subset: check["sha256"] for subset, check in checks.items()}
     manifest["checksums"] = checks
     check_directory(out, manifest)
@@ -209,7 +213,8 @@ async def run_suite(
         return row | ({"distribution": r.distribution} if r.distribution is not None else {})
 
     async with RecordWriter(out / RECORDS) as sink:
-        await sink.read_all(Reader(engine), [(base(r), r.body, r.question) for r in records], concurrency=concurrency)
+        priors = None if prior_correction is PriorCorrection.OFF else OptionPriors(prior_correction)
+        await sink.read_all(Reader(engine), [(base(r), r.body, r.question) for r in records], concurrency=concurrency, priors=priors)
     manifest["status"] = "success"
     manifest["records"] = len(records)
     write_json(out / MANIFEST, manifest)

@@ -29,7 +29,7 @@ from service.errors import error_response, internal_error_response, validation_r
 from service.metrics import ServiceMetrics
 from service.observe import ObserveMiddleware
 from service.openapi import complete_openapi
-from service.prior import OptionPriors
+from service.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.ratelimit import RateLimitMiddleware
 from service.request_id import RequestIdMiddleware
 from service.retention import prune_periodically
@@ -74,7 +74,7 @@ def create_app(
     rate_limit: tuple[float, int] | None = None,
     admission: AdmissionLimits = AdmissionLimits(),
     retention: dt.timedelta | None = None,
-    prior_correction: bool = False,
+    prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
 ) -> FastAPI:
     """The service around one engine: pass it built, or ``open_engine`` to build it at start-up.
 
@@ -84,8 +84,9 @@ def create_app(
     serving images, reported in every answer's provenance. ``api_keys`` turns authentication on
     (None: off); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
     prompt tokens in flight and queued. ``retention`` deletes unlabelled decision records older
-    than it (hourly, from start-up); None keeps them. ``prior_correction`` divides each question's
-    label-free option prior (``service/prior.py``) out of reads no stored calibration covers.
+    than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
+    that no stored calibration covers get their label-free option prior divided out
+    (``service/prior.py``; default choice questions).
     """
     if auto_refit_every is not None and auto_refit_every < 1:
         raise ValueError("auto_refit_every must be positive")
@@ -135,7 +136,8 @@ def create_app(
     app.state.store = store
     app.state.auto_refit_every = auto_refit_every
     app.state.images = images
-    app.state.priors = OptionPriors() if prior_correction else None
+    prior_correction = PriorCorrection(prior_correction)
+    app.state.priors = None if prior_correction is PriorCorrection.OFF else OptionPriors(prior_correction)
     app.state.reader = None
     if engine is not None:
         app.state.reader = Reader(engine)

@@ -14,13 +14,18 @@ import asyncio
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import Calibration, CalibrationKey, CalibrationStore
 from readers.errors import InvalidQuestion
-from readers.prompt import PROMPT_VERSION, QuestionSpec, content_text
+from readers.prompt import QuestionSpec, content_text
 from readers.reader import Reader
+from service.decide import calibration_key, corrected_read
+from service.prior import OptionPriors
 from service.protocol import CalibrationRequest
 
 
-async def fit_from_examples(request: CalibrationRequest, reader: Reader, store: CalibrationStore, *, concurrency: int = 8) -> list[Calibration]:
-    """Read every example (raw, uncalibrated), group by key, fit and store each group."""
+async def fit_from_examples(
+    request: CalibrationRequest, reader: Reader, store: CalibrationStore, *, concurrency: int = 8, priors: OptionPriors | None = None
+) -> list[Calibration]:
+    """Read every example (uncalibrated; with the prior divided out where ``priors`` cover the
+    question, as answers are read), group by key, fit and store each group."""
     info = reader.engine.info
     gate = asyncio.Semaphore(concurrency)
     jobs = []
@@ -40,8 +45,10 @@ async def fit_from_examples(request: CalibrationRequest, reader: Reader, store: 
     async def read(spec: QuestionSpec, state, gold: int | None, loc):
         async with gate:
             reading = await reader.read(spec, content_text(state), loc=loc)
-        key = CalibrationKey(info.name, info.revision, spec.question_type, len(spec.options), request.domain, prompt_version=PROMPT_VERSION)
-        return key, (list(reading.label_probabilities.probabilities), gold), reading.label_probabilities.informative
+        read = reading.label_probabilities
+        prior = await priors.prior(reader, spec) if priors is not None and read.informative else None
+        key = calibration_key(info, reading, request.domain, corrected=prior is not None)
+        return key, ([float(p) for p in corrected_read(read.probabilities, prior)], gold), read.informative
 
     groups: dict[CalibrationKey, list[tuple[list[float], int | None]]] = {}
     for key, row, informative in await asyncio.gather(*(read(*job) for job in jobs)):

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from service.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
+
 app = typer.Typer()
 
 
@@ -27,6 +29,14 @@ TopKOption = Annotated[
 ]
 ModelDirOption = Annotated[
     Optional[Path], typer.Option("--model-dir", help="a Hugging Face model folder (default: the embedded SmolLM2)")
+]
+PriorCorrectionOption = Annotated[
+    PriorCorrection,
+    typer.Option(
+        "--prior-correction",
+        help="which questions' reads get their option prior (read on content-free states) divided out, where no stored calibration applies: "
+        "choice (options the caller named), all, or off (raw reads)",
+    ),
 ]
 TokenizerOption = Annotated[
     Optional[str], typer.Option("--tokenizer", help="tokenizer folder or hub id of the vLLM-served model")
@@ -88,9 +98,7 @@ def serve(
     max_cost_queued: Annotated[int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")] = 32_768,
     max_request_cost: Annotated[int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")] = 65_536,
     retention_days: Annotated[Optional[float], typer.Option(help="delete unlabelled decision records older than this (default: keep)")] = None,
-    prior_correction: Annotated[
-        bool, typer.Option("--prior-correction", help="divide each question's option prior (read on content-free states) out of reads no stored calibration covers")
-    ] = False,
+    prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
     from service.admission import AdmissionLimits

@@ -14,7 +14,7 @@ from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader, Reading
 from service.abstain import abstains
 from service.confidence import choice_confidence, score_confidence
-from service.prior import OptionPrior, OptionPriors
+from service.prior import OptionPrior, OptionPriors, read_version
 from service.protocol import (
     Answer,
     BatchRequest,
@@ -24,6 +24,7 @@ from service.protocol import (
     ChoiceAnswer,
     NoulAnswer,
     Provenance,
+    PriorUsed,
     ReadingOut,
     ScoreAnswer,
     ScoreQuestion,
@@ -45,7 +46,8 @@ async def decide(
 ) -> SystemOneResponse:
     """Read every question of ``request``, apply calibrations, record the decisions, respond.
 
-    With ``priors``, a read no stored calibration covers gets the label-free prior correction."""
+    With ``priors``, the reads of the questions their policy covers have the label-free prior
+    divided out before any stored calibration applies."""
     response, decisions = await _decide(request, reader, request_id=request_id, store=store, images=images, priors=priors)
     if store is not None:
         await asyncio.to_thread(store.add_decisions, decisions)
@@ -97,11 +99,12 @@ async def _decide(
     engine = reader.engine
     answers, decisions = {}, []
     for name, reading in zip(names, readings):
-        key = calibration_key(engine.info, reading, request.domain)
-        calibration = store.lookup(key) if store is not None else None
         prior = None
-        if calibration is None and priors is not None and reading.label_probabilities.informative:
+        # A rotated read has its position bias averaged out; a prior read in one order would put it back.
+        if priors is not None and reading.label_probabilities.informative and not isinstance(reading, RotatedReading):
             prior = await priors.prior(reader, reading.question)
+        key = calibration_key(engine.info, reading, request.domain, corrected=prior is not None)
+        calibration = store.lookup(key) if store is not None else None
         answer = build_answer(request.questions[name], reading, calibration, prior)
         answers[name] = answer
         decisions.append(
@@ -113,7 +116,8 @@ async def _decide(
                 option_count=key.option_count,
                 domain=key.domain,
                 options=list(reading.question.options),
-                raw_probabilities=list(reading.label_probabilities.probabilities),
+                # What the key's fits are made on and applied to: the read, prior-corrected under a +prior key.
+                raw_probabilities=[float(p) for p in corrected_read(reading.label_probabilities.probabilities, prior)],
                 informative=reading.label_probabilities.informative,
                 prompt_version=key.prompt_version,
             )
@@ -137,33 +141,37 @@ async def _decide(
     return response, decisions
 
 
-def calibration_key(info: ModelInfo, reading: Reading, domain: str | None) -> CalibrationKey:
-    """The reading's calibration key; the prompt version is the one this service reads with."""
-    return CalibrationKey(info.name, info.revision, reading.question.question_type, len(reading.question.options), domain, prompt_version=PROMPT_VERSION)
+def calibration_key(info: ModelInfo, reading: Reading, domain: str | None, *, corrected: bool = False) -> CalibrationKey:
+    """The reading's calibration key: the prompt version this service reads with, marked where the
+    prior was divided out of the read (``corrected``), so fits are applied to reads made as theirs were."""
+    question = reading.question
+    return CalibrationKey(info.name, info.revision, question.question_type, len(question.options), domain, prompt_version=read_version(PROMPT_VERSION, corrected))
 
 
-def calibration_used(reading: Reading, calibration: Calibration | None, prior: OptionPrior | None) -> CalibrationUsed | None:
-    """What ``x_reading.calibration`` reports: the stored fit, else the prior, else nothing."""
-    options = reading.question.options
-    if calibration is not None:
-        return CalibrationUsed(
-            mode=calibration.mode, id=calibration.id, temperature=calibration.temperature, n=calibration.n,
-            bias=dict(zip(options, calibration.bias)) if calibration.bias is not None else None, prompt_version=calibration.prompt_version,
-        )  # fmt: skip
-    if prior is not None:
-        return CalibrationUsed(mode="prior", id=None, prior=dict(zip(options, prior.prior)), content_free_states=list(prior.states), prompt_version=prior.prompt_version)
-    return None
+def calibration_used(reading: Reading, calibration: Calibration | None) -> CalibrationUsed | None:
+    """What ``x_reading.calibration`` reports: the stored fit, or nothing."""
+    if calibration is None:
+        return None
+    return CalibrationUsed(
+        mode=calibration.mode, id=calibration.id, temperature=calibration.temperature, n=calibration.n,
+        bias=dict(zip(reading.question.options, calibration.bias)) if calibration.bias is not None else None, prompt_version=calibration.prompt_version,
+    )  # fmt: skip
+
+
+def corrected_read(raw, prior: OptionPrior | None):
+    """The read a stored fit applies to: raw label probabilities with the prior divided out, where one applies."""
+    return apply_prior(raw, prior.prior) if prior is not None else raw
 
 
 def calibrated_probabilities(raw, calibration: Calibration | None, prior: OptionPrior | None):
-    """Raw label probabilities through the stored fit (its mode), else the prior; else unchanged."""
+    """Raw label probabilities with the prior divided out (where one applies), then through the
+    stored fit (its mode, where one applies)."""
+    read = corrected_read(raw, prior)
     if calibration is not None and calibration.mode in BIAS_MODES:
-        return apply_temperature_bias(as_logits(raw), calibration.temperature, calibration.bias)
+        return apply_temperature_bias(as_logits(read), calibration.temperature, calibration.bias)
     if calibration is not None:
-        return apply_temperature(as_logits(raw), calibration.temperature)
-    if prior is not None:
-        return apply_prior(raw, prior.prior)
-    return raw
+        return apply_temperature(as_logits(read), calibration.temperature)
+    return read
 
 
 def build_reading(
@@ -196,7 +204,8 @@ def build_reading(
         probability_bounds=dict(zip(options, read.bounds)),
         raw_probabilities=raw,
         top_probability=max((probabilities or raw).values()),
-        calibration=calibration_used(reading, calibration, prior),
+        prior_correction=PriorUsed(prior=dict(zip(options, prior.prior)), content_free_states=list(prior.states), prompt_version=prior.prompt_version) if prior else None,
+        calibration=calibration_used(reading, calibration),
         prompt_tokens=reading.prompt_tokens,
         engine_latency_ms=round(reading.engine_latency_ms, 3),
         queued_ms=round(reading.queued_ms, 3),
@@ -209,7 +218,8 @@ def build_reading(
 
 
 def build_answer(question, reading: Reading, calibration: Calibration | None = None, prior: OptionPrior | None = None) -> Answer:
-    """Jev's answer fields from a reading, calibrated when a calibration (or, without one, a prior) applies.
+    """Jev's answer fields from a reading: the prior divided out where one applies, then the stored
+    calibration where one applies.
 
     ``confidence`` is Jev's formula (``service/confidence.py``) over the answer's probabilities; the
     top probability is ``x_reading.top_probability``. An uninformative read (no label came back) is
@@ -220,7 +230,7 @@ def build_answer(question, reading: Reading, calibration: Calibration | None = N
     """
     informative = reading.label_probabilities.informative
     calibration = calibration if informative else None
-    prior = prior if informative and calibration is None else None
+    prior = prior if informative else None
     options = reading.question.options
     calibrated = calibrated_probabilities(reading.label_probabilities.probabilities, calibration, prior)
     probabilities = dict(zip(options, (float(p) for p in calibrated)))

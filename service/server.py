@@ -13,6 +13,7 @@ from pathlib import Path
 
 from readers.engines.base import LocalBatching
 from service.admission import AdmissionLimits
+from service.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
 from service.state import ServedImages
 
 logger = logging.getLogger("opendecide")
@@ -50,7 +51,7 @@ class ServeOptions:
     """(requests per second, burst) per API key."""
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     retention_days: float | None = None
-    prior_correction: bool = False
+    prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION
 
 
 def check_engine(options: ServeOptions) -> None:

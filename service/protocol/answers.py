@@ -16,22 +16,28 @@ from pydantic import Field
 from service.protocol.base import Content, ResponseModel
 
 
-class CalibrationUsed(ResponseModel):
-    """The calibration applied to an answer's probabilities (``raw_probabilities`` are before it)."""
+class PriorUsed(ResponseModel):
+    """The label-free prior correction applied to an answer's read (``raw_probabilities`` are before it)."""
 
-    mode: Literal["temperature", "temperature_bias", "state_prior", "prior"] = Field(
-        description=(
-            "temperature: softmax(z / T); temperature_bias: softmax(z / T + b); state_prior: softmax(z + b), b fitted on unlabelled states; "
-            "prior: the label-free prior on content-free states divided out, renormalised"
-        )
+    prior: dict[str, float] = Field(description="the model's option prior: its mean read of this question on content-free states")
+    content_free_states: list[str] = Field(description="the states it was measured on")
+    prompt_version: str = Field(description="the prompt layout it was measured under")
+
+
+class CalibrationUsed(ResponseModel):
+    """The stored calibration applied to an answer's probabilities, after the prior correction where
+    one applied (``raw_probabilities`` are before both)."""
+
+    mode: Literal["temperature", "temperature_bias", "state_prior"] = Field(
+        description="temperature: softmax(z / T); temperature_bias: softmax(z / T + b); state_prior: softmax(z + b), b fitted on unlabelled states"
     )
-    id: str | None = Field(description="the stored calibration's id; null for a prior (measured, not stored)")
-    temperature: float | None = None
-    n: int | None = Field(default=None, description="decisions it was fitted on (gold answers, but for state_prior); null for a prior")
+    id: str = Field(description="the stored calibration's id")
+    temperature: float
+    n: int = Field(description="decisions it was fitted on (gold answers, but for state_prior)")
     bias: dict[str, float] | None = Field(default=None, description="temperature_bias, state_prior: per-option bias b")
-    prior: dict[str, float] | None = Field(default=None, description="prior: the model's option prior on content-free states")
-    content_free_states: list[str] | None = Field(default=None, description="prior: the states it was measured on")
-    prompt_version: str = Field(description="the prompt layout the calibration was fitted or measured under")
+    prompt_version: str = Field(
+        description="the read it was fitted on and applies to: the prompt layout, with '+prior' where those reads had the prior correction divided out"
+    )
 
 
 class ReadingOut(ResponseModel):
@@ -52,8 +58,11 @@ class ReadingOut(ResponseModel):
     label_mass: float | None = Field(description="vocabulary probability on the returned labels; null when masked")
     label_logprobs: dict[str, float | None] = Field(description="as returned; null where missing")
     probability_bounds: dict[str, tuple[float, float]]
-    raw_probabilities: dict[str, float]
-    top_probability: float = Field(description="the most probable option's probability (calibrated when a calibration applied)")
+    raw_probabilities: dict[str, float] = Field(description="the model's own read, before any correction or calibration")
+    top_probability: float = Field(description="the most probable option's probability in the answer")
+    prior_correction: PriorUsed | None = Field(
+        default=None, description="the label-free prior divided out of the read (decide serve --prior-correction; default: choice questions); null when none"
+    )
     calibration: CalibrationUsed | None = None
     prompt_tokens: int
     engine_latency_ms: float

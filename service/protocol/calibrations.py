@@ -66,7 +66,9 @@ class CalibrationOut(ResponseModel):
     )
     source: str
     fitted_at: str
-    prompt_version: str = Field(description="the prompt layout the fit was made under: it applies only to reads made under it")
+    prompt_version: str = Field(
+        description="the read the fit was made on: the prompt layout, with '+prior' where the prior correction was divided out; it applies only to reads made so"
+    )
     mode: CalibrationMode
     bias: list[float] | None = Field(default=None, description="temperature_bias, state_prior: per-option bias, in option order")
 

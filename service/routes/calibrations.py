@@ -16,6 +16,7 @@ from calibration.fit import MIN_GOLD, gold_index, refit_from_store
 from calibration.store import Calibration, CalibrationKey
 from readers.prompt import PROMPT_VERSION
 from service.calibrate import fit_from_examples
+from service.prior import read_version
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
 from service.openapi import body_schema, error_responses
@@ -35,7 +36,7 @@ def calibration_out(calibration: Calibration) -> CalibrationOut:
 @router.post("/v1/calibrations", response_model=CalibrationList, openapi_extra=body_schema(CalibrationRequest), responses=WRITE_ERRORS)
 async def create_calibrations(request: Request) -> CalibrationList:
     reader, body = await parse_for_model(request, CalibrationRequest)
-    fitted = await unless_disconnected(request, fit_from_examples(body, reader, store_of(request)))
+    fitted = await unless_disconnected(request, fit_from_examples(body, reader, store_of(request), priors=request.app.state.priors))
     return CalibrationList(calibrations=[calibration_out(c) for c in fitted])
 
 
@@ -77,7 +78,10 @@ async def refit(request: Request) -> CalibrationOut:
     store = store_of(request)
     body = parse_body(await request.body(), RefitRequest)
     info = reader.engine.info
-    key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=PROMPT_VERSION)
+    priors = request.app.state.priors
+    # The key this service's answers to such questions are read under (prior-corrected where its policy covers the type).
+    corrected = priors is not None and priors.policy.covers(body.question_type)
+    key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=read_version(PROMPT_VERSION, corrected))
     try:
         fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode)
     except ValueError as error:

@@ -26,7 +26,7 @@ def leaning_run(path, version: str = PROMPT_VERSION) -> None:
         weights = rng.dirichlet(np.ones(4)) * np.where(np.array(options) == record.gold, 3.0, 1.0) * np.array([LEAN, 1, 1, 1])
         probabilities = dict(zip(options, (weights / weights.sum()).tolist()))
         lines.append(json.dumps({"id": record.id, "task": "ag_news", "variant": "original", "gold": record.gold, "options": options,
-                                 "status": "ok", "probabilities": probabilities, "reading": {}, "latency_ms": 1.0,
+                                 "status": "ok", "probabilities": probabilities, "reading": {"raw_probabilities": probabilities}, "latency_ms": 1.0,
                                  "predicted": max(probabilities, key=probabilities.get)}))  # fmt: skip
     path.mkdir()
     run = {"kind": "local", "model": "m", "revision": "r"}

@@ -31,7 +31,31 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
         assert json.loads((run / "manifest.json").read_text())["args"]["label_styles"][:2] == list({"words": ("words", "codes"), "trie": ("words", "trie")}[name])
     assert json.loads((tmp_path / "label-styles.json").read_text()) == json.loads(json.dumps(rows))
     table = label_styles_table(rows)
-    assert f"| trie | {PROMPT_VERSION} | ag_news | 3 |" in table and "of 3" in table
+    assert f"| trie | {PROMPT_VERSION} | choice | ag_news | 3 |" in table and "of 3" in table
+
+
+async def test_rows_hold_the_answer_and_the_raw_read_beside_it(local_engine, tmp_path):
+    """Runs answer as the service does (choice questions prior-corrected by default); the raw read's
+    accuracy is counted from the same rows, and a run without the correction answers raw."""
+    rows = await run_label_styles(local_engine, tmp_path / "choice", style_sets=["default"], tasks=["ag_news", "irony"], limit=3)
+    off = await run_label_styles(local_engine, tmp_path / "off", style_sets=["default"], tasks=["ag_news"], limit=3, prior_correction="off")
+    records = load_rows(run_dir(tmp_path / "choice", PROMPT_VERSION, "default") / RECORDS)
+    for record in records:
+        raw, used = record["reading"]["raw_probabilities"], record["reading"]["prior_correction"]
+        if record["task"] == "irony":  # yes/no: not covered by the default
+            assert used is None and record["probabilities"] == pytest.approx({"true": raw["true"], "false": 1 - raw["true"]})
+            continue
+        corrected = {option: raw[option] / used["prior"][option] for option in raw}
+        total = sum(corrected.values())
+        assert record["reading"]["calibration"] is None and record["probabilities"] == pytest.approx({o: p / total for o, p in corrected.items()})
+        assert record["predicted"] == max(corrected, key=corrected.__getitem__)
+    by_task = {row["task"]: row for row in rows}
+    original = [r for r in records if r["task"] == "ag_news" and r["variant"] == "original"]
+    raw_right = sum(max(r["reading"]["raw_probabilities"], key=r["reading"]["raw_probabilities"].__getitem__) == r["gold"] for r in original)
+    assert by_task["ag_news"]["raw"]["correct"] == raw_right and by_task["ag_news"]["corrected"] == 6 and by_task["irony"]["corrected"] == 0
+    assert off[0]["prior_correction"] == "off" and off[0]["corrected"] == 0
+    assert off[0]["original"]["correct"] == off[0]["raw"]["correct"] == raw_right  # the same reads, answered raw
+    assert f"| default | {PROMPT_VERSION} | off | ag_news | 3 |" in label_styles_table(off)
 
 
 async def test_unknown_style_set_is_named(local_engine, tmp_path):
@@ -51,7 +75,7 @@ async def test_layouts_side_by_side_in_one_run(local_engine, tmp_path):
         manifest = json.loads((run_dir(tmp_path, version, "default") / "manifest.json").read_text())
         assert manifest["prompt_version"] == version
     table = label_styles_table(rows)
-    assert "| default | decide-prompt/1 | ag_news | 2 |" in table and f"| default | {PROMPT_VERSION} | ag_news | 2 |" in table
+    assert "| default | decide-prompt/1 | choice | ag_news | 2 |" in table and f"| default | {PROMPT_VERSION} | choice | ag_news | 2 |" in table
 
 
 async def test_unknown_prompt_version_is_refused_before_reading(local_engine, tmp_path):

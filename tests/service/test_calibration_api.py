@@ -9,6 +9,7 @@ import pytest
 from calibration.store import CalibrationStore
 from eval.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
+from service.prior import read_version
 from service.app import create_app
 
 pytestmark = pytest.mark.anyio
@@ -37,12 +38,14 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     used = answer["x_reading"]["calibration"]
     assert used == {
         "mode": "temperature", "id": calibration["id"], "temperature": calibration["temperature"], "n": 60, "bias": None,
-        "prior": None, "content_free_states": None, "prompt_version": PROMPT_VERSION,
+        "prompt_version": read_version(PROMPT_VERSION, True),
     }  # fmt: skip
-    assert calibration["prompt_version"] == PROMPT_VERSION and calibration["mode"] == "temperature" and calibration["heldout_ece_floor"] > 0
-    raw = answer["x_reading"]["raw_probabilities"]
+    # A choice question: fitted on, and applied after, the default prior correction.
+    assert calibration["prompt_version"] == read_version(PROMPT_VERSION, True) and calibration["mode"] == "temperature" and calibration["heldout_ece_floor"] > 0
+    raw, prior = answer["x_reading"]["raw_probabilities"], answer["x_reading"]["prior_correction"]["prior"]
+    corrected = {o: (raw[o] / prior[o]) / sum(raw[k] / prior[k] for k in raw) for o in raw}
     t = calibration["temperature"]
-    weights = {o: math.exp(math.log(p) / t) for o, p in raw.items()}
+    weights = {o: math.exp(math.log(p) / t) for o, p in corrected.items()}
     expected = {o: w / sum(weights.values()) for o, w in weights.items()}
     assert answer["probabilities"] == pytest.approx(expected)
     assert answer["confidence"] == pytest.approx(2 * max(expected.values()) - 1)  # Jev's (p_max − 1/2) / (1 − 1/2)

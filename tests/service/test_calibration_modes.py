@@ -10,9 +10,12 @@ import pytest
 from calibration.bias import CONTENT_FREE_STATES, state_prior_bias
 from calibration.store import LEGACY_PROMPT_VERSION, CalibrationKey, CalibrationStore
 from eval.tasks import TASKS, load_sample, spread
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import PROMPT_VERSION, LabelStyle
 from readers.reader import Reader
-from service.protocol.questions import ChoiceQuestion
+from service.decide import decide
+from service.prior import OptionPriors, PriorCorrection, read_version
+from service.protocol import SystemOneRequest
+from service.protocol.questions import ChoiceQuestion, NoulQuestion
 
 pytestmark = pytest.mark.anyio
 
@@ -33,6 +36,7 @@ async def ask(client, question=QUESTION) -> dict:
 
 @pytest.mark.slow  # 24 labelled examples read
 async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_factory, local_engine, tmp_path):
+    """Under the default policy a choice fit is made on prior-corrected reads and applied after the correction."""
     async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
         fitted = await client.post("/v1/calibrations", json={"examples": examples(24), "mode": "temperature_bias"})
         assert fitted.status_code == 200, fitted.text
@@ -40,10 +44,12 @@ async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_fact
         answer = await ask(client)
         no_count = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "mode": "temperature_bias"})
     assert calibration["mode"] == "temperature_bias" and len(calibration["bias"]) == 4 and sum(calibration["bias"]) == pytest.approx(0, abs=1e-9)
+    assert calibration["prompt_version"] == read_version(PROMPT_VERSION, True)
     used = answer["x_reading"]["calibration"]
     assert used["mode"] == "temperature_bias" and used["bias"] == dict(zip(OPTIONS, calibration["bias"]))
     raw = np.array([answer["x_reading"]["raw_probabilities"][o] for o in OPTIONS])
-    u = np.log(raw) / calibration["temperature"] + np.array(calibration["bias"])
+    prior = np.array([answer["x_reading"]["prior_correction"]["prior"][o] for o in OPTIONS])
+    u = np.log((raw / prior) / (raw / prior).sum()) / calibration["temperature"] + np.array(calibration["bias"])
     expected = np.exp(u - u.max()) / np.exp(u - u.max()).sum()
     assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx(expected)
     assert no_count.status_code == 422 and "option_count" in no_count.text
@@ -57,7 +63,7 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
     direct = np.array([(await reader.read(spec, r.text)).label_probabilities.probabilities for r in records[:12]])
     store = CalibrationStore(tmp_path / "c.sqlite3")
     unlabelled = [{"state": r.text, "questions": {"topic": QUESTION}} for r in records[:12]]
-    async with client_factory(local_engine, store=store) as client:
+    async with client_factory(local_engine, store=store, prior_correction="off") as client:  # fits on the model's own reads
         needs_gold = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "temperature"})
         fitted = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "state_prior"})
         assert fitted.status_code == 200, fitted.text
@@ -85,23 +91,85 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
 
 
 async def test_the_prior_correction_divides_out_what_the_model_answers_on_content_free_states(client_factory, local_engine, tmp_path):
-    spec = ChoiceQuestion.model_validate(QUESTION).to_spec()
-    reader = Reader(local_engine)
-    content_free = np.array([(await reader.read(spec, state)).label_probabilities.probabilities for state in CONTENT_FREE_STATES])
-    prior = content_free.mean(axis=0) / content_free.mean(axis=0).sum()
+    prior = await content_free_prior(local_engine, ChoiceQuestion.model_validate(QUESTION).to_spec())
     store = CalibrationStore(tmp_path / "c.sqlite3")
-    async with client_factory(local_engine, store=store, prior_correction=True) as client:
+    async with client_factory(local_engine, store=store) as client:  # the default: choice questions
         answer = await ask(client)
-        key = CalibrationKey(local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=PROMPT_VERSION)
-        fitted = store.add_calibration(key, temperature=2.0, n=50, source="labels")
+        yes_no = await ask(client, NOUL)
+        raw_fit = store.add_calibration(choice_key(local_engine, corrected=False), temperature=3.0, n=50, source="labels")
+        still = await ask(client)
+        fitted = store.add_calibration(choice_key(local_engine, corrected=True), temperature=2.0, n=50, source="labels")
         with_fit = await ask(client)
-    used = answer["x_reading"]["calibration"]
-    assert used["mode"] == "prior" and used["id"] is None and used["prompt_version"] == PROMPT_VERSION
+    used = answer["x_reading"]["prior_correction"]
+    assert answer["x_reading"]["calibration"] is None and used["prompt_version"] == PROMPT_VERSION
     assert used["content_free_states"] == list(CONTENT_FREE_STATES)
     assert [used["prior"][o] for o in OPTIONS] == pytest.approx(prior, rel=1e-4)
     raw = np.array([answer["x_reading"]["raw_probabilities"][o] for o in OPTIONS])
-    assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx((raw / prior) / (raw / prior).sum(), rel=1e-4)
-    assert with_fit["x_reading"]["calibration"]["id"] == fitted.id  # a label fit, once there, is applied instead
+    corrected = (raw / prior) / (raw / prior).sum()
+    assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx(corrected, rel=1e-4)
+    assert answer["choice"] == OPTIONS[int(np.argmax(corrected))]
+    assert yes_no["x_reading"]["prior_correction"] is None and yes_no["noul"] == yes_no["x_reading"]["raw_probabilities"]["true"]
+    # A fit on raw reads does not apply to corrected ones; a fit on corrected reads applies after the correction.
+    assert still["x_reading"]["calibration"] is None and raw_fit.id != fitted.id
+    assert with_fit["x_reading"]["calibration"]["id"] == fitted.id and with_fit["x_reading"]["prior_correction"] is not None
+    tempered = np.exp(np.log(corrected) / 2.0) / np.exp(np.log(corrected) / 2.0).sum()
+    assert [with_fit["probabilities"][o] for o in OPTIONS] == pytest.approx(tempered, rel=1e-4)
+
+
+NOUL = {"type": "noul", "instructions": "Is this about money?"}
+
+
+async def content_free_prior(engine, spec) -> np.ndarray:
+    """The prior measured by hand: the mean read on the content-free states, renormalised."""
+    reader = Reader(engine)
+    reads = np.array([(await reader.read(spec, state)).label_probabilities.probabilities for state in CONTENT_FREE_STATES])
+    return reads.mean(axis=0) / reads.mean(axis=0).sum()
+
+
+def choice_key(engine, *, corrected: bool) -> CalibrationKey:
+    return CalibrationKey(engine.info.name, engine.info.revision, "choice", 4, prompt_version=read_version(PROMPT_VERSION, corrected))
+
+
+async def test_the_prior_correction_policy_names_the_questions_it_covers(client_factory, local_engine):
+    prior = await content_free_prior(local_engine, NoulQuestion.model_validate(NOUL).to_spec())
+    async with client_factory(local_engine, prior_correction="all") as client:
+        every = [await ask(client, NOUL), await ask(client)]
+    async with client_factory(local_engine, prior_correction="off") as client:
+        off = [await ask(client, NOUL), await ask(client)]
+    assert all(a["x_reading"]["prior_correction"] is not None for a in every)
+    raw_true = every[0]["x_reading"]["raw_probabilities"]["true"]
+    expected = (raw_true / prior[0]) / (raw_true / prior[0] + (1 - raw_true) / prior[1])
+    assert every[0]["noul"] == pytest.approx(expected, rel=1e-4)
+    assert [a["x_reading"]["prior_correction"] for a in off] == [None, None]
+    assert off[0]["noul"] == off[0]["x_reading"]["raw_probabilities"]["true"]
+    assert off[1]["probabilities"] == off[1]["x_reading"]["raw_probabilities"]
+
+
+async def test_a_read_averaged_over_rotations_is_not_prior_corrected(local_engine):
+    """Letter codes are listed in order, so rotations are real reads; their average has the position
+    bias out already, and a prior read in the asked order would put it back."""
+    reader = Reader(local_engine, label_styles=[LabelStyle.CODES])
+    priors = OptionPriors(PriorCorrection.CHOICE)
+
+    async def answer(question: dict) -> dict:
+        response = await decide(SystemOneRequest.model_validate({"state": STATE, "questions": {"t": question}}), reader, request_id="r", priors=priors)
+        return response.answers["t"].reading.model_dump(mode="json")
+
+    asked, rotated = await answer(QUESTION), await answer({**QUESTION, "x_debias": "rotate"})
+    assert asked["label_style"] == "codes" and asked["prior_correction"] is not None
+    assert (rotated["rotations"], rotated["prior_correction"]) == (4, None)
+
+
+async def test_the_prior_cache_keeps_the_latest_questions_only(local_engine):
+    reader = Reader(local_engine)
+    priors = OptionPriors(PriorCorrection.ALL, limit=2)
+    questions = [NoulQuestion.model_validate({"type": "noul", "instructions": f"Is this about topic {i}?"}).to_spec() for i in range(3)]
+    first = await priors.prior(reader, questions[0])
+    for question in questions[1:]:
+        await priors.prior(reader, question)
+    assert len(priors) == 2 and questions[0] not in priors and questions[2] in priors
+    again = await priors.prior(reader, questions[0])  # measured again, to the same values
+    assert again.prior == pytest.approx(first.prior, abs=1e-6) and questions[1] not in priors
 
 
 async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(client_factory, local_engine, tmp_path):
@@ -112,5 +180,4 @@ async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(c
         answer = await ask(client)
         listed = (await client.get("/v1/calibrations")).json()["calibrations"]
     assert answer["x_reading"]["calibration"] is None
-    assert answer["probabilities"] == answer["x_reading"]["raw_probabilities"]
     assert [(c["id"], c["prompt_version"]) for c in listed] == [(kept.id, LEGACY_PROMPT_VERSION)]
