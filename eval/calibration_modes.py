@@ -34,7 +34,10 @@ from eval.manifest import MANIFEST, write_json
 from eval.tasks import TASKS
 from readers.prompt import PROMPT_LAYOUTS, PROMPT_VERSION
 
-MODES = ("raw", "temperature", "temperature_bias", "prior", "state_prior")
+MODES = ("raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior")
+"""``prior_temperature``: the prior divided out, then a temperature fitted on the corrected reads (what
+a feedback refit of a choice key gives under the service's default prior correction)."""
+NEEDS_PRIOR = ("prior", "prior_temperature")
 PRIORS = "priors.json"
 
 
@@ -48,7 +51,8 @@ def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, lab
         raise ValueError(f"{len(y)} records; {labels} labels and {held_out} held out need {labels + held_out}")
     logits = as_logits(p)
     rng = np.random.default_rng(seed)
-    per_mode: dict[str, list[dict]] = {mode: [] for mode in MODES if mode != "prior" or prior is not None}
+    per_mode: dict[str, list[dict]] = {mode: [] for mode in MODES if mode not in NEEDS_PRIOR or prior is not None}
+    corrected = as_logits(apply_prior(p, prior)) if prior is not None else None
     for split in range(splits):
         order = rng.permutation(len(y))
         fit, held = order[:labels], order[labels : labels + held_out]
@@ -60,8 +64,10 @@ def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, lab
             "temperature_bias": apply_temperature_bias(logits[held], bias.temperature_, bias.bias_),
             "state_prior": StatePriorScaler().fit(logits[fit]).predict_proba(logits[held]),  # the fit records' states, not their labels
         }
-        if prior is not None:
-            calibrated["prior"] = apply_prior(p[held], prior)
+        if corrected is not None:
+            calibrated["prior"] = np.exp(corrected[held])
+            on_corrected = TemperatureScaler().fit(corrected[fit], y[fit]).temperature_
+            calibrated["prior_temperature"] = apply_temperature(corrected[held], on_corrected)
         for mode, q in calibrated.items():
             floor = ece_floor(q, N_BINS, seed=seed + split)
             per_mode[mode].append({"accuracy": float(np.mean(q.argmax(axis=1) == y[held])), "ece": ece(q, y[held], N_BINS), "floor": floor})

@@ -4,7 +4,8 @@ A **record row** is one JSON line per (task, record id, variant): ``id``, ``task
 subset), ``variant``, ``gold`` (the true answer, an option name), ``options`` (option order),
 ``status`` (``ok`` or ``error``), then for ``ok`` rows ``probabilities`` (by option: the answer's,
 what a caller gets; the model's own read is ``reading.raw_probabilities``, and the two differ only
-where a correction applied, ``reading.calibration``), ``reading`` (the answer's reading),
+where a correction applied, ``reading.prior_correction`` or ``reading.calibration``), ``reading``
+(the answer's reading),
 ``latency_ms`` and ``predicted`` (from ``probabilities``), or for ``error`` rows
 ``error: {type, message}``. Callers may add fields (the suite adds ``subset``, ``question_type``,
 ``family``). ``decide eval tasks``, ``suite`` and ``agree`` write rows with :class:`RecordWriter`;

@@ -89,7 +89,7 @@ def style_rows(run: Path, name: str) -> list[dict]:
         original = variants["original"].values()
         raw_correct = sum(max(raw := raw_probabilities(row), key=raw.__getitem__) == row["gold"] for row in original)
         result["raw"] = {"n": len(original), "correct": raw_correct, "accuracy": raw_correct / len(original) if original else None}
-        result["corrected"] = sum(row["reading"]["prior_correction"] is not None for row in ok)
+        result["corrected"] = sum(row["reading"].get("prior_correction") is not None for row in ok)  # absent before the option
         if "reversed" in variants:
             both = variants["original"].keys() & variants["reversed"].keys()
             result["reversed_changes"] = sum(variants["original"][i]["predicted"] != variants["reversed"][i]["predicted"] for i in both)

@@ -41,7 +41,7 @@ def risk_coverage(confidence: Sequence[float], correct: Sequence[bool]) -> list[
 
 
 def row_confidence(row: dict) -> float:
-    """An evidence row's answer confidence (raw probabilities; its task's question type)."""
+    """An evidence row's answer confidence (from the row's answer probabilities; its task's question type)."""
     question_type = row.get("question_type") or TASKS[row["task"]].question_type
     return answer_confidence(question_type, row["probabilities"], informative=row["reading"]["informative"])
 

@@ -14,10 +14,11 @@ import asyncio
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import Calibration, CalibrationKey, CalibrationStore
 from readers.errors import InvalidQuestion
-from readers.prompt import QuestionSpec, content_text
+from readers.debias import read_many_rotated
+from readers.prompt import content_text
 from readers.reader import Reader
 from service.decide import calibration_key, corrected_read
-from service.prior import OptionPriors
+from service.prior import OptionPriors, served_prior
 from service.protocol import CalibrationRequest
 
 
@@ -40,13 +41,17 @@ async def fit_from_examples(
                 gold = None if example.gold is None else gold_index(spec.question_type, spec.options, example.gold[name])
             except ValueError as error:
                 raise InvalidQuestion(str(error), loc=loc) from None
-            jobs.append((spec, state, gold, ("body", "examples", i, "questions", name)))
+            jobs.append((question, state, gold, ("body", "examples", i, "questions", name)))
 
-    async def read(spec: QuestionSpec, state, gold: int | None, loc):
+    async def read(question, state, gold: int | None, loc):
+        # Read as the service reads the question (its rotations, the prior where served), so the fit
+        # lands on the key its answers look up, made on the reads it will be applied to.
         async with gate:
-            reading = await reader.read(spec, content_text(state), loc=loc)
+            (reading,) = await read_many_rotated(
+                reader, [question.to_spec()], content_text(state), rotations=[question.read_count()], methods=[question.debias or "rotate"], locs=[loc]
+            )
         read = reading.label_probabilities
-        prior = await priors.prior(reader, spec) if priors is not None and read.informative else None
+        prior = await served_prior(priors, reader, reading)
         key = calibration_key(info, reading, request.domain, corrected=prior is not None)
         return key, ([float(p) for p in corrected_read(read.probabilities, prior)], gold), read.informative
 

@@ -14,7 +14,7 @@ from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader, Reading
 from service.abstain import abstains
 from service.confidence import choice_confidence, score_confidence
-from service.prior import OptionPrior, OptionPriors, read_version
+from service.prior import OptionPrior, OptionPriors, read_version, served_prior
 from service.protocol import (
     Answer,
     BatchRequest,
@@ -98,11 +98,9 @@ async def _decide(
     )
     engine = reader.engine
     answers, decisions = {}, []
-    for name, reading in zip(names, readings):
-        prior = None
-        # A rotated read has its position bias averaged out; a prior read in one order would put it back.
-        if priors is not None and reading.label_probabilities.informative and not isinstance(reading, RotatedReading):
-            prior = await priors.prior(reader, reading.question)
+    # New questions' priors are measured together (three reads each, once per question per process).
+    served = await asyncio.gather(*(served_prior(priors, reader, reading) for reading in readings))
+    for name, reading, prior in zip(names, readings, served):
         key = calibration_key(engine.info, reading, request.domain, corrected=prior is not None)
         calibration = store.lookup(key) if store is not None else None
         answer = build_answer(request.questions[name], reading, calibration, prior)

@@ -32,7 +32,8 @@ class ServiceMetrics:
         self.queue_seconds = Histogram("decide_engine_queue_seconds", "Time a read waited for an engine slot", buckets=LATENCY_BUCKETS, registry=r)
         self.labels_missing = Counter("decide_labels_missing", "Labels filled by the floor (missing from the top-k)", registry=r)
         self.label_mass = Histogram("decide_label_mass", "Vocabulary probability on the returned labels", buckets=MASS_BUCKETS, registry=r)
-        self.answers = Counter("decide_answers", "Answers, by whether a calibration applied", ["calibrated"], registry=r)
+        self.answers = Counter("decide_answers", "Answers, by whether a stored calibration applied", ["calibrated"], registry=r)
+        self.prior_corrected = Counter("decide_prior_corrected_answers", "Answers whose read had the label-free option prior divided out", registry=r)
         self.abstentions = Counter("decide_abstentions", "Reads where no label came back", registry=r)
         self.low_confidence = Counter(
             "decide_low_confidence_abstentions", "Answers marked abstained: confidence below the question's x_min_confidence", registry=r
@@ -85,6 +86,8 @@ class ServiceMetrics:
         if reading.label_mass is not None:
             self.label_mass.observe(reading.label_mass)
         self.answers.labels("true" if reading.calibration else "false").inc()
+        if reading.prior_correction is not None:
+            self.prior_corrected.inc()
         if not reading.informative:
             self.abstentions.inc()
         elif reading.abstained:  # informative, so the question's minimum confidence made it abstain

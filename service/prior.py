@@ -18,9 +18,16 @@ question always reads "Yes" against "No", and there dividing the model's lean ou
 Applied (``service.decide``) before any stored calibration: a fit for a question the policy covers is
 made on corrected reads and applied after the correction (its key's version is marked ``+prior``,
 ``read_version``), so the two stack, and a fit made under the other policy is kept but not applied.
-Not applied to reads averaged over option rotations (their position bias is already averaged out; a
-prior read in one order would put it back). A question whose content-free reads bring no label back
-(a top-k engine where every label falls below the returned tokens) is answered raw.
+Not applied (``served_prior``) to reads averaged over option rotations (their position bias is
+already averaged out; a prior read in one order would put it back), nor to top-k reads where a label
+fell below the returned tokens: its probability there comes from that read's floor, and dividing by a
+prior whose floor was another read's could crown a label no read returned. For the same reason the
+prior itself is measured only from content-free reads that returned every label; a question with none
+is answered raw. Such answers report ``prior_correction`` null and use fits made on raw reads.
+
+A measurement that fails on an engine fault fails the request, as the read would (502/503/504), and
+is measured afresh by the next one; a measurement outlives a caller who left, since the next request
+for that question uses it.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from typing import TYPE_CHECKING
 from readers.prompt import QuestionSpec
 
 if TYPE_CHECKING:
-    from readers.reader import Reader
+    from readers.reader import Reader, Reading
 
 
 class PriorCorrection(enum.StrEnum):
@@ -82,11 +89,26 @@ async def measure_prior(reader: Reader, question: QuestionSpec, states: tuple[st
 
     states = CONTENT_FREE_STATES if states is None else states
     readings = await asyncio.gather(*(reader.read(question, state) for state in states))
-    used = [(state, r.label_probabilities.probabilities) for state, r in zip(states, readings) if r.label_probabilities.informative]
+    # Every label returned: a floored label's value is that read's floor, not the model's prior.
+    used = [(state, r.label_probabilities.probabilities) for state, r in zip(states, readings) if r.label_probabilities.exact]
     if not used:
         return None
-    prior = option_prior([probabilities for _, probabilities in used])
+    try:
+        prior = option_prior([probabilities for _, probabilities in used])
+    except ValueError:  # an option's probability underflowed to 0 on every state: nothing finite to divide by
+        return None
     return OptionPrior(tuple(float(q) for q in prior), tuple(state for state, _ in used), reader.layout.version)
+
+
+async def served_prior(priors: OptionPriors | None, reader: Reader, reading: Reading) -> OptionPrior | None:
+    """The prior to divide out of ``reading`` as the service answers it, or None (module docstring:
+    a policy not covering the question, an abstention, a rotated or floor-bounded read, no prior)."""
+    from readers.debias import RotatedReading
+
+    read = reading.label_probabilities
+    if priors is None or not read.exact or isinstance(reading, RotatedReading):
+        return None
+    return await priors.prior(reader, reading.question)
 
 
 class OptionPriors:
@@ -103,6 +125,8 @@ class OptionPriors:
     ) -> None:
         if policy is PriorCorrection.OFF:
             raise ValueError("a prior cache for policy 'off' would never be used: pass no OptionPriors instead")
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
         self.policy = policy
         self.states = states
         self.limit = limit
@@ -122,7 +146,7 @@ class OptionPriors:
         info = reader.engine.info
         key = (info.name, info.revision, reader.layout.version, reader.label_styles, question)
         task = self._measured.get(key)
-        if task is None or (task.done() and task.exception() is not None):  # a failed measurement is retried
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):  # a failed measurement is retried
             task = self._measured[key] = asyncio.ensure_future(measure_prior(reader, question, self.states))
             while len(self._measured) > self.limit:
                 self._measured.popitem(last=False)  # a dropped one still running finishes for its callers

@@ -32,6 +32,7 @@ from readers.engines.local import LocalEngine
 from readers.prompt import ANSWER_LEAD, STATE_SEPARATOR, SYSTEM_PROMPT, PromptLayout, PromptText, QuestionSpec, _or_list, canonical_order, build_prompt
 from readers.reader import Reader
 from service.prior import measure_prior
+from service.protocol import SystemOneRequest
 
 DEV_SEED = SEED + 1
 
@@ -92,11 +93,8 @@ CANDIDATES = (
 
 
 def question_of(task) -> QuestionSpec:
-    q = task.question()
-    criteria = q["criteria"]
-    if task.question_type == "noul":
-        return QuestionSpec("noul", task.instructions, ("true", "false"), (criteria.get("true"), criteria.get("false")))
-    return QuestionSpec("choice", task.instructions, tuple(criteria), tuple(criteria.values()))
+    """The task's question as the service parses it."""
+    return SystemOneRequest.model_validate({"state": "", "questions": {"q": task.question()}}).questions["q"].to_spec()
 
 
 POLICIES = ("no prior", "prior on choice", "prior on every question")
@@ -121,7 +119,8 @@ async def main(data: Path, size: int, layouts: tuple[str, ...]) -> None:
                 question = question_of(task)
                 readings = await asyncio.gather(*(reader.read(question, text) for text, _ in dev[task.name]))
                 raw = np.array([r.label_probabilities.probabilities for r in readings])
-                corrected = apply_prior(raw, (await measure_prior(reader, question)).prior)
+                prior = await measure_prior(reader, question)
+                corrected = apply_prior(raw, prior.prior) if prior is not None else raw  # None: no read returned every label
                 gold_index = np.array([question.options.index(gold) for _, gold in dev[task.name]])
                 for policy in POLICIES:
                     applies = policy == "prior on every question" or (policy == "prior on choice" and question.question_type == "choice")

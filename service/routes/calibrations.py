@@ -79,7 +79,9 @@ async def refit(request: Request) -> CalibrationOut:
     body = parse_body(await request.body(), RefitRequest)
     info = reader.engine.info
     priors = request.app.state.priors
-    # The key this service's answers to such questions are read under (prior-corrected where its policy covers the type).
+    # The key this service's answers to such questions are read under: prior-corrected where its policy
+    # covers the type. Decisions answered raw under a covered type (rotated or floor-bounded reads)
+    # are refitted from their feedback (POST /v1/feedback keys on the recorded decision's version).
     corrected = priors is not None and priors.policy.covers(body.question_type)
     key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=read_version(PROMPT_VERSION, corrected))
     try:

@@ -134,8 +134,12 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
     answer = b.ask("An odd little film.")
     used = answer["x_reading"]["calibration"]
     assert (used["mode"], used["id"], used["temperature"], used["n"]) == ("temperature", fitted["id"], fitted["temperature"], fitted["n"])
-    assert used["prompt_version"] == fitted["prompt_version"]
-    assert answer["probabilities"] == pytest.approx(calibrated(answer["x_reading"]["raw_probabilities"], fitted["temperature"]))
+    # A choice question: served prior-corrected by default, so fitted on corrected reads and applied after the correction.
+    assert used["prompt_version"] == fitted["prompt_version"] and fitted["prompt_version"].endswith("+prior")
+    raw, prior = answer["x_reading"]["raw_probabilities"], answer["x_reading"]["prior_correction"]["prior"]
+    corrected = {o: raw[o] / prior[o] for o in raw}
+    corrected = {o: p / sum(corrected.values()) for o, p in corrected.items()}
+    assert answer["probabilities"] == pytest.approx(calibrated(corrected, fitted["temperature"]))
 
     more = b.decide_all([text for text, _ in REVIEWS[:4]])
     for decision_id, (_, gold) in zip(more, REVIEWS):

@@ -46,12 +46,13 @@ async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
     measured_prior(tmp_path / "out")
     report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=5)
     scored = report["tasks"]["ag_news"]
-    assert scored["n"] == 200 and set(scored) == {"n", "raw", "temperature", "temperature_bias", "prior", "state_prior"}
+    assert scored["n"] == 200 and set(scored) == {"n", "raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior"}
     assert scored["temperature"]["accuracy"] == scored["raw"]["accuracy"]  # T never moves the top option
     assert scored["temperature_bias"]["accuracy"] > scored["raw"]["accuracy"] + 0.05
     assert scored["prior"]["accuracy"] > scored["raw"]["accuracy"] + 0.1
+    assert scored["prior_temperature"]["accuracy"] == scored["prior"]["accuracy"]  # T on the corrected reads keeps their top option
     assert scored["state_prior"]["accuracy"] > scored["raw"]["accuracy"] + 0.1  # the lean, found from the states alone
-    for mode in ("raw", "temperature", "temperature_bias", "prior", "state_prior"):
+    for mode in ("raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior"):
         lo, hi = scored[mode]["ece_floor_range"]
         assert 0 <= lo < scored[mode]["ece_floor"] < hi
     assert "| ag_news | 200 | prior |" in (tmp_path / "out" / "modes.md").read_text()
@@ -61,7 +62,7 @@ async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
 async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
     leaning_run(tmp_path / "run", version="decide-prompt/2")  # a layout the code no longer has
     report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine="local", splits=2)
-    assert "prior" not in report["tasks"]["ag_news"] and "decide-prompt/2" in report["prior_note"]  # no engine was opened
+    assert not {"prior", "prior_temperature"} & set(report["tasks"]["ag_news"]) and "decide-prompt/2" in report["prior_note"]  # no engine was opened
     assert "state_prior" in report["tasks"]["ag_news"]  # fitted on the run's own reads: no engine, any layout
     measured_prior(tmp_path / "out")  # measured under this code's version, the run under another
     with pytest.raises(ValueError, match="measured under"):

@@ -108,6 +108,9 @@ async def test_the_prior_correction_divides_out_what_the_model_answers_on_conten
     corrected = (raw / prior) / (raw / prior).sum()
     assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx(corrected, rel=1e-4)
     assert answer["choice"] == OPTIONS[int(np.argmax(corrected))]
+    recorded = [read for _, read in store.recorded(choice_key(local_engine, corrected=True))]
+    assert len(recorded) == 3 and all(read == pytest.approx(corrected, rel=1e-4) for read in recorded)  # the read their fits are made on
+    assert store.recorded(choice_key(local_engine, corrected=False)) == []
     assert yes_no["x_reading"]["prior_correction"] is None and yes_no["noul"] == yes_no["x_reading"]["raw_probabilities"]["true"]
     # A fit on raw reads does not apply to corrected ones; a fit on corrected reads applies after the correction.
     assert still["x_reading"]["calibration"] is None and raw_fit.id != fitted.id
@@ -165,11 +168,12 @@ async def test_the_prior_cache_keeps_the_latest_questions_only(local_engine):
     priors = OptionPriors(PriorCorrection.ALL, limit=2)
     questions = [NoulQuestion.model_validate({"type": "noul", "instructions": f"Is this about topic {i}?"}).to_spec() for i in range(3)]
     first = await priors.prior(reader, questions[0])
-    for question in questions[1:]:
-        await priors.prior(reader, question)
-    assert len(priors) == 2 and questions[0] not in priors and questions[2] in priors
-    again = await priors.prior(reader, questions[0])  # measured again, to the same values
-    assert again.prior == pytest.approx(first.prior, abs=1e-6) and questions[1] not in priors
+    await priors.prior(reader, questions[1])
+    await priors.prior(reader, questions[0])  # used again: now the most recent
+    await priors.prior(reader, questions[2])
+    assert len(priors) == 2 and questions[1] not in priors and questions[0] in priors and questions[2] in priors
+    await priors.prior(reader, questions[1])  # measured again, dropping the least recently used
+    assert questions[0] not in priors and (await priors.prior(reader, questions[0])).prior == pytest.approx(first.prior, abs=1e-6)
 
 
 async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(client_factory, local_engine, tmp_path):

@@ -52,6 +52,7 @@ async def test_counters_and_histograms_move_with_real_decisions(client_factory, 
     assert value(after, "decide_engine_queue_seconds_count") == 6
     assert value(after, "decide_label_mass_count") == 6 and value(after, "decide_labels_missing_total") == 0
     assert value(after, "decide_answers_total", calibrated="false") == 6
+    assert value(after, "decide_prior_corrected_answers_total") == 3  # the choice questions, corrected by default
     assert value(after, "decide_in_flight_requests") == 0
     info = [key for key in after if key[0] == "decide_engine_info"]
     assert info and dict(info[0][1])["model"] == model and dict(info[0][1])["read_mode"] == "exact"
