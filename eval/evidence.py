@@ -5,8 +5,7 @@ subset), ``variant``, ``gold`` (the true answer, an option name), ``options`` (o
 ``status`` (``ok`` or ``error``), then for ``ok`` rows ``probabilities`` (by option: the answer's,
 what a caller gets; the model's own read is ``reading.raw_probabilities``, and the two differ only
 where a correction applied, ``reading.prior_correction`` or ``reading.calibration``), ``reading``
-(the answer's reading),
-``latency_ms`` and ``predicted`` (from ``probabilities``), or for ``error`` rows
+(the answer's reading), ``latency_ms`` and ``predicted`` (from ``probabilities``), or for ``error`` rows
 ``error: {type, message}``. Callers may add fields (the suite adds ``subset``, ``question_type``,
 ``family``). ``decide eval tasks``, ``suite`` and ``agree`` write rows with :class:`RecordWriter`;
 every scorer reads them with :func:`load_rows`.

@@ -36,7 +36,6 @@ import asyncio
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from readers.prompt import QuestionSpec
@@ -82,8 +81,8 @@ class OptionPrior:
 
 async def measure_prior(reader: Reader, question: QuestionSpec, states: tuple[str, ...] | None = None) -> OptionPrior | None:
     """Read ``question`` on each content-free state (default ``CONTENT_FREE_STATES``), at once; the
-    prior is their mean, abstentions left out. None when no state brings a label back: there is
-    nothing to divide out."""
+    prior is the mean of the reads that returned every label. None when none did: there is nothing
+    sound to divide out."""
     # Imported here: the command line imports this module for PriorCorrection, scipy only loads to measure.
     from calibration.bias import CONTENT_FREE_STATES, option_prior
 
