@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: serve test test-fast venv model engine engine-stop clean
+.PHONY: serve test test-fast lint format venv model engine engine-stop clean
 
 venv: $(VENV)/.installed
 
@@ -39,6 +39,15 @@ test: model
 
 test-fast: model
 	$(BIN)/python -m pytest -m "not slow and not integration"
+
+# ruff, pinned in the test extras: the formatter's verdict and the lint rules in pyproject.toml.
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -43,8 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deploy.processes import free_port, wait_for_models  # noqa: E402
-from eval.load import machine_info, run_bench, run_load  # noqa: E402
+from deploy.processes import free_port, wait_for_models
+from eval.load import machine_info, run_bench, run_load
 
 # A support ticket of about 180 tokens (SmolLM2 tokenizer); "{ticket}" makes every request's state fresh.
 STATE = (
@@ -93,26 +93,63 @@ def serve_child(args: argparse.Namespace) -> None:
 
     async def opener():
         return await open_engine(
-            args.kind, url=args.engine_url, share_prefix=args.share_prefix, prefill_first=args.prefill_first, workers=args.workers, timeout_s=120
+            args.kind,
+            url=args.engine_url,
+            share_prefix=args.share_prefix,
+            prefill_first=args.prefill_first,
+            workers=args.workers,
+            timeout_s=120,
         )
 
-    uvicorn.run(create_app(open_engine=opener, prior_correction="off"), host="127.0.0.1", port=args.port, log_level="warning")
+    uvicorn.run(
+        create_app(open_engine=opener, prior_correction="off"),
+        host="127.0.0.1",
+        port=args.port,
+        log_level="warning",
+    )
 
 
 def start(variant: dict, args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = free_port()
     if variant["tree"]:
-        store = Path(tempfile.mkdtemp(prefix="multi-question-")) / "calibration.sqlite3"  # not the user's store
-        command = [sys.executable, "-m", "opendecide", "serve", "--engine", variant["kind"], "--port", str(port), "--store", str(store)]
+        store = (
+            Path(tempfile.mkdtemp(prefix="multi-question-")) / "calibration.sqlite3"
+        )  # not the user's store
+        command = [
+            sys.executable,
+            "-m",
+            "opendecide",
+            "serve",
+            "--engine",
+            variant["kind"],
+            "--port",
+            str(port),
+            "--store",
+            str(store),
+        ]
         if variant["kind"] == "vllm":
             command += ["--engine-url", args.engine_url, "--engine-timeout", "120"]
         cwd, env = variant["tree"], {**os.environ, "PYTHONPATH": variant["tree"]}
     else:
-        command = [sys.executable, __file__, "--serve-child", "--kind", variant["kind"], "--port", str(port)] + (["--workers", str(args.workers)] if args.workers is not None else [])
-        command += ["--engine-url", args.engine_url or "", "--share-prefix" if variant["share_prefix"] else "--per-question"]
+        command = [
+            sys.executable,
+            __file__,
+            "--serve-child",
+            "--kind",
+            variant["kind"],
+            "--port",
+            str(port),
+        ] + (["--workers", str(args.workers)] if args.workers is not None else [])
+        command += [
+            "--engine-url",
+            args.engine_url or "",
+            "--share-prefix" if variant["share_prefix"] else "--per-question",
+        ]
         command += ["--prefill-first"] if variant.get("prefill_first") else []
         cwd, env = ROOT, os.environ
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_models(url, process=process, timeout_s=300)
@@ -155,7 +192,12 @@ class Tickets:
 
 async def measure(variant: dict, args: argparse.Namespace, tickets: Tickets) -> dict:
     process, url = start(variant, args)
-    out: dict = {"variant": variant["name"], "kind": variant["kind"], "share_prefix": variant["share_prefix"], "tree": variant["tree"]}
+    out: dict = {
+        "variant": variant["name"],
+        "kind": variant["kind"],
+        "share_prefix": variant["share_prefix"],
+        "tree": variant["tree"],
+    }
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     engine = httpx.AsyncClient(base_url=args.engine_url, timeout=30) if variant["kind"] == "vllm" else None
     try:
@@ -189,7 +231,13 @@ async def measure(variant: dict, args: argparse.Namespace, tickets: Tickets) -> 
                         ok = await post("/decide", body(tickets(), n))
                         samples.append((time.monotonic() - started) * 1000)
                         failed += not ok
-                    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "max_ms": max(samples), "failed": failed, "samples_ms": samples}
+                    return {
+                        "median_ms": statistics.median(samples),
+                        "min_ms": min(samples),
+                        "max_ms": max(samples),
+                        "failed": failed,
+                        "samples_ms": samples,
+                    }
 
                 latency[n] = await shape(f"latency_n{n}", sweep)
             out["latency"] = latency
@@ -202,7 +250,11 @@ async def measure(variant: dict, args: argparse.Namespace, tickets: Tickets) -> 
 
                 async def ten(concurrency=concurrency, count=count):
                     states = [tickets() for _ in range(count)]
-                    return await run_load(lambda i: post("/decide", body(states[i], 10)), requests=count, concurrency=concurrency)
+                    return await run_load(
+                        lambda i: post("/decide", body(states[i], 10)),
+                        requests=count,
+                        concurrency=concurrency,
+                    )
 
                 result = await shape(f"ten_questions_c{concurrency}", ten)
                 throughput[concurrency] = {**result.as_json(), "decisions_per_s": result.decisions_per_s * 10}
@@ -212,16 +264,27 @@ async def measure(variant: dict, args: argparse.Namespace, tickets: Tickets) -> 
 
                 async def single():
                     states = [tickets() for _ in range(args.single_requests)]
-                    return await run_load(lambda i: post("/decide", body(states[i], 1)), requests=args.single_requests, concurrency=8)
+                    return await run_load(
+                        lambda i: post("/decide", body(states[i], 1)),
+                        requests=args.single_requests,
+                        concurrency=8,
+                    )
 
                 out["one_question_c8"] = (await shape("one_question_c8", single)).as_json()
 
                 async def batch():
                     payloads = [
-                        {"states": [STATE.format(ticket=tickets()) for _ in range(16)], "questions": {"q0": {"type": "noul", "instructions": QUESTIONS[0]}}}
+                        {
+                            "states": [STATE.format(ticket=tickets()) for _ in range(16)],
+                            "questions": {"q0": {"type": "noul", "instructions": QUESTIONS[0]}},
+                        }
                         for _ in range(args.batch_requests)
                     ]
-                    return await run_load(lambda i: post("/decide/batch", payloads[i]), requests=args.batch_requests, concurrency=1)
+                    return await run_load(
+                        lambda i: post("/decide/batch", payloads[i]),
+                        requests=args.batch_requests,
+                        concurrency=1,
+                    )
 
                 result = await shape("batch_16_states", batch)
                 out["batch_16_states"] = {**result.as_json(), "decisions_per_s": result.decisions_per_s * 16}
@@ -241,18 +304,47 @@ async def main(args: argparse.Namespace) -> dict:
     variants = []
     for kind in kinds:
         name = "embedded" if kind == "local" else "vllm-cpu"
-        variants.append({"name": f"{name}-shared", "kind": kind, "share_prefix": True, "tree": None, "sweep": True})
-        variants.append({"name": f"{name}-per-question", "kind": kind, "share_prefix": False, "tree": None, "sweep": False})
+        variants.append(
+            {"name": f"{name}-shared", "kind": kind, "share_prefix": True, "tree": None, "sweep": True}
+        )
+        variants.append(
+            {
+                "name": f"{name}-per-question",
+                "kind": kind,
+                "share_prefix": False,
+                "tree": None,
+                "sweep": False,
+            }
+        )
         if kind == "vllm":  # the other order: the first question alone, then the rest (VLLMEngine.read_many)
-            variants.append({"name": f"{name}-prefill-first", "kind": kind, "share_prefix": True, "prefill_first": True, "tree": None, "sweep": True})
+            variants.append(
+                {
+                    "name": f"{name}-prefill-first",
+                    "kind": kind,
+                    "share_prefix": True,
+                    "prefill_first": True,
+                    "tree": None,
+                    "sweep": True,
+                }
+            )
         if args.before_tree:
-            variants.append({"name": f"{name}-before", "kind": kind, "share_prefix": None, "tree": str(args.before_tree), "sweep": True})
+            variants.append(
+                {
+                    "name": f"{name}-before",
+                    "kind": kind,
+                    "share_prefix": None,
+                    "tree": str(args.before_tree),
+                    "sweep": True,
+                }
+            )
     tickets = Tickets(args.seed)
     results = {}
     for variant in variants:
         print(f"measuring {variant['name']} …", file=sys.stderr, flush=True)
         results[variant["name"]] = await measure(variant, args, tickets)
-        print(json.dumps(results[variant["name"]]), file=sys.stderr, flush=True)  # kept if a later variant fails
+        print(
+            json.dumps(results[variant["name"]]), file=sys.stderr, flush=True
+        )  # kept if a later variant fails
     summary = {}
     for name in ("embedded", "vllm-cpu"):
         shared, per_question = results.get(f"{name}-shared"), results.get(f"{name}-per-question")
@@ -260,16 +352,20 @@ async def main(args: argparse.Namespace) -> dict:
             summary[name] = {
                 "n8_over_n1": shared.get("n8_over_n1"),
                 **{
-                    f"ten_questions_c{c}_shared_over_per_question": shared["ten_questions"][c]["decisions_per_s"] / per_question["ten_questions"][c]["decisions_per_s"]
+                    f"ten_questions_c{c}_shared_over_per_question": shared["ten_questions"][c][
+                        "decisions_per_s"
+                    ]
+                    / per_question["ten_questions"][c]["decisions_per_s"]
                     for c in args.ten_concurrency
                 },
             }
     if "embedded-shared" in results and "vllm-cpu-shared" in results:
         summary["one_question_c8_embedded_over_vllm"] = (
-            results["embedded-shared"]["one_question_c8"]["decisions_per_s"] / results["vllm-cpu-shared"]["one_question_c8"]["decisions_per_s"]
+            results["embedded-shared"]["one_question_c8"]["decisions_per_s"]
+            / results["vllm-cpu-shared"]["one_question_c8"]["decisions_per_s"]
         )
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "bench": "multi_question",
         "machine": machine_info(),
         "engine_url": args.engine_url,
@@ -282,35 +378,79 @@ async def main(args: argparse.Namespace) -> dict:
 def report(result: dict) -> str:
     variants = result["variants"]
     sizes = result["args"]["sizes"]
-    lines = [f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores); passes per size: {result['args']['passes']}", ""]
-    lines += ["Latency of one request, N questions on one fresh ~180-token state, concurrency 1: median ms (min–max)", ""]
-    lines += ["| variant | " + " | ".join(f"N={n}" for n in sizes) + " | N=8 ÷ N=1 |", "|---|" + "---|" * (len(sizes) + 1)]
+    lines = [
+        f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores); passes per size: {result['args']['passes']}",
+        "",
+    ]
+    lines += [
+        "Latency of one request, N questions on one fresh ~180-token state, concurrency 1: median ms (min–max)",
+        "",
+    ]
+    lines += [
+        "| variant | " + " | ".join(f"N={n}" for n in sizes) + " | N=8 ÷ N=1 |",
+        "|---|" + "---|" * (len(sizes) + 1),
+    ]
     for name, row in variants.items():
         if row["latency"]:
-            cells = [f"{row['latency'][n]['median_ms']:.0f} ({row['latency'][n]['min_ms']:.0f}–{row['latency'][n]['max_ms']:.0f})" for n in sizes]
+            cells = [
+                f"{row['latency'][n]['median_ms']:.0f} ({row['latency'][n]['min_ms']:.0f}–{row['latency'][n]['max_ms']:.0f})"
+                for n in sizes
+            ]
             ratio = row.get("n8_over_n1")
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {'—' if ratio is None else f'{ratio:.2f}'} |")
+            lines.append(
+                f"| {name} | " + " | ".join(cells) + f" | {'—' if ratio is None else f'{ratio:.2f}'} |"
+            )
     concurrencies = result["args"]["ten_concurrency"]
     lines += ["", "Decisions/s, 10-question requests (failed requests in brackets)", ""]
-    lines += ["| variant | " + " | ".join(f"c={c}" for c in concurrencies) + " | peak RSS MiB |", "|---|" + "---|" * (len(concurrencies) + 1)]
+    lines += [
+        "| variant | " + " | ".join(f"c={c}" for c in concurrencies) + " | peak RSS MiB |",
+        "|---|" + "---|" * (len(concurrencies) + 1),
+    ]
     for name, row in variants.items():
-        cells = [f"{row['ten_questions'][c]['decisions_per_s']:.2f} [{row['ten_questions'][c]['failed']}]" for c in concurrencies]
+        cells = [
+            f"{row['ten_questions'][c]['decisions_per_s']:.2f} [{row['ten_questions'][c]['failed']}]"
+            for c in concurrencies
+        ]
         rss = row.get("peak_rss_mib")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {'—' if rss is None else f'{rss:.0f}'} |")
-    lines += ["", "| variant | one-question decisions/s at c=8 | /decide/batch 16 states × 1 question, decisions/s |", "|---|---|---|"]
+    lines += [
+        "",
+        "| variant | one-question decisions/s at c=8 | /decide/batch 16 states × 1 question, decisions/s |",
+        "|---|---|---|",
+    ]
     for name, row in variants.items():
         if "one_question_c8" in row:
-            lines.append(f"| {name} | {row['one_question_c8']['decisions_per_s']:.2f} [{row['one_question_c8']['failed']}] | {row['batch_16_states']['decisions_per_s']:.2f} [{row['batch_16_states']['failed']}] |")
-    cache_rows = [(name, shape, figures) for name, row in variants.items() for shape, figures in row.get("prefix_cache", {}).items()]
+            lines.append(
+                f"| {name} | {row['one_question_c8']['decisions_per_s']:.2f} [{row['one_question_c8']['failed']}] | {row['batch_16_states']['decisions_per_s']:.2f} [{row['batch_16_states']['failed']}] |"
+            )
+    cache_rows = [
+        (name, shape, figures)
+        for name, row in variants.items()
+        for shape, figures in row.get("prefix_cache", {}).items()
+    ]
     if cache_rows:
-        lines += ["", "vLLM prefix cache per request shape", "", "| variant | shape | hits | queries | hit rate |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "vLLM prefix cache per request shape",
+            "",
+            "| variant | shape | hits | queries | hit rate |",
+            "|---|---|---|---|---|",
+        ]
         for name, shape, figures in cache_rows:
             rate = figures["hit_rate"]
-            lines.append(f"| {name} | {shape} | {figures['hits']:.0f} | {figures['queries']:.0f} | {'—' if rate is None else f'{rate:.1%}'} |")
-    lines += ["", "Summary (targets: N=8 ÷ N=1 ≤ 2.0; shared ÷ per-question ≥ 3; embedded ÷ vLLM-CPU at c=8 ≥ 1.0)", ""]
+            lines.append(
+                f"| {name} | {shape} | {figures['hits']:.0f} | {figures['queries']:.0f} | {'—' if rate is None else f'{rate:.1%}'} |"
+            )
+    lines += [
+        "",
+        "Summary (targets: N=8 ÷ N=1 ≤ 2.0; shared ÷ per-question ≥ 3; embedded ÷ vLLM-CPU at c=8 ≥ 1.0)",
+        "",
+    ]
     for key, value in result["summary"].items():
         if isinstance(value, dict):
-            lines += [f"- {key}: " + ", ".join(f"{k} {'—' if v is None else f'{v:.2f}'}" for k, v in value.items())]
+            lines += [
+                f"- {key}: " + ", ".join(f"{k} {'—' if v is None else f'{v:.2f}'}" for k, v in value.items())
+            ]
         else:
             lines += [f"- {key}: {value:.2f}"]
     return "\n".join(lines)
@@ -318,21 +458,38 @@ def report(result: dict) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine-url", default=None, help="a vLLM server; without it only the embedded engine is measured")
-    parser.add_argument("--before-tree", type=Path, default=None, help="another checkout's service, measured as 'before'")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="questions per request in the latency sweep")
+    parser.add_argument(
+        "--engine-url", default=None, help="a vLLM server; without it only the embedded engine is measured"
+    )
+    parser.add_argument(
+        "--before-tree", type=Path, default=None, help="another checkout's service, measured as 'before'"
+    )
+    parser.add_argument(
+        "--sizes", type=int, nargs="+", default=list(SIZES), help="questions per request in the latency sweep"
+    )
     parser.add_argument("--passes", type=int, default=5, help="requests per size in the latency sweep")
     parser.add_argument("--ten-concurrency", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--ten-requests", type=int, default=3, help="10-question requests per unit of concurrency")
-    parser.add_argument("--single-requests", type=int, default=48, help="one-question requests at concurrency 8")
+    parser.add_argument(
+        "--ten-requests", type=int, default=3, help="10-question requests per unit of concurrency"
+    )
+    parser.add_argument(
+        "--single-requests", type=int, default=48, help="one-question requests at concurrency 8"
+    )
     parser.add_argument("--batch-requests", type=int, default=3, help="/decide/batch requests of 16 states")
-    parser.add_argument("--workers", type=int, default=None, help="embedded engine: batch worker threads (default: the engine's, one per core, at most 2)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="embedded engine: batch worker threads (default: the engine's, one per core, at most 2)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", default="local", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--share-prefix", dest="share_prefix", action="store_true", default=True, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--share-prefix", dest="share_prefix", action="store_true", default=True, help=argparse.SUPPRESS
+    )
     parser.add_argument("--per-question", dest="share_prefix", action="store_false", help=argparse.SUPPRESS)
     parser.add_argument("--prefill-first", action="store_true", help=argparse.SUPPRESS)
     if "--serve-child" in sys.argv:

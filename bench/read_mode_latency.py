@@ -26,20 +26,29 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.load import bench_args, machine_info, run_bench, run_load  # noqa: E402
-from eval.manifest import run_manifest  # noqa: E402
-from eval.tasks import TASKS, load_sample, spread  # noqa: E402
-from readers.engines import open_engine_spec  # noqa: E402
-from readers.engines.base import ReadMode, ReadRequest  # noqa: E402
-from readers.reader import Reader  # noqa: E402
-from service.protocol import ChoiceQuestion  # noqa: E402
+from eval.load import bench_args, machine_info, run_bench, run_load
+from eval.manifest import run_manifest
+from eval.tasks import TASKS, load_sample, spread
+from readers.engines import open_engine_spec
+from readers.engines.base import ReadMode, ReadRequest
+from readers.reader import Reader
+from service.protocol import ChoiceQuestion
 
 
 async def main(args: argparse.Namespace) -> dict:
     random.seed(args.seed)
     async with AsyncExitStack() as stack:
-        engines = {mode: await stack.enter_async_context(await open_engine_spec(f"vllm:{mode.value}", engine_url=args.engine_url)) for mode in ReadMode}
-        manifest = run_manifest("bench:read_mode_latency", engines={mode.value: engine for mode, engine in engines.items()}, args=bench_args(args))
+        engines = {
+            mode: await stack.enter_async_context(
+                await open_engine_spec(f"vllm:{mode.value}", engine_url=args.engine_url)
+            )
+            for mode in ReadMode
+        }
+        manifest = run_manifest(
+            "bench:read_mode_latency",
+            engines={mode.value: engine for mode, engine in engines.items()},
+            args=bench_args(args),
+        )
         task = TASKS[args.task]
         spec = ChoiceQuestion.model_validate(task.question()).to_spec()
         reader = Reader(engines[ReadMode.EXACT])
@@ -48,7 +57,9 @@ async def main(args: argparse.Namespace) -> dict:
             slot, _ = reader.prepare(spec, record.text)
             requests.append(ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels))
 
-        results: dict[str, dict[int, list[dict]]] = {mode.value: {c: [] for c in args.concurrency} for mode in ReadMode}
+        results: dict[str, dict[int, list[dict]]] = {
+            mode.value: {c: [] for c in args.concurrency} for mode in ReadMode
+        }
         for _ in range(args.passes):
             for concurrency in args.concurrency:
                 for mode, engine in engines.items():
@@ -86,8 +97,14 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 def report(result: dict) -> str:
-    lines = [f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores), task {result['manifest']['args']['task']}", ""]
-    lines += ["| read mode | concurrency | p50 ms | p90 ms | decisions/s | p50 ÷ exact |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores), task {result['manifest']['args']['task']}",
+        "",
+    ]
+    lines += [
+        "| read mode | concurrency | p50 ms | p90 ms | decisions/s | p50 ÷ exact |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in result["summary"]:
         lines.append(
             f"| {row['read_mode']} | {row['concurrency']} | {row['p50_ms']:.1f} | {row['p90_ms']:.1f} | {row['decisions_per_s']:.2f} | {row['p50_over_exact']:.2f} |"
@@ -98,7 +115,11 @@ def report(result: dict) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine-url", default="http://127.0.0.1:8100")
-    parser.add_argument("--task", default="ag_news", choices=[name for name, task in TASKS.items() if task.question_type == "choice"])
+    parser.add_argument(
+        "--task",
+        default="ag_news",
+        choices=[name for name, task in TASKS.items() if task.question_type == "choice"],
+    )
     parser.add_argument("--records", type=int, default=40)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--passes", type=int, default=3)

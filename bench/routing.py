@@ -85,7 +85,9 @@ def pinned_engines(model_dir: str, *, kv_cache_bytes: int, max_num_seqs: int, lo
     try:
         for core, port in enumerate(ports):
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(core % (os.cpu_count() or 1))
-            spec = ServerSpec(model_dir, SERVED_NAME, port=port, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs)
+            spec = ServerSpec(
+                model_dir, SERVED_NAME, port=port, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs
+            )
             started.append(start(spec, python=python, log=log_dir / f"engine-{core}.log"))
         yield [server.url for server in started]
     finally:
@@ -103,7 +105,13 @@ def service(engine_url: str, *, max_in_flight: int, timeout_s: float, log: Path)
                "--port", str(port), "--max-in-flight", str(max_in_flight), "--engine-timeout", str(timeout_s),
                "--store", f"{store.name}/calibration.sqlite3"]  # fmt: skip
     with log.open("w") as out:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_models(url, process=process, log=log, timeout_s=300)
@@ -137,7 +145,10 @@ def shared_prefix_requests(tokenizer, states: list[str], questions: int) -> list
     for state in states:
         texts = [
             tokenizer.apply_chat_template(
-                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{state}\n\nQuestion: {question}"}],
+                [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": f"{state}\n\nQuestion: {question}"},
+                ],
                 add_generation_prompt=True,
                 tokenize=False,
             )
@@ -166,9 +177,18 @@ class ReadPlaces:
 
 
 async def routing_pass(
-    urls: list[str], routing: str, requests: list[list[ReadRequest]], *, visits: int, concurrency: int, seed: int, timeout_s: float = 120.0
+    urls: list[str],
+    routing: str,
+    requests: list[list[ReadRequest]],
+    *,
+    visits: int,
+    concurrency: int,
+    seed: int,
+    timeout_s: float = 120.0,
 ) -> dict:
-    async with await RoutedEngine.connect(urls, routing=routing, read_mode=ReadMode.EXACT, timeout_s=timeout_s) as engine:
+    async with await RoutedEngine.connect(
+        urls, routing=routing, read_mode=ReadMode.EXACT, timeout_s=timeout_s
+    ) as engine:
         places = ReadPlaces()
         engine.observers.append(places)
         rng = random.Random(seed)
@@ -242,7 +262,7 @@ async def run_open_loop(send, *, rate: float, requests: int, max_s: float, seed:
         await asyncio.sleep(max(0.0, origin + at - time.monotonic()))
         try:
             ok = await send(i)
-        except Exception:  # noqa: BLE001 - a failed request is counted, not fatal to the run
+        except Exception:
             ok = False
         if ok:
             latencies.append((time.monotonic() - origin - at) * 1000)
@@ -280,11 +300,17 @@ async def main(args: argparse.Namespace) -> dict:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     logs = args.out_dir / "logs"
     logs.mkdir(exist_ok=True)
-    engines = nullcontext(args.engine_urls) if args.engine_urls else pinned_engines(
-        model_dir, kv_cache_bytes=args.kv_cache_bytes, max_num_seqs=args.max_num_seqs, log_dir=logs
+    engines = (
+        nullcontext(args.engine_urls)
+        if args.engine_urls
+        else pinned_engines(
+            model_dir, kv_cache_bytes=args.kv_cache_bytes, max_num_seqs=args.max_num_seqs, log_dir=logs
+        )
     )
     with engines as urls:
-        async with await RoutedEngine.connect(urls, read_mode=ReadMode.EXACT, timeout_s=args.engine_timeout) as probe_engine:
+        async with await RoutedEngine.connect(
+            urls, read_mode=ReadMode.EXACT, timeout_s=args.engine_timeout
+        ) as probe_engine:
             tokenizer = probe_engine.tokenizer
             manifest = run_manifest("routing", engines={"routed": probe_engine}, args=vars_json(args))
         manifest["machine"] = machine_info()
@@ -294,7 +320,7 @@ async def main(args: argparse.Namespace) -> dict:
 
         passes = []
         for p in range(args.passes):
-            for routing in (ROUTINGS if p % 2 == 0 else tuple(reversed(ROUTINGS))):
+            for routing in ROUTINGS if p % 2 == 0 else tuple(reversed(ROUTINGS)):
                 seed = args.seed * 1000 + len(passes)
                 states = long_states(tokenizer, args.state_tokens, args.states, seed=seed)
                 requests = shared_prefix_requests(tokenizer, states, args.questions)
@@ -304,20 +330,44 @@ async def main(args: argparse.Namespace) -> dict:
                 passes.append(row)
                 print(f"pass {p} {routing}: hit rate {row['prefix_cache_hit_rate']:.3f}, {row['decisions_per_s']:.2f} decisions/s, "
                       f"split requests {row['requests_split_across_engines']}", flush=True)  # fmt: skip
-        comparison = {routing: summary([row for row in passes if row["routing"] == routing]) for routing in ROUTINGS}
+        comparison = {
+            routing: summary([row for row in passes if row["routing"] == routing]) for routing in ROUTINGS
+        }
 
         points = []
-        with service(urls[0], max_in_flight=args.max_num_seqs, timeout_s=args.engine_timeout, log=logs / "service-one-engine.log") as url:
+        with service(
+            urls[0],
+            max_in_flight=args.max_num_seqs,
+            timeout_s=args.engine_timeout,
+            log=logs / "service-one-engine.log",
+        ) as url:
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 await run_load(sender(client, case_bodies(8, seed=-1)), requests=8, concurrency=2)  # warm-up
                 for c in args.sweep_concurrency:
-                    result = await run_load(sender(client, case_bodies(args.sweep_requests, seed=100 + c)), requests=args.sweep_requests, concurrency=c)
+                    result = await run_load(
+                        sender(client, case_bodies(args.sweep_requests, seed=100 + c)),
+                        requests=args.sweep_requests,
+                        concurrency=c,
+                    )
                     points.append(result.as_json())
-                    print(f"sweep c={c}: {result.decisions_per_s:.2f} decisions/s, p99 {result.p99_ms:.0f} ms", flush=True)
-        sweep = Sweep("vllm-cpu-1-core", tuple(OperatingPoint(p["concurrency"], p["decisions_per_s"], p["p99_ms"]) for p in points), None, "this run")
+                    print(
+                        f"sweep c={c}: {result.decisions_per_s:.2f} decisions/s, p99 {result.p99_ms:.0f} ms",
+                        flush=True,
+                    )
+        sweep = Sweep(
+            "vllm-cpu-1-core",
+            tuple(OperatingPoint(p["concurrency"], p["decisions_per_s"], p["p99_ms"]) for p in points),
+            None,
+            "this run",
+        )
 
         open_loop = []
-        with service(",".join(urls), max_in_flight=args.max_num_seqs, timeout_s=args.engine_timeout, log=logs / "service-two-engines.log") as url:
+        with service(
+            ",".join(urls),
+            max_in_flight=args.max_num_seqs,
+            timeout_s=args.engine_timeout,
+            log=logs / "service-two-engines.log",
+        ) as url:
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 await run_load(sender(client, case_bodies(8, seed=-2)), requests=8, concurrency=2)  # warm-up
                 for i, fraction in enumerate(args.rate_fractions):
@@ -327,18 +377,29 @@ async def main(args: argparse.Namespace) -> dict:
                                               requests=args.open_requests, max_s=args.max_open_s, seed=args.seed + i)  # fmt: skip
                     after = await route_reads(url)
                     row["rate_fraction_of_one_engine_peak"] = fraction
-                    row["reads_per_engine"] = {engine: after[engine] - before.get(engine, 0.0) for engine in after}
+                    row["reads_per_engine"] = {
+                        engine: after[engine] - before.get(engine, 0.0) for engine in after
+                    }
                     row["predicted_p99_ms"] = predicted_p99_ms(sweep, rate / len(urls))
                     open_loop.append(row)
                     print(f"open loop {rate:.2f}/s: p99 {row['p99_ms']} ms measured, {row['predicted_p99_ms']} ms predicted, "
                           f"reads per engine {row['reads_per_engine']}", flush=True)  # fmt: skip
-    return {"manifest": manifest, "routing": comparison, "passes": passes, "sweep_one_engine": points, "open_loop": open_loop}
+    return {
+        "manifest": manifest,
+        "routing": comparison,
+        "passes": passes,
+        "sweep_one_engine": points,
+        "open_loop": open_loop,
+    }
 
 
 def replan(outcome: dict) -> dict:
     """The open-loop rows' predictions recomputed with the current ``eval.plan`` model from the run's own
     sweep, so a model change is checked against stored measurements without starting engines."""
-    points = tuple(OperatingPoint(p["concurrency"], p["decisions_per_s"], p["p99_ms"]) for p in outcome["sweep_one_engine"])
+    points = tuple(
+        OperatingPoint(p["concurrency"], p["decisions_per_s"], p["p99_ms"])
+        for p in outcome["sweep_one_engine"]
+    )
     sweep = Sweep("vllm-cpu-1-core", points, None, "this run")
     engines = len(outcome["open_loop"][0]["reads_per_engine"]) if outcome["open_loop"] else 1
     for row in outcome["open_loop"]:
@@ -350,7 +411,9 @@ def summary(rows: list[dict]) -> dict:
     out = {"passes": len(rows)}
     for key in ("prefix_cache_hit_rate", "decisions_per_s"):
         values = [row[key] for row in rows if row[key] is not None]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+        out[key] = (
+            {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else None
+        )
     out["requests_split_across_engines"] = sum(row["requests_split_across_engines"] for row in rows)
     return out
 
@@ -360,16 +423,25 @@ def vars_json(args: argparse.Namespace) -> dict:
 
 
 def report(outcome: dict) -> str:
-    lines = ["| routing | prefix-cache hit rate (median, range) | decisions/s (median, range) | passes |", "|---|---|---|---|"]
+    lines = [
+        "| routing | prefix-cache hit rate (median, range) | decisions/s (median, range) | passes |",
+        "|---|---|---|---|",
+    ]
     for routing, row in outcome["routing"].items():
         hit, rate = row["prefix_cache_hit_rate"], row["decisions_per_s"]
         lines.append(f"| {routing} | {hit['median']:.3f} ({hit['min']:.3f}–{hit['max']:.3f}) | "
                      f"{rate['median']:.2f} ({rate['min']:.2f}–{rate['max']:.2f}) | {row['passes']} |")  # fmt: skip
-    lines += ["", "| offered decisions/s | completed | failed | measured p99 ms | predicted p99 ms |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| offered decisions/s | completed | failed | measured p99 ms | predicted p99 ms |",
+        "|---|---|---|---|---|",
+    ]
     for row in outcome["open_loop"]:
         predicted = "—" if row["predicted_p99_ms"] is None else f"{row['predicted_p99_ms']:.0f}"
         measured = "—" if row["p99_ms"] is None else f"{row['p99_ms']:.0f}"
-        lines.append(f"| {row['rate_offered_per_s']:.2f} | {row['completed']} | {row['failed']} | {measured} | {predicted} |")
+        lines.append(
+            f"| {row['rate_offered_per_s']:.2f} | {row['completed']} | {row['failed']} | {measured} | {predicted} |"
+        )
     return "\n".join(lines)
 
 
@@ -383,16 +455,32 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--visits", type=int, default=2, help="times each state is asked per pass")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight in part 1")
     p.add_argument("--passes", type=int, default=3)
-    p.add_argument("--kv-cache-bytes", type=int, default=400 << 20, help="per engine (vLLM-CPU needs ≥ 0.35 GiB for one 8,192-token request)")
-    p.add_argument("--engine-urls", type=lambda s: s.split(","), default=None, help="two running engines to use instead of starting them")
+    p.add_argument(
+        "--kv-cache-bytes",
+        type=int,
+        default=400 << 20,
+        help="per engine (vLLM-CPU needs ≥ 0.35 GiB for one 8,192-token request)",
+    )
+    p.add_argument(
+        "--engine-urls",
+        type=lambda s: s.split(","),
+        default=None,
+        help="two running engines to use instead of starting them",
+    )
     p.add_argument("--max-num-seqs", type=int, default=8)
-    p.add_argument("--engine-timeout", type=float, default=120.0, help="seconds; a cold vLLM-CPU's first reads are slow")
+    p.add_argument(
+        "--engine-timeout", type=float, default=120.0, help="seconds; a cold vLLM-CPU's first reads are slow"
+    )
     p.add_argument("--sweep-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
     p.add_argument("--sweep-requests", type=int, default=24)
     p.add_argument("--rate-fractions", type=lambda s: [float(x) for x in s.split(",")], default=[0.6, 1.4])
     p.add_argument("--open-requests", type=int, default=60)
     p.add_argument("--max-open-s", type=float, default=90.0)
-    p.add_argument("--replan", action="store_true", help="recompute the predictions in OUT_DIR/routing.json with the current planner; start nothing")
+    p.add_argument(
+        "--replan",
+        action="store_true",
+        help="recompute the predictions in OUT_DIR/routing.json with the current planner; start nothing",
+    )
     return p
 
 

@@ -26,7 +26,7 @@ import random
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -34,20 +34,23 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deploy.processes import free_port, serving  # noqa: E402
-from deploy.vllm_cpu import ServerSpec, install, session_members, start, status, stop  # noqa: E402
-from eval.load import machine_info, run_load  # noqa: E402
-from readers.embedded import prepare_embedded_model  # noqa: E402
-from readers.engines import open_engine  # noqa: E402
-from readers.engines.vllm import VLLMEngine  # noqa: E402
-from service.app import create_app  # noqa: E402
+from deploy.processes import free_port, serving
+from deploy.vllm_cpu import ServerSpec, install, session_members, start, status, stop
+from eval.load import machine_info, run_load
+from readers.embedded import prepare_embedded_model
+from readers.engines import open_engine
+from readers.engines.vllm import VLLMEngine
+from service.app import create_app
 
 QUESTION = {"type": "noul", "instructions": "Is the customer asking for money back?"}
 
 
 def body(i: int) -> dict:
     item = random.Random(i).choice(["a refund", "a new address", "the invoice", "a discount", "tracking"])
-    return {"state": f"Ticket {i}: the customer writes about {item} for order {1000 + i}.", "questions": {"refund": QUESTION}}
+    return {
+        "state": f"Ticket {i}: the customer writes about {item} for order {1000 + i}.",
+        "questions": {"refund": QUESTION},
+    }
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -70,7 +73,11 @@ async def main(args: argparse.Namespace) -> dict:
     app = create_app(open_engine=opener)
     try:
         with serving(app) as url:
-            async with httpx.AsyncClient(base_url=url, timeout=args.client_timeout, limits=httpx.Limits(max_connections=args.concurrency)) as client:
+            async with httpx.AsyncClient(
+                base_url=url,
+                timeout=args.client_timeout,
+                limits=httpx.Limits(max_connections=args.concurrency),
+            ) as client:
                 while (await client.get("/readyz")).status_code != 200:
                     await asyncio.sleep(0.5)
                 await client.post("/v1/systemone", json=body(-1))  # warm-up, not counted
@@ -114,7 +121,7 @@ async def main(args: argparse.Namespace) -> dict:
         if spec is not None:
             stop(spec.port)
     return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "engine": args.engine,
         "machine": machine_info(),
         "args": args_json(args),
@@ -146,10 +153,17 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-seconds", type=float, default=120.0)
-    parser.add_argument("--rate", type=float, default=None, help="requests/s, paced (default: as fast as the concurrency allows)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="requests/s, paced (default: as fast as the concurrency allows)",
+    )
     parser.add_argument("--client-timeout", type=float, default=60.0)
     parser.add_argument("--engine-timeout", type=float, default=30.0)
-    parser.add_argument("--kill-at", type=float, default=None, help="vllm only: seconds into the run to kill the engine")
+    parser.add_argument(
+        "--kill-at", type=float, default=None, help="vllm only: seconds into the run to kill the engine"
+    )
     parser.add_argument("--restart-after", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)

@@ -34,14 +34,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deploy.processes import free_port, wait_for_models  # noqa: E402
-from eval.load import bench_args, machine_info, run_bench, run_load  # noqa: E402
-from eval.manifest import run_manifest  # noqa: E402
-from eval.tasks import load_sample, spread  # noqa: E402
-from readers.engines import open_engine_spec  # noqa: E402
-from readers.engines.vllm import completion_body  # noqa: E402
-from readers.prompt import QuestionSpec, prompt_layout  # noqa: E402
-from readers.reader import Reader  # noqa: E402
+from deploy.processes import free_port, wait_for_models
+from eval.load import bench_args, machine_info, run_bench, run_load
+from eval.manifest import run_manifest
+from eval.tasks import load_sample, spread
+from readers.engines import open_engine_spec
+from readers.engines.vllm import completion_body
+from readers.prompt import QuestionSpec, prompt_layout
+from readers.reader import Reader
 
 # A production-sized question: the static part (instructions, options, descriptions) spans several
 # of vLLM-CPU's 128-token KV blocks, which is what prefix caching can reuse across states.
@@ -75,7 +75,18 @@ async def prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
 
 def start_service(engine_url: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    command = [sys.executable, "-m", "opendecide", "serve", "--engine", "vllm", "--engine-url", engine_url, "--port", str(port)]
+    command = [
+        sys.executable,
+        "-m",
+        "opendecide",
+        "serve",
+        "--engine",
+        "vllm",
+        "--engine-url",
+        engine_url,
+        "--port",
+        str(port),
+    ]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -94,27 +105,46 @@ async def main(args: argparse.Namespace) -> dict:
     shared, question_first, bodies = [], [], []
     async with await open_engine_spec("vllm:exact", engine_url=args.engine_url) as engine:
         manifest = run_manifest("bench:service_overhead", engines={"direct": engine}, args=bench_args(args))
-        reader, question_first_reader = Reader(engine), Reader(engine, layout=prompt_layout("decide-prompt/1"))  # /1: question as the system text
+        reader, question_first_reader = (
+            Reader(engine),
+            Reader(engine, layout=prompt_layout("decide-prompt/1")),
+        )  # /1: question as the system text
         for record in records:
             slot, _ = reader.prepare(spec, record.text)
-            shared.append(completion_body(engine.served_name, slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(slot.label_ids)})
+            shared.append(
+                completion_body(engine.served_name, slot.prompt_ids, top_k=engine.capabilities.top_k)
+                | {"logprob_token_ids": list(slot.label_ids)}
+            )
             old_slot, _ = question_first_reader.prepare(spec, record.text)
-            question_first.append(completion_body(engine.served_name, old_slot.prompt_ids, top_k=engine.capabilities.top_k) | {"logprob_token_ids": list(old_slot.label_ids)})
-            bodies.append({"state": record.text, "questions": {"sentiment": {"type": "choice", "instructions": INSTRUCTIONS, "criteria": OPTIONS}}})
+            question_first.append(
+                completion_body(engine.served_name, old_slot.prompt_ids, top_k=engine.capabilities.top_k)
+                | {"logprob_token_ids": list(old_slot.label_ids)}
+            )
+            bodies.append(
+                {
+                    "state": record.text,
+                    "questions": {
+                        "sentiment": {"type": "choice", "instructions": INSTRUCTIONS, "criteria": OPTIONS}
+                    },
+                }
+            )
 
     service, service_url = start_service(args.engine_url)
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     try:
-        async with httpx.AsyncClient(base_url=service_url, timeout=120, limits=limits) as to_service, httpx.AsyncClient(
-            base_url=args.engine_url, timeout=120, limits=limits
-        ) as to_engine:
+        async with (
+            httpx.AsyncClient(base_url=service_url, timeout=120, limits=limits) as to_service,
+            httpx.AsyncClient(base_url=args.engine_url, timeout=120, limits=limits) as to_engine,
+        ):
 
             async def via_service(i: int) -> bool:
                 return (await to_service.post("/decide", json=bodies[i % len(bodies)])).status_code == 200
 
             def direct(prompts):
                 async def send(i: int) -> bool:
-                    return (await to_engine.post("/v1/completions", json=prompts[i % len(prompts)])).status_code == 200
+                    return (
+                        await to_engine.post("/v1/completions", json=prompts[i % len(prompts)])
+                    ).status_code == 200
 
                 return send
 
@@ -127,9 +157,22 @@ async def main(args: argparse.Namespace) -> dict:
                 for _ in range(args.passes):
                     a = await run_load(via_service, requests=args.requests, concurrency=concurrency)
                     b = await run_load(direct(shared), requests=args.requests, concurrency=concurrency)
-                    passes.append({"service": a.as_json(), "direct": b.as_json(), "ratio": a.decisions_per_s / b.decisions_per_s})
+                    passes.append(
+                        {
+                            "service": a.as_json(),
+                            "direct": b.as_json(),
+                            "ratio": a.decisions_per_s / b.decisions_per_s,
+                        }
+                    )
                 ratios = [p["ratio"] for p in passes]
-                throughput.append({"concurrency": concurrency, "passes": passes, "median_ratio": float(np.median(ratios)), "ratio_range": [min(ratios), max(ratios)]})
+                throughput.append(
+                    {
+                        "concurrency": concurrency,
+                        "passes": passes,
+                        "median_ratio": float(np.median(ratios)),
+                        "ratio_range": [min(ratios), max(ratios)],
+                    }
+                )
 
             layouts = {}
             for name, prompts in (("state_first", shared), ("question_first", question_first)):
@@ -141,7 +184,9 @@ async def main(args: argparse.Namespace) -> dict:
                     "prompt_tokens_median": float(np.median([len(p["prompt"]) for p in prompts])),
                     "prefix_cache_hits": hits1 - hits0,
                     "prefix_cache_queries": queries1 - queries0,
-                    "prefix_cache_hit_rate": (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else None,
+                    "prefix_cache_hit_rate": (hits1 - hits0) / (queries1 - queries0)
+                    if queries1 > queries0
+                    else None,
                 }
     finally:
         service.terminate()
@@ -152,22 +197,38 @@ async def main(args: argparse.Namespace) -> dict:
         "machine": machine_info(),
         "throughput": throughput,
         "layouts": layouts,
-        "state_first_over_question_first_decisions_per_s": layouts["state_first"]["decisions_per_s"] / layouts["question_first"]["decisions_per_s"],
+        "state_first_over_question_first_decisions_per_s": layouts["state_first"]["decisions_per_s"]
+        / layouts["question_first"]["decisions_per_s"],
     }
 
 
 def report(result: dict) -> str:
-    lines = [f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores)", "", "| concurrency | service dec/s | direct dec/s | service ÷ direct (median, range) |", "|---|---|---|---|"]
+    lines = [
+        f"machine: {result['machine']['cpu']} ({result['machine']['cores']} cores)",
+        "",
+        "| concurrency | service dec/s | direct dec/s | service ÷ direct (median, range) |",
+        "|---|---|---|---|",
+    ]
     for row in result["throughput"]:
         service = np.median([p["service"]["decisions_per_s"] for p in row["passes"]])
         direct = np.median([p["direct"]["decisions_per_s"] for p in row["passes"]])
         lo, hi = row["ratio_range"]
-        lines.append(f"| {row['concurrency']} | {service:.2f} | {direct:.2f} | {row['median_ratio']:.3f} ({lo:.3f}–{hi:.3f}) |")
-    lines += ["", "| layout | prompt tokens (median) | dec/s at c=8 | prefix-cache hit rate |", "|---|---|---|---|"]
+        lines.append(
+            f"| {row['concurrency']} | {service:.2f} | {direct:.2f} | {row['median_ratio']:.3f} ({lo:.3f}–{hi:.3f}) |"
+        )
+    lines += [
+        "",
+        "| layout | prompt tokens (median) | dec/s at c=8 | prefix-cache hit rate |",
+        "|---|---|---|---|",
+    ]
     for name, row in result["layouts"].items():
         rate = row["prefix_cache_hit_rate"]
-        lines.append(f"| {name} | {row['prompt_tokens_median']:.0f} | {row['decisions_per_s']:.2f} | {'—' if rate is None else f'{rate:.1%}'} |")
-    lines.append(f"\nstate-first ÷ question-first decisions/s (many states × one question): {result['state_first_over_question_first_decisions_per_s']:.2f}")
+        lines.append(
+            f"| {name} | {row['prompt_tokens_median']:.0f} | {row['decisions_per_s']:.2f} | {'—' if rate is None else f'{rate:.1%}'} |"
+        )
+    lines.append(
+        f"\nstate-first ÷ question-first decisions/s (many states × one question): {result['state_first_over_question_first_decisions_per_s']:.2f}"
+    )
     return "\n".join(lines)
 
 

@@ -35,7 +35,13 @@ def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:
             return NOUL_GOLD[key]
         raise ValueError(f"a noul answer is true or false, not {gold!r}")
     if question_type == "score":
-        level = gold if isinstance(gold, int) and not isinstance(gold, bool) else int(gold) if isinstance(gold, str) and gold.isdigit() else None
+        level = (
+            gold
+            if isinstance(gold, int) and not isinstance(gold, bool)
+            else int(gold)
+            if isinstance(gold, str) and gold.isdigit()
+            else None
+        )
         if level is None or not 0 <= level < len(options):
             raise ValueError(f"a score answer is a level from 0 to {len(options) - 1}, not {gold!r}")
         return level
@@ -62,7 +68,13 @@ def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePr
 
 
 def fit_and_store(
-    store: CalibrationStore, key: CalibrationKey, rows: list[tuple[list[float], int | None]], *, source: str, seed: int = 0, mode: str = "temperature"
+    store: CalibrationStore,
+    key: CalibrationKey,
+    rows: list[tuple[list[float], int | None]],
+    *,
+    source: str,
+    seed: int = 0,
+    mode: str = "temperature",
 ) -> Calibration:
     """Fit ``mode`` on all ``rows`` (raw probabilities, gold index), score a held-out half, store.
 
@@ -71,7 +83,9 @@ def fit_and_store(
     """
     labelled_only = mode != "state_prior"
     if labelled_only and any(gold is None for _, gold in rows):
-        raise ValueError(f"a {mode} calibration needs a gold answer for every decision; only state_prior fits without")
+        raise ValueError(
+            f"a {mode} calibration needs a gold answer for every decision; only state_prior fits without"
+        )
     if len(rows) < MIN_GOLD:
         what = "decisions with a gold answer" if labelled_only else "decisions"
         raise ValueError(f"{len(rows)} {what}; a calibration needs at least {MIN_GOLD}")
@@ -101,7 +115,12 @@ def fit_and_store(
     )  # fmt: skip
 
 
-def refit_from_store(store: CalibrationStore, key: CalibrationKey, mode: str, labelled: list[tuple[list[float], int]] | None = None) -> Calibration:
+def refit_from_store(
+    store: CalibrationStore,
+    key: CalibrationKey,
+    mode: str,
+    labelled: list[tuple[list[float], int]] | None = None,
+) -> Calibration:
     """Fit ``key`` again from what the store holds: its feedback (``labelled``, when the caller has
     already read it), or for ``state_prior`` its recorded decisions, whose reads need no gold answer.
 
@@ -111,5 +130,13 @@ def refit_from_store(store: CalibrationStore, key: CalibrationKey, mode: str, la
     if mode == "state_prior":
         recorded = store.recorded(key)
         latest = recorded[-1][0] if recorded else None
-        return fit_and_store(store, key, [(raw, None) for options, raw in recorded if options == latest], source="decisions", mode=mode)
-    return fit_and_store(store, key, store.labelled(key) if labelled is None else labelled, source="feedback", mode=mode)
+        return fit_and_store(
+            store,
+            key,
+            [(raw, None) for options, raw in recorded if options == latest],
+            source="decisions",
+            mode=mode,
+        )
+    return fit_and_store(
+        store, key, store.labelled(key) if labelled is None else labelled, source="feedback", mode=mode
+    )

@@ -140,4 +140,11 @@ def ece_floor(probabilities, n_bins: int = N_BINS, *, draws: int = FLOOR_DRAWS, 
     right_sums = np.stack([np.bincount(bins, weights=draw, minlength=n_bins) for draw in right.astype(float)])
     values = np.abs(right_sums - confidence_sums).sum(axis=1) / len(p)
     lo, median, hi = np.percentile(values, [2.5, 50, 97.5])
-    return {"median": float(median), "lo": float(lo), "hi": float(hi), "n": len(p), "n_bins": n_bins, "draws": draws}
+    return {
+        "median": float(median),
+        "lo": float(lo),
+        "hi": float(hi),
+        "n": len(p),
+        "n_bins": n_bins,
+        "draws": draws,
+    }

@@ -119,7 +119,10 @@ def migrate(db: psycopg.Connection, *, target: int = SCHEMA_VERSION) -> int:
             if version not in applied and version <= target:
                 for statement in statements:
                     db.execute(statement)
-                db.execute("INSERT INTO schema_migrations (version, description) VALUES (%s, %s)", (version, description))
+                db.execute(
+                    "INSERT INTO schema_migrations (version, description) VALUES (%s, %s)",
+                    (version, description),
+                )
                 applied.add(version)
     return max(applied, default=0)
 
@@ -127,7 +130,9 @@ def migrate(db: psycopg.Connection, *, target: int = SCHEMA_VERSION) -> int:
 class PostgresStore(CalibrationStore):
     """Thread-safe: a connection pool for calls, one more connection for the listener thread."""
 
-    def __init__(self, url: str, *, pool_size: int = 8, poll_s: float = 1.0, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, *, pool_size: int = 8, poll_s: float = 1.0, connect_timeout_s: float = 10.0
+    ) -> None:
         super().__init__()
         self.url = url
         self.poll_s = poll_s
@@ -135,7 +140,9 @@ class PostgresStore(CalibrationStore):
             with psycopg.connect(url, autocommit=True, connect_timeout=int(connect_timeout_s)) as db:
                 migrate(db)
         except psycopg.OperationalError as error:
-            raise ConnectionError(f"cannot open the calibration store at {redacted(url)}: {error}".strip()) from None
+            raise ConnectionError(
+                f"cannot open the calibration store at {redacted(url)}: {error}".strip()
+            ) from None
         self._pool = ConnectionPool(
             url,
             min_size=1,
@@ -164,14 +171,23 @@ class PostgresStore(CalibrationStore):
     # -- calibrations -------------------------------------------------------------------------
 
     def add_calibration(
-        self, key: CalibrationKey, *, temperature: float, n: int, source: str, mode: str = "temperature", bias=None, **metrics: float | int | None
+        self,
+        key: CalibrationKey,
+        *,
+        temperature: float,
+        n: int,
+        source: str,
+        mode: str = "temperature",
+        bias=None,
+        **metrics: float | int | None,
     ) -> Calibration:
         calibration = self._new_calibration(key, temperature, n, source, metrics, mode, bias)
         row = calibration.as_json()
         row["fitted_at"] = dt.datetime.fromisoformat(calibration.fitted_at)
         with self._pool.connection() as db:
             stored = db.execute(
-                f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))}) RETURNING seq", list(row.values())
+                f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))}) RETURNING seq",
+                list(row.values()),
             ).fetchone()[0]
         self._remember([(stored, calibration)])
         return calibration
@@ -179,7 +195,7 @@ class PostgresStore(CalibrationStore):
     def _reload(self, db: psycopg.Connection | None = None) -> None:
         """Reload the cache if the table changed since the last look: (count, max seq) both grow on
         every insert, and count also catches a row whose seq was drawn before one already seen."""
-        with self._reload_lock, (self._pool.connection() if db is None else contextlib.nullcontext(db)) as conn:
+        with self._reload_lock, self._pool.connection() if db is None else contextlib.nullcontext(db) as conn:
             version = conn.execute("SELECT count(*), coalesce(max(seq), 0) FROM calibrations").fetchone()
             if version == self._seen:
                 return
@@ -259,7 +275,9 @@ class PostgresStore(CalibrationStore):
             rows = db.execute(query, params).fetchall()
         return [(raw, options.index(gold)) for options, raw, gold in rows]
 
-    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[tuple[list[str], list[float]]]:
+    def recorded(
+        self, key: CalibrationKey, limit: int = RECORDED_LIMIT
+    ) -> list[tuple[list[str], list[float]]]:
         where, params = key_filter(key, "%s")
         query = f"SELECT d.options, d.raw_probabilities FROM decisions d WHERE {where} AND d.informative ORDER BY d.created_at DESC, d.id DESC LIMIT %s"
         with self._pool.connection() as db:
@@ -268,7 +286,6 @@ class PostgresStore(CalibrationStore):
 
 
 def _calibration(row: dict) -> Calibration:
-    fitted_at = row["fitted_at"].astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+    fitted_at = row["fitted_at"].astimezone(dt.UTC).isoformat(timespec="microseconds")
     bias = None if row["bias"] is None else tuple(row["bias"])
     return Calibration(**{**row, "fitted_at": fitted_at, "bias": bias})
-

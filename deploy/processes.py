@@ -26,7 +26,12 @@ def free_port() -> int:
 
 
 def wait_for_models(
-    url: str, *, process: subprocess.Popen | None = None, log: Path | None = None, timeout_s: float = 120.0, path: str = "/v1/models"
+    url: str,
+    *,
+    process: subprocess.Popen | None = None,
+    log: Path | None = None,
+    timeout_s: float = 120.0,
+    path: str = "/v1/models",
 ) -> None:
     """Return once ``url`` + ``path`` answers 200 (``/readyz`` for a decision service that wants a key).
 
@@ -37,14 +42,18 @@ def wait_for_models(
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:] if log else ""
-            raise RuntimeError(f"{process.args[0] if process.args else 'server'} exited with {process.returncode} before serving; log tail:\n{tail}")
+            raise RuntimeError(
+                f"{process.args[0] if process.args else 'server'} exited with {process.returncode} before serving; log tail:\n{tail}"
+            )
         try:
             if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.5)
-    raise TimeoutError(f"{url}{path} did not answer within {timeout_s:.0f} s" + (f"; see {log}" if log else ""))
+    raise TimeoutError(
+        f"{url}{path} did not answer within {timeout_s:.0f} s" + (f"; see {log}" if log else "")
+    )
 
 
 @contextlib.contextmanager

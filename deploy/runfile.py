@@ -20,7 +20,9 @@ TPU_ENGINE_IMAGE = "vllm/vllm-tpu@sha256:19a1a0526476f902eb83e1057f3d8938f35b457
 
 # AWS's public SSM parameter for the latest Ubuntu 22.04 Deep Learning Base AMI with the NVIDIA driver,
 # Docker and the NVIDIA container toolkit; EC2 resolves it at launch.
-AWS_DLAMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+AWS_DLAMI = (
+    "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
 
 TARGETS = ("v6e", "v5e", "l4-gcp", "l4-aws")
 PROVISIONING = {
@@ -143,8 +145,11 @@ def parse_run(data: dict[str, Any]) -> Run:
     target = fields.choice("target", TARGETS)
     name = fields.text("name")
     if not _NAME.match(name):
-        raise RunFileError("name", "lowercase letters, digits and hyphens, a letter first, at most 50 characters "
-                           f"(it names the VM or queued resource), got {name!r}")
+        raise RunFileError(
+            "name",
+            "lowercase letters, digits and hyphens, a letter first, at most 50 characters "
+            f"(it names the VM or queued resource), got {name!r}",
+        )
     provisioning = fields.choice("provisioning", PROVISIONING[target], default=PROVISIONING[target][0])
     bucket = fields.text("bucket").rstrip("/")
     scheme = "s3://" if target == "l4-aws" else "gs://"
@@ -165,7 +170,9 @@ def parse_run(data: dict[str, Any]) -> Run:
 
     max_run = fields.duration("max_run_duration", default="4h")
     if target != "v5e" and "valid_until_duration" in data:
-        raise RunFileError("valid_until_duration", "only for target v5e (how long a flex-start request may queue)")
+        raise RunFileError(
+            "valid_until_duration", "only for target v5e (how long a flex-start request may queue)"
+        )
     valid_until = fields.duration("valid_until_duration", default="2h")
 
     engine = _Fields(fields.table("engine", default={}), "engine")
@@ -194,10 +201,23 @@ def parse_run(data: dict[str, Any]) -> Run:
     hf_secret = fields.text("hf_secret", default="hf-token")
     fields.done()
     return Run(
-        name=name, target=target, provisioning=provisioning, bucket=bucket, engine_image=engine_image,
-        service_image=service_image, models=models, project=project, zone=zone, max_run_duration=max_run,
-        valid_until_duration=valid_until, hf_secret=hf_secret, max_num_seqs=max_num_seqs,
-        max_logprobs=max_logprobs, engine_flags=engine_flags, service_flags=service_flags, eval=evaluation,
+        name=name,
+        target=target,
+        provisioning=provisioning,
+        bucket=bucket,
+        engine_image=engine_image,
+        service_image=service_image,
+        models=models,
+        project=project,
+        zone=zone,
+        max_run_duration=max_run,
+        valid_until_duration=valid_until,
+        hf_secret=hf_secret,
+        max_num_seqs=max_num_seqs,
+        max_logprobs=max_logprobs,
+        engine_flags=engine_flags,
+        service_flags=service_flags,
+        eval=evaluation,
         aws=aws,
     )
 
@@ -211,7 +231,9 @@ def _parse_model(fields: _Fields, max_model_len: int) -> Model:
     )
     for modality in model.modalities:
         if modality not in _MODALITIES:
-            raise RunFileError(f"{fields.prefix}.modalities", f"each one of {', '.join(_MODALITIES)}, got {modality!r}")
+            raise RunFileError(
+                f"{fields.prefix}.modalities", f"each one of {', '.join(_MODALITIES)}, got {modality!r}"
+            )
     fields.done()
     return model
 
@@ -220,7 +242,9 @@ def _parse_eval(fields: _Fields, scheme: str) -> Eval:
     kind = fields.choice("kind", EVAL_KINDS)
     data = fields.text("data", default=None) if kind == "suite" else None
     if kind == "suite" and (data is None or not data.startswith(scheme)):
-        raise RunFileError("eval.data", f"the suite folder as a {scheme} URL (copied onto the machine), got {data!r}")
+        raise RunFileError(
+            "eval.data", f"the suite folder as a {scheme} URL (copied onto the machine), got {data!r}"
+        )
     evaluation = Eval(kind=kind, data=data, args=fields.strings("args", default=[]))
     fields.done()
     return evaluation
@@ -303,7 +327,9 @@ class _Fields:
             default = self._MISSING
         value = self.text(key, default)
         if not _DIGEST_REF.match(value):
-            raise RunFileError(self._name(key), f"an image reference pinned by digest (NAME@sha256:<64 hex>), got {value!r}")
+            raise RunFileError(
+                self._name(key), f"an image reference pinned by digest (NAME@sha256:<64 hex>), got {value!r}"
+            )
         return value
 
     def done(self) -> None:

@@ -14,7 +14,9 @@ from deploy.runfile import Model, Run
 from deploy.targets import self_delete_command
 
 TEMPLATE = resources.files("deploy").joinpath("startup.sh")
-SETTINGS_START = "# --- settings (rendered by deploy/startup.py; these example values keep the template checkable) ---"
+SETTINGS_START = (
+    "# --- settings (rendered by deploy/startup.py; these example values keep the template checkable) ---"
+)
 SETTINGS_END = "# --- end settings ---"
 RENDERED_START = "# --- settings (rendered by deploy/startup.py from the run file) ---"
 ENGINE_URL = "http://127.0.0.1:8000"
@@ -29,21 +31,37 @@ ENGINE_COMMAND = {"tpu": ("vllm", "serve"), "gpu": ()}
 def serve_flags(run: Run, model: Model) -> list[str]:
     """vLLM's flags for one model (after the model id, host and port)."""
     flags = [
-        "--max-model-len", str(model.max_model_len),
-        "--max-num-seqs", str(run.max_num_seqs),
-        "--max-logprobs", str(run.max_logprobs),
-        "--generation-config", "vllm",
+        "--max-model-len",
+        str(model.max_model_len),
+        "--max-num-seqs",
+        str(run.max_num_seqs),
+        "--max-logprobs",
+        str(run.max_logprobs),
+        "--generation-config",
+        "vllm",
         "--enable-prefix-caching",
     ]
     if model.modalities:  # a multimodal checkpoint read as text only: no encoder memory reserved
-        flags += ["--limit-mm-per-prompt", json.dumps({m: 0 for m in model.modalities}, separators=(",", ":"))]
+        flags += [
+            "--limit-mm-per-prompt",
+            json.dumps({m: 0 for m in model.modalities}, separators=(",", ":")),
+        ]
     return flags + list(run.engine_flags) + list(model.extra_flags)
 
 
 def service_flags(run: Run) -> list[str]:
     """``decide serve`` flags shared by every model (the script adds --tokenizer and both image refs)."""
-    return ["--host", "0.0.0.0", "--port", str(SERVICE_PORT), "--engine", "vllm", "--engine-url", ENGINE_URL,
-            *run.service_flags]
+    return [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(SERVICE_PORT),
+        "--engine",
+        "vllm",
+        "--engine-url",
+        ENGINE_URL,
+        *run.service_flags,
+    ]
 
 
 def settings(run: Run) -> dict[str, str | list[str]]:

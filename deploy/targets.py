@@ -35,8 +35,26 @@ LABEL = "opendecide-run"
 def preflight_command(run: Run) -> list[str]:
     """Fails fast (before anything is billed) when the Hugging Face token secret is not there."""
     if run.platform == "aws":
-        return ["aws", "secretsmanager", "describe-secret", "--region", run.aws.region, "--secret-id", run.hf_secret]
-    return ["gcloud", "secrets", "versions", "describe", "latest", "--secret", run.hf_secret, "--project", run.project]
+        return [
+            "aws",
+            "secretsmanager",
+            "describe-secret",
+            "--region",
+            run.aws.region,
+            "--secret-id",
+            run.hf_secret,
+        ]
+    return [
+        "gcloud",
+        "secrets",
+        "versions",
+        "describe",
+        "latest",
+        "--secret",
+        run.hf_secret,
+        "--project",
+        run.project,
+    ]
 
 
 def create_command(run: Run, script_path: str) -> list[str]:
@@ -44,65 +62,127 @@ def create_command(run: Run, script_path: str) -> list[str]:
     return {"v6e": _v6e, "v5e": _v5e, "l4-gcp": _l4_gcp, "l4-aws": _l4_aws}[run.target](run, script_path)
 
 
-def _gce_instance(run: Run, script_path: str, *, machine: str, image_family: str, model: str, alpha: bool) -> list[str]:
+def _gce_instance(
+    run: Run, script_path: str, *, machine: str, image_family: str, model: str, alpha: bool
+) -> list[str]:
     return [
-        "gcloud", *(["alpha"] if alpha else []), "compute", "instances", "create", run.name,
-        "--project", run.project, "--zone", run.zone,
-        "--machine-type", machine,
-        "--image-family", image_family, "--image-project", ACCELERATOR_IMAGE_PROJECT,
-        "--boot-disk-size", BOOT_DISK,
-        "--scopes", "cloud-platform",
-        "--maintenance-policy", "TERMINATE",
-        "--provisioning-model", model,
+        "gcloud",
+        *(["alpha"] if alpha else []),
+        "compute",
+        "instances",
+        "create",
+        run.name,
+        "--project",
+        run.project,
+        "--zone",
+        run.zone,
+        "--machine-type",
+        machine,
+        "--image-family",
+        image_family,
+        "--image-project",
+        ACCELERATOR_IMAGE_PROJECT,
+        "--boot-disk-size",
+        BOOT_DISK,
+        "--scopes",
+        "cloud-platform",
+        "--maintenance-policy",
+        "TERMINATE",
+        "--provisioning-model",
+        model,
         *(["--reservation-affinity", "none"] if model == "FLEX_START" else []),
-        "--max-run-duration", run.max_run_duration,
-        "--instance-termination-action", "DELETE",
-        "--labels", f"{LABEL}={run.name}",
-        "--metadata-from-file", f"startup-script={script_path}",
+        "--max-run-duration",
+        run.max_run_duration,
+        "--instance-termination-action",
+        "DELETE",
+        "--labels",
+        f"{LABEL}={run.name}",
+        "--metadata-from-file",
+        f"startup-script={script_path}",
     ]
 
 
 def _v6e(run: Run, script_path: str) -> list[str]:
     flex = run.provisioning == "flex-start"
-    return _gce_instance(run, script_path, machine=V6E_MACHINE, image_family=TPU_IMAGE_FAMILY,
-                         model="FLEX_START" if flex else "STANDARD", alpha=flex)
+    return _gce_instance(
+        run,
+        script_path,
+        machine=V6E_MACHINE,
+        image_family=TPU_IMAGE_FAMILY,
+        model="FLEX_START" if flex else "STANDARD",
+        alpha=flex,
+    )
 
 
 def _l4_gcp(run: Run, script_path: str) -> list[str]:
-    return _gce_instance(run, script_path, machine=L4_GCP_MACHINE, image_family=L4_GCP_IMAGE_FAMILY,
-                         model="SPOT" if run.provisioning == "spot" else "STANDARD", alpha=False)
+    return _gce_instance(
+        run,
+        script_path,
+        machine=L4_GCP_MACHINE,
+        image_family=L4_GCP_IMAGE_FAMILY,
+        model="SPOT" if run.provisioning == "spot" else "STANDARD",
+        alpha=False,
+    )
 
 
 def _v5e(run: Run, script_path: str) -> list[str]:
     return [
-        "gcloud", "alpha", "compute", "tpus", "queued-resources", "create", run.name,
-        "--project", run.project, "--zone", run.zone,
-        "--node-id", f"{run.name}-node",
-        "--accelerator-type", V5E_ACCELERATOR,
-        "--runtime-version", V5E_RUNTIME,
-        "--provisioning-model", "flex-start",
-        "--max-run-duration", run.max_run_duration,
-        "--valid-until-duration", run.valid_until_duration,
-        "--scopes", "cloud-platform",
-        "--labels", f"{LABEL}={run.name}",
-        "--metadata-from-file", f"startup-script={script_path}",
+        "gcloud",
+        "alpha",
+        "compute",
+        "tpus",
+        "queued-resources",
+        "create",
+        run.name,
+        "--project",
+        run.project,
+        "--zone",
+        run.zone,
+        "--node-id",
+        f"{run.name}-node",
+        "--accelerator-type",
+        V5E_ACCELERATOR,
+        "--runtime-version",
+        V5E_RUNTIME,
+        "--provisioning-model",
+        "flex-start",
+        "--max-run-duration",
+        run.max_run_duration,
+        "--valid-until-duration",
+        run.valid_until_duration,
+        "--scopes",
+        "cloud-platform",
+        "--labels",
+        f"{LABEL}={run.name}",
+        "--metadata-from-file",
+        f"startup-script={script_path}",
     ]
 
 
 def _l4_aws(run: Run, script_path: str) -> list[str]:
     aws = run.aws
     command = [
-        "aws", "ec2", "run-instances", "--region", aws.region,
-        "--image-id", aws.image_id,
-        "--instance-type", L4_AWS_INSTANCE,
-        "--count", "1",
-        "--instance-initiated-shutdown-behavior", "terminate",
-        "--iam-instance-profile", f"Name={aws.instance_profile}",
+        "aws",
+        "ec2",
+        "run-instances",
+        "--region",
+        aws.region,
+        "--image-id",
+        aws.image_id,
+        "--instance-type",
+        L4_AWS_INSTANCE,
+        "--count",
+        "1",
+        "--instance-initiated-shutdown-behavior",
+        "terminate",
+        "--iam-instance-profile",
+        f"Name={aws.instance_profile}",
         "--block-device-mappings",
         f"DeviceName={AWS_ROOT_DEVICE},Ebs={{VolumeSize={BOOT_DISK.removesuffix('GB')},VolumeType=gp3,DeleteOnTermination=true}}",
         "--tag-specifications",
         f"ResourceType=instance,Tags=[{{Key=Name,Value={run.name}}},{{Key={LABEL},Value={run.name}}}]",
-        "--user-data", f"file://{script_path}",
+        "--user-data",
+        f"file://{script_path}",
     ]
     if aws.key_name:
         command += ["--key-name", aws.key_name]
@@ -116,34 +196,118 @@ def _l4_aws(run: Run, script_path: str) -> list[str]:
 def self_delete_command(run: Run) -> list[str]:
     """What the startup script runs last, on the machine itself."""
     if run.target == "v5e":  # --force deletes the TPU node with its queued resource
-        return ["gcloud", "compute", "tpus", "queued-resources", "delete", run.name, "--project", run.project,
-                "--zone", run.zone, "--force", "--async", "--quiet"]
+        return [
+            "gcloud",
+            "compute",
+            "tpus",
+            "queued-resources",
+            "delete",
+            run.name,
+            "--project",
+            run.project,
+            "--zone",
+            run.zone,
+            "--force",
+            "--async",
+            "--quiet",
+        ]
     if run.platform == "aws":  # created with --instance-initiated-shutdown-behavior terminate
         return ["shutdown", "-h", "now"]
-    return ["gcloud", "compute", "instances", "delete", run.name, "--project", run.project, "--zone", run.zone, "--quiet"]
+    return [
+        "gcloud",
+        "compute",
+        "instances",
+        "delete",
+        run.name,
+        "--project",
+        run.project,
+        "--zone",
+        run.zone,
+        "--quiet",
+    ]
 
 
 def watch_command(run: Run) -> list[str]:
     """Shows the startup script's log lines from the machine's serial console."""
     if run.target == "v5e":
-        return ["gcloud", "alpha", "compute", "tpus", "queued-resources", "describe", run.name,
-                "--project", run.project, "--zone", run.zone]
+        return [
+            "gcloud",
+            "alpha",
+            "compute",
+            "tpus",
+            "queued-resources",
+            "describe",
+            run.name,
+            "--project",
+            run.project,
+            "--zone",
+            run.zone,
+        ]
     if run.platform == "aws":
-        return ["aws", "ec2", "describe-instances", "--region", run.aws.region,
-                "--filters", f"Name=tag:{LABEL},Values={run.name}",
-                "--query", "Reservations[].Instances[].[InstanceId,State.Name]", "--output", "text"]
-    return ["gcloud", "compute", "instances", "get-serial-port-output", run.name, "--project", run.project,
-            "--zone", run.zone]
+        return [
+            "aws",
+            "ec2",
+            "describe-instances",
+            "--region",
+            run.aws.region,
+            "--filters",
+            f"Name=tag:{LABEL},Values={run.name}",
+            "--query",
+            "Reservations[].Instances[].[InstanceId,State.Name]",
+            "--output",
+            "text",
+        ]
+    return [
+        "gcloud",
+        "compute",
+        "instances",
+        "get-serial-port-output",
+        run.name,
+        "--project",
+        run.project,
+        "--zone",
+        run.zone,
+    ]
 
 
 def gone_command(run: Run) -> list[str]:
     """Lists what is left of the run: empty output means nothing is billed any more."""
     if run.target == "v5e":
-        return ["gcloud", "compute", "tpus", "queued-resources", "list", "--project", run.project, "--zone", run.zone,
-                "--filter", f"name~{run.name}$"]
+        return [
+            "gcloud",
+            "compute",
+            "tpus",
+            "queued-resources",
+            "list",
+            "--project",
+            run.project,
+            "--zone",
+            run.zone,
+            "--filter",
+            f"name~{run.name}$",
+        ]
     if run.platform == "aws":
-        return ["aws", "ec2", "describe-instances", "--region", run.aws.region,
-                "--filters", f"Name=tag:{LABEL},Values={run.name}",
-                "Name=instance-state-name,Values=pending,running,shutting-down,stopping,stopped",
-                "--query", "Reservations[].Instances[].InstanceId", "--output", "text"]
-    return ["gcloud", "compute", "instances", "list", "--project", run.project, "--filter", f"name={run.name}"]
+        return [
+            "aws",
+            "ec2",
+            "describe-instances",
+            "--region",
+            run.aws.region,
+            "--filters",
+            f"Name=tag:{LABEL},Values={run.name}",
+            "Name=instance-state-name,Values=pending,running,shutting-down,stopping,stopped",
+            "--query",
+            "Reservations[].Instances[].InstanceId",
+            "--output",
+            "text",
+        ]
+    return [
+        "gcloud",
+        "compute",
+        "instances",
+        "list",
+        "--project",
+        run.project,
+        "--filter",
+        f"name={run.name}",
+    ]

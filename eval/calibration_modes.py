@@ -26,7 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.bias import CONTENT_FREE_STATES, StatePriorScaler, TemperatureBiasScaler, apply_prior, apply_temperature_bias
+from calibration.bias import (
+    CONTENT_FREE_STATES,
+    StatePriorScaler,
+    TemperatureBiasScaler,
+    apply_prior,
+    apply_temperature_bias,
+)
 from calibration.metrics import N_BINS, ece, ece_floor
 from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
 from eval.evidence import RECORDS, load_rows, raw_probabilities, rows_arrays
@@ -42,16 +48,31 @@ PRIORS = "priors.json"
 
 
 def task_rows(rows: list[dict], task: str) -> list[dict]:
-    return [row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"]
+    return [
+        row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"
+    ]
 
 
-def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, labels: int = 50, held_out: int = 100, splits: int = 20, seed: int = 0) -> dict:
+def evaluate_task(
+    p: np.ndarray,
+    y: np.ndarray,
+    prior: np.ndarray | None,
+    *,
+    labels: int = 50,
+    held_out: int = 100,
+    splits: int = 20,
+    seed: int = 0,
+) -> dict:
     """Accuracy, ECE and ECE floor per mode, over ``splits`` random (labels, held_out) splits."""
     if len(y) < labels + held_out:
-        raise ValueError(f"{len(y)} records; {labels} labels and {held_out} held out need {labels + held_out}")
+        raise ValueError(
+            f"{len(y)} records; {labels} labels and {held_out} held out need {labels + held_out}"
+        )
     logits = as_logits(p)
     rng = np.random.default_rng(seed)
-    per_mode: dict[str, list[dict]] = {mode: [] for mode in MODES if mode not in NEEDS_PRIOR or prior is not None}
+    per_mode: dict[str, list[dict]] = {
+        mode: [] for mode in MODES if mode not in NEEDS_PRIOR or prior is not None
+    }
     corrected = as_logits(apply_prior(p, prior)) if prior is not None else None
     for split in range(splits):
         order = rng.permutation(len(y))
@@ -62,7 +83,9 @@ def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, lab
             "raw": p[held],
             "temperature": apply_temperature(logits[held], temperature),
             "temperature_bias": apply_temperature_bias(logits[held], bias.temperature_, bias.bias_),
-            "state_prior": StatePriorScaler().fit(logits[fit]).predict_proba(logits[held]),  # the fit records' states, not their labels
+            "state_prior": StatePriorScaler()
+            .fit(logits[fit])
+            .predict_proba(logits[held]),  # the fit records' states, not their labels
         }
         if corrected is not None:
             calibrated["prior"] = np.exp(corrected[held])
@@ -70,14 +93,23 @@ def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, lab
             calibrated["prior_temperature"] = apply_temperature(corrected[held], on_corrected)
         for mode, q in calibrated.items():
             floor = ece_floor(q, N_BINS, seed=seed + split)
-            per_mode[mode].append({"accuracy": float(np.mean(q.argmax(axis=1) == y[held])), "ece": ece(q, y[held], N_BINS), "floor": floor})
+            per_mode[mode].append(
+                {
+                    "accuracy": float(np.mean(q.argmax(axis=1) == y[held])),
+                    "ece": ece(q, y[held], N_BINS),
+                    "floor": floor,
+                }
+            )
     return {
         mode: {
             "accuracy": float(np.mean([s["accuracy"] for s in scored])),
             "accuracy_sd": float(np.std([s["accuracy"] for s in scored])),
             "ece": float(np.mean([s["ece"] for s in scored])),
             "ece_floor": float(np.mean([s["floor"]["median"] for s in scored])),
-            "ece_floor_range": [float(np.mean([s["floor"]["lo"] for s in scored])), float(np.mean([s["floor"]["hi"] for s in scored]))],
+            "ece_floor_range": [
+                float(np.mean([s["floor"]["lo"] for s in scored])),
+                float(np.mean([s["floor"]["hi"] for s in scored])),
+            ],
             "splits_above_floor_range": int(sum(s["ece"] > s["floor"]["hi"] for s in scored)),
         }
         for mode, scored in per_mode.items()
@@ -85,7 +117,12 @@ def evaluate_task(p: np.ndarray, y: np.ndarray, prior: np.ndarray | None, *, lab
 
 
 async def measure_priors(
-    engine_spec: str, tasks: list[str], *, engine_url: str | None = None, prompt_version: str = PROMPT_VERSION, label_styles: list[str] | None = None
+    engine_spec: str,
+    tasks: list[str],
+    *,
+    engine_url: str | None = None,
+    prompt_version: str = PROMPT_VERSION,
+    label_styles: list[str] | None = None,
 ) -> dict:
     """Each task's option prior on the content-free states, read through ``engine_spec`` now, under
     the run's prompt layout and label styles (a prior applies only to reads made the same way)."""
@@ -100,11 +137,16 @@ async def measure_priors(
         styles = None if label_styles is None else [LabelStyle(style) for style in label_styles]
         reader = Reader(engine, label_styles=styles, layout=prompt_layout(prompt_version))
         for task in tasks:
-            question = SystemOneRequest.model_validate({"state": "", "questions": {"q": TASKS[task].question()}}).questions["q"]
+            question = SystemOneRequest.model_validate(
+                {"state": "", "questions": {"q": TASKS[task].question()}}
+            ).questions["q"]
             spec = question.to_spec()
             measured = await measure_prior(reader, spec, CONTENT_FREE_STATES)
             if measured is not None:  # else no label came back on any content-free state: no prior column
-                priors[task] = {"prior": dict(zip(spec.options, measured.prior)), "states": list(measured.states)}
+                priors[task] = {
+                    "prior": dict(zip(spec.options, measured.prior)),
+                    "states": list(measured.states),
+                }
         info = {"model": engine.info.name, "revision": engine.info.revision}
     return {"prompt_version": prompt_version, **info, "tasks": priors}
 
@@ -128,10 +170,22 @@ async def calibration_modes(
     elif run_version not in PROMPT_LAYOUTS:
         prior_note = f"the run was read under {run_version}, a layout this code no longer has: a prior measured now would not apply"
     else:
-        priors = await measure_priors(engine, tasks, engine_url=engine_url, prompt_version=run_version, label_styles=manifest["args"].get("label_styles"))
+        priors = await measure_priors(
+            engine,
+            tasks,
+            engine_url=engine_url,
+            prompt_version=run_version,
+            label_styles=manifest["args"].get("label_styles"),
+        )
         write_json(out / PRIORS, priors)
-    if priors is not None and (priors["prompt_version"], priors["model"], priors["revision"]) != (run_version, model["model"], model["revision"]):
-        raise ValueError(f"{out / PRIORS} was measured under {priors['prompt_version']} on {priors['model']}, not the run's {run_version} on {model['model']}")
+    if priors is not None and (priors["prompt_version"], priors["model"], priors["revision"]) != (
+        run_version,
+        model["model"],
+        model["revision"],
+    ):
+        raise ValueError(
+            f"{out / PRIORS} was measured under {priors['prompt_version']} on {priors['model']}, not the run's {run_version} on {model['model']}"
+        )
     report = {
         "run": str(run), "prompt_version": run_version, "model": model["model"], "revision": model["revision"], "n_bins": N_BINS,
         "labels": labels, "held_out": held_out, "splits": splits, "seed": seed, "prior_note": prior_note, "tasks": {},
@@ -142,7 +196,10 @@ async def calibration_modes(
         prior = None
         if priors is not None and task in priors["tasks"]:
             prior = np.array([priors["tasks"][task]["prior"][option] for option in ok[0]["options"]])
-        report["tasks"][task] = {"n": len(ok), **evaluate_task(p, y, prior, labels=labels, held_out=held_out, splits=splits, seed=seed)}
+        report["tasks"][task] = {
+            "n": len(ok),
+            **evaluate_task(p, y, prior, labels=labels, held_out=held_out, splits=splits, seed=seed),
+        }
     write_json(out / "modes.json", report)
     (out / "modes.md").write_text(modes_table(report))
     return report

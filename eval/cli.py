@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,27 +15,50 @@ from service.cli import EngineUrlOption, PriorCorrectionOption, TopKOption, quie
 from service.prior import DEFAULT_PRIOR_CORRECTION
 
 app = typer.Typer()
+# decide eval load --concurrency: a tuple, so the default cannot be changed in place.
+LOAD_CONCURRENCIES = (1, 4, 8, 16)
 eval_app = typer.Typer(help="Evaluate: agreement between engines, tasks, the public suite, comparisons.")
 app.add_typer(eval_app, name="eval")
 
 
-EngineImageOption = Annotated[Optional[str], typer.Option(help="the engine's container image (repo@sha256:…), recorded in the manifest")]
-ServiceImageOption = Annotated[Optional[str], typer.Option(help="the decision service's container image (repo@sha256:…), recorded in the manifest")]
+EngineImageOption = Annotated[
+    str | None, typer.Option(help="the engine's container image (repo@sha256:…), recorded in the manifest")
+]
+ServiceImageOption = Annotated[
+    str | None,
+    typer.Option(help="the decision service's container image (repo@sha256:…), recorded in the manifest"),
+]
 
 
 @eval_app.command("agree")
 def eval_agree(
-    a: Annotated[str, typer.Option("--a", help="engine KIND[:MODE][@URL], e.g. local or local:topk")] = "local",
-    b: Annotated[str, typer.Option("--b", help="engine KIND[:MODE][@URL], e.g. vllm:masked@http://127.0.0.1:8100")] = "vllm",
+    a: Annotated[
+        str, typer.Option("--a", help="engine KIND[:MODE][@URL], e.g. local or local:topk")
+    ] = "local",
+    b: Annotated[
+        str, typer.Option("--b", help="engine KIND[:MODE][@URL], e.g. vllm:masked@http://127.0.0.1:8100")
+    ] = "vllm",
     engine_url: EngineUrlOption = None,
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
-    limit: Annotated[Optional[int], typer.Option(help="records per task, spread over the sample (default all 300)")] = None,
-    reversed_variants: Annotated[bool, typer.Option("--reversed/--no-reversed", help="also read choice tasks with options reversed")] = True,
+    limit: Annotated[
+        int | None, typer.Option(help="records per task, spread over the sample (default all 300)")
+    ] = None,
+    reversed_variants: Annotated[
+        bool, typer.Option("--reversed/--no-reversed", help="also read choice tasks with options reversed")
+    ] = True,
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight per engine")] = 4,
     engine_timeout: Annotated[float, typer.Option(help="vllm engines: seconds to wait for a reply")] = 120.0,
-    out: Annotated[Optional[Path], typer.Option(help="write per-record JSONL, manifest and report here (resumed if it exists)")] = None,
-    reuse_a: Annotated[Optional[Path], typer.Option(help="an earlier agree run whose side-a reads (same --a, tasks, limit) this run uses instead of reading again")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="write per-record JSONL, manifest and report here (resumed if it exists)"),
+    ] = None,
+    reuse_a: Annotated[
+        Path | None,
+        typer.Option(
+            help="an earlier agree run whose side-a reads (same --a, tasks, limit) this run uses instead of reading again"
+        ),
+    ] = None,
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
 ) -> None:
@@ -45,7 +68,9 @@ def eval_agree(
     from eval.manifest import Images, RunRefused
 
     if reuse_a is not None and out is None:
-        raise typer.BadParameter("needs --out: the run's manifest points at the reused reads", param_hint="--reuse-a")
+        raise typer.BadParameter(
+            "needs --out: the run's manifest points at the reused reads", param_hint="--reuse-a"
+        )
     try:
         rows = asyncio.run(
             run_agreement(
@@ -60,17 +85,27 @@ def eval_agree(
 
 @eval_app.command("tasks")
 def eval_tasks(
-    out: Annotated[Path, typer.Option(help="run directory: records.jsonl + manifest.json (resumed if it exists)")],
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")] = "local",
+    out: Annotated[
+        Path, typer.Option(help="run directory: records.jsonl + manifest.json (resumed if it exists)")
+    ],
+    engine: Annotated[
+        str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")
+    ] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
-    limit: Annotated[Optional[int], typer.Option(help="records per task (default all 300)")] = None,
+    limit: Annotated[int | None, typer.Option(help="records per task (default all 300)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
-    latency: Annotated[bool, typer.Option("--latency/--no-latency", help="also measure latency at c=1 and decisions/s at c=8")] = True,
-    engine_log: Annotated[Optional[Path], typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest")] = None,
+    latency: Annotated[
+        bool,
+        typer.Option("--latency/--no-latency", help="also measure latency at c=1 and decisions/s at c=8"),
+    ] = True,
+    engine_log: Annotated[
+        Path | None,
+        typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest"),
+    ] = None,
     seed: Annotated[int, typer.Option(help="recorded; the samples themselves are fixed")] = 0,
     prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
 ) -> None:
@@ -83,7 +118,9 @@ def eval_tasks(
 
     passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency,
               "prior_correction": prior_correction.value}  # fmt: skip
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()) as bar:
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
+    ) as bar:
         job = bar.add_task(engine, total=None)
         manifest = asyncio.run(
             evaluate_tasks(
@@ -98,17 +135,39 @@ def eval_tasks(
 
 @app.command()
 def cost(
-    runs: Annotated[Optional[list[Path]], typer.Argument(help="`decide eval load` or `decide eval tasks` run directories")] = None,
-    chip: Annotated[str, typer.Option(help="the chip the runs were measured on: price rows with this chip apply")] = "cpu",
-    quoted: Annotated[bool, typer.Option(help="add the reference study's published v6e decisions/s (marked quoted)")] = False,
-    price: Annotated[list[str], typer.Option(help="NAME=USD_PER_HOUR: a price row for --chip (repeatable)")] = [],  # noqa: B006
-    prices: Annotated[Optional[Path], typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")] = None,
+    runs: Annotated[
+        list[Path] | None, typer.Argument(help="`decide eval load` or `decide eval tasks` run directories")
+    ] = None,
+    chip: Annotated[
+        str, typer.Option(help="the chip the runs were measured on: price rows with this chip apply")
+    ] = "cpu",
+    quoted: Annotated[
+        bool, typer.Option(help="add the reference study's published v6e decisions/s (marked quoted)")
+    ] = False,
+    price: Annotated[
+        list[str], typer.Option(help="NAME=USD_PER_HOUR: a price row for --chip (repeatable)")
+    ] = [],  # noqa: B006
+    prices: Annotated[
+        Path | None, typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")
+    ] = None,
     utilisation: Annotated[float, typer.Option(help="share of billed time the chip is busy deciding")] = 1.0,
-    concurrency: Annotated[int, typer.Option(help="the measured concurrency to cost (latency.json holds 1 and 8)")] = 8,
-    out: Annotated[Optional[Path], typer.Option(help="also write cost.json and cost.png here")] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="the measured concurrency to cost (latency.json holds 1 and 8)")
+    ] = 8,
+    out: Annotated[Path | None, typer.Option(help="also write cost.json and cost.png here")] = None,
 ) -> None:
     """Cost per million decisions: $/h ÷ 3600 ÷ (decisions/s × utilisation) × 10⁶, and Jev's at the same prompts."""
-    from eval.cost import break_even_rows, break_even_table, cost_rows, cost_table, load_prices, price_overrides, quoted_v6e_throughputs, throughput_of_run, write_cost
+    from eval.cost import (
+        break_even_rows,
+        break_even_table,
+        cost_rows,
+        cost_table,
+        load_prices,
+        price_overrides,
+        quoted_v6e_throughputs,
+        throughput_of_run,
+        write_cost,
+    )
 
     if not 0 < utilisation <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--utilisation")
@@ -123,8 +182,13 @@ def cost(
     from eval.storage import TransferRefused
 
     try:
-        throughputs = [throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []]
-    except (ValueError, TransferRefused) as exc:  # no measurement, another chip's run, or a download that does not match its manifest
+        throughputs = [
+            throughput_of_run(run, label=run.name, chip=chip, concurrency=concurrency) for run in runs or []
+        ]
+    except (
+        ValueError,
+        TransferRefused,
+    ) as exc:  # no measurement, another chip's run, or a download that does not match its manifest
         raise typer.BadParameter(str(exc), param_hint="RUNS / --chip") from None
     if quoted:
         throughputs += quoted_v6e_throughputs()
@@ -141,26 +205,60 @@ def cost(
 def survey(
     models: Annotated[list[str], typer.Argument(help="Hugging Face model ids")],
     chip: Annotated[str, typer.Option(help="v5e, v6e, l4, or cpu (vLLM-CPU: needs --kv-cache-gib)")],
-    metadata: Annotated[Optional[Path], typer.Option(help="saved metadata JSON (offline); default: fetch from the Hub")] = None,
+    metadata: Annotated[
+        Path | None, typer.Option(help="saved metadata JSON (offline); default: fetch from the Hub")
+    ] = None,
     max_model_len: Annotated[int, typer.Option(help="tokens per request the server is started with")] = 4096,
-    license: Annotated[Optional[str], typer.Option("--license", help="comma-separated licences to keep, e.g. apache-2.0,mit")] = None,
-    reserve_gib: Annotated[float, typer.Option(help="activation reserve subtracted from usable memory")] = 0.25,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vLLM's --gpu-memory-utilization (default: 0.92 on TPU, 0.9 on L4)")] = None,
-    kv_cache_gib: Annotated[Optional[float], typer.Option(help="a fixed KV pool, as vLLM's --kv-cache-memory-bytes (in GiB)")] = None,
-    dtype: Annotated[str, typer.Option(help="vLLM's --dtype: auto (the config's), half, float16, bfloat16, float, float32")] = "auto",
-    kv_cache_dtype: Annotated[str, typer.Option(help="vLLM's --kv-cache-dtype: auto (the weights' dtype, on every chip), bfloat16, fp8 (e5m2 on v6e, e4m3 elsewhere), fp8_e4m3, fp8_e5m2")] = "auto",
-    measured: Annotated[list[str], typer.Option(help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)")] = [],  # noqa: B006
+    license: Annotated[
+        str | None, typer.Option("--license", help="comma-separated licences to keep, e.g. apache-2.0,mit")
+    ] = None,
+    reserve_gib: Annotated[
+        float, typer.Option(help="activation reserve subtracted from usable memory")
+    ] = 0.25,
+    gpu_memory_utilization: Annotated[
+        float | None, typer.Option(help="vLLM's --gpu-memory-utilization (default: 0.92 on TPU, 0.9 on L4)")
+    ] = None,
+    kv_cache_gib: Annotated[
+        float | None, typer.Option(help="a fixed KV pool, as vLLM's --kv-cache-memory-bytes (in GiB)")
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="vLLM's --dtype: auto (the config's), half, float16, bfloat16, float, float32")
+    ] = "auto",
+    kv_cache_dtype: Annotated[
+        str,
+        typer.Option(
+            help="vLLM's --kv-cache-dtype: auto (the weights' dtype, on every chip), bfloat16, fp8 (e5m2 on v6e, e4m3 elsewhere), fp8_e4m3, fp8_e5m2"
+        ),
+    ] = "auto",
+    measured: Annotated[
+        list[str],
+        typer.Option(
+            help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)"
+        ),
+    ] = [],  # noqa: B006
 ) -> None:
     """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
     from eval.kv_log import measured_capacity
-    from eval.survey import CHIP_TOTAL_GIB, CHIPS, KV_CACHE_DTYPES, VLLM_DTYPES, measured_table, measurement_mismatch, survey_models, survey_table
+    from eval.survey import (
+        CHIP_TOTAL_GIB,
+        CHIPS,
+        KV_CACHE_DTYPES,
+        VLLM_DTYPES,
+        measured_table,
+        measurement_mismatch,
+        survey_models,
+        survey_table,
+    )
 
     if chip not in CHIPS:
         raise typer.BadParameter(f"choose one of {', '.join(CHIPS)}", param_hint="--chip")
     if kv_cache_gib is not None and kv_cache_gib <= 0:
         raise typer.BadParameter("must be above 0", param_hint="--kv-cache-gib")
     if CHIP_TOTAL_GIB[chip] is None and kv_cache_gib is None:
-        raise typer.BadParameter(f"{chip} has no fixed memory: give the KV pool the server is started with", param_hint="--kv-cache-gib")
+        raise typer.BadParameter(
+            f"{chip} has no fixed memory: give the KV pool the server is started with",
+            param_hint="--kv-cache-gib",
+        )
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--gpu-memory-utilization")
     if dtype != "auto" and dtype not in VLLM_DTYPES:
@@ -173,7 +271,9 @@ def survey(
     for item in measured:
         model, sep, path = item.partition("=")
         if not sep or model not in models:
-            raise typer.BadParameter(f"{item!r} is not MODEL=PATH for one of the models surveyed", param_hint="--measured")
+            raise typer.BadParameter(
+                f"{item!r} is not MODEL=PATH for one of the models surveyed", param_hint="--measured"
+            )
         try:
             measurements[model] = measured_capacity(Path(path))
         except (OSError, ValueError) as exc:
@@ -198,14 +298,24 @@ def survey(
 
 @eval_app.command("load")
 def eval_load(
-    out: Annotated[Path, typer.Option(help="directory for load.jsonl, load.md, load.png, summary.json, manifest.json")],
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]: the engine behind the service")] = "local",
+    out: Annotated[
+        Path, typer.Option(help="directory for load.jsonl, load.md, load.png, summary.json, manifest.json")
+    ],
+    engine: Annotated[
+        str, typer.Option("--engine", help="KIND[:MODE][@URL]: the engine behind the service")
+    ] = "local",
     engine_url: EngineUrlOption = None,
-    url: Annotated[Optional[str], typer.Option(help="a running service to load instead of an in-process one")] = None,
-    concurrency: Annotated[list[int], typer.Option(help="concurrencies for short states (repeatable)")] = [1, 4, 8, 16],  # noqa: B006
+    url: Annotated[
+        str | None, typer.Option(help="a running service to load instead of an in-process one")
+    ] = None,
+    concurrency: Annotated[
+        list[int], typer.Option(help="concurrencies for short states (repeatable)")
+    ] = LOAD_CONCURRENCIES,
     passes: Annotated[int, typer.Option(help="passes per concurrency")] = 3,
     requests: Annotated[int, typer.Option(help="requests per short-state pass")] = 48,
-    long_requests: Annotated[int, typer.Option(help="requests per long-state pass (~1,024 and ~3,072 tokens)")] = 16,
+    long_requests: Annotated[
+        int, typer.Option(help="requests per long-state pass (~1,024 and ~3,072 tokens)")
+    ] = 16,
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
 ) -> None:
@@ -238,7 +348,9 @@ def eval_score(
 def eval_compare(
     run_a: Annotated[Path, typer.Argument(help="run directory A")],
     run_b: Annotated[Path, typer.Argument(help="run directory B")],
-    allow_different_image: Annotated[bool, typer.Option(help="compare runs over different data or serving images (engine or service)")] = False,
+    allow_different_image: Annotated[
+        bool, typer.Option(help="compare runs over different data or serving images (engine or service)")
+    ] = False,
 ) -> None:
     """Paired comparison of two runs: same gold answers, accuracy difference (bootstrap CI), McNemar."""
     from eval.compare import ComparisonRefused, compare_runs, compare_table
@@ -258,15 +370,24 @@ eval_app.add_typer(suite_app, name="suite")
 @suite_app.callback()
 def eval_suite(
     context: typer.Context,
-    data: Annotated[Optional[Path], typer.Option(help="suite directory: <subset>/all.jsonl (+ manifest.json)")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="run directory (resumed if it exists)")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="suite directory: <subset>/all.jsonl (+ manifest.json)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="run directory (resumed if it exists)")] = None,
     engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]")] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
-    allow_unverified: Annotated[bool, typer.Option(help="run subsets with neither a published nor a manifest dataset_sha256")] = False,
-    allow_mismatch: Annotated[bool, typer.Option(help="run subsets whose sha256 differs from the published or manifest dataset_sha256")] = False,
-    resamples: Annotated[int, typer.Option(min=1, help="family-clustered bootstrap resamples for the 95% ranges")] = 1000,
+    allow_unverified: Annotated[
+        bool, typer.Option(help="run subsets with neither a published nor a manifest dataset_sha256")
+    ] = False,
+    allow_mismatch: Annotated[
+        bool,
+        typer.Option(help="run subsets whose sha256 differs from the published or manifest dataset_sha256"),
+    ] = False,
+    resamples: Annotated[
+        int, typer.Option(min=1, help="family-clustered bootstrap resamples for the 95% ranges")
+    ] = 1000,
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
     prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
@@ -293,7 +414,9 @@ def eval_suite(
 
 
 @suite_app.command("build-from-tasks")
-def eval_suite_build(out: Annotated[Path, typer.Option(help="directory to write <task>/all.jsonl and manifest.json")]) -> None:
+def eval_suite_build(
+    out: Annotated[Path, typer.Option(help="directory to write <task>/all.jsonl and manifest.json")],
+) -> None:
     """Write the shipped task samples as a Nimble-format suite (one subset per task)."""
     from eval.suite import build_from_tasks
 
@@ -303,8 +426,15 @@ def eval_suite_build(out: Annotated[Path, typer.Option(help="directory to write 
 
 @eval_app.command("gold-curve")
 def eval_gold_curve(
-    records: Annotated[Path, typer.Argument(help="record rows (JSON lines) or a run directory, e.g. a.jsonl from `decide eval agree`")],
-    out: Annotated[Path, typer.Option(help="directory for gold-curve.{json,md,png} and reliability-<task>.png")],
+    records: Annotated[
+        Path,
+        typer.Argument(
+            help="record rows (JSON lines) or a run directory, e.g. a.jsonl from `decide eval agree`"
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option(help="directory for gold-curve.{json,md,png} and reliability-<task>.png")
+    ],
     splits: Annotated[int, typer.Option(help="random splits per N")] = 20,
     seed: Annotated[int, typer.Option(help="split seed")] = 0,
 ) -> None:
@@ -316,16 +446,31 @@ def eval_gold_curve(
 
 @eval_app.command("label-styles")
 def eval_label_styles(
-    out: Annotated[Path, typer.Option(help="directory: one run per prompt version and style set (resumed if present) + label-styles.json")],
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")] = "local",
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="directory: one run per prompt version and style set (resumed if present) + label-styles.json"
+        ),
+    ],
+    engine: Annotated[
+        str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")
+    ] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
-    style_sets: Annotated[str, typer.Option(help="comma-separated: default (the layout's own), words, first_tokens, trie, codes")] = "words,first_tokens,trie,codes",
+    style_sets: Annotated[
+        str,
+        typer.Option(help="comma-separated: default (the layout's own), words, first_tokens, trie, codes"),
+    ] = "words,first_tokens,trie,codes",
     prompt_versions: Annotated[
-        str, typer.Option(help="comma-separated prompt layouts to read under, e.g. decide-prompt/1,decide-prompt/3 (default: the current one)")
+        str,
+        typer.Option(
+            help="comma-separated prompt layouts to read under, e.g. decide-prompt/1,decide-prompt/3 (default: the current one)"
+        ),
     ] = PROMPT_VERSION,
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
-    limit: Annotated[Optional[int], typer.Option(help="records per task, spread over the sample (default all 300)")] = None,
+    limit: Annotated[
+        int | None, typer.Option(help="records per task, spread over the sample (default all 300)")
+    ] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
 ) -> None:
@@ -352,11 +497,23 @@ def eval_label_styles(
 
 @eval_app.command("calibration-modes")
 def eval_calibration_modes(
-    run: Annotated[Path, typer.Argument(help="a `decide eval tasks` run directory (records.jsonl, manifest.json)")],
-    out: Annotated[Path, typer.Option(help="directory for modes.{json,md} and priors.json (the content-free reads, kept and reused)")],
-    engine: Annotated[str, typer.Option("--engine", help="engine for the content-free reads of the prior (KIND[:MODE][@URL])")] = "local",
+    run: Annotated[
+        Path, typer.Argument(help="a `decide eval tasks` run directory (records.jsonl, manifest.json)")
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="directory for modes.{json,md} and priors.json (the content-free reads, kept and reused)"
+        ),
+    ],
+    engine: Annotated[
+        str,
+        typer.Option("--engine", help="engine for the content-free reads of the prior (KIND[:MODE][@URL])"),
+    ] = "local",
     engine_url: EngineUrlOption = None,
-    prior: Annotated[bool, typer.Option("--prior/--no-prior", help="measure and evaluate the label-free prior correction")] = True,
+    prior: Annotated[
+        bool, typer.Option("--prior/--no-prior", help="measure and evaluate the label-free prior correction")
+    ] = True,
     labels: Annotated[int, typer.Option(help="gold answers each split fits on")] = 50,
     held_out: Annotated[int, typer.Option(help="records each split scores")] = 100,
     splits: Annotated[int, typer.Option(help="random splits per task")] = 20,
@@ -367,15 +524,26 @@ def eval_calibration_modes(
     from eval.calibration_modes import calibration_modes, modes_table
 
     report = asyncio.run(
-        calibration_modes(run, out, engine=engine if prior else None, engine_url=engine_url, labels=labels, held_out=held_out, splits=splits, seed=seed)
+        calibration_modes(
+            run,
+            out,
+            engine=engine if prior else None,
+            engine_url=engine_url,
+            labels=labels,
+            held_out=held_out,
+            splits=splits,
+            seed=seed,
+        )
     )
     typer.echo(modes_table(report))
 
 
 @eval_app.command("read-modes")
 def eval_read_modes(
-    runs: Annotated[list[Path], typer.Argument(help="directories written by `decide eval agree --out` (a = exact reads)")],
-    out: Annotated[Optional[Path], typer.Option(help="also write the rows as JSON here")] = None,
+    runs: Annotated[
+        list[Path], typer.Argument(help="directories written by `decide eval agree --out` (a = exact reads)")
+    ],
+    out: Annotated[Path | None, typer.Option(help="also write the rows as JSON here")] = None,
 ) -> None:
     """Tabulate what each read mode costs against exact reads, from agreement evidence only."""
     from eval.read_modes import read_modes_table, write_read_modes
@@ -383,8 +551,15 @@ def eval_read_modes(
     typer.echo(read_modes_table(write_read_modes(runs, out)))
 
 
-EndpointOption = Annotated[Optional[str], typer.Option(help="a Cloud Storage endpoint other than Google's, e.g. an emulator's http://127.0.0.1:9023 (anonymous credentials)")]
-ProjectOption = Annotated[Optional[str], typer.Option(help="Google Cloud project for the client (default: from the environment)")]
+EndpointOption = Annotated[
+    str | None,
+    typer.Option(
+        help="a Cloud Storage endpoint other than Google's, e.g. an emulator's http://127.0.0.1:9023 (anonymous credentials)"
+    ),
+]
+ProjectOption = Annotated[
+    str | None, typer.Option(help="Google Cloud project for the client (default: from the environment)")
+]
 
 
 @contextlib.contextmanager
@@ -408,7 +583,9 @@ def storage_errors() -> Iterator[None]:
 
 @eval_app.command("upload")
 def eval_upload(
-    run: Annotated[Path, typer.Argument(help="a run directory (records, manifest.json, …)", exists=True, file_okay=False)],
+    run: Annotated[
+        Path, typer.Argument(help="a run directory (records, manifest.json, …)", exists=True, file_okay=False)
+    ],
     url: Annotated[str, typer.Argument(help="gs://BUCKET/PREFIX")],
     endpoint: EndpointOption = None,
     project: ProjectOption = None,
@@ -425,7 +602,9 @@ def eval_upload(
 @eval_app.command("download")
 def eval_download(
     url: Annotated[str, typer.Argument(help="gs://BUCKET/PREFIX written by `decide eval upload`")],
-    dest: Annotated[Path, typer.Argument(help="directory to download into (created; files already matching are kept)")],
+    dest: Annotated[
+        Path, typer.Argument(help="directory to download into (created; files already matching are kept)")
+    ],
     endpoint: EndpointOption = None,
     project: ProjectOption = None,
 ) -> None:
@@ -435,17 +614,25 @@ def eval_download(
     with storage_errors():
         done = download_run(url, dest, client=storage_client(endpoint, project))
     total = len(done.sent) + len(done.skipped)
-    typer.echo(f"{dest}: {len(done.sent)} files fetched, {len(done.skipped)} already there, all {total} match the manifest's sha256")
+    typer.echo(
+        f"{dest}: {len(done.sent)} files fetched, {len(done.skipped)} already there, all {total} match the manifest's sha256"
+    )
 
 
 @app.command()
 def plan(
     rate: Annotated[float, typer.Option(help="decisions/s the fleet must carry")],
     p99: Annotated[float, typer.Option(help="p99 latency target in ms")],
-    sweep: Annotated[list[str], typer.Option(help="CHIP=RUN: a `decide eval load` run measured on that chip (repeatable)")] = [],  # noqa: B006
+    sweep: Annotated[
+        list[str], typer.Option(help="CHIP=RUN: a `decide eval load` run measured on that chip (repeatable)")
+    ] = [],  # noqa: B006
     chips: Annotated[str, typer.Option(help="comma-separated chips to plan for")] = "v6e,v5e,l4",
-    prices: Annotated[Optional[Path], typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")] = None,
-    max_utilisation: Annotated[float, typer.Option(help="keep each chip under this share of its measured peak decisions/s")] = 0.8,
+    prices: Annotated[
+        Path | None, typer.Option(help="a prices TOML replacing the shipped eval/data/prices.toml")
+    ] = None,
+    max_utilisation: Annotated[
+        float, typer.Option(help="keep each chip under this share of its measured peak decisions/s")
+    ] = 0.8,
 ) -> None:
     """Chips and service replicas for --rate decisions/s within --p99, per chip, with $/hour, $/million and Jev's cost."""
     from eval.cost import load_prices
@@ -460,32 +647,63 @@ def plan(
             sweeps[chip] = read_sweep(Path(run), chip=chip)
         except (OSError, ValueError, KeyError) as error:
             raise typer.BadParameter(f"{item}: {error}", param_hint="--sweep") from None
-    wanted = [name.strip() for name in chips.split(",") if name.strip()] + [chip for chip in sweeps if chip not in chips.split(",")]
+    wanted = [name.strip() for name in chips.split(",") if name.strip()] + [
+        chip for chip in sweeps if chip not in chips.split(",")
+    ]
     price_rows, jev = load_prices(prices)
     try:
-        plans = [plan_chip(sweeps[chip], rate, p99, price_rows, max_utilisation=max_utilisation) for chip in wanted if chip in sweeps]
+        plans = [
+            plan_chip(sweeps[chip], rate, p99, price_rows, max_utilisation=max_utilisation)
+            for chip in wanted
+            if chip in sweeps
+        ]
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     tokens = next((s.prompt_tokens_median for s in sweeps.values() if s.prompt_tokens_median), None)
-    typer.echo(plan_table(plans, rate=rate, p99_ms=p99, unmeasured=[c for c in wanted if c not in sweeps], jev=jev, prompt_tokens=tokens))
+    typer.echo(
+        plan_table(
+            plans,
+            rate=rate,
+            p99_ms=p99,
+            unmeasured=[c for c in wanted if c not in sweeps],
+            jev=jev,
+            prompt_tokens=tokens,
+        )
+    )
 
 
 @eval_app.command("debias")
 def eval_debias(
-    out: Annotated[Path, typer.Option(help="run directory: one sub-directory of records per setting, debias.json and debias.md")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="run directory: one sub-directory of records per setting, debias.json and debias.md"
+        ),
+    ],
     engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     tasks: Annotated[str, typer.Option(help="comma-separated choice tasks")] = "sst2,ag_news,emotion",
-    limit: Annotated[Optional[int], typer.Option(help="records per task (default all 300)")] = None,
-    settings: Annotated[str, typer.Option(help="comma-separated: none, all (k = option count), reverse (rotate_reverse, every order), or a rotation count k")] = "none,all,2",
+    limit: Annotated[int | None, typer.Option(help="records per task (default all 300)")] = None,
+    settings: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated: none, all (k = option count), reverse (rotate_reverse, every order), or a rotation count k"
+        ),
+    ] = "none,all,2",
     concurrency: Annotated[int, typer.Option(help="questions in flight")] = 4,
 ) -> None:
     """Accuracy and reversed-order changes with and without order-debiased reads (x_debias rotate), and their engine calls."""
     quiet_loaders()
     from eval.debias_run import debias_table, evaluate_debias
 
-    passed = {"engine": engine, "tasks": tasks, "limit": limit, "settings": settings, "concurrency": concurrency}
+    passed = {
+        "engine": engine,
+        "tasks": tasks,
+        "limit": limit,
+        "settings": settings,
+        "concurrency": concurrency,
+    }
     try:
         report = asyncio.run(
             evaluate_debias(

@@ -26,7 +26,9 @@ class ComparisonRefused(ValueError):
     pass
 
 
-def paired_bootstrap(correct_a: np.ndarray, correct_b: np.ndarray, *, resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float, float]:
+def paired_bootstrap(
+    correct_a: np.ndarray, correct_b: np.ndarray, *, resamples: int = RESAMPLES, seed: int = SEED
+) -> tuple[float, float, float]:
     """Accuracy difference B − A and its percentile 95% interval over paired resamples of records."""
     a = np.asarray(correct_a, dtype=float)
     b = np.asarray(correct_b, dtype=float)
@@ -67,15 +69,25 @@ def compare_runs(run_a: Path, run_b: Path, *, allow_different_image: bool = Fals
             if not allow_different_image:
                 raise ComparisonRefused(message + "; pass --allow-different-image to compare anyway")
             warnings.append(message)
-    rows_a = {(r["task"], r["id"]): r for r in load_rows(run_a / RECORDS) if r["status"] == "ok" and r["variant"] == "original"}
-    rows_b = {(r["task"], r["id"]): r for r in load_rows(run_b / RECORDS) if r["status"] == "ok" and r["variant"] == "original"}
+    rows_a = {
+        (r["task"], r["id"]): r
+        for r in load_rows(run_a / RECORDS)
+        if r["status"] == "ok" and r["variant"] == "original"
+    }
+    rows_b = {
+        (r["task"], r["id"]): r
+        for r in load_rows(run_b / RECORDS)
+        if r["status"] == "ok" and r["variant"] == "original"
+    }
     only_a, only_b = len(rows_a.keys() - rows_b.keys()), len(rows_b.keys() - rows_a.keys())
     if only_a or only_b:
         # The runs must answer the same records: a paired comparison over a subset would be biased.
         raise ComparisonRefused(f"the runs read different records ({only_a} only in A, {only_b} only in B)")
     mismatched = [key for key in rows_a if rows_a[key]["gold"] != rows_b[key]["gold"]]
     if mismatched:
-        raise ComparisonRefused(f"the runs disagree on gold answers for {len(mismatched)} records, e.g. {mismatched[0]}")
+        raise ComparisonRefused(
+            f"the runs disagree on gold answers for {len(mismatched)} records, e.g. {mismatched[0]}"
+        )
     tasks = {}
     for task in sorted({row["task"] for row in rows_a.values()}):
         keys = sorted(key for key, row in rows_a.items() if row["task"] == task)
@@ -93,7 +105,14 @@ def compare_runs(run_a: Path, run_b: Path, *, allow_different_image: bool = Fals
             "difference_ci95": [lo, hi],
             "mcnemar": mcnemar_exact(a, b),
         }
-    return {"a": str(run_a), "b": str(run_b), "warnings": warnings, "resamples": RESAMPLES, "seed": SEED, "tasks": tasks}
+    return {
+        "a": str(run_a),
+        "b": str(run_b),
+        "warnings": warnings,
+        "resamples": RESAMPLES,
+        "seed": SEED,
+        "tasks": tasks,
+    }
 
 
 def compare_table(report: dict) -> str:

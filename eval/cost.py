@@ -38,13 +38,17 @@ class Throughput:
     source: str
 
 
-def load_prices(path: Path | None = None, overrides: dict[str, tuple[str, float]] | None = None) -> tuple[list[Price], dict]:
+def load_prices(
+    path: Path | None = None, overrides: dict[str, tuple[str, float]] | None = None
+) -> tuple[list[Price], dict]:
     """Price rows and Jev's price: the shipped file (or ``path``), plus ``overrides`` name → (chip, $/h)."""
     text = path.read_text() if path else resources.files("eval.data").joinpath("prices.toml").read_text()
     data = tomllib.loads(text)
     prices = [Price(**row) for row in data["price"]]
     for name, (chip, usd) in (overrides or {}).items():
-        prices = [p for p in prices if p.name != name] + [Price(name, chip, usd, "user", "given on the command line", "")]
+        prices = [p for p in prices if p.name != name] + [
+            Price(name, chip, usd, "user", "given on the command line", "")
+        ]
     if free := [p.name for p in prices if not p.usd_per_hour > 0]:
         raise ValueError(f"price rows must be above 0 $/h: {', '.join(free)}")
     return prices, data["jev"]
@@ -135,7 +139,9 @@ def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8)
     if manifest:
         verify_run(run, only=MEASUREMENT_FILES)
     if (measured := run_chips(manifest)) and chip not in measured[0]:
-        raise ValueError(f"{run} was measured on {' or '.join(sorted(measured[0]))} ({measured[1]}), not --chip {chip}")
+        raise ValueError(
+            f"{run} was measured on {' or '.join(sorted(measured[0]))} ({measured[1]}), not --chip {chip}"
+        )
     machine = (manifest.get("machine") or {}).get("cpu", "")
     if (run / "summary.json").is_file() or (run / "load.jsonl").is_file():
         if (run / "summary.json").is_file():
@@ -143,13 +149,30 @@ def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8)
         else:  # `decide eval load` writes summary.json after the sweep; a sweep run through the library has only load.jsonl
             from eval.sweep import summarise
 
-            source, summary = "load.jsonl", summarise([json.loads(line) for line in (run / "load.jsonl").read_text().splitlines() if line.strip()])
+            source, summary = (
+                "load.jsonl",
+                summarise(
+                    [
+                        json.loads(line)
+                        for line in (run / "load.jsonl").read_text().splitlines()
+                        if line.strip()
+                    ]
+                ),
+            )
         rows = [r for r in summary if r["shape"] == "short" and r["concurrency"] == concurrency]
         if not rows:
             raise ValueError(f"{run}/{source} has no short-state run at concurrency {concurrency}")
-        return Throughput(label, chip, rows[0]["decisions_per_s"], rows[0]["prompt_tokens_median"], f"{run}/{source} ({machine})")
+        return Throughput(
+            label,
+            chip,
+            rows[0]["decisions_per_s"],
+            rows[0]["prompt_tokens_median"],
+            f"{run}/{source} ({machine})",
+        )
     if not (run / "latency.json").is_file():
-        raise ValueError(f"{run} has no summary.json or load.jsonl (decide eval load) and no latency.json (decide eval tasks --latency)")
+        raise ValueError(
+            f"{run} has no summary.json or load.jsonl (decide eval load) and no latency.json (decide eval tasks --latency)"
+        )
     latency = json.loads((run / "latency.json").read_text())
     key = f"c{concurrency}"
     if key not in latency:
@@ -158,16 +181,33 @@ def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8)
     if (run / "records.jsonl").is_file():
         rows = (json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip())
         tokens = [row["reading"]["prompt_tokens"] for row in rows if row.get("status") == "ok"]
-    return Throughput(label, chip, latency[key]["decisions_per_s"], statistics.median(tokens) if tokens else None, f"{run}/latency.json ({latency['machine']['cpu']})")
+    return Throughput(
+        label,
+        chip,
+        latency[key]["decisions_per_s"],
+        statistics.median(tokens) if tokens else None,
+        f"{run}/latency.json ({latency['machine']['cpu']})",
+    )
 
 
 def quoted_v6e_throughputs() -> list[Throughput]:
     """The reference study's published v6e decisions/s (quoted, with their source)."""
     data = tomllib.loads(resources.files("eval.data.reference").joinpath("v6e-throughput.toml").read_text())
-    return [Throughput(f"{row['label']} (quoted)", "v6e", row["decisions_per_s"], data["prompt_tokens_median"], data["source"]) for row in data["rate"]]
+    return [
+        Throughput(
+            f"{row['label']} (quoted)",
+            "v6e",
+            row["decisions_per_s"],
+            data["prompt_tokens_median"],
+            data["source"],
+        )
+        for row in data["rate"]
+    ]
 
 
-def cost_rows(throughputs: list[Throughput], prices: list[Price], jev: dict, *, utilisation: float = 1.0) -> list[dict]:
+def cost_rows(
+    throughputs: list[Throughput], prices: list[Price], jev: dict, *, utilisation: float = 1.0
+) -> list[dict]:
     """One row per (throughput, price on the same chip), then Jev at each distinct median prompt size."""
     rows = []
     for t in throughputs:
@@ -225,10 +265,17 @@ def break_even_table(rows: list[dict]) -> str:
 
 
 def cost_table(rows: list[dict]) -> str:
-    lines = ["| throughput | price row | $/h | decisions/s | utilisation | $ per million decisions |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| throughput | price row | $/h | decisions/s | utilisation | $ per million decisions |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "usd_per_hour" in r:
-            lines.append(f"| {r['label']} | {r['price']} | {r['usd_per_hour']:.4g} | {r['decisions_per_s']:.1f} | {r['utilisation']:.0%} | {r['usd_per_million']:.2f} |")
+            lines.append(
+                f"| {r['label']} | {r['price']} | {r['usd_per_hour']:.4g} | {r['decisions_per_s']:.1f} | {r['utilisation']:.0%} | {r['usd_per_million']:.2f} |"
+            )
         else:
-            lines.append(f"| {r['label']} | {r['price']} ({r['prompt_tokens']:.0f} input tokens) | — | — | — | {r['usd_per_million']:.2f} |")
+            lines.append(
+                f"| {r['label']} | {r['price']} ({r['prompt_tokens']:.0f} input tokens) | — | — | — | {r['usd_per_million']:.2f} |"
+            )
     return "\n".join(lines) + "\n"

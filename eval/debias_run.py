@@ -82,12 +82,20 @@ async def run_debias(
         question_options(setting, 2)  # refuse a bad setting before reading anything
     counting = CountingEngine(engine)
     reader = Reader(counting, label_styles=tuple(label_styles))
-    args = {"tasks": list(tasks), "limit": limit, "settings": list(settings), "concurrency": concurrency, "label_styles": [str(style) for style in label_styles]}
+    args = {
+        "tasks": list(tasks),
+        "limit": limit,
+        "settings": list(settings),
+        "concurrency": concurrency,
+        "label_styles": [str(style) for style in label_styles],
+    }
     report: dict[str, Any] = {"settings": {}}
     for setting in settings:
         directory = out / setting
         directory.mkdir(parents=True, exist_ok=True)
-        manifest = run_manifest("debias", engines={"run": engine}, args={**args, "setting": setting}, status="started")
+        manifest = run_manifest(
+            "debias", engines={"run": engine}, args={**args, "setting": setting}, status="started"
+        )
         manifest["args_passed"] = args_passed or {}
         check_directory(directory, manifest)
         previous = json.loads((directory / MANIFEST).read_text()) if (directory / MANIFEST).is_file() else {}
@@ -97,11 +105,21 @@ async def run_debias(
             for task in tasks:  # one task at a time, so engine calls and reads are counted per task
                 todo = [job for job in plan([task], limit) if job.key not in sink.done]
                 calls, reads = counting.calls, counting.reads
-                await sink.read_all(reader, (_with_options(job.as_read(), setting) for job in todo), concurrency=concurrency)
-                counts[task] = {"questions": len(todo), "calls": counting.calls - calls, "reads": counting.reads - reads}
+                await sink.read_all(
+                    reader, (_with_options(job.as_read(), setting) for job in todo), concurrency=concurrency
+                )
+                counts[task] = {
+                    "questions": len(todo),
+                    "calls": counting.calls - calls,
+                    "reads": counting.reads - reads,
+                }
                 if not todo:  # all read in an earlier session: keep that session's counts
                     counts[task] = previous.get("engine_calls", {}).get(task, counts[task])
-        manifest.update(status="success", records=len(plan(tasks, limit)), wall_s=previous.get("wall_s", 0.0) + time.monotonic() - started)
+        manifest.update(
+            status="success",
+            records=len(plan(tasks, limit)),
+            wall_s=previous.get("wall_s", 0.0) + time.monotonic() - started,
+        )
         manifest["engine_calls"] = counts
         write_json(directory / MANIFEST, manifest)
         report["settings"][setting] = _score_setting(directory, manifest)
@@ -131,12 +149,23 @@ def _score_setting(directory: Path, manifest: dict) -> dict:
             "n": scored["n"],
             "errors": scored["errors"],
             "accuracy": scored.get("accuracy"),
-            "accuracy_reversed": sum(row["predicted"] == row["gold"] for row in reversed_ok) / len(reversed_ok) if reversed_ok else None,
+            "accuracy_reversed": sum(row["predicted"] == row["gold"] for row in reversed_ok)
+            / len(reversed_ok)
+            if reversed_ok
+            else None,
             "reversed_changes": scored.get("reversed_changes"),
             "reversed_pairs": scored.get("reversed_pairs"),
             "rotations": max((row["reading"]["rotations"] for row in ok), default=None),
-            "rotation_agreement_mean": _mean([row["reading"]["rotation_agreement"] for row in ok if row["reading"]["rotation_agreement"] is not None]),
-            "engine_calls_per_question": counts["calls"] / counts["questions"] if counts["questions"] else None,
+            "rotation_agreement_mean": _mean(
+                [
+                    row["reading"]["rotation_agreement"]
+                    for row in ok
+                    if row["reading"]["rotation_agreement"] is not None
+                ]
+            ),
+            "engine_calls_per_question": counts["calls"] / counts["questions"]
+            if counts["questions"]
+            else None,
             "reads_per_question": counts["reads"] / counts["questions"] if counts["questions"] else None,
         }
     return result
@@ -163,8 +192,14 @@ def debias_table(report: dict) -> str:
     ]
     for setting, entry in report["settings"].items():
         for task, s in entry["tasks"].items():
-            changes = f"{s['reversed_changes']} of {s['reversed_pairs']} ({s['reversed_changes'] / s['reversed_pairs']:.1%})" if s.get("reversed_pairs") else "—"
-            agreement = f"{s['rotation_agreement_mean']:.3f}" if s["rotation_agreement_mean"] is not None else "—"
+            changes = (
+                f"{s['reversed_changes']} of {s['reversed_pairs']} ({s['reversed_changes'] / s['reversed_pairs']:.1%})"
+                if s.get("reversed_pairs")
+                else "—"
+            )
+            agreement = (
+                f"{s['rotation_agreement_mean']:.3f}" if s["rotation_agreement_mean"] is not None else "—"
+            )
             acc = f"{s['accuracy']:.1%}" if s["accuracy"] is not None else "—"
             acc_r = f"{s['accuracy_reversed']:.1%}" if s["accuracy_reversed"] is not None else "—"
             lines.append(
@@ -174,7 +209,9 @@ def debias_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def evaluate_debias(engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options: Any) -> dict:
+async def evaluate_debias(
+    engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options: Any
+) -> dict:
     """Open the engine ``engine_spec`` names and :func:`run_debias` into ``out``."""
     from readers.engines import open_engine_spec
 

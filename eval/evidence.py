@@ -53,13 +53,17 @@ def raw_probabilities(row: RecordRow) -> dict[str, float]:
     return row["reading"]["raw_probabilities"]
 
 
-async def read_row(reader: Reader, base: RecordRow, body: dict[str, Any], question: str, priors: OptionPriors | None = None) -> RecordRow:
+async def read_row(
+    reader: Reader, base: RecordRow, body: dict[str, Any], question: str, priors: OptionPriors | None = None
+) -> RecordRow:
     """One Jev request through ``decide`` (the service's path minus HTTP; ``priors`` as the service
     passes them) as a record row: ``base`` plus the answer, or plus the error (an engine error is
     evidence, never a crash or a wrong answer)."""
     started = time.monotonic()
     try:
-        response = await decide(SystemOneRequest.model_validate(body), reader, request_id=uuid.uuid4().hex, priors=priors)
+        response = await decide(
+            SystemOneRequest.model_validate(body), reader, request_id=uuid.uuid4().hex, priors=priors
+        )
     except DecideError as error:
         return {**base, "status": "error", "error": {"type": error.error_type, "message": error.message}}
     latency_ms = (time.monotonic() - started) * 1000
@@ -70,7 +74,11 @@ async def read_row(reader: Reader, base: RecordRow, body: dict[str, Any], questi
 
 
 async def read_rows(
-    reader: Reader, jobs: Iterable[tuple[RecordRow, dict[str, Any], str]], *, concurrency: int = 4, priors: OptionPriors | None = None
+    reader: Reader,
+    jobs: Iterable[tuple[RecordRow, dict[str, Any], str]],
+    *,
+    concurrency: int = 4,
+    priors: OptionPriors | None = None,
 ) -> list[RecordRow]:
     """``(base, body, question)`` jobs through :func:`read_row`, at most ``concurrency`` in flight, in job order."""
     gate = asyncio.Semaphore(concurrency)
@@ -100,7 +108,9 @@ class RecordWriter:
         self.sink = self.path.open("a", encoding="utf-8")
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.sink.close()
 
     async def write(self, row: RecordRow) -> None:
@@ -157,7 +167,9 @@ def load_rows(path: Path) -> list[RecordRow]:
     return [rows[key] for key in sorted(rows)]
 
 
-def rows_arrays(rows: Sequence[RecordRow], probabilities_of: Callable[[RecordRow], dict[str, float]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rows_arrays(
+    rows: Sequence[RecordRow], probabilities_of: Callable[[RecordRow], dict[str, float]] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(probabilities (n, k) in the rows' option order, gold index (n,)) of rows sharing one option set."""
     options = rows[0]["options"]
     probabilities_of = probabilities_of or (lambda row: row["probabilities"])

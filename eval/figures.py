@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on servers or CI
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def _save(figure, path: Path) -> None:
@@ -36,13 +36,30 @@ def plot_gold_curves(report: dict, path: Path) -> None:
 
 def plot_reliability(diagrams: dict, path: Path, *, title: str) -> None:
     figure, axes = plt.subplots(1, 2, figsize=(8.4, 4.0), dpi=120, sharey=True)
-    for axis, (name, label) in zip(axes, [("raw", "raw (T = 1)"), ("after_50", f"T = {diagrams['temperature_50']:.2f} (50 gold answers)")]):
+    for axis, (name, label) in zip(
+        axes,
+        [("raw", "raw (T = 1)"), ("after_50", f"T = {diagrams['temperature_50']:.2f} (50 gold answers)")],
+    ):
         bins = diagrams[name]
         centres = [(b["lo"] + b["hi"]) / 2 for b in bins]
         widths = [b["hi"] - b["lo"] for b in bins]
-        axis.bar(centres, [b["accuracy"] for b in bins], width=widths, edgecolor="black", alpha=0.7, label="accuracy")
+        axis.bar(
+            centres,
+            [b["accuracy"] for b in bins],
+            width=widths,
+            edgecolor="black",
+            alpha=0.7,
+            label="accuracy",
+        )
         axis.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
-        axis.scatter([b["confidence"] for b in bins], [b["accuracy"] for b in bins], color="black", s=[8 + b["count"] for b in bins], zorder=3, label="bin (size = count)")
+        axis.scatter(
+            [b["confidence"] for b in bins],
+            [b["accuracy"] for b in bins],
+            color="black",
+            s=[8 + b["count"] for b in bins],
+            zorder=3,
+            label="bin (size = count)",
+        )
         axis.set_xlim(0, 1)
         axis.set_ylim(0, 1)
         axis.set_xlabel("top-label confidence")
@@ -58,12 +75,25 @@ def plot_accuracy(report: dict, path: Path) -> None:
     tasks = [task for task, s in report["tasks"].items() if s["n"]]
     figure, axis = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     accuracy = [report["tasks"][t]["accuracy"] for t in tasks]
-    errors = [[a - report["tasks"][t]["accuracy_ci95"][0] for a, t in zip(accuracy, tasks)], [report["tasks"][t]["accuracy_ci95"][1] - a for a, t in zip(accuracy, tasks)]]
+    errors = [
+        [a - report["tasks"][t]["accuracy_ci95"][0] for a, t in zip(accuracy, tasks)],
+        [report["tasks"][t]["accuracy_ci95"][1] - a for a, t in zip(accuracy, tasks)],
+    ]
     axis.bar(tasks, accuracy, yerr=errors, capsize=4, alpha=0.8, label="accuracy (Wilson 95%)")
-    axis.scatter(tasks, [report["tasks"][t]["majority"] for t in tasks], marker="_", s=600, color="black", label="majority baseline", zorder=3)
+    axis.scatter(
+        tasks,
+        [report["tasks"][t]["majority"] for t in tasks],
+        marker="_",
+        s=600,
+        color="black",
+        label="majority baseline",
+        zorder=3,
+    )
     axis.set_ylim(0, 1)
     axis.set_ylabel("accuracy")
-    axis.set_title(f"{report['engine']['model']} ({report['engine']['kind']}, {report['engine']['read_mode']})")
+    axis.set_title(
+        f"{report['engine']['model']} ({report['engine']['kind']}, {report['engine']['read_mode']})"
+    )
     axis.legend()
     axis.grid(alpha=0.3, axis="y")
     _save(figure, path)
@@ -71,7 +101,13 @@ def plot_accuracy(report: dict, path: Path) -> None:
 
 def plot_reliability_raw(bins: list[dict], path: Path, *, title: str) -> None:
     figure, axis = plt.subplots(figsize=(4.4, 4.0), dpi=120)
-    axis.bar([(b["lo"] + b["hi"]) / 2 for b in bins], [b["accuracy"] for b in bins], width=[b["hi"] - b["lo"] for b in bins], edgecolor="black", alpha=0.7)
+    axis.bar(
+        [(b["lo"] + b["hi"]) / 2 for b in bins],
+        [b["accuracy"] for b in bins],
+        width=[b["hi"] - b["lo"] for b in bins],
+        edgecolor="black",
+        alpha=0.7,
+    )
     axis.plot([0, 1], [0, 1], linestyle="--", color="grey")
     axis.set_xlim(0, 1)
     axis.set_ylim(0, 1)
@@ -102,7 +138,13 @@ def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
     axis.plot(coverage, risk, marker=".", markersize=3)
     step = max(1, len(points) // 6)
     for p in points[::step]:
-        axis.annotate(f"≥{p['threshold']:.2f}", (p["coverage"], p["risk"]), fontsize=7, textcoords="offset points", xytext=(3, 3))
+        axis.annotate(
+            f"≥{p['threshold']:.2f}",
+            (p["coverage"], p["risk"]),
+            fontsize=7,
+            textcoords="offset points",
+            xytext=(3, 3),
+        )
     axis.set_xlim(0, 1.02)
     axis.set_ylim(0, max([0.05, *risk]) * 1.1)
     axis.set_xlabel("coverage (share answered at confidence ≥ threshold)")

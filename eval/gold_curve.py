@@ -29,7 +29,9 @@ SPLITS = 20
 def task_arrays(rows: Sequence[dict], task: str) -> tuple[np.ndarray, np.ndarray]:
     """Label logits (log raw probabilities, the task's option order) and gold indices of the task's
     successful original-order rows (``load_rows`` order: by id)."""
-    mine = [row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"]
+    mine = [
+        row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"
+    ]
     if not mine:
         return np.zeros((0, len(TASKS[task].options))), np.zeros(0, dtype=int)
     p, gold = rows_arrays(mine)
@@ -49,7 +51,13 @@ def draw(pool: np.ndarray, n: int, seed: int, index: int) -> np.ndarray:
 
 
 def gold_curve(
-    logits: np.ndarray, gold: np.ndarray, *, counts=GOLD_COUNTS, splits: int = SPLITS, seed: int = 0, n_bins: int = N_BINS
+    logits: np.ndarray,
+    gold: np.ndarray,
+    *,
+    counts=GOLD_COUNTS,
+    splits: int = SPLITS,
+    seed: int = 0,
+    n_bins: int = N_BINS,
 ) -> dict:
     """ECE on the held-out half after fitting on N gold answers, for each N, over ``splits`` splits.
 
@@ -83,7 +91,9 @@ def gold_curve(
     }
 
 
-def run_gold_curve(records: Path, out: Path, *, tasks: Sequence[str] = tuple(TASKS), splits: int = SPLITS, seed: int = 0) -> dict:
+def run_gold_curve(
+    records: Path, out: Path, *, tasks: Sequence[str] = tuple(TASKS), splits: int = SPLITS, seed: int = 0
+) -> dict:
     """Curves, reliability diagrams and figures for every task present in ``records`` (a record file
     or run directory): gold-curve.{json,md,png} and reliability-<task>.png in ``out``."""
     from eval.figures import plot_gold_curves, plot_reliability
@@ -104,7 +114,11 @@ def run_gold_curve(records: Path, out: Path, *, tasks: Sequence[str] = tuple(TAS
             "temperature_50": t50,
         }
         report["tasks"][task] = {"n": len(gold), "curve": curve, "reliability": diagrams}
-        plot_reliability(diagrams, out / f"reliability-{task}.png", title=f"{task}: held-out half, raw vs T fitted on 50 gold answers")
+        plot_reliability(
+            diagrams,
+            out / f"reliability-{task}.png",
+            title=f"{task}: held-out half, raw vs T fitted on 50 gold answers",
+        )
     plot_gold_curves(report, out / "gold-curve.png")
     (out / "gold-curve.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "gold-curve.md").write_text(gold_curve_table(report))
@@ -122,7 +136,14 @@ def gold_curve_table(report: dict) -> str:
     ]
     for task, entry in report["tasks"].items():
         points = {p["n_gold"]: p for p in entry["curve"]["points"]}
-        cells = [f"{points[n]['ece_mean']:.3f} ± {points[n]['ece_std']:.3f}" if n in points else "—" for n in counts]
+        cells = [
+            f"{points[n]['ece_mean']:.3f} ± {points[n]['ece_std']:.3f}" if n in points else "—"
+            for n in counts
+        ]
         t50 = points.get(50, {}).get("temperature_median")
-        lines.append(f"| {task} | {entry['n']} | " + " | ".join(cells) + (f" | {t50:.2f} |" if t50 is not None else " | — |"))
+        lines.append(
+            f"| {task} | {entry['n']} | "
+            + " | ".join(cells)
+            + (f" | {t50:.2f} |" if t50 is not None else " | — |")
+        )
     return "\n".join(lines) + "\n"

@@ -1,10 +1,10 @@
 """KV-cache capacity and memory lines from vLLM start-up logs, for run manifests and the survey.
 
-    … KV cache size: 23,296 tokens, Maximum concurrency for 8,192 tokens per request: 2.84x
-    (vLLM's device word — "GPU" for CUDA, else the device type upper-cased — optionally "+ host", or none)
-    … Memory statistics | total_hbm_limit_gb=15.75GiB | total_hbm_limit_cap_gb=14.49GiB | total_hbm_used_gb=…GiB | total_hbm_avail_gb=…GiB
-    (the TPU backend's line: tpu_inference/worker/tpu_worker.py, ``determine_available_memory``,
-    written with f-string ``{name=}`` fields, so every field is ``name=valueGiB``)
+… KV cache size: 23,296 tokens, Maximum concurrency for 8,192 tokens per request: 2.84x
+(vLLM's device word — "GPU" for CUDA, else the device type upper-cased — optionally "+ host", or none)
+… Memory statistics | total_hbm_limit_gb=15.75GiB | total_hbm_limit_cap_gb=14.49GiB | total_hbm_used_gb=…GiB | total_hbm_avail_gb=…GiB
+(the TPU backend's line: tpu_inference/worker/tpu_worker.py, ``determine_available_memory``,
+written with f-string ``{name=}`` fields, so every field is ``name=valueGiB``)
 """
 
 from __future__ import annotations
@@ -73,5 +73,7 @@ def measured_capacity(path: Path) -> dict:
     if isinstance(memory, list):  # manifests before 2026-11-29 kept the lines verbatim
         memory = parse_memory_statistics("\n".join(memory))
     if not manifest.get("kv_capacity") and not memory:
-        raise ValueError(f"{path}: the manifest recorded no server capacity (was the run given --engine-log?)")
+        raise ValueError(
+            f"{path}: the manifest recorded no server capacity (was the run given --engine-log?)"
+        )
     return {"kv_capacity": manifest.get("kv_capacity"), "memory_statistics": memory, "source": str(path)}

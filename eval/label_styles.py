@@ -74,25 +74,51 @@ def style_rows(run: Path, name: str) -> list[dict]:
     rows = []
     manifest = json.loads((run / MANIFEST).read_text())
     prompt_version = manifest.get("prompt_version")
-    prior_correction = manifest["args"].get("prior_correction", "off")  # runs from before the option answered raw
+    prior_correction = manifest["args"].get(
+        "prior_correction", "off"
+    )  # runs from before the option answered raw
     by_task: dict[str, list[dict]] = {}
     for row in load_rows(run / RECORDS):
         by_task.setdefault(row["task"], []).append(row)
     for task, records in by_task.items():
         ok = [row for row in records if row["status"] == "ok"]
-        variants = {variant: {row["id"]: row for row in ok if row["variant"] == variant} for variant in TASKS[task].variants}
-        result = {"style_set": name, "task": task, "prompt_version": prompt_version, "prior_correction": prior_correction, "errors": len(records) - len(ok)}
+        variants = {
+            variant: {row["id"]: row for row in ok if row["variant"] == variant}
+            for variant in TASKS[task].variants
+        }
+        result = {
+            "style_set": name,
+            "task": task,
+            "prompt_version": prompt_version,
+            "prior_correction": prior_correction,
+            "errors": len(records) - len(ok),
+        }
         for variant, rows_by_id in variants.items():
             correct = sum(row["predicted"] == row["gold"] for row in rows_by_id.values())
             n = len(rows_by_id)
-            result[variant] = {"n": n, "correct": correct, "accuracy": correct / n if n else None, "interval": wilson_interval(correct, n) if n else None}
+            result[variant] = {
+                "n": n,
+                "correct": correct,
+                "accuracy": correct / n if n else None,
+                "interval": wilson_interval(correct, n) if n else None,
+            }
         original = variants["original"].values()
-        raw_correct = sum(max(raw := raw_probabilities(row), key=raw.__getitem__) == row["gold"] for row in original)
-        result["raw"] = {"n": len(original), "correct": raw_correct, "accuracy": raw_correct / len(original) if original else None}
-        result["corrected"] = sum(row["reading"].get("prior_correction") is not None for row in ok)  # absent before the option
+        raw_correct = sum(
+            max(raw := raw_probabilities(row), key=raw.__getitem__) == row["gold"] for row in original
+        )
+        result["raw"] = {
+            "n": len(original),
+            "correct": raw_correct,
+            "accuracy": raw_correct / len(original) if original else None,
+        }
+        result["corrected"] = sum(
+            row["reading"].get("prior_correction") is not None for row in ok
+        )  # absent before the option
         if "reversed" in variants:
             both = variants["original"].keys() & variants["reversed"].keys()
-            result["reversed_changes"] = sum(variants["original"][i]["predicted"] != variants["reversed"][i]["predicted"] for i in both)
+            result["reversed_changes"] = sum(
+                variants["original"][i]["predicted"] != variants["reversed"][i]["predicted"] for i in both
+            )
             result["paired"] = len(both)
         result["label_styles_used"] = dict(Counter(row["reading"]["label_style"] for row in ok))
         rows.append(result)
@@ -112,7 +138,11 @@ def label_styles_table(rows: Sequence[dict]) -> str:
         return f"{result['accuracy']:.1%} ({lo:.1%}–{hi:.1%})"
 
     for row in rows:
-        changes = f"{row['reversed_changes']} of {row['paired']} ({row['reversed_changes'] / row['paired']:.0%})" if row.get("paired") else "—"
+        changes = (
+            f"{row['reversed_changes']} of {row['paired']} ({row['reversed_changes'] / row['paired']:.0%})"
+            if row.get("paired")
+            else "—"
+        )
         used = ", ".join(f"{style} {count}" for style, count in row["label_styles_used"].items())
         raw = f"{row['raw']['accuracy']:.1%}" if row["raw"]["n"] else "—"
         lines.append(
@@ -122,7 +152,9 @@ def label_styles_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def evaluate_label_styles(engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options) -> list[dict]:
+async def evaluate_label_styles(
+    engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options
+) -> list[dict]:
     """Open the engine ``engine_spec`` names and :func:`run_label_styles` into ``out``."""
     from readers.engines import open_engine_spec
 

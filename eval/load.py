@@ -25,8 +25,16 @@ def machine_info() -> dict:
     """The machine a measurement ran on, for every benchmark and load report."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+        platform.processor(),
+    )
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,14 @@ def images_of(manifest: dict[str, Any]) -> Images:
 def git_revision() -> dict[str, Any]:
     root = Path(__file__).resolve().parents[1]
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True).stdout.strip())
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}
     return {"commit": sha, "dirty": dirty}
@@ -86,7 +92,7 @@ def run_manifest(
         "manifest_version": MANIFEST_VERSION,
         "run": run,
         "status": status,
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "git": git_revision(),
         "prompt_version": prompt_version,
         "data_sha256": {task: entry["sample_sha256"] for task, entry in tasks.items()},
@@ -117,7 +123,11 @@ def check_directory(out: Path, manifest: dict) -> None:
         ("tasks", manifest["args"].get("tasks"), existing["args"].get("tasks")),
         ("limit", manifest["args"].get("limit"), existing["args"].get("limit")),
         # Runs from before the option answered raw.
-        ("prior correction", manifest["args"].get("prior_correction", "off"), existing["args"].get("prior_correction", "off")),
+        (
+            "prior correction",
+            manifest["args"].get("prior_correction", "off"),
+            existing["args"].get("prior_correction", "off"),
+        ),
     ]:
         if a != b:
             raise RunRefused(f"{out} holds results with {field} {b!r}, not {a!r}: use another --out")

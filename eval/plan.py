@@ -64,7 +64,12 @@ def read_sweep(run: Path, *, chip: str) -> Sweep:
     short = [row for row in rows if row["shape"] == "short"]
     if not short:
         raise ValueError(f"{run}/summary.json has no short-state rows")
-    points = tuple(sorted((OperatingPoint(r["concurrency"], r["decisions_per_s"], r["p99_ms"]) for r in short), key=lambda p: p.concurrency))
+    points = tuple(
+        sorted(
+            (OperatingPoint(r["concurrency"], r["decisions_per_s"], r["p99_ms"]) for r in short),
+            key=lambda p: p.concurrency,
+        )
+    )
     tokens = [r["prompt_tokens_median"] for r in short if r.get("prompt_tokens_median")]
     return Sweep(chip, points, tokens[0] if tokens else None, f"{run}/summary.json")
 
@@ -142,20 +147,41 @@ def plan_chip(
         p99 = predicted_p99_ms(sweep, per_chip)
         if p99 is not None and p99 <= p99_ms:
             break
-        if per_chip <= sweep.points[0].decisions_per_s:  # below the lowest measured load: more chips cannot help
-            return Plan(sweep.chip, None, None, None, None, f"even one request at a time measured p99 {sweep.points[0].p99_ms:.0f} ms > {p99_ms:.0f} ms")
+        if (
+            per_chip <= sweep.points[0].decisions_per_s
+        ):  # below the lowest measured load: more chips cannot help
+            return Plan(
+                sweep.chip,
+                None,
+                None,
+                None,
+                None,
+                f"even one request at a time measured p99 {sweep.points[0].p99_ms:.0f} ms > {p99_ms:.0f} ms",
+            )
     else:
         return Plan(sweep.chip, None, None, None, None, f"more than {MAX_CHIPS} chips")
     costs = tuple(
-        (price, price.usd_per_hour * chips, price.usd_per_hour * chips / 3600 / rate * 1e6) for price in prices if price.chip == sweep.chip
+        (price, price.usd_per_hour * chips, price.usd_per_hour * chips / 3600 / rate * 1e6)
+        for price in prices
+        if price.chip == sweep.chip
     )
     note = f"at {per_chip:.1f} decisions/s per chip ({per_chip / sweep.peak_decisions_per_s:.0%} of the measured peak)"
     return Plan(sweep.chip, chips, max(chips, min_replicas), per_chip, p99, note, costs)
 
 
-def plan_table(plans: Sequence[Plan], *, rate: float, p99_ms: float, unmeasured: Sequence[str], jev: dict, prompt_tokens: float | None) -> str:
+def plan_table(
+    plans: Sequence[Plan],
+    *,
+    rate: float,
+    p99_ms: float,
+    unmeasured: Sequence[str],
+    jev: dict,
+    prompt_tokens: float | None,
+) -> str:
     """The plan as markdown, with Jev's cost at the same prompts and the chips that have no sweep."""
-    jev_cost = jev_cost_per_million(prompt_tokens, jev["usd_per_million_input_tokens"]) if prompt_tokens else None
+    jev_cost = (
+        jev_cost_per_million(prompt_tokens, jev["usd_per_million_input_tokens"]) if prompt_tokens else None
+    )
     lines = [
         f"Target: {rate:g} decisions/s with p99 ≤ {p99_ms:g} ms.",
         "",
@@ -167,7 +193,11 @@ def plan_table(plans: Sequence[Plan], *, rate: float, p99_ms: float, unmeasured:
             lines.append(f"| {plan.chip} | — | — | — | — | — | — | cannot meet the target: {plan.note} |")
             continue
         for price, per_hour, per_million in plan.costs or ((None, None, None),):
-            versus = "—" if jev_cost is None or per_million is None else ("Jev cheaper" if jev_cost < per_million else "chips cheaper")
+            versus = (
+                "—"
+                if jev_cost is None or per_million is None
+                else ("Jev cheaper" if jev_cost < per_million else "chips cheaper")
+            )
             lines.append(
                 f"| {plan.chip} | {plan.chips} | {plan.replicas} | {plan.predicted_p99_ms:.0f} | {price.name if price else 'no price row'} | "
                 + (f"{per_hour:.2f} | {per_million:.2f} | {versus} |" if price else "— | — | — |")
@@ -175,5 +205,8 @@ def plan_table(plans: Sequence[Plan], *, rate: float, p99_ms: float, unmeasured:
     if jev_cost is not None:
         lines += ["", f"Jev at {prompt_tokens:.0f} prompt tokens: ${jev_cost:.2f} per million decisions."]
     if unmeasured:
-        lines += ["", f"No measured load sweep, so not sized: {', '.join(unmeasured)} (measure with `decide eval load`, then `--sweep CHIP=RUN`)."]
+        lines += [
+            "",
+            f"No measured load sweep, so not sized: {', '.join(unmeasured)} (measure with `decide eval load`, then `--sweep CHIP=RUN`).",
+        ]
     return "\n".join(lines) + "\n"

@@ -36,7 +36,15 @@ def risk_coverage(confidence: Sequence[float], correct: Sequence[bool]) -> list[
         if i + 1 < n and pairs[i + 1][0] == value:
             continue  # ties share one threshold: all of them are answered at once
         risk = wrong / answered
-        points.append({"threshold": value, "answered": answered, "coverage": answered / n, "risk": risk, "accuracy": 1 - risk})
+        points.append(
+            {
+                "threshold": value,
+                "answered": answered,
+                "coverage": answered / n,
+                "risk": risk,
+                "accuracy": 1 - risk,
+            }
+        )
     return points
 
 
@@ -53,7 +61,9 @@ def run_curves(run: Path) -> dict:
     curves = {}
     for task in tasks:
         mine = [row for row in rows if row["task"] == task]
-        curves[task] = risk_coverage([row_confidence(row) for row in mine], [row["predicted"] == row["gold"] for row in mine])
+        curves[task] = risk_coverage(
+            [row_confidence(row) for row in mine], [row["predicted"] == row["gold"] for row in mine]
+        )
     return curves
 
 
@@ -62,7 +72,14 @@ def write_risk_coverage(run: Path) -> dict:
     from eval.figures import plot_risk_coverage
 
     curves = run_curves(run)
-    write_json(run / "risk-coverage.json", {"definition": "answered = confidence >= threshold; risk = wrong / answered", "tasks": curves})
+    write_json(
+        run / "risk-coverage.json",
+        {"definition": "answered = confidence >= threshold; risk = wrong / answered", "tasks": curves},
+    )
     for task, points in curves.items():
-        plot_risk_coverage(points, run / f"risk-coverage-{task}.png", title=f"{task}: {points[-1]['answered'] if points else 0} decisions")
+        plot_risk_coverage(
+            points,
+            run / f"risk-coverage-{task}.png",
+            title=f"{task}: {points[-1]['answered'] if points else 0} decisions",
+        )
     return curves

@@ -84,19 +84,30 @@ async def run_tasks(
     args["floor_offset"] = reader.floor_offset
     args["label_styles"] = [style.value for style in reader.label_styles]
     args["prior_correction"] = prior_correction.value
-    manifest = run_manifest("tasks", engines={"run": engine}, args=args, images=images, status="started", prompt_version=prompt_version)
+    manifest = run_manifest(
+        "tasks",
+        engines={"run": engine},
+        args=args,
+        images=images,
+        status="started",
+        prompt_version=prompt_version,
+    )
     manifest["args_passed"] = args_passed or {}
     if engine_log is not None:
         from eval.kv_log import read_engine_log
 
         manifest.update(read_engine_log(engine_log))
     check_directory(out, manifest)
-    previous_wall_s = json.loads((out / MANIFEST).read_text()).get("wall_s", 0.0) if (out / MANIFEST).is_file() else 0.0
+    previous_wall_s = (
+        json.loads((out / MANIFEST).read_text()).get("wall_s", 0.0) if (out / MANIFEST).is_file() else 0.0
+    )
     jobs = plan(tasks, limit)
     started = time.monotonic()
     async with RecordWriter(out / RECORDS) as sink:
         if not sink.done:
-            await smoke_gate(reader, jobs[:SMOKE_RECORDS])  # reads only: a correction cannot make a read informative
+            await smoke_gate(
+                reader, jobs[:SMOKE_RECORDS]
+            )  # reads only: a correction cannot make a read informative
         write_json(out / MANIFEST, manifest)
         finished = sum(job.key in sink.done for job in jobs)
 
@@ -106,7 +117,9 @@ async def run_tasks(
             if progress:
                 progress(finished, len(jobs))
 
-        await sink.read_all(reader, (job.as_read() for job in jobs), concurrency=concurrency, progress=tick, priors=priors)
+        await sink.read_all(
+            reader, (job.as_read() for job in jobs), concurrency=concurrency, progress=tick, priors=priors
+        )
     manifest["status"] = "success"
     manifest["records"] = len(jobs)
     manifest["wall_s"] = previous_wall_s + time.monotonic() - started  # summed over resumed sessions
@@ -125,7 +138,13 @@ async def smoke_gate(reader: Reader, jobs: Sequence[Job]) -> None:
 
 
 async def evaluate_tasks(
-    engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, latency: bool = True, **options: Any
+    engine_spec: str,
+    out: Path,
+    *,
+    engine_url: str | None = None,
+    top_k: int | None = None,
+    latency: bool = True,
+    **options: Any,
 ) -> dict:
     """Open the engine ``engine_spec`` names, :func:`run_tasks` into ``out`` and, with ``latency``,
     :func:`measure_latency`; returns the run's manifest."""
@@ -148,7 +167,10 @@ async def measure_latency(engine: Engine, out: Path, *, requests_c1: int = 30, r
 
     reader = Reader(engine)
     task = TASKS["sst2"]
-    bodies = [SystemOneRequest.model_validate({"state": r.text, "questions": {"answer": task.question()}}) for r in load_sample("sst2")]
+    bodies = [
+        SystemOneRequest.model_validate({"state": r.text, "questions": {"answer": task.question()}})
+        for r in load_sample("sst2")
+    ]
 
     async def send(i: int) -> bool:
         await decide(bodies[i % len(bodies)], reader, request_id=uuid.uuid4().hex)

@@ -55,7 +55,10 @@ def _sst2(data: Path) -> list[tuple[str, str]]:
 def _ag_news(data: Path) -> list[tuple[str, str]]:
     classes = (data / "ag_news/classes.txt").read_text(encoding="utf-8").split()
     with (data / "ag_news/test.csv").open(encoding="utf-8", newline="") as handle:
-        return [(f"{title} {description}", classes[int(label) - 1]) for label, title, description in csv.reader(handle)]
+        return [
+            (f"{title} {description}", classes[int(label) - 1])
+            for label, title, description in csv.reader(handle)
+        ]
 
 
 def _emotion(data: Path) -> list[tuple[str, str]]:
@@ -69,7 +72,12 @@ def _irony(data: Path) -> list[tuple[str, str]]:
     return [(text, ("false", "true")[int(label)]) for text, label in zip(texts, labels)]
 
 
-READERS: dict[str, Callable[[Path], list[tuple[str, str]]]] = {"sst2": _sst2, "ag_news": _ag_news, "emotion": _emotion, "irony": _irony}
+READERS: dict[str, Callable[[Path], list[tuple[str, str]]]] = {
+    "sst2": _sst2,
+    "ag_news": _ag_news,
+    "emotion": _emotion,
+    "irony": _irony,
+}
 
 
 def stratified_rows(labels: list[str], size: int, seed: int) -> list[int]:
@@ -79,7 +87,9 @@ def stratified_rows(labels: list[str], size: int, seed: int) -> list[int]:
         by_class[label].append(row)
     quotas = {label: size * len(rows) / len(labels) for label, rows in by_class.items()}
     counts = {label: int(quota) for label, quota in quotas.items()}
-    for label in sorted(quotas, key=lambda name: (-(quotas[name] - counts[name]), name))[: size - sum(counts.values())]:
+    for label in sorted(quotas, key=lambda name: (-(quotas[name] - counts[name]), name))[
+        : size - sum(counts.values())
+    ]:
         counts[label] += 1
     rng = random.Random(seed)
     chosen = [row for label in sorted(by_class) for row in rng.sample(by_class[label], counts[label])]
@@ -92,12 +102,22 @@ def sha256_bytes(data: bytes) -> str:
 
 def build_samples(data: Path, out: Path) -> dict:
     """Write ``<task>.jsonl`` for every task and ``MANIFEST.json``; returns the manifest."""
-    manifest = {"sample_size": SAMPLE_SIZE, "seed": SEED, "allocation": "proportional, largest remainders", "tasks": {}}
+    manifest = {
+        "sample_size": SAMPLE_SIZE,
+        "seed": SEED,
+        "allocation": "proportional, largest remainders",
+        "tasks": {},
+    }
     for task, read in READERS.items():
         rows = read(data)
         picked = stratified_rows([label for _, label in rows], SAMPLE_SIZE, SEED)
-        records = [Record(id=f"{task}-{row}", task=task, text=rows[row][0].strip(), gold=rows[row][1]) for row in picked]
-        payload = "".join(json.dumps(record.__dict__, ensure_ascii=False) + "\n" for record in records).encode()
+        records = [
+            Record(id=f"{task}-{row}", task=task, text=rows[row][0].strip(), gold=rows[row][1])
+            for row in picked
+        ]
+        payload = "".join(
+            json.dumps(record.__dict__, ensure_ascii=False) + "\n" for record in records
+        ).encode()
         (out / f"{task}.jsonl").write_bytes(payload)
         classes: dict[str, int] = defaultdict(int)
         for record in records:
@@ -111,5 +131,7 @@ def build_samples(data: Path, out: Path) -> dict:
             "source_sha256": {name: sha256_bytes((data / name).read_bytes()) for name in source["files"]},
             "sample_sha256": sha256_bytes(payload),
         }
-    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (out / "MANIFEST.json").write_text(
+        json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     return manifest

@@ -52,7 +52,9 @@ def at_top_k_bound(row: dict, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dic
         return row["probabilities"]
     bound = reading["floor_logprob"] + floor_offset
     options = row["options"]
-    logprobs = [reading["label_logprobs"][o] if reading["label_logprobs"][o] is not None else bound for o in options]
+    logprobs = [
+        reading["label_logprobs"][o] if reading["label_logprobs"][o] is not None else bound for o in options
+    ]
     return dict(zip(options, softmax(logprobs)))
 
 
@@ -60,7 +62,11 @@ def after_50(p: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict:
     """ECE after 50 gold answers: split 0 and the 20-split mean, and the median fitted T (the
     gold-curve protocol, same splits and draws as ``decide eval gold-curve``)."""
     (point,) = gold_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed)["points"]
-    return {"ece_after_50_single": point["ece_split0"], "ece_after_50_mean": point["ece_mean"], "temperature_at_50": point["temperature_median"]}
+    return {
+        "ece_after_50_single": point["ece_split0"],
+        "ece_after_50_mean": point["ece_mean"],
+        "temperature_at_50": point["temperature_median"],
+    }
 
 
 def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dict:
@@ -87,7 +93,9 @@ def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT
         **(after_50(p, y, seed=seed) if len(ok) >= 100 else {}),
         "all_labels_returned": float(np.mean([row["reading"]["exact"] for row in ok])),
         "ece_at_top_k_bound": ece(bounded, y, N_BINS),
-        "ece_after_50_at_top_k_bound": after_50(bounded, y, seed=seed)["ece_after_50_mean"] if len(ok) >= 100 else None,
+        "ece_after_50_at_top_k_bound": after_50(bounded, y, seed=seed)["ece_after_50_mean"]
+        if len(ok) >= 100
+        else None,
         "median_latency_ms": statistics.median(row["latency_ms"] for row in ok),
         "abstentions": int(sum(not row["reading"]["informative"] for row in ok)),
     }
@@ -103,14 +111,21 @@ def score_run(run: Path, *, seed: int = 0) -> dict:
     manifest = json.loads((run / MANIFEST).read_text())
     rows = load_rows(run / RECORDS)
     planned = manifest["args"]["tasks"]
-    tasks = sorted({row["task"] for row in rows}, key=lambda task: (planned.index(task) if task in planned else len(planned), task))
+    tasks = sorted(
+        {row["task"] for row in rows},
+        key=lambda task: (planned.index(task) if task in planned else len(planned), task),
+    )
     report = {
         "run": str(run),
         "n_bins": N_BINS,
         "engine": manifest["engines"]["run"],
         "status": manifest["status"],
         "tasks": {
-            task: score_task([row for row in rows if row["task"] == task], seed=seed, floor_offset=manifest["args"].get("floor_offset", DEFAULT_FLOOR_OFFSET))
+            task: score_task(
+                [row for row in rows if row["task"] == task],
+                seed=seed,
+                floor_offset=manifest["args"].get("floor_offset", DEFAULT_FLOOR_OFFSET),
+            )
             for task in tasks
         },
         "missing_records": manifest.get("records", len(rows)) - len(rows),
@@ -142,9 +157,17 @@ def score_table(report: dict) -> str:
             continue
         lo, hi = s["accuracy_ci95"]
         changes = f"{s['reversed_changes']} of {s['reversed_pairs']}" if "reversed_changes" in s else "—"
-        after = f"{s['ece_after_50_single']:.3f} / {s['ece_after_50_mean']:.3f}" if "ece_after_50_single" in s else "—"
+        after = (
+            f"{s['ece_after_50_single']:.3f} / {s['ece_after_50_mean']:.3f}"
+            if "ece_after_50_single" in s
+            else "—"
+        )
         t50 = f"{s['temperature_at_50']:.2f}" if "temperature_at_50" in s else "—"
-        bound_after = f"{s['ece_after_50_at_top_k_bound']:.3f}" if s.get("ece_after_50_at_top_k_bound") is not None else "—"
+        bound_after = (
+            f"{s['ece_after_50_at_top_k_bound']:.3f}"
+            if s.get("ece_after_50_at_top_k_bound") is not None
+            else "—"
+        )
         lines.append(
             f"| {task} | {s['n']} | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | {s['majority']:.1%} | {s['ece']:.3f} | {floor_cell(s)} | {s['brier']:.3f} | "
             f"{after} | {t50} | {changes} | {s['all_labels_returned']:.1%} | {s['ece_at_top_k_bound']:.3f} / {bound_after} | "
@@ -165,10 +188,18 @@ def write_figures(run: Path, report: dict) -> None:
     plot_accuracy(report, run / "accuracy.png")
     rows = load_rows(run / RECORDS)
     for task in report["tasks"]:
-        ok = [row for row in rows if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"]
+        ok = [
+            row
+            for row in rows
+            if row["task"] == task and row["variant"] == "original" and row["status"] == "ok"
+        ]
         if ok:
             p, y = rows_arrays(ok)
-            plot_reliability_raw(reliability_bins(p, y), run / f"reliability-{task}.png", title=f"{task}: raw reads, {len(ok)} records")
+            plot_reliability_raw(
+                reliability_bins(p, y),
+                run / f"reliability-{task}.png",
+                title=f"{task}: raw reads, {len(ok)} records",
+            )
 
 
 def write_score(run: Path, *, seed: int = 0) -> dict:

@@ -119,7 +119,10 @@ def family_bootstrap(
             drawn.setdefault(name, [])
             if value is not None:
                 drawn[name].append(value)
-    return {name: (float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))) if values else None for name, values in drawn.items()}
+    return {
+        name: (float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))) if values else None
+        for name, values in drawn.items()
+    }
 
 
 def published_checksums() -> dict[str, str]:

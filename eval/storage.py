@@ -61,10 +61,16 @@ def storage_client(endpoint: str | None = None, project: str | None = None) -> C
         try:
             return storage.Client(project=project)
         except DefaultCredentialsError:
-            raise TransferRefused("no Google credentials: run `gcloud auth application-default login` (or give --endpoint)") from None
+            raise TransferRefused(
+                "no Google credentials: run `gcloud auth application-default login` (or give --endpoint)"
+            ) from None
     from google.auth.credentials import AnonymousCredentials
 
-    return storage.Client(project=project or "anonymous", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint})
+    return storage.Client(
+        project=project or "anonymous",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": endpoint},
+    )
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -83,7 +89,12 @@ def file_entry(path: Path, relative: str) -> dict:
             sha.update(chunk)
             crc.update(chunk)
             size += len(chunk)
-    return {"path": relative, "bytes": size, "sha256": sha.hexdigest(), "crc32c": base64.b64encode(crc.digest()).decode("ascii")}
+    return {
+        "path": relative,
+        "bytes": size,
+        "sha256": sha.hexdigest(),
+        "crc32c": base64.b64encode(crc.digest()).decode("ascii"),
+    }
 
 
 def run_files(run: Path) -> list[dict]:
@@ -105,7 +116,9 @@ def upload_run(run: Path, url: str, *, client: Client) -> Transfer:
 
     bucket = client.bucket(bucket_name)
     try:
-        existing = {blob.name: blob for blob in client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None)}
+        existing = {
+            blob.name: blob for blob in client.list_blobs(bucket, prefix=f"{prefix}/" if prefix else None)
+        }
     except NotFound:
         raise TransferRefused(f"bucket {bucket_name} does not exist") from None
     manifest_key = _key(prefix, MANIFEST)
@@ -147,8 +160,14 @@ def download_run(url: str, dest: Path, *, client: Client) -> Transfer:
     dest.mkdir(parents=True, exist_ok=True)
     # a .part file is a download cut off here before: it is fetched again
     listed = {entry["path"] + suffix for entry in files for suffix in ("", ".part")} | {MANIFEST}
-    if strays := sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file() and p.relative_to(dest).as_posix() not in listed):
-        raise TransferRefused(f"{dest} holds files the manifest does not list ({', '.join(strays[:3])}): download into an empty directory")
+    if strays := sorted(
+        p.relative_to(dest).as_posix()
+        for p in dest.rglob("*")
+        if p.is_file() and p.relative_to(dest).as_posix() not in listed
+    ):
+        raise TransferRefused(
+            f"{dest} holds files the manifest does not list ({', '.join(strays[:3])}): download into an empty directory"
+        )
     transfer = Transfer(url)
     for entry in files:
         local = dest / entry["path"]
@@ -207,7 +226,12 @@ def listed_files(manifest: object, where: str) -> list[dict]:
         raise TransferRefused(f"{where} lists no files: it was not written by decide eval upload")
     for entry in files:
         path = PurePosixPath(str(entry.get("path", "")) if isinstance(entry, dict) else "")
-        if not isinstance(entry, dict) or path.is_absolute() or ".." in path.parts or str(path) in ("", ".", MANIFEST):
+        if (
+            not isinstance(entry, dict)
+            or path.is_absolute()
+            or ".." in path.parts
+            or str(path) in ("", ".", MANIFEST)
+        ):
             raise TransferRefused(f"{where}: bad file entry {entry!r}")
         if not isinstance(entry.get("sha256"), str) or not isinstance(entry.get("bytes"), int):
             raise TransferRefused(f"{where}: {path} has no sha256 and bytes")

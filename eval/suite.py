@@ -71,7 +71,9 @@ class SuiteRecord:
 
 
 def published_jev() -> dict:
-    return json.loads(resources.files("eval.data.reference").joinpath("published_jev_nimble.json").read_text())
+    return json.loads(
+        resources.files("eval.data.reference").joinpath("published_jev_nimble.json").read_text()
+    )
 
 
 def write_subset(out: Path, subset: str, records: list[dict], **manifest_fields: Any) -> str:
@@ -81,7 +83,12 @@ def write_subset(out: Path, subset: str, records: list[dict], **manifest_fields:
     (out / subset).mkdir(parents=True, exist_ok=True)
     (out / subset / "all.jsonl").write_bytes(payload)
     digest = hashlib.sha256(payload).hexdigest()
-    manifest = {**manifest_fields, "dataset_sha256": digest, "count": len(records), "ids": [record["id"] for record in records]}
+    manifest = {
+        **manifest_fields,
+        "dataset_sha256": digest,
+        "count": len(records),
+        "ids": [record["id"] for record in records],
+    }
     write_json(out / subset / "manifest.json", manifest)
     return digest
 
@@ -98,12 +105,22 @@ def build_from_tasks(out: Path) -> dict[str, str]:
             }
             for record in load_sample(name)
         ]  # fmt: skip
-        digests[name] = write_subset(out, name, records, source="opendecide shipped task sample (eval/data)", types=[task.question_type])
+        digests[name] = write_subset(
+            out,
+            name,
+            records,
+            source="opendecide shipped task sample (eval/data)",
+            types=[task.question_type],
+        )
     return digests
 
 
 def load_suite(
-    data: Path, *, allow_unverified: bool = False, allow_mismatch: bool = False, published: dict[str, str] | None = None
+    data: Path,
+    *,
+    allow_unverified: bool = False,
+    allow_mismatch: bool = False,
+    published: dict[str, str] | None = None,
 ) -> tuple[list[SuiteRecord], dict[str, dict]]:
     """Every record of every subset, validated against the record contract, and each subset's checksum
     check: subset → ``{sha256, manifest_sha256, published_sha256, status}`` (status from
@@ -128,19 +145,41 @@ def load_suite(
         expected = manifest.get("dataset_sha256")
         status = checksum_status(digest, published=published.get(subset), manifest=expected)
         if status == MISMATCH and not allow_mismatch:
-            against = " and ".join(f"{name} says {value}" for name, value in (("the published table", published.get(subset)), ("its manifest", expected)) if value not in (None, digest))
-            raise RunRefused(f"{subset}/all.jsonl has sha256 {digest}, {against}; pass --allow-mismatch to run it anyway")
+            against = " and ".join(
+                f"{name} says {value}"
+                for name, value in (
+                    ("the published table", published.get(subset)),
+                    ("its manifest", expected),
+                )
+                if value not in (None, digest)
+            )
+            raise RunRefused(
+                f"{subset}/all.jsonl has sha256 {digest}, {against}; pass --allow-mismatch to run it anyway"
+            )
         if expected is None and subset not in published and not allow_unverified:
-            raise RunRefused(f"{subset} has no manifest.json with dataset_sha256; pass --allow-unverified to run it anyway")
-        checks[subset] = {"sha256": digest, "manifest_sha256": expected, "published_sha256": published.get(subset), "status": status}
-        mine = [_record(subset, number, line) for number, line in enumerate(payload.decode("utf-8").split("\n"), 1) if line.strip()]
+            raise RunRefused(
+                f"{subset} has no manifest.json with dataset_sha256; pass --allow-unverified to run it anyway"
+            )
+        checks[subset] = {
+            "sha256": digest,
+            "manifest_sha256": expected,
+            "published_sha256": published.get(subset),
+            "status": status,
+        }
+        mine = [
+            _record(subset, number, line)
+            for number, line in enumerate(payload.decode("utf-8").split("\n"), 1)
+            if line.strip()
+        ]
         seen: set[str] = set()
         for record in mine:
             if record.id in seen:
                 raise RunRefused(f"{subset}/all.jsonl: id {record.id!r} appears twice")
             seen.add(record.id)
         if "count" in manifest and manifest["count"] != len(mine):
-            raise RunRefused(f"{subset}: manifest.json count is {manifest['count']}, all.jsonl holds {len(mine)} records")
+            raise RunRefused(
+                f"{subset}: manifest.json count is {manifest['count']}, all.jsonl holds {len(mine)} records"
+            )
         records += mine
     return records, checks
 
@@ -161,7 +200,9 @@ def _record(subset: str, number: int, line: str) -> SuiteRecord:
     try:
         request = SystemOneRequest.model_validate(raw["input"])
     except ValidationError as error:
-        raise RunRefused(f"{where}: input is not a Jev request: {error.errors()[0]['msg']} at {error.errors()[0]['loc']}") from None
+        raise RunRefused(
+            f"{where}: input is not a Jev request: {error.errors()[0]['msg']} at {error.errors()[0]['loc']}"
+        ) from None
     (name, question), *rest = request.questions.items()
     if rest:
         raise RunRefused(f"{where}: one question per record expected, input.questions has {len(rest) + 1}")
@@ -174,7 +215,17 @@ def _record(subset: str, number: int, line: str) -> SuiteRecord:
     except ValueError as error:
         raise RunRefused(f"{where}: reference.target: {error}") from None
     distribution = _distribution(where, spec.options, reference.get("distribution"))
-    return SuiteRecord(subset, str(raw["id"]), str(raw["family"]), raw["input"], name, spec.question_type, spec.options, gold, distribution)
+    return SuiteRecord(
+        subset,
+        str(raw["id"]),
+        str(raw["family"]),
+        raw["input"],
+        name,
+        spec.question_type,
+        spec.options,
+        gold,
+        distribution,
+    )
 
 
 def _distribution(where: str, options: tuple[str, ...], distribution: Any) -> dict[str, float] | None:
@@ -185,14 +236,26 @@ def _distribution(where: str, options: tuple[str, ...], distribution: Any) -> di
         got = sorted(distribution) if isinstance(distribution, dict) else type(distribution).__name__
         raise RunRefused(f"{where}: reference.distribution must give each of {list(options)}, got {got}")
     values = list(distribution.values())
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values) or abs(sum(values) - 1) > DISTRIBUTION_TOLERANCE:
-        raise RunRefused(f"{where}: reference.distribution must be non-negative numbers summing to 1, got {distribution}")
+    if (
+        not all(isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in values)
+        or abs(sum(values) - 1) > DISTRIBUTION_TOLERANCE
+    ):
+        raise RunRefused(
+            f"{where}: reference.distribution must be non-negative numbers summing to 1, got {distribution}"
+        )
     return {option: float(distribution[option]) for option in options}
 
 
 async def run_suite(
-    engine: Engine, data: Path, out: Path, *, concurrency: int = 4, allow_unverified: bool = False, allow_mismatch: bool = False,
-    images: Images | None = None, prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
+    engine: Engine,
+    data: Path,
+    out: Path,
+    *,
+    concurrency: int = 4,
+    allow_unverified: bool = False,
+    allow_mismatch: bool = False,
+    images: Images | None = None,
+    prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
 ) -> dict:
     """Read (or resume) every suite record at ``data`` into ``out``, answered as ``decide serve``
     answers with ``prior_correction``; returns the final manifest (with each subset's checksum check
@@ -209,12 +272,22 @@ async def run_suite(
     fields = ("id", "subset", "question_type", "family", "gold")
 
     def base(r: SuiteRecord) -> dict:
-        row = {**{name: getattr(r, name) for name in fields}, "task": r.subset, "variant": "original", "options": list(r.options)}
+        row = {
+            **{name: getattr(r, name) for name in fields},
+            "task": r.subset,
+            "variant": "original",
+            "options": list(r.options),
+        }
         return row | ({"distribution": r.distribution} if r.distribution is not None else {})
 
     async with RecordWriter(out / RECORDS) as sink:
         priors = None if prior_correction is PriorCorrection.OFF else OptionPriors(prior_correction)
-        await sink.read_all(Reader(engine), [(base(r), r.body, r.question) for r in records], concurrency=concurrency, priors=priors)
+        await sink.read_all(
+            Reader(engine),
+            [(base(r), r.body, r.question) for r in records],
+            concurrency=concurrency,
+            priors=priors,
+        )
     manifest["status"] = "success"
     manifest["records"] = len(records)
     write_json(out / MANIFEST, manifest)
@@ -222,7 +295,13 @@ async def run_suite(
 
 
 async def score_suite_with_engine(
-    engine_spec: str, data: Path, out: Path, *, engine_url: str | None = None, top_k: int | None = None, resamples: int = RESAMPLES,
+    engine_spec: str,
+    data: Path,
+    out: Path,
+    *,
+    engine_url: str | None = None,
+    top_k: int | None = None,
+    resamples: int = RESAMPLES,
     **options,
 ) -> dict:
     """Open the engine ``engine_spec`` names, :func:`run_suite` through it, then score the run into
@@ -237,7 +316,9 @@ async def score_suite_with_engine(
     return report
 
 
-def jev_minus_arm(jev_accuracy: float, jev_n: int, arm_accuracy: float, arm_n: int) -> tuple[float, float, float]:
+def jev_minus_arm(
+    jev_accuracy: float, jev_n: int, arm_accuracy: float, arm_n: int
+) -> tuple[float, float, float]:
     """Difference of two independent proportions with its normal 95% interval (unpaired)."""
     se = math.sqrt(jev_accuracy * (1 - jev_accuracy) / jev_n + arm_accuracy * (1 - arm_accuracy) / arm_n)
     difference = jev_accuracy - arm_accuracy
@@ -272,11 +353,19 @@ def score_suite(run: Path, *, seed: int = 0, resamples: int = RESAMPLES) -> dict
         per_subset[subset] = (mine, p, y)
         jev = published.get(subset)
         entry = _group_scores(mine, (jev["jev_acc"], jev["n"]) if jev else None)
-        complete, families = families_complete([row["predicted"] == row["gold"] for row in mine], [row["family"] for row in mine])
-        entry |= {"question_type": mine[0]["question_type"], "families": families, "families_complete": complete}
+        complete, families = families_complete(
+            [row["predicted"] == row["gold"] for row in mine], [row["family"] for row in mine]
+        )
+        entry |= {
+            "question_type": mine[0]["question_type"],
+            "families": families,
+            "families_complete": complete,
+        }
         entry |= {"ece": ece(p, y, SUITE_N_BINS), "brier": brier_loss(p, y)}
         if len(mine) >= 100:
-            points = gold_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed, n_bins=SUITE_N_BINS)["points"]
+            points = gold_curve(as_logits(p), y, counts=(50,), splits=20, seed=seed, n_bins=SUITE_N_BINS)[
+                "points"
+            ]
             entry["ece_after_50"] = points[0]["ece_mean"]
         if jev:
             entry |= {"jev_ece": jev["jev_ece"], "jev_brier": jev["jev_brier"]}
@@ -322,7 +411,12 @@ def score_suite(run: Path, *, seed: int = 0, resamples: int = RESAMPLES) -> dict
         "run": str(run),
         "n_bins": SUITE_N_BINS,
         "errors": errors,
-        "bootstrap": {"resamples": resamples, "seed": seed, "cluster": "family, resampled within each subset", "interval": "percentile 2.5-97.5"},
+        "bootstrap": {
+            "resamples": resamples,
+            "seed": seed,
+            "cluster": "family, resampled within each subset",
+            "interval": "percentile 2.5-97.5",
+        },
         "checksums": checksums,
         "subsets": subsets,
         "question_types": question_types,
@@ -352,7 +446,9 @@ def _scorecard_statistic(per_subset: dict[str, tuple[list[dict], np.ndarray, np.
     for i, (mine, p, _) in enumerate(per_subset.values()):
         has = np.array(["distribution" in row for row in mine])
         if has.any():
-            human = np.array([[row["distribution"][o] for o in row["options"]] for row, h in zip(mine, has) if h])
+            human = np.array(
+                [[row["distribution"][o] for o in row["options"]] for row, h in zip(mine, has) if h]
+            )
             js, tv = np.full(len(mine), np.nan), np.full(len(mine), np.nan)
             js[has], tv[has] = js_divergence_bits(p[has], human), total_variation(p[has], human)
             distances[i] = (js, tv)
@@ -374,7 +470,9 @@ def _scorecard_statistic(per_subset: dict[str, tuple[list[dict], np.ndarray, np.
             if i in distances:
                 for metric, per_record in zip(("js_divergence_bits", "total_variation"), distances[i]):
                     chosen = per_record[local]
-                    values[("subset", name, metric)] = float(np.nanmean(chosen)) if not np.isnan(chosen).all() else None
+                    values[("subset", name, metric)] = (
+                        float(np.nanmean(chosen)) if not np.isnan(chosen).all() else None
+                    )
         for group in ("all", "noul", "choice", "score"):
             members = [i for i, name in enumerate(names) if group in ("all", types[name])]
             if members:
@@ -431,7 +529,11 @@ def suite_table(report: dict) -> str:
     ]  # fmt: skip
     for name, s in report["subsets"].items():
         lo, hi = s["accuracy_ci95"]
-        jev = f"{s['jev_accuracy']:.1%} / {s['jev_ece']:.3f} / {s['jev_brier']:.3f}" if "jev_accuracy" in s else "—"
+        jev = (
+            f"{s['jev_accuracy']:.1%} / {s['jev_ece']:.3f} / {s['jev_brier']:.3f}"
+            if "jev_accuracy" in s
+            else "—"
+        )
         lines.append(
             f"| {name} | {s['question_type']} | {s['n']} | {s['families']} ({s['families_complete']}) | {s['accuracy']:.1%} ({lo:.1%}–{hi:.1%}) | "
             f"{_ci(s['accuracy_family_ci95'], percent=True)} | {s['ece']:.3f} | {_value(s.get('ece_after_50'))} | {s['brier']:.3f} | {jev} | {s.get('checksum', '—')} |"
@@ -441,7 +543,9 @@ def suite_table(report: dict) -> str:
         lines += ["", "Score subsets: expected level (Σ k·p_k) against the gold level.", "",
                   "| subset | n | MAE, levels (family 95%) | Spearman (family 95%) |", "|---|---|---|---|"]  # fmt: skip
         for name, s in scored.items():
-            lines.append(f"| {name} | {s['n']} | {s['mae']:.3f} ({_ci(s['mae_family_ci95'])}) | {_value(s['spearman'])} ({_ci(s['spearman_family_ci95'])}) |")
+            lines.append(
+                f"| {name} | {s['n']} | {s['mae']:.3f} ({_ci(s['mae_family_ci95'])}) | {_value(s['spearman'])} ({_ci(s['spearman_family_ci95'])}) |"
+            )
     spread = {name: s for name, s in report["subsets"].items() if "js_divergence_bits" in s}
     if spread:
         lines += ["", "Distribution subsets: the model's probabilities against the human label distribution, mean over records.", "",
@@ -457,6 +561,11 @@ def suite_table(report: dict) -> str:
         f"Brier {report['median_brier']:.3f} (Jev 1.13.0 published: ECE 0.071, Brier 0.267). Unreadable records: {report['errors']}."
     )  # fmt: skip
     if report["checksums"]:
-        counts = {status: sum(c["status"] == status for c in report["checksums"].values()) for status in ("verified", "mismatch", "unknown")}
-        lines.append(f"Checksums against the published dataset_sha256: {counts['verified']} verified, {counts['mismatch']} mismatch, {counts['unknown']} unknown (none published).")
+        counts = {
+            status: sum(c["status"] == status for c in report["checksums"].values())
+            for status in ("verified", "mismatch", "unknown")
+        }
+        lines.append(
+            f"Checksums against the published dataset_sha256: {counts['verified']} verified, {counts['mismatch']} mismatch, {counts['unknown']} unknown (none published)."
+        )
     return "\n".join(lines) + "\n"

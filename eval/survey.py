@@ -42,11 +42,25 @@ from pathlib import Path
 from typing import Any
 
 GIB = 1024**3
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "int8": 1}
+DTYPE_BYTES = {
+    "bfloat16": 2,
+    "float16": 2,
+    "float32": 4,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+}
 # vLLM's --kv-cache-dtype choices the survey sizes (its fp8_inc and fp8_ds_mla are for other backends)
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 # vLLM's --dtype names → the dtype they load weights (and, with kv-cache-dtype auto, KV) in
-VLLM_DTYPES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32", "float32": "float32"}
+VLLM_DTYPES = {
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
 CHIPS = ("v5e", "v6e", "l4", "cpu")
 CHIP_TOTAL_GIB: dict[str, float | None] = {"v5e": 15.75, "v6e": 31.24, "l4": 22.4, "cpu": None}
 DEFAULT_MEMORY_UTILISATION = {"v5e": 0.92, "v6e": 0.92, "l4": 0.9, "cpu": None}
@@ -177,11 +191,21 @@ def survey_model(
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     outer = meta["config"]
     config = text_config(outer)
-    dtype = dtype or meta.get("dtype") or outer.get("torch_dtype") or outer.get("dtype") or config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    dtype = (
+        dtype
+        or meta.get("dtype")
+        or outer.get("torch_dtype")
+        or outer.get("dtype")
+        or config.get("torch_dtype")
+        or config.get("dtype")
+        or "bfloat16"
+    )
     dtype_bytes = DTYPE_BYTES[dtype]
     params = meta.get("safetensors_total")
     if not params and "vision_config" in outer:
-        raise ValueError(f"{model}: the config counts the language model only, not its vision tower; give the Hub's safetensors total")
+        raise ValueError(
+            f"{model}: the config counts the language model only, not its vision tower; give the Hub's safetensors total"
+        )
     weights = (params or parameter_count(config)) * dtype_bytes / GIB
     stored_kv = kv_dtype(chip, kv_cache_dtype, dtype)
     kv_per_token = kv_bytes_per_token(config, max_model_len=max_model_len, dtype_bytes=DTYPE_BYTES[stored_kv])
@@ -193,7 +217,9 @@ def survey_model(
         if limit is not None and weights + reserve_gib + kv_cache_gib > limit:
             why_not = f"{weights:.2f} + {reserve_gib:.2f} + {kv_cache_gib:.2f} > {limit:.2f} GiB"
     elif usable is None:
-        raise ValueError(f"chip {chip!r} has no fixed memory: give the KV pool (vLLM --kv-cache-memory-bytes) as kv_cache_gib")
+        raise ValueError(
+            f"chip {chip!r} has no fixed memory: give the KV pool (vLLM --kv-cache-memory-bytes) as kv_cache_gib"
+        )
     else:
         kv_gib = usable - weights - reserve_gib
         if kv_gib <= 0:
@@ -240,7 +266,9 @@ def fetch_metadata(model: str, *, endpoint: str | None = None, cache_dir: Path |
 
     api = HfApi(endpoint=endpoint)
     info = api.model_info(model)
-    config = json.loads(Path(api.hf_hub_download(model, "config.json", revision=info.sha, cache_dir=cache_dir)).read_text())
+    config = json.loads(
+        Path(api.hf_hub_download(model, "config.json", revision=info.sha, cache_dir=cache_dir)).read_text()
+    )
     safetensors = getattr(info, "safetensors", None)
     return {
         "license": (info.card_data or {}).get("license", "unknown") if info.card_data else "unknown",
@@ -256,7 +284,11 @@ def survey_table(rows: list[SurveyRow]) -> str:
     ]
     for r in rows:
         measured = f"{r.measured_kv_tokens:,} ({_delta(r)})" if r.measured_kv_tokens else "—"
-        pool = "fixed pool" if r.kv_pool_fixed else f"{r.usable_gib:.2f} − {r.weights_gib:.2f} − {r.reserve_gib:.2f}"
+        pool = (
+            "fixed pool"
+            if r.kv_pool_fixed
+            else f"{r.usable_gib:.2f} − {r.weights_gib:.2f} − {r.reserve_gib:.2f}"
+        )
         verdict = f"no ({r.why_not})" if r.why_not else r.verdict
         lines.append(
             f"| {r.model} | {r.license} | {r.chip} | {r.weights_gib:.2f} | {r.kv_bytes_per_token:,.0f} | {r.kv_dtype} | "
@@ -309,7 +341,9 @@ def survey_models(
         if meta is None:
             raise ValueError(f"{model} is not in {metadata}")
         if licences and meta.get("license") not in licences:
-            skipped.append(f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})")
+            skipped.append(
+                f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})"
+            )
             continue
         rows.append(survey_model(model, meta, measured=measurements.get(model), **options))
     return rows, skipped

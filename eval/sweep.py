@@ -34,7 +34,9 @@ def long_states(tokenizer: Any, tokens: int, count: int, seed: int = 0) -> list[
     states = []
     for i in range(count):
         rng = random.Random(seed * 100_003 + i)
-        text = f"Document {i}-{rng.getrandbits(32):08x}. " + " ".join(rng.choice(words) for _ in range(tokens * 2))
+        text = f"Document {i}-{rng.getrandbits(32):08x}. " + " ".join(
+            rng.choice(words) for _ in range(tokens * 2)
+        )
         ids = tokenizer.encode(text, add_special_tokens=False)[:tokens]
         states.append(tokenizer.decode(ids))
     return states
@@ -59,7 +61,9 @@ async def run_sweep(
     short = [{"state": r.text, "questions": question} for r in load_sample("sst2")]
     transport = None if url else httpx.ASGITransport(app=create_app(engine))
     rows: list[dict] = []
-    async with httpx.AsyncClient(base_url=url or "http://in-process", transport=transport, timeout=600) as client:
+    async with httpx.AsyncClient(
+        base_url=url or "http://in-process", transport=transport, timeout=600
+    ) as client:
 
         def sender(bodies, tokens: list[int]):
             async def send(i: int) -> bool:
@@ -73,8 +77,19 @@ async def run_sweep(
         await run_load(sender(short, []), requests=8, concurrency=4)  # warm-up, not recorded
         plan = [("short", short, c, requests) for c in concurrencies for _ in range(passes)]
         for n in long_tokens:
-            bodies = [{"state": s, "questions": question} for s in long_states(engine.tokenizer, n, long_requests * passes)]
-            plan += [(f"long-{n}", bodies[p * long_requests : (p + 1) * long_requests], long_concurrency, long_requests) for p in range(passes)]
+            bodies = [
+                {"state": s, "questions": question}
+                for s in long_states(engine.tokenizer, n, long_requests * passes)
+            ]
+            plan += [
+                (
+                    f"long-{n}",
+                    bodies[p * long_requests : (p + 1) * long_requests],
+                    long_concurrency,
+                    long_requests,
+                )
+                for p in range(passes)
+            ]
         passes_seen: dict[tuple[str, int], int] = {}
         for shape, bodies, concurrency, count in plan:
             tokens: list[int] = []
@@ -83,7 +98,12 @@ async def run_sweep(
             rows.append({"shape": shape, "concurrency": concurrency, "pass": index, **result.as_json(),
                          "prompt_tokens_median": statistics.median(tokens) if tokens else None})  # fmt: skip
     (out / "load.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    manifest = run_manifest("load", engines={"run": engine}, args={"url": url, "passes": passes, "requests": requests, "long_tokens": list(long_tokens)}, images=images)
+    manifest = run_manifest(
+        "load",
+        engines={"run": engine},
+        args={"url": url, "passes": passes, "requests": requests, "long_tokens": list(long_tokens)},
+        images=images,
+    )
     manifest["machine"] = machine_info()
     write_json(out / "manifest.json", manifest)
     return rows
@@ -96,7 +116,9 @@ async def load_sweep(engine_spec: str, out: Path, *, engine_url: str | None = No
 
     async with await open_engine_spec(engine_spec, engine_url=engine_url) as engine:
         rows = await run_sweep(engine, out, **options)
-        return write_sweep_report(rows, out, f"{engine.info.name} ({engine.kind}, {engine.capabilities.read_mode.value})")
+        return write_sweep_report(
+            rows, out, f"{engine.info.name} ({engine.kind}, {engine.capabilities.read_mode.value})"
+        )
 
 
 def write_sweep_report(rows: list[dict], out: Path, title: str) -> list[dict]:
@@ -126,7 +148,10 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def sweep_table(summary: list[dict]) -> str:
-    lines = ["| states | prompt tokens | concurrency | decisions/s (median, range) | p50 ms | p90 ms | p99 ms | failed |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| states | prompt tokens | concurrency | decisions/s (median, range) | p50 ms | p90 ms | p99 ms | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for s in summary:
         lo, hi = s["decisions_per_s_range"]
         lines.append(
@@ -149,7 +174,12 @@ def plot_sweep(summary: list[dict], path: Path, title: str) -> None:
     )  # fmt: skip
     for s in summary:
         if s["shape"] != "short":
-            axis.scatter([s["concurrency"]], [s["decisions_per_s"]], marker="s", label=f"{s['shape']} ({s['prompt_tokens_median']:.0f} tokens)")
+            axis.scatter(
+                [s["concurrency"]],
+                [s["decisions_per_s"]],
+                marker="s",
+                label=f"{s['shape']} ({s['prompt_tokens_median']:.0f} tokens)",
+            )
     axis.set_xlabel("concurrency")
     axis.set_ylabel("decisions/s")
     axis.set_xticks(xs)

@@ -31,11 +31,26 @@ class Task:
             items.reverse()
         return {"type": "choice", "instructions": self.instructions, "criteria": dict(items)}
 
-    def read_job(self, record: Record, variant: str = "original") -> tuple[dict[str, Any], dict[str, Any], str]:
+    def read_job(
+        self, record: Record, variant: str = "original"
+    ) -> tuple[dict[str, Any], dict[str, Any], str]:
         """(record row base, Jev request, question name) for ``eval.evidence``: the record's text as
         state, this task's question as ``answer``."""
-        base = {"id": record.id, "task": self.name, "variant": variant, "gold": record.gold, "options": list(self.options)}
-        return base, {"state": record.text, "questions": {"answer": self.question(reversed_options=variant == "reversed")}}, "answer"
+        base = {
+            "id": record.id,
+            "task": self.name,
+            "variant": variant,
+            "gold": record.gold,
+            "options": list(self.options),
+        }
+        return (
+            base,
+            {
+                "state": record.text,
+                "questions": {"answer": self.question(reversed_options=variant == "reversed")},
+            },
+            "answer",
+        )
 
     @property
     def variants(self) -> tuple[str, ...]:
@@ -98,5 +113,3 @@ def spread(records: Sequence, limit: int | None) -> list:
         return list(records)
     step = len(records) / limit
     return [records[int(i * step)] for i in range(limit)]
-
-

@@ -13,6 +13,8 @@ from deploy.cli import app as deploy_commands
 from eval.cli import app as eval_commands
 from service.cli import app as service_commands
 
-app = typer.Typer(help="Typed decisions with probabilities from open models, in Jev's wire format.", no_args_is_help=True)
+app = typer.Typer(
+    help="Typed decisions with probabilities from open models, in Jev's wire format.", no_args_is_help=True
+)
 for commands in (service_commands, eval_commands, deploy_commands):
     app.add_typer(commands)

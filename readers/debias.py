@@ -111,7 +111,9 @@ def reorder(question: QuestionSpec, order: Sequence[int]) -> QuestionSpec:
     if question.question_type == "score":
         raise ValueError("score levels are ordered: they are not rotated")
     return dataclasses.replace(
-        question, options=tuple(question.options[i] for i in order), descriptions=tuple(question.descriptions[i] for i in order)
+        question,
+        options=tuple(question.options[i] for i in order),
+        descriptions=tuple(question.descriptions[i] for i in order),
     )
 
 
@@ -135,7 +137,11 @@ async def read_many_rotated(
     for question, k, method, loc in zip(questions, rotations, methods, locs):
         if k > 1 and order_free(reader, question, state, loc):
             k = 1  # every order is the same prompt: one read is the average
-        orders = rotation_orders(len(question.options), k, method) if k > 1 else (tuple(range(len(question.options))),)
+        orders = (
+            rotation_orders(len(question.options), k, method)
+            if k > 1
+            else (tuple(range(len(question.options))),)
+        )
         spans.append((len(expanded), orders))
         expanded += [reorder(question, order) if i else question for i, order in enumerate(orders)]
         expanded_locs += [loc] * len(orders)
@@ -156,18 +162,25 @@ def order_free(reader: Reader, question: QuestionSpec, state: str, loc: tuple[st
     option, so equal prompts for both mean the layout ignores the order."""
     n = len(question.options)
     asked = reader.prepare(question, state, loc=loc)[0].prompt_ids
-    return all(reader.prepare(other, state, loc=loc)[0].prompt_ids == asked for other in (rotate(question, 1), reorder(question, tuple(reversed(range(n))))))
+    return all(
+        reader.prepare(other, state, loc=loc)[0].prompt_ids == asked
+        for other in (rotate(question, 1), reorder(question, tuple(reversed(range(n)))))
+    )
 
 
 def combine(question: QuestionSpec, readings: Sequence[Reading]) -> RotatedReading:
     """One reading of ``question`` from its rotated readings (the first is the order as asked)."""
     options = question.options
     per_rotation = [_by_option(reading) for reading in readings]
-    mean_log_p = [sum(math.log(max(rot[o][0], 1e-300)) for rot in per_rotation) / len(readings) for o in options]
+    mean_log_p = [
+        sum(math.log(max(rot[o][0], 1e-300)) for rot in per_rotation) / len(readings) for o in options
+    ]
     probabilities = tuple(softmax(mean_log_p))
     returned = tuple(all(rot[o][2] for rot in per_rotation) for o in options)
     raw = [[rot[o][1] for rot in per_rotation] for o in options]
-    logprobs = tuple(sum(values) / len(values) if all(v is not None for v in values) else None for values in raw)
+    logprobs = tuple(
+        sum(values) / len(values) if all(v is not None for v in values) else None for values in raw
+    )
     floors = [r.label_probabilities.floor for r in readings if r.label_probabilities.floor is not None]
     masses = [r.label_probabilities.label_mass for r in readings]
     choices = tuple(max(options, key=lambda o, rot=rot: rot[o][0]) for rot in per_rotation)
@@ -175,7 +188,9 @@ def combine(question: QuestionSpec, readings: Sequence[Reading]) -> RotatedReadi
     label_probabilities = LabelProbabilities(
         logprobs=logprobs,
         probabilities=probabilities,
-        bounds=_bounds(probabilities, [[rot[o][3] for rot in per_rotation] for o in options], exact=all(returned)),
+        bounds=_bounds(
+            probabilities, [[rot[o][3] for rot in per_rotation] for o in options], exact=all(returned)
+        ),
         returned=returned,
         floor=min(floors) if floors else None,
         label_mass=sum(masses) / len(masses) if all(m is not None for m in masses) else None,

@@ -46,7 +46,13 @@ class PromptTooLong(DecideError):
     error_type = "prompt_too_long"
 
     def __init__(
-        self, message: str, *, prompt_tokens: int, context_length: int, param: str | None = None, exact_count: bool = True
+        self,
+        message: str,
+        *,
+        prompt_tokens: int,
+        context_length: int,
+        param: str | None = None,
+        exact_count: bool = True,
     ) -> None:
         super().__init__(message, param=param)
         self.prompt_tokens = prompt_tokens

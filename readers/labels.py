@@ -103,7 +103,16 @@ class ChatTemplate:
         before, after = self._split_once(text, ANSWER)
         return self._tail(before), after
 
-    def slot(self, system: str, shared: str, question: str, labels: tuple[str, ...], *, sequences: bool = False, lead: str = "") -> AnswerSlot:
+    def slot(
+        self,
+        system: str,
+        shared: str,
+        question: str,
+        labels: tuple[str, ...],
+        *,
+        sequences: bool = False,
+        lead: str = "",
+    ) -> AnswerSlot:
         """Prompt ids cut at the answer slot, and one token id per label.
 
         The user message is ``shared + question``, each encoded on its own so the shared part's ids
@@ -114,7 +123,9 @@ class ChatTemplate:
         necessarily distinct).
         """
         texts = [system, shared, question]
-        system_mark, shared_mark, question_mark = (_sentinel(base, texts) for base in (SYSTEM, USER, QUESTION))
+        system_mark, shared_mark, question_mark = (
+            _sentinel(base, texts) for base in (SYSTEM, USER, QUESTION)
+        )
         text = self._render(system_mark, shared_mark + question_mark, lead + ANSWER)
         before, after = self._split_once(text, ANSWER)
         if any(before.count(mark) != 1 for mark in (system_mark, shared_mark, question_mark)):
@@ -125,10 +136,20 @@ class ChatTemplate:
             label_ids = tuple(ids[0] for ids in label_sequences)
         else:
             label_ids = self._resolve(self._tail(before), after, labels)
-        ids, marks_end = self._encode_prompt(before, {system_mark: system, shared_mark: shared, question_mark: question})
-        return AnswerSlot(tuple(ids), label_ids, labels, prefix_tokens=marks_end[shared_mark], label_sequences=label_sequences)
+        ids, marks_end = self._encode_prompt(
+            before, {system_mark: system, shared_mark: shared, question_mark: question}
+        )
+        return AnswerSlot(
+            tuple(ids),
+            label_ids,
+            labels,
+            prefix_tokens=marks_end[shared_mark],
+            label_sequences=label_sequences,
+        )
 
-    def single_token_labels(self, candidates: Iterable[str], count: int, *, lead: str = "", separator: str = "") -> tuple[str, ...]:
+    def single_token_labels(
+        self, candidates: Iterable[str], count: int, *, lead: str = "", separator: str = ""
+    ) -> tuple[str, ...]:
         """The first ``count`` candidates that each fill the answer slot (after ``lead``, read as
         ``separator + candidate``) with one token."""
         tail, after = self.closing(lead)

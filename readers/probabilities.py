@@ -102,7 +102,9 @@ def label_probabilities(
     floor = lowest - floor_offset
     if not any(returned):
         n = len(label_ids)
-        return LabelProbabilities(label_logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), returned, floor, label_mass)
+        return LabelProbabilities(
+            label_logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), returned, floor, label_mass
+        )
 
     filled = [value if value is not None else floor for value in label_logprobs]
     probabilities = tuple(softmax(filled))
@@ -117,7 +119,10 @@ def _mass(label_logprobs: Sequence[float | None]) -> float | None:
 
 def _bounds(label_logprobs: Sequence[float | None], *, ceiling: float) -> tuple[tuple[float, float], ...]:
     """Probability bounds when missing labels lie anywhere in (-inf, ceiling]."""
-    return _interval_bounds([ceiling if value is None else value for value in label_logprobs], [value is not None for value in label_logprobs])
+    return _interval_bounds(
+        [ceiling if value is None else value for value in label_logprobs],
+        [value is not None for value in label_logprobs],
+    )
 
 
 def _interval_bounds(highest: Sequence[float], known: Sequence[bool]) -> tuple[tuple[float, float], ...]:
@@ -131,7 +136,10 @@ def _interval_bounds(highest: Sequence[float], known: Sequence[bool]) -> tuple[t
     weights = [math.exp(value - shift) for value in highest]
     present = sum(weight for weight, ok in zip(weights, known) if ok)
     unknown = sum(weight for weight, ok in zip(weights, known) if not ok)
-    return tuple((weight / (present + unknown), weight / present) if ok else (0.0, weight / (present + weight)) for weight, ok in zip(weights, known))
+    return tuple(
+        (weight / (present + unknown), weight / present) if ok else (0.0, weight / (present + weight))
+        for weight, ok in zip(weights, known)
+    )
 
 
 def chain_probabilities(
@@ -173,8 +181,14 @@ def chain_probabilities(
     label_mass = None if normalised_over_labels else _mass(logprobs)
     n = len(paths)
     if not any(returned):
-        return LabelProbabilities(logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), tuple(returned), floor, label_mass)
+        return LabelProbabilities(
+            logprobs, tuple([1.0 / n] * n), tuple([(0.0, 1.0)] * n), tuple(returned), floor, label_mass
+        )
     probabilities = tuple(softmax(filled))
     if all(returned):
-        return LabelProbabilities(logprobs, probabilities, tuple((p, p) for p in probabilities), tuple(returned), None, label_mass)
-    return LabelProbabilities(logprobs, probabilities, _interval_bounds(highest, returned), tuple(returned), floor, label_mass)
+        return LabelProbabilities(
+            logprobs, probabilities, tuple((p, p) for p in probabilities), tuple(returned), None, label_mass
+        )
+    return LabelProbabilities(
+        logprobs, probabilities, _interval_bounds(highest, returned), tuple(returned), floor, label_mass
+    )

@@ -46,7 +46,9 @@ class LabelStyle(enum.StrEnum):
     FIRST_TOKENS = "first_tokens"  # the options' own words, read by their distinct first tokens
     TRIE = "trie"  # the options' own words, whole, by the chain rule over their tokens
     CODES = "codes"  # letter codes A, B, …, each one token
-    CODE_TRIE = "code_trie"  # letter codes of any token count, by the chain rule (when one-token codes run out)
+    CODE_TRIE = (
+        "code_trie"  # letter codes of any token count, by the chain rule (when one-token codes run out)
+    )
     DIGITS = "digits"  # score levels 0 … 9
 
     @property
@@ -123,12 +125,17 @@ def label_candidates(
     if question.question_type == "score":
         yield LabelStyle.DIGITS, tuple(str(level) for level in range(len(question.options)))
         return
-    words = ("Yes", "No") if question.question_type == "noul" else question.options  # sentence-initial capitals: more label mass
+    words = (
+        ("Yes", "No") if question.question_type == "noul" else question.options
+    )  # sentence-initial capitals: more label mass
     taken = set(question.options) | set(words)
     for style in styles:
         if style is LabelStyle.DIGITS:
             raise ValueError("digits name score levels only")
-        yield style, words if style.names_options else tuple(code for code in letter_codes() if code not in taken)
+        yield (
+            style,
+            words if style.names_options else tuple(code for code in letter_codes() if code not in taken),
+        )
 
 
 def _or_list(labels: tuple[str, ...]) -> str:
@@ -151,11 +158,15 @@ def _listed_lines(question: QuestionSpec, labels: tuple[str, ...]) -> list[str]:
         for label, option, description in zip(labels, question.options, question.descriptions):
             lines.append(f"{label}. {option}: {description}" if description else f"{label}. {option}")
         return lines + [f"Reply with exactly one letter: {_or_list(labels)}."]
-    lines = ["Levels:"] + [f"{label}: {description}" for label, description in zip(labels, question.descriptions)]
+    lines = ["Levels:"] + [
+        f"{label}: {description}" for label, description in zip(labels, question.descriptions)
+    ]
     return lines + [f"Reply with exactly one number from {labels[0]} to {labels[-1]}."]
 
 
-def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
+def build_prompt(
+    question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle
+) -> PromptText:
     """The texts for ``question`` about ``state``, answering with ``labels`` (the current layout).
 
     Named options (``words``, ``first_tokens``, ``trie``; yes/no for noul) are not listed: the
@@ -166,23 +177,37 @@ def build_prompt(question: QuestionSpec, state: str, labels: tuple[str, ...], st
     """
     lines = [f"Question: {question.instructions}"] if question.instructions else []
     if question.question_type == "noul" or (question.question_type == "choice" and style.names_options):
-        lines += [f"{labels[i]}: {question.descriptions[i]}" for i in canonical_order(labels) if question.descriptions[i]]
+        lines += [
+            f"{labels[i]}: {question.descriptions[i]}"
+            for i in canonical_order(labels)
+            if question.descriptions[i]
+        ]
         lines.append("Answer with one word.")
     else:
         lines += _listed_lines(question, labels)
     return PromptText(SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(lines), labels, style)
 
 
-def build_question_first(question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle) -> PromptText:
+def build_question_first(
+    question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle
+) -> PromptText:
     """decide-prompt/1: the question, its options (caller order) and the answer format as the system
     text, the state as the user text. Nothing of the state is shared between questions."""
     lines = [f"Question: {question.instructions}"] if question.instructions else []
     if question.question_type == "noul":
-        lines += [f"{label}: {description}" for label, description in zip(labels, question.descriptions) if description]
+        lines += [
+            f"{label}: {description}"
+            for label, description in zip(labels, question.descriptions)
+            if description
+        ]
         lines.append(f"Reply with exactly one word: {_or_list(labels)}.")
     elif question.question_type == "choice" and style.names_options:
         lines.append("Options: " + ", ".join(labels))
-        lines += [f"- {label}: {description}" for label, description in zip(labels, question.descriptions) if description]
+        lines += [
+            f"- {label}: {description}"
+            for label, description in zip(labels, question.descriptions)
+            if description
+        ]
         lines.append("Reply with exactly one option.")
     else:
         lines += _listed_lines(question, labels)

@@ -10,8 +10,20 @@ from dataclasses import dataclass
 from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest
 from readers.errors import InvalidQuestion, PromptTooLong
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
-from readers.prompt import CURRENT_LAYOUT, MASKED_LABEL_STYLES, LabelStyle, PromptLayout, QuestionSpec, label_candidates
-from readers.probabilities import DEFAULT_FLOOR_OFFSET, LabelProbabilities, chain_probabilities, label_probabilities
+from readers.probabilities import (
+    DEFAULT_FLOOR_OFFSET,
+    LabelProbabilities,
+    chain_probabilities,
+    label_probabilities,
+)
+from readers.prompt import (
+    CURRENT_LAYOUT,
+    MASKED_LABEL_STYLES,
+    LabelStyle,
+    PromptLayout,
+    QuestionSpec,
+    label_candidates,
+)
 from readers.trie import Trie
 
 
@@ -53,14 +65,18 @@ class Reader:
             masked = engine.capabilities.read_mode is ReadMode.MASKED
             label_styles = MASKED_LABEL_STYLES if masked else layout.label_styles
         if not label_styles or LabelStyle.DIGITS in label_styles:
-            raise ValueError("label_styles must name at least one noul/choice style (digits are for scores only)")
+            raise ValueError(
+                "label_styles must name at least one noul/choice style (digits are for scores only)"
+            )
         self.engine = engine
         self.layout = layout
         self.template = ChatTemplate(engine.tokenizer)
         self.floor_offset = floor_offset
         self.label_styles = tuple(LabelStyle(style) for style in label_styles)
 
-    def prepare(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> tuple[AnswerSlot, LabelStyle]:
+    def prepare(
+        self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()
+    ) -> tuple[AnswerSlot, LabelStyle]:
         """Prompt ids and label ids for ``question``, trying label styles in order of preference."""
         self._check_length_bound(question, state, loc)
         failures = []
@@ -83,14 +99,21 @@ class Reader:
                 prompt = self.layout.build(question, state, labels, style)
                 try:
                     slot = self.template.slot(
-                        prompt.system, prompt.shared, prompt.question, tuple(separator + label for label in labels), sequences=style.reads_sequences, lead=lead
+                        prompt.system,
+                        prompt.shared,
+                        prompt.question,
+                        tuple(separator + label for label in labels),
+                        sequences=style.reads_sequences,
+                        lead=lead,
                     )
                     if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:
                         raise LabelsUnresolvable("two labels begin with the same token")
                 except LabelsUnresolvable as error:
                     failures.append(f"{name}: {error}")
                     continue
-                self._check_length(len(slot.prompt_ids) + max(map(len, slot.label_sequences), default=1) - 1, loc)
+                self._check_length(
+                    len(slot.prompt_ids) + max(map(len, slot.label_sequences), default=1) - 1, loc
+                )
                 if style.reads_trie and n > 1 and len(set(slot.label_ids)) == 1 and deferred is None:
                     # Every label begins with the same token (a lone space before "10", "20"): that
                     # trie level reads 1 for all and costs an engine call; a later form may not have it.
@@ -108,7 +131,11 @@ class Reader:
     def _check_length_bound(self, question: QuestionSpec, state: str, loc: tuple[str | int, ...]) -> None:
         """Refuse, without tokenizing, text that cannot fit: no token spans more than
         ``max_token_chars`` characters, so characters / max_token_chars is a lower bound on tokens."""
-        chars = len(state) + len(question.instructions or "") + sum(len(d or "") + len(o) for o, d in zip(question.options, question.descriptions))
+        chars = (
+            len(state)
+            + len(question.instructions or "")
+            + sum(len(d or "") + len(o) for o, d in zip(question.options, question.descriptions))
+        )
         at_least = chars // self.template.max_token_chars
         if at_least + 1 > self.engine.info.context_length:
             raise PromptTooLong(
@@ -136,7 +163,11 @@ class Reader:
         return (await self.read_many([question], state, locs=[loc]))[0]
 
     async def read_many(
-        self, questions: Sequence[QuestionSpec], state: str, *, locs: Sequence[tuple[str | int, ...]] | None = None
+        self,
+        questions: Sequence[QuestionSpec],
+        state: str,
+        *,
+        locs: Sequence[tuple[str | int, ...]] | None = None,
     ) -> list[Reading]:
         """Every question about ``state`` in one engine call, readings in question order.
 
@@ -149,8 +180,15 @@ class Reader:
         if len(locs) != len(questions):
             raise ValueError("read_many needs one loc per question")
         # Rendering and tokenizing a long state takes milliseconds to seconds: off the event loop.
-        prepared = await asyncio.to_thread(lambda: [self.prepare(q, state, loc=loc) for q, loc in zip(questions, locs)])
-        tries = [Trie(slot.label_sequences) if style.reads_trie else Trie(tuple((token,) for token in slot.label_ids)) for slot, style in prepared]
+        prepared = await asyncio.to_thread(
+            lambda: [self.prepare(q, state, loc=loc) for q, loc in zip(questions, locs)]
+        )
+        tries = [
+            Trie(slot.label_sequences)
+            if style.reads_trie
+            else Trie(tuple((token,) for token in slot.label_ids))
+            for slot, style in prepared
+        ]
         # One engine call per trie depth, every question's nodes of that depth together: a question
         # with one-token labels is done after the first call.
         replies: list[dict[tuple[int, ...], EngineReply]] = [{} for _ in prepared]
@@ -158,7 +196,12 @@ class Reader:
         for depth in range(max(trie.depth for trie in tries)):
             level = [(i, node) for i, trie in enumerate(tries) for node in trie.nodes_at(depth)]
             requests = [
-                ReadRequest(prepared[i][0].prompt_ids + node, tries[i].children(node), self._node_texts(prepared[i][0], node), self._prefix_tokens(prepared[i][0], tries[i]))
+                ReadRequest(
+                    prepared[i][0].prompt_ids + node,
+                    tries[i].children(node),
+                    self._node_texts(prepared[i][0], node),
+                    self._prefix_tokens(prepared[i][0], tries[i]),
+                )
                 for i, node in level
             ]
             for (i, node), reply in zip(level, await self.engine.read_many(requests)):
@@ -166,7 +209,9 @@ class Reader:
                 engine_calls[i] = depth + 1
         latency_ms = (time.monotonic() - started) * 1000
         readings = []
-        for question, (slot, style), trie, nodes, calls in zip(questions, prepared, tries, replies, engine_calls):
+        for question, (slot, style), trie, nodes, calls in zip(
+            questions, prepared, tries, replies, engine_calls
+        ):
             root = nodes[()]
             readings.append(
                 Reading(
@@ -177,7 +222,9 @@ class Reader:
                     label_probabilities=self._probabilities(trie, nodes),
                     read_mode=root.read_mode.value,
                     prompt_tokens=len(slot.prompt_ids),
-                    engine_latency_ms=sum(max(r.latency_ms for node, r in nodes.items() if len(node) == d) for d in range(calls)),
+                    engine_latency_ms=sum(
+                        max(r.latency_ms for node, r in nodes.items() if len(node) == d) for d in range(calls)
+                    ),
                     queued_ms=root.queued_ms,
                     latency_ms=latency_ms,
                     label_sequences=slot.label_sequences,
@@ -192,7 +239,11 @@ class Reader:
         at a deeper node already holds the node's tokens."""
         if not node:
             return slot.labels
-        rests = (self.template.tokenizer.decode(list(sequence[len(node) :]), skip_special_tokens=True) for sequence in slot.label_sequences if tuple(sequence[: len(node)]) == node)
+        rests = (
+            self.template.tokenizer.decode(list(sequence[len(node) :]), skip_special_tokens=True)
+            for sequence in slot.label_sequences
+            if tuple(sequence[: len(node)]) == node
+        )
         return tuple(dict.fromkeys(rests))
 
     @staticmethod
@@ -206,11 +257,16 @@ class Reader:
         if trie.depth == 1:
             return label_probabilities(nodes[()], trie.children(()), floor_offset=self.floor_offset)
         order = list(nodes)
-        reads = [label_probabilities(nodes[node], trie.children(node), floor_offset=self.floor_offset) for node in order]
+        reads = [
+            label_probabilities(nodes[node], trie.children(node), floor_offset=self.floor_offset)
+            for node in order
+        ]
         index = {node: i for i, node in enumerate(order)}
         paths = [[(index[node], child) for node, child in trie.path(k)] for k in range(len(trie.sequences))]
         normalised = all(reply.normalised_over_labels for reply in nodes.values())
-        return chain_probabilities(reads, paths, floor_offset=self.floor_offset, normalised_over_labels=normalised)
+        return chain_probabilities(
+            reads, paths, floor_offset=self.floor_offset, normalised_over_labels=normalised
+        )
 
 
 def _param(loc: tuple[str | int, ...]) -> str | None:

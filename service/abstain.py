@@ -12,7 +12,9 @@ from __future__ import annotations
 from service.confidence import choice_confidence, score_confidence
 
 
-def answer_confidence(question_type: str, probabilities: dict[str, float], *, informative: bool = True) -> float:
+def answer_confidence(
+    question_type: str, probabilities: dict[str, float], *, informative: bool = True
+) -> float:
     """The confidence an abstention threshold compares against (0 for an uninformative read).
 
     >>> answer_confidence("noul", {"true": 0.8, "false": 0.2})
@@ -24,7 +26,9 @@ def answer_confidence(question_type: str, probabilities: dict[str, float], *, in
     return score_confidence(values) if question_type == "score" else choice_confidence(values)
 
 
-def abstains(question_type: str, probabilities: dict[str, float], *, informative: bool, min_confidence: float | None) -> bool:
+def abstains(
+    question_type: str, probabilities: dict[str, float], *, informative: bool, min_confidence: float | None
+) -> bool:
     """Whether the answer abstains: no label came back, or its confidence is under ``min_confidence``."""
     if not informative:
         return True

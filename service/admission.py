@@ -108,7 +108,9 @@ def request_cost(reader: Reader, states: list[str], questions: list[QuestionSpec
     Counted with the served tokenizer, without the chat template's few fixed tokens. None when some
     state cannot fit the context whatever its tokens (the reader then refuses it with 413 without
     tokenizing, so there is nothing to admit)."""
-    template = reader.template  # its caller-text encoder: locked, and special-token text stays text as in the read
+    template = (
+        reader.template
+    )  # its caller-text encoder: locked, and special-token text stays text as in the read
     longest = template.max_token_chars
     if any(len(state) // longest >= reader.engine.info.context_length for state in states):
         return None

@@ -41,7 +41,9 @@ logger = logging.getLogger("opendecide.service")
 EngineOpener = Callable[[], Awaitable[Engine]]
 
 
-async def _open_until_ready(app: FastAPI, open_engine: EngineOpener, *, first_wait_s: float = 1.0, max_wait_s: float = 30.0) -> None:
+async def _open_until_ready(
+    app: FastAPI, open_engine: EngineOpener, *, first_wait_s: float = 1.0, max_wait_s: float = 30.0
+) -> None:
     wait = first_wait_s
     while True:
         try:
@@ -98,7 +100,11 @@ def create_app(
         # The engine opens in the background: until it answers (a vLLM server still loading, a model
         # still converting) requests get 503 with the reason, instead of the service failing to start.
         task = asyncio.create_task(_open_until_ready(app, open_engine)) if open_engine is not None else None
-        pruning = asyncio.create_task(prune_periodically(store, retention)) if store is not None and retention else None
+        pruning = (
+            asyncio.create_task(prune_periodically(store, retention))
+            if store is not None and retention
+            else None
+        )
         try:
             yield
         finally:
@@ -125,7 +131,11 @@ def create_app(
             Middleware(RequestIdMiddleware),
             Middleware(ObserveMiddleware, metrics=metrics),
             Middleware(AuthMiddleware, keys=api_keys),
-            *([Middleware(RateLimitMiddleware, requests_per_s=rate_limit[0], burst=rate_limit[1])] if rate_limit else []),
+            *(
+                [Middleware(RateLimitMiddleware, requests_per_s=rate_limit[0], burst=rate_limit[1])]
+                if rate_limit
+                else []
+            ),
             Middleware(JsonBodyMiddleware),
             Middleware(DecompressMiddleware, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s),
         ],

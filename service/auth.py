@@ -84,7 +84,9 @@ class AuthMiddleware:
     """401 unless the request carries one of ``keys``; ``keys=None`` turns auth off (the header is then
     accepted and ignored). ``open_paths`` need no key."""
 
-    def __init__(self, app: ASGIApp, *, keys: Iterable[str] | None, open_paths: Iterable[str] = OPEN_PATHS) -> None:
+    def __init__(
+        self, app: ASGIApp, *, keys: Iterable[str] | None, open_paths: Iterable[str] = OPEN_PATHS
+    ) -> None:
         self.app = app
         self.digests = None if keys is None else [digest(key) for key in keys]
         if self.digests is not None and not self.digests:
@@ -122,4 +124,11 @@ def _bearer(scope: Scope) -> str | None:
 
 
 async def _refuse(send: Send, message: str) -> None:
-    await send_error(send, 401, "authentication_error", message, param="Authorization", headers={"WWW-Authenticate": "Bearer"})
+    await send_error(
+        send,
+        401,
+        "authentication_error",
+        message,
+        param="Authorization",
+        headers={"WWW-Authenticate": "Bearer"},
+    )

@@ -13,8 +13,8 @@ import asyncio
 
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import Calibration, CalibrationKey, CalibrationStore
-from readers.errors import InvalidQuestion
 from readers.debias import read_many_rotated
+from readers.errors import InvalidQuestion
 from readers.prompt import content_text
 from readers.reader import Reader
 from service.decide import calibration_key, corrected_read
@@ -23,7 +23,12 @@ from service.protocol import CalibrationRequest
 
 
 async def fit_from_examples(
-    request: CalibrationRequest, reader: Reader, store: CalibrationStore, *, concurrency: int = 8, priors: OptionPriors | None = None
+    request: CalibrationRequest,
+    reader: Reader,
+    store: CalibrationStore,
+    *,
+    concurrency: int = 8,
+    priors: OptionPriors | None = None,
 ) -> list[Calibration]:
     """Read every example (uncalibrated; with the prior divided out where ``priors`` cover the
     question, as answers are read), group by key, fit and store each group."""
@@ -33,12 +38,19 @@ async def fit_from_examples(
     for i, example in enumerate(request.examples):
         state = example.state
         if example.gold is None and request.mode != "state_prior":
-            raise InvalidQuestion(f"a {request.mode} calibration needs the gold answers; only mode state_prior fits without", loc=("body", "examples", i, "gold"))
+            raise InvalidQuestion(
+                f"a {request.mode} calibration needs the gold answers; only mode state_prior fits without",
+                loc=("body", "examples", i, "gold"),
+            )
         for name, question in example.questions.items():
             spec = question.to_spec()
             loc = ("body", "examples", i, "gold", name)
             try:
-                gold = None if example.gold is None else gold_index(spec.question_type, spec.options, example.gold[name])
+                gold = (
+                    None
+                    if example.gold is None
+                    else gold_index(spec.question_type, spec.options, example.gold[name])
+                )
             except ValueError as error:
                 raise InvalidQuestion(str(error), loc=loc) from None
             jobs.append((question, state, gold, ("body", "examples", i, "questions", name)))
@@ -48,7 +60,12 @@ async def fit_from_examples(
         # lands on the key its answers look up, made on the reads it will be applied to.
         async with gate:
             (reading,) = await read_many_rotated(
-                reader, [question.to_spec()], content_text(state), rotations=[question.read_count()], methods=[question.debias or "rotate"], locs=[loc]
+                reader,
+                [question.to_spec()],
+                content_text(state),
+                rotations=[question.read_count()],
+                methods=[question.debias or "rotate"],
+                locs=[loc],
             )
         read = reading.label_probabilities
         prior = await served_prior(priors, reader, reading)
@@ -61,11 +78,21 @@ async def fit_from_examples(
             groups.setdefault(key, []).append(row)
     short = {key: len(rows) for key, rows in groups.items() if len(rows) < MIN_GOLD}
     if short or not groups:
-        described = ", ".join(f"{k.question_type} with {k.option_count} options: {n}" for k, n in short.items()) or "none"
+        described = (
+            ", ".join(f"{k.question_type} with {k.option_count} options: {n}" for k, n in short.items())
+            or "none"
+        )
         what = "readable decisions" if request.mode == "state_prior" else "readable labelled decisions"
-        raise InvalidQuestion(f"each question type and option count needs at least {MIN_GOLD} {what} ({described})", loc=("body", "examples"))
+        raise InvalidQuestion(
+            f"each question type and option count needs at least {MIN_GOLD} {what} ({described})",
+            loc=("body", "examples"),
+        )
     source = "states" if request.mode == "state_prior" else "labels"
     return [
-        await asyncio.to_thread(fit_and_store, store, key, rows, source=source, seed=request.seed, mode=request.mode)
-        for key, rows in sorted(groups.items(), key=lambda item: (item[0].question_type, item[0].option_count))
+        await asyncio.to_thread(
+            fit_and_store, store, key, rows, source=source, seed=request.seed, mode=request.mode
+        )
+        for key, rows in sorted(
+            groups.items(), key=lambda item: (item[0].question_type, item[0].option_count)
+        )
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,13 +22,20 @@ def quiet_loaders() -> None:
 
     hf_logging.disable_progress_bar()
 
+
 EngineOption = Annotated[str, typer.Option("--engine", help="local (embedded model, in process) or vllm")]
-EngineUrlOption = Annotated[Optional[str], typer.Option("--engine-url", help="vLLM server URL, for --engine vllm")]
+EngineUrlOption = Annotated[
+    str | None, typer.Option("--engine-url", help="vLLM server URL, for --engine vllm")
+]
 TopKOption = Annotated[
-    Optional[int], typer.Option("--top-k", help="read only the top-k log-probs (local: emulate a top-k engine; vllm: default 32)")
+    int | None,
+    typer.Option(
+        "--top-k", help="read only the top-k log-probs (local: emulate a top-k engine; vllm: default 32)"
+    ),
 ]
 ModelDirOption = Annotated[
-    Optional[Path], typer.Option("--model-dir", help="a Hugging Face model folder (default: the embedded SmolLM2)")
+    Path | None,
+    typer.Option("--model-dir", help="a Hugging Face model folder (default: the embedded SmolLM2)"),
 ]
 PriorCorrectionOption = Annotated[
     PriorCorrection,
@@ -39,9 +46,8 @@ PriorCorrectionOption = Annotated[
     ),
 ]
 TokenizerOption = Annotated[
-    Optional[str], typer.Option("--tokenizer", help="tokenizer folder or hub id of the vLLM-served model")
+    str | None, typer.Option("--tokenizer", help="tokenizer folder or hub id of the vLLM-served model")
 ]
-
 
 
 def local_batching(batch_window_ms: float, max_batch: int, prefix_cache_mib: float):
@@ -61,7 +67,7 @@ def serve(
     port: Annotated[int, typer.Option(help="port to bind")] = 8000,
     engine: EngineOption = "local",
     engine_url: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             "--engine-url",
             help="vLLM server URL, for --engine vllm; several comma-separated, or dns+http://NAME:PORT for every "
@@ -72,32 +78,69 @@ def serve(
     model_dir: ModelDirOption = None,
     tokenizer: TokenizerOption = None,
     workers: Annotated[
-        Optional[int], typer.Option(help="local engine: batch threads, the cores shared among them (default: one per core, at most 2)")
+        int | None,
+        typer.Option(
+            help="local engine: batch threads, the cores shared among them (default: one per core, at most 2)"
+        ),
     ] = None,
-    batch_window_ms: Annotated[float, typer.Option(help="local engine: how long a batch waits for more reads")] = 2.0,
+    batch_window_ms: Annotated[
+        float, typer.Option(help="local engine: how long a batch waits for more reads")
+    ] = 2.0,
     max_batch: Annotated[int, typer.Option(help="local engine: reads in one forward pass at most")] = 16,
-    prefix_cache_mib: Annotated[float, typer.Option(help="local engine: MiB of state KV kept for states seen again (0: off)")] = 256.0,
+    prefix_cache_mib: Annotated[
+        float, typer.Option(help="local engine: MiB of state KV kept for states seen again (0: off)")
+    ] = 256.0,
     store: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(
             help="calibration store: a SQLite file (default ~/.cache/opendecide/calibration.sqlite3) or a postgresql:// URL shared by replicas"
         ),
     ] = None,
-    auto_refit_every: Annotated[Optional[int], typer.Option(help="refit a calibration from feedback every N labels")] = None,
-    max_in_flight: Annotated[int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")] = 16,
-    engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
-    engine_image: Annotated[Optional[str], typer.Option(help="the engine's container image by digest (repo@sha256:…), reported in every answer")] = None,
-    service_image: Annotated[Optional[str], typer.Option(help="this service's container image by digest, reported in every answer")] = None,
-    api_key_file: Annotated[
-        Optional[Path], typer.Option(help="API keys, one per line (also $OPENDECIDE_API_KEYS, comma-separated); callers send Authorization: Bearer KEY")
+    auto_refit_every: Annotated[
+        int | None, typer.Option(help="refit a calibration from feedback every N labels")
     ] = None,
-    no_auth: Annotated[bool, typer.Option("--no-auth", help="serve without API keys on a non-loopback address (anyone who can reach it may call)")] = False,
-    rate_limit: Annotated[Optional[float], typer.Option(help="requests per second per API key (429 beyond); default: no limit")] = None,
-    rate_burst: Annotated[int, typer.Option(help="requests a key may send at once before --rate-limit applies")] = 20,
-    max_cost_in_flight: Annotated[int, typer.Option(help="prompt tokens (summed over reads) being read at once")] = 8_192,
-    max_cost_queued: Annotated[int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")] = 32_768,
-    max_request_cost: Annotated[int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")] = 65_536,
-    retention_days: Annotated[Optional[float], typer.Option(help="delete unlabelled decision records older than this (default: keep)")] = None,
+    max_in_flight: Annotated[
+        int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")
+    ] = 16,
+    engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
+    engine_image: Annotated[
+        str | None,
+        typer.Option(help="the engine's container image by digest (repo@sha256:…), reported in every answer"),
+    ] = None,
+    service_image: Annotated[
+        str | None, typer.Option(help="this service's container image by digest, reported in every answer")
+    ] = None,
+    api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="API keys, one per line (also $OPENDECIDE_API_KEYS, comma-separated); callers send Authorization: Bearer KEY"
+        ),
+    ] = None,
+    no_auth: Annotated[
+        bool,
+        typer.Option(
+            "--no-auth",
+            help="serve without API keys on a non-loopback address (anyone who can reach it may call)",
+        ),
+    ] = False,
+    rate_limit: Annotated[
+        float | None, typer.Option(help="requests per second per API key (429 beyond); default: no limit")
+    ] = None,
+    rate_burst: Annotated[
+        int, typer.Option(help="requests a key may send at once before --rate-limit applies")
+    ] = 20,
+    max_cost_in_flight: Annotated[
+        int, typer.Option(help="prompt tokens (summed over reads) being read at once")
+    ] = 8_192,
+    max_cost_queued: Annotated[
+        int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")
+    ] = 32_768,
+    max_request_cost: Annotated[
+        int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")
+    ] = 65_536,
+    retention_days: Annotated[
+        float | None, typer.Option(help="delete unlabelled decision records older than this (default: keep)")
+    ] = None,
     prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
@@ -128,12 +171,12 @@ def serve(
 @app.command()
 def ask(
     state: Annotated[str, typer.Option(help="the text (or JSON, with --json-state) to decide about")],
-    choice: Annotated[Optional[str], typer.Option(help="comma-separated options: a choice question")] = None,
+    choice: Annotated[str | None, typer.Option(help="comma-separated options: a choice question")] = None,
     noul: Annotated[bool, typer.Option("--noul", help="a yes/no question")] = False,
-    score: Annotated[Optional[str], typer.Option(help="'|'-separated levels from 0: a score question")] = None,
-    instructions: Annotated[Optional[str], typer.Option(help="the question")] = None,
+    score: Annotated[str | None, typer.Option(help="'|'-separated levels from 0: a score question")] = None,
+    instructions: Annotated[str | None, typer.Option(help="the question")] = None,
     json_state: Annotated[bool, typer.Option("--json-state", help="parse --state as JSON")] = False,
-    url: Annotated[Optional[str], typer.Option(help="ask a running server instead of an in-process one")] = None,
+    url: Annotated[str | None, typer.Option(help="ask a running server instead of an in-process one")] = None,
     engine: EngineOption = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
@@ -153,9 +196,16 @@ def ask(
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     status, reply = asyncio.run(
-        ask_once(body, url=url, engine=engine, engine_url=engine_url, top_k=top_k, model_dir=model_dir, tokenizer=tokenizer)
+        ask_once(
+            body,
+            url=url,
+            engine=engine,
+            engine_url=engine_url,
+            top_k=top_k,
+            model_dir=model_dir,
+            tokenizer=tokenizer,
+        )
     )
     typer.echo(json.dumps(reply, indent=2, ensure_ascii=False))
     if status >= 400:
         raise typer.Exit(code=1)
-

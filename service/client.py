@@ -11,7 +11,9 @@ from readers.engines import open_engine
 from service.app import create_app
 
 
-def one_question(*, choice: str | None, noul: bool, score: str | None, instructions: str | None) -> dict[str, Any]:
+def one_question(
+    *, choice: str | None, noul: bool, score: str | None, instructions: str | None
+) -> dict[str, Any]:
     """A Jev question from command-line shorthands."""
     question: dict[str, Any]
     if choice is not None:
@@ -44,8 +46,12 @@ async def ask_once(
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             response = await client.post("/v1/systemone", json=body)
             return response.status_code, response.json()
-    async with await open_engine(engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer) as served:
+    async with await open_engine(
+        engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer
+    ) as served:
         transport = httpx.ASGITransport(app=create_app(served))
-        async with httpx.AsyncClient(transport=transport, base_url="http://in-process", timeout=None) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://in-process", timeout=None
+        ) as client:
             response = await client.post("/v1/systemone", json=body)
             return response.status_code, response.json()

@@ -32,7 +32,9 @@ class JsonBodyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in BODY_METHODS:
-            content_type = next((value.decode("latin-1") for name, value in scope["headers"] if name == b"content-type"), "")
+            content_type = next(
+                (value.decode("latin-1") for name, value in scope["headers"] if name == b"content-type"), ""
+            )
             if not is_json(content_type):
                 shown = content_type[:60] or "none"
                 message = f"Content-Type {shown!r} is not accepted; send application/json (UTF-8)"

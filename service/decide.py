@@ -23,8 +23,8 @@ from service.protocol import (
     CalibrationUsed,
     ChoiceAnswer,
     NoulAnswer,
-    Provenance,
     PriorUsed,
+    Provenance,
     ReadingOut,
     ScoreAnswer,
     ScoreQuestion,
@@ -48,7 +48,9 @@ async def decide(
 
     With ``priors``, the reads of the questions their policy covers have the label-free prior
     divided out before any stored calibration applies."""
-    response, decisions = await _decide(request, reader, request_id=request_id, store=store, images=images, priors=priors)
+    response, decisions = await _decide(
+        request, reader, request_id=request_id, store=store, images=images, priors=priors
+    )
     if store is not None:
         await asyncio.to_thread(store.add_decisions, decisions)
     return response
@@ -65,7 +67,12 @@ async def decide_batch(
 ) -> BatchResponse:
     """Every state × question read concurrently; the engine's own in-flight limit bounds the load."""
     requests = request.requests()
-    outcomes = await asyncio.gather(*(_decide(one, reader, request_id=request_id, store=store, images=images, priors=priors) for one in requests))
+    outcomes = await asyncio.gather(
+        *(
+            _decide(one, reader, request_id=request_id, store=store, images=images, priors=priors)
+            for one in requests
+        )
+    )
     if store is not None:
         await asyncio.to_thread(store.add_decisions, [d for _, decisions in outcomes for d in decisions])
     responses = [response for response, _ in outcomes]
@@ -81,7 +88,12 @@ async def decide_batch(
 
 
 async def _decide(
-    request: SystemOneRequest, reader: Reader, *, request_id: str, store: CalibrationStore | None, images: ServedImages,
+    request: SystemOneRequest,
+    reader: Reader,
+    *,
+    request_id: str,
+    store: CalibrationStore | None,
+    images: ServedImages,
     priors: OptionPriors | None = None,
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
@@ -115,7 +127,9 @@ async def _decide(
                 domain=key.domain,
                 options=list(reading.question.options),
                 # What the key's fits are made on and applied to: the read, prior-corrected under a +prior key.
-                raw_probabilities=[float(p) for p in corrected_read(reading.label_probabilities.probabilities, prior)],
+                raw_probabilities=[
+                    float(p) for p in corrected_read(reading.label_probabilities.probabilities, prior)
+                ],
                 informative=reading.label_probabilities.informative,
                 prompt_version=key.prompt_version,
             )
@@ -139,11 +153,20 @@ async def _decide(
     return response, decisions
 
 
-def calibration_key(info: ModelInfo, reading: Reading, domain: str | None, *, corrected: bool = False) -> CalibrationKey:
+def calibration_key(
+    info: ModelInfo, reading: Reading, domain: str | None, *, corrected: bool = False
+) -> CalibrationKey:
     """The reading's calibration key: the prompt version this service reads with, marked where the
     prior was divided out of the read (``corrected``), so fits are applied to reads made as theirs were."""
     question = reading.question
-    return CalibrationKey(info.name, info.revision, question.question_type, len(question.options), domain, prompt_version=read_version(PROMPT_VERSION, corrected))
+    return CalibrationKey(
+        info.name,
+        info.revision,
+        question.question_type,
+        len(question.options),
+        domain,
+        prompt_version=read_version(PROMPT_VERSION, corrected),
+    )
 
 
 def calibration_used(reading: Reading, calibration: Calibration | None) -> CalibrationUsed | None:
@@ -202,7 +225,13 @@ def build_reading(
         probability_bounds=dict(zip(options, read.bounds)),
         raw_probabilities=raw,
         top_probability=max((probabilities or raw).values()),
-        prior_correction=PriorUsed(prior=dict(zip(options, prior.prior)), content_free_states=list(prior.states), prompt_version=prior.prompt_version) if prior else None,
+        prior_correction=PriorUsed(
+            prior=dict(zip(options, prior.prior)),
+            content_free_states=list(prior.states),
+            prompt_version=prior.prompt_version,
+        )
+        if prior
+        else None,
         calibration=calibration_used(reading, calibration),
         prompt_tokens=reading.prompt_tokens,
         engine_latency_ms=round(reading.engine_latency_ms, 3),
@@ -215,7 +244,9 @@ def build_reading(
     )
 
 
-def build_answer(question, reading: Reading, calibration: Calibration | None = None, prior: OptionPrior | None = None) -> Answer:
+def build_answer(
+    question, reading: Reading, calibration: Calibration | None = None, prior: OptionPrior | None = None
+) -> Answer:
     """Jev's answer fields from a reading: the prior divided out where one applies, then the stored
     calibration where one applies.
 
@@ -232,7 +263,12 @@ def build_answer(question, reading: Reading, calibration: Calibration | None = N
     options = reading.question.options
     calibrated = calibrated_probabilities(reading.label_probabilities.probabilities, calibration, prior)
     probabilities = dict(zip(options, (float(p) for p in calibrated)))
-    abstained = abstains(reading.question.question_type, probabilities, informative=informative, min_confidence=question.min_confidence)
+    abstained = abstains(
+        reading.question.question_type,
+        probabilities,
+        informative=informative,
+        min_confidence=question.min_confidence,
+    )
     extension = build_reading(reading, calibration, probabilities, prior, abstained=abstained)
     if reading.question.question_type == "noul":
         return NoulAnswer(noul=probabilities["true"], reading=extension)
@@ -240,7 +276,9 @@ def build_answer(question, reading: Reading, calibration: Calibration | None = N
     if reading.question.question_type == "choice":
         best = max(probabilities, key=probabilities.__getitem__)
         confidence = choice_confidence(values) if informative else 0.0
-        return ChoiceAnswer(choice=best, confidence=confidence, probabilities=probabilities, reading=extension)
+        return ChoiceAnswer(
+            choice=best, confidence=confidence, probabilities=probabilities, reading=extension
+        )
     assert isinstance(question, ScoreQuestion)
     return ScoreAnswer(
         score=sum(int(level) * p for level, p in probabilities.items()),

@@ -37,7 +37,13 @@ class ClientGone(Exception):
 
 
 class DecompressMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+    ) -> None:
         if max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
         if not body_timeout_s > 0:
@@ -51,7 +57,9 @@ class DecompressMiddleware:
             await self.app(scope, receive, send)
             return
         headers = [(name, value) for name, value in scope["headers"]]
-        encodings = [value.decode("latin-1").strip().lower() for name, value in headers if name == b"content-encoding"]
+        encodings = [
+            value.decode("latin-1").strip().lower() for name, value in headers if name == b"content-encoding"
+        ]
         encoding = ",".join(encodings) or "identity"
         if encoding not in ("identity", "zstd", "gzip"):
             message = f"unsupported Content-Encoding {encoding[:40]!r}; use zstd, gzip or none"
@@ -73,10 +81,18 @@ class DecompressMiddleware:
             await send_error(send, 413, "body_too_large", message, param="body", limit=self.max_body_bytes)
             return
         except (zstandard.ZstdError, OSError, EOFError, zlib.error) as error:
-            await send_error(send, 400, "bad_encoding", f"request body is not valid {encoding}: {error}", param="Content-Encoding")
+            await send_error(
+                send,
+                400,
+                "bad_encoding",
+                f"request body is not valid {encoding}: {error}",
+                param="Content-Encoding",
+            )
             return
 
-        kept = [(name, value) for name, value in headers if name not in (b"content-encoding", b"content-length")]
+        kept = [
+            (name, value) for name, value in headers if name not in (b"content-encoding", b"content-length")
+        ]
         scope = dict(scope, headers=[*kept, (b"content-length", str(len(body)).encode())])
         sent = False
 

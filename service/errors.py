@@ -99,7 +99,11 @@ def error_response(error: DecideError) -> JSONResponse:
     fields: dict[str, Any] = {"param": error.param}
     headers = {}
     if isinstance(error, PromptTooLong):
-        fields |= {"prompt_tokens": error.prompt_tokens, "context_length": error.context_length, "prompt_tokens_exact": error.exact_count}
+        fields |= {
+            "prompt_tokens": error.prompt_tokens,
+            "context_length": error.context_length,
+            "prompt_tokens_exact": error.exact_count,
+        }
     if isinstance(error, (EngineUnavailable, Overloaded)):
         headers["Retry-After"] = str(error.retry_after_s)
     body = error_body(error.status_code, error.error_type, error.message, **fields)
@@ -112,15 +116,23 @@ def internal_error_response(error: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=500)
 
 
-async def send_error(send, status: int, error_type: str, message: str, *, headers: dict[str, str] | None = None, **fields: Any) -> None:
+async def send_error(
+    send, status: int, error_type: str, message: str, *, headers: dict[str, str] | None = None, **fields: Any
+) -> None:
     """Answer an ASGI request with the error body, from a middleware (before any route runs)."""
     body = json.dumps(error_body(status, error_type, message, **fields), allow_nan=False).encode()
-    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    extra = [
+        (name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()
+    ]
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *extra,
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})

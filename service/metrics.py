@@ -11,45 +11,108 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 from readers.engines.routed import RoutedEngine
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0)
 MASS_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
-ENGINE_ERROR_KINDS = {"engine_unavailable": "unreachable", "engine_timeout": "timeout", "engine_bad_reply": "malformed"}
+ENGINE_ERROR_KINDS = {
+    "engine_unavailable": "unreachable",
+    "engine_timeout": "timeout",
+    "engine_bad_reply": "malformed",
+}
 
 
 class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("decide_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
-        self.questions = Counter("decide_questions", "Questions answered", ["model", "type", "read_mode"], registry=r)
-        self.request_seconds = Histogram("decide_request_duration_seconds", "End-to-end request latency", ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.engine_seconds = Histogram("decide_engine_duration_seconds", "Engine call latency per question", buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_seconds = Histogram("decide_engine_queue_seconds", "Time a read waited for an engine slot", buckets=LATENCY_BUCKETS, registry=r)
-        self.labels_missing = Counter("decide_labels_missing", "Labels filled by the floor (missing from the top-k)", registry=r)
-        self.label_mass = Histogram("decide_label_mass", "Vocabulary probability on the returned labels", buckets=MASS_BUCKETS, registry=r)
-        self.answers = Counter("decide_answers", "Answers, by whether a stored calibration applied", ["calibrated"], registry=r)
-        self.prior_corrected = Counter("decide_prior_corrected_answers", "Answers whose read had the label-free option prior divided out", registry=r)
+        self.requests = Counter(
+            "decide_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.questions = Counter(
+            "decide_questions", "Questions answered", ["model", "type", "read_mode"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "decide_request_duration_seconds",
+            "End-to-end request latency",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.engine_seconds = Histogram(
+            "decide_engine_duration_seconds",
+            "Engine call latency per question",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "decide_engine_queue_seconds",
+            "Time a read waited for an engine slot",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.labels_missing = Counter(
+            "decide_labels_missing", "Labels filled by the floor (missing from the top-k)", registry=r
+        )
+        self.label_mass = Histogram(
+            "decide_label_mass",
+            "Vocabulary probability on the returned labels",
+            buckets=MASS_BUCKETS,
+            registry=r,
+        )
+        self.answers = Counter(
+            "decide_answers", "Answers, by whether a stored calibration applied", ["calibrated"], registry=r
+        )
+        self.prior_corrected = Counter(
+            "decide_prior_corrected_answers",
+            "Answers whose read had the label-free option prior divided out",
+            registry=r,
+        )
         self.abstentions = Counter("decide_abstentions", "Reads where no label came back", registry=r)
         self.low_confidence = Counter(
-            "decide_low_confidence_abstentions", "Answers marked abstained: confidence below the question's x_min_confidence", registry=r
+            "decide_low_confidence_abstentions",
+            "Answers marked abstained: confidence below the question's x_min_confidence",
+            registry=r,
         )
         self.engine_errors = Counter("decide_engine_errors", "Engine failures by kind", ["kind"], registry=r)
-        self.in_flight = Gauge("decide_in_flight_requests", "Requests being served", registry=r, multiprocess_mode="livesum")
+        self.in_flight = Gauge(
+            "decide_in_flight_requests", "Requests being served", registry=r, multiprocess_mode="livesum"
+        )
         self.engine_info = Gauge(
             "decide_engine_info", "The engine serving decisions (value 1)", ["model", "revision", "engine", "read_mode", "max_logprobs"],
             registry=r, multiprocess_mode="max",
         )  # fmt: skip
 
         # Per engine behind a routed engine (readers/engines/routed.py), labelled by its host:port.
-        self.route_in_flight = Gauge("decide_route_in_flight_reads", "Reads in flight per routed engine", ["engine"], registry=r, multiprocess_mode="livesum")
-        self.route_reads = Counter("decide_route_reads", "Reads sent per routed engine", ["engine"], registry=r)
-        self.route_errors = Counter("decide_route_errors", "Failed reads per routed engine, by kind", ["engine", "kind"], registry=r)
-        self.route_ejections = Counter("decide_route_ejections", "Times a routed engine was ejected after a failure", ["engine"], registry=r)
+        self.route_in_flight = Gauge(
+            "decide_route_in_flight_reads",
+            "Reads in flight per routed engine",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.route_reads = Counter(
+            "decide_route_reads", "Reads sent per routed engine", ["engine"], registry=r
+        )
+        self.route_errors = Counter(
+            "decide_route_errors", "Failed reads per routed engine, by kind", ["engine", "kind"], registry=r
+        )
+        self.route_ejections = Counter(
+            "decide_route_ejections",
+            "Times a routed engine was ejected after a failure",
+            ["engine"],
+            registry=r,
+        )
 
         # Known label sets start at zero, so rates and ratios exist before the first event.
         for kind in ENGINE_ERROR_KINDS.values():
@@ -59,7 +122,11 @@ class ServiceMetrics:
 
     def set_engine(self, engine) -> None:
         self.engine_info.labels(
-            engine.info.name, engine.info.revision, engine.kind, engine.capabilities.read_mode.value, str(engine.capabilities.max_logprobs)
+            engine.info.name,
+            engine.info.revision,
+            engine.kind,
+            engine.capabilities.read_mode.value,
+            str(engine.capabilities.max_logprobs),
         ).set(1)
         if isinstance(engine, RoutedEngine):
             engine.observers.append(self)

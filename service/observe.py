@@ -80,5 +80,13 @@ class ObserveMiddleware:
 
 
 KNOWN_ROUTES = frozenset(
-    {"/v1/systemone", "/decide", "/decide/batch", "/v1/models", "/v1/calibrations", "/v1/calibrations/refit", "/v1/feedback"}
+    {
+        "/v1/systemone",
+        "/decide",
+        "/decide/batch",
+        "/v1/models",
+        "/v1/calibrations",
+        "/v1/calibrations/refit",
+        "/v1/feedback",
+    }
 )

@@ -47,7 +47,11 @@ def body_schema(model: type[BaseModel]) -> dict[str, Any]:
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses`` of a route: these statuses with their bodies."""
     return {
-        code: {"model": ValidationErrorResponse if code == 422 else ErrorResponse, "description": DESCRIPTIONS[code]} for code in codes
+        code: {
+            "model": ValidationErrorResponse if code == 422 else ErrorResponse,
+            "description": DESCRIPTIONS[code],
+        }
+        for code in codes
     }
 
 
@@ -55,8 +59,16 @@ def complete_openapi(app: FastAPI) -> dict[str, Any]:
     """``app.openapi`` with the request models' schemas added to components (computed once)."""
     if app.openapi_schema is not None:
         return app.openapi_schema
-    document = get_openapi(title=app.title, version=app.version, summary=app.summary, description=app.description, routes=app.routes)
-    used = {name: model for name, model in REQUEST_MODELS.items() if _mentions(document, REF.format(model=name))}
+    document = get_openapi(
+        title=app.title,
+        version=app.version,
+        summary=app.summary,
+        description=app.description,
+        routes=app.routes,
+    )
+    used = {
+        name: model for name, model in REQUEST_MODELS.items() if _mentions(document, REF.format(model=name))
+    }
     _, definitions = models_json_schema([(model, "validation") for model in used.values()], ref_template=REF)
     components = document.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in definitions.get("$defs", {}).items():
@@ -70,7 +82,12 @@ def complete_openapi(app: FastAPI) -> dict[str, Any]:
 def _mentions(document: dict[str, Any], ref: str) -> bool:
     for item in document.get("paths", {}).values():
         for operation in item.values():
-            schema = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            schema = (
+                operation.get("requestBody", {})
+                .get("content", {})
+                .get("application/json", {})
+                .get("schema", {})
+            )
             if schema.get("$ref") == ref:
                 return True
     return False

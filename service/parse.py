@@ -45,11 +45,15 @@ def _check_values(payload: Any) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise validation_error(loc, "NaN and Infinity are not valid JSON numbers here", "finite_number")
         if isinstance(value, str) and _LONE_SURROGATE.search(value):
-            raise validation_error(loc, "text holds a lone UTF-16 surrogate (not valid Unicode)", "unicode_invalid")
+            raise validation_error(
+                loc, "text holds a lone UTF-16 surrogate (not valid Unicode)", "unicode_invalid"
+            )
         if isinstance(value, dict):
             for key, item in value.items():
                 if _LONE_SURROGATE.search(key):
-                    raise validation_error(loc, "a key holds a lone UTF-16 surrogate (not valid Unicode)", "unicode_invalid")
+                    raise validation_error(
+                        loc, "a key holds a lone UTF-16 surrogate (not valid Unicode)", "unicode_invalid"
+                    )
                 stack.append(((*loc, key), item))
         elif isinstance(value, list):
             stack.extend(((*loc, index), item) for index, item in enumerate(value))
@@ -70,7 +74,9 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
         return model.model_validate(payload)
     except ValidationError as error:
         # Jev keeps the question type in the path, as pydantic does: body.questions.q.score.criteria.
-        raise RequestValidationError([{**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)]) from None
+        raise RequestValidationError(
+            [{**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)]
+        ) from None
 
 
 async def parse_for_model(request: Request, model: type[ModelT]) -> tuple[Reader, ModelT]:
@@ -80,5 +86,7 @@ async def parse_for_model(request: Request, model: type[ModelT]) -> tuple[Reader
     served = reader.engine.info.name
     asked = getattr(body, "model", None)
     if asked not in (None, served, *JEV_ALIASES):
-        raise validation_error(("body", "model"), f"unknown model {asked!r}; this server serves {served!r}", "unknown_model")
+        raise validation_error(
+            ("body", "model"), f"unknown model {asked!r}; this server serves {served!r}", "unknown_model"
+        )
     return reader, body

@@ -79,7 +79,9 @@ class OptionPrior:
     prompt_version: str
 
 
-async def measure_prior(reader: Reader, question: QuestionSpec, states: tuple[str, ...] | None = None) -> OptionPrior | None:
+async def measure_prior(
+    reader: Reader, question: QuestionSpec, states: tuple[str, ...] | None = None
+) -> OptionPrior | None:
     """Read ``question`` on each content-free state (default ``CONTENT_FREE_STATES``), at once; the
     prior is the mean of the reads that returned every label. None when none did: there is nothing
     sound to divide out."""
@@ -89,14 +91,20 @@ async def measure_prior(reader: Reader, question: QuestionSpec, states: tuple[st
     states = CONTENT_FREE_STATES if states is None else states
     readings = await asyncio.gather(*(reader.read(question, state) for state in states))
     # Every label returned: a floored label's value is that read's floor, not the model's prior.
-    used = [(state, r.label_probabilities.probabilities) for state, r in zip(states, readings) if r.label_probabilities.exact]
+    used = [
+        (state, r.label_probabilities.probabilities)
+        for state, r in zip(states, readings)
+        if r.label_probabilities.exact
+    ]
     if not used:
         return None
     try:
         prior = option_prior([probabilities for _, probabilities in used])
     except ValueError:  # an option's probability underflowed to 0 on every state: nothing finite to divide by
         return None
-    return OptionPrior(tuple(float(q) for q in prior), tuple(state for state, _ in used), reader.layout.version)
+    return OptionPrior(
+        tuple(float(q) for q in prior), tuple(state for state, _ in used), reader.layout.version
+    )
 
 
 async def served_prior(priors: OptionPriors | None, reader: Reader, reading: Reading) -> OptionPrior | None:
@@ -120,10 +128,16 @@ class OptionPriors:
     """
 
     def __init__(
-        self, policy: PriorCorrection = DEFAULT_PRIOR_CORRECTION, states: tuple[str, ...] | None = None, *, limit: int = MAX_PRIORS
+        self,
+        policy: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
+        states: tuple[str, ...] | None = None,
+        *,
+        limit: int = MAX_PRIORS,
     ) -> None:
         if policy is PriorCorrection.OFF:
-            raise ValueError("a prior cache for policy 'off' would never be used: pass no OptionPriors instead")
+            raise ValueError(
+                "a prior cache for policy 'off' would never be used: pass no OptionPriors instead"
+            )
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.policy = policy
@@ -145,7 +159,9 @@ class OptionPriors:
         info = reader.engine.info
         key = (info.name, info.revision, reader.layout.version, reader.label_styles, question)
         task = self._measured.get(key)
-        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):  # a failed measurement is retried
+        if task is None or (
+            task.done() and (task.cancelled() or task.exception() is not None)
+        ):  # a failed measurement is retried
             task = self._measured[key] = asyncio.ensure_future(measure_prior(reader, question, self.states))
             while len(self._measured) > self.limit:
                 self._measured.popitem(last=False)  # a dropped one still running finishes for its callers

@@ -17,14 +17,27 @@ from collections.abc import Callable, Iterable
 from service.decompress import ASGIApp, Receive, Scope, Send
 from service.errors import retry_after_s, send_error
 
-LIMITED_PATHS = frozenset({"/v1/systemone", "/decide", "/decide/batch", "/v1/calibrations", "/v1/feedback", "/v1/calibrations/refit"})
-MAX_CALLERS = 100_000  # buckets kept; the least recently seen caller's bucket goes first (it would be full again)
+LIMITED_PATHS = frozenset(
+    {
+        "/v1/systemone",
+        "/decide",
+        "/decide/batch",
+        "/v1/calibrations",
+        "/v1/feedback",
+        "/v1/calibrations/refit",
+    }
+)
+MAX_CALLERS = (
+    100_000  # buckets kept; the least recently seen caller's bucket goes first (it would be full again)
+)
 
 
 class TokenBuckets:
     """Buckets by caller; ``take(caller)`` → 0 when a token was taken, else seconds until one is free."""
 
-    def __init__(self, requests_per_s: float, burst: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, requests_per_s: float, burst: int, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if not (requests_per_s > 0 and math.isfinite(requests_per_s)):
             raise ValueError("requests_per_s must be a positive number")
         if burst < 1:
@@ -50,7 +63,9 @@ class TokenBuckets:
 
 
 class RateLimitMiddleware:
-    def __init__(self, app: ASGIApp, *, requests_per_s: float, burst: int, paths: Iterable[str] = LIMITED_PATHS) -> None:
+    def __init__(
+        self, app: ASGIApp, *, requests_per_s: float, burst: int, paths: Iterable[str] = LIMITED_PATHS
+    ) -> None:
         self.app = app
         self.buckets = TokenBuckets(requests_per_s, burst)
         self.paths = frozenset(paths)
@@ -62,6 +77,8 @@ class RateLimitMiddleware:
             wait = self.buckets.take(caller)
             if wait > 0:
                 message = f"rate limit of {self.buckets.rate:g} requests/s (burst {self.buckets.burst}) exceeded; retry in {wait:.1f} s"
-                await send_error(send, 429, "rate_limit_error", message, headers={"Retry-After": str(retry_after_s(wait))})
+                await send_error(
+                    send, 429, "rate_limit_error", message, headers={"Retry-After": str(retry_after_s(wait))}
+                )
                 return
         await self.app(scope, receive, send)

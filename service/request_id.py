@@ -38,7 +38,11 @@ class RequestIdMiddleware:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = dict(message)
-                message["headers"] = [*message.get("headers", []), (HEADER.encode(), encoded), (SDK_HEADER.encode(), encoded)]
+                message["headers"] = [
+                    *message.get("headers", []),
+                    (HEADER.encode(), encoded),
+                    (SDK_HEADER.encode(), encoded),
+                ]
             await send(message)
 
         await self.app(scope, receive, send_with_id)

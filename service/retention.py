@@ -18,13 +18,19 @@ logger = logging.getLogger("opendecide.service")
 PRUNE_EVERY_S = 3600.0
 
 
-async def prune_periodically(store: CalibrationStore, retention: dt.timedelta, *, every_s: float = PRUNE_EVERY_S) -> None:
+async def prune_periodically(
+    store: CalibrationStore, retention: dt.timedelta, *, every_s: float = PRUNE_EVERY_S
+) -> None:
     """Prune at once, then every ``every_s``, until cancelled."""
     if retention <= dt.timedelta(0):
         raise ValueError("retention must be positive")
     while True:
-        cutoff = dt.datetime.now(dt.timezone.utc) - retention
+        cutoff = dt.datetime.now(dt.UTC) - retention
         pruned = await asyncio.to_thread(store.prune_decisions, cutoff)
         if pruned:
-            logger.info("retention: deleted %d unlabelled decision records older than %s", pruned, cutoff.isoformat(timespec="seconds"))
+            logger.info(
+                "retention: deleted %d unlabelled decision records older than %s",
+                pruned,
+                cutoff.isoformat(timespec="seconds"),
+            )
         await asyncio.sleep(every_s)

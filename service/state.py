@@ -1,11 +1,11 @@
 """What an app holds for its routes (``app.state``), and the accessors that read it.
 
-    reader        the Reader over the engine, set once the engine is open (None until then)
-    engine_error  why the engine is not open yet, for the 503's message
-    store         the calibration store, or None (no calibration routes, nothing recorded)
-    metrics       the app's ServiceMetrics
-    images        the serving images (engine, service), reported in every answer's provenance
-    priors        the label-free option priors (service.prior.OptionPriors), or None (no prior correction)
+reader        the Reader over the engine, set once the engine is open (None until then)
+engine_error  why the engine is not open yet, for the 503's message
+store         the calibration store, or None (no calibration routes, nothing recorded)
+metrics       the app's ServiceMetrics
+images        the serving images (engine, service), reported in every answer's provenance
+priors        the label-free option priors (service.prior.OptionPriors), or None (no prior correction)
 """
 
 from __future__ import annotations

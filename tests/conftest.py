@@ -18,7 +18,6 @@ from readers.engines.base import Engine
 from readers.engines.local import LocalEngine
 from service.app import create_app
 
-
 INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
 
@@ -59,7 +58,9 @@ def client_factory() -> Callable[..., AsyncIterator[httpx.AsyncClient]]:
     @asynccontextmanager
     async def factory(engine: Engine, **options) -> AsyncIterator[httpx.AsyncClient]:
         transport = httpx.ASGITransport(app=create_app(engine, **options))
-        async with httpx.AsyncClient(transport=transport, base_url="http://decide.test", timeout=120) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://decide.test", timeout=120
+        ) as client:
             yield client
 
     return factory

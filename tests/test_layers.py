@@ -1,10 +1,10 @@
 """Layers import in one direction only: a walk over every import statement (ast, not grep).
 
-    readers/  calibration/  patches/    nothing else of the project
-    service/                            readers, calibration
-    eval/                               service and below
-    deploy/                             everything below
-    opendecide/                         the ``decide`` entry point: everything
+readers/  calibration/  patches/    nothing else of the project
+service/                            readers, calibration
+eval/                               service and below
+deploy/                             everything below
+opendecide/                         the ``decide`` entry point: everything
 """
 
 from __future__ import annotations
@@ -52,7 +52,12 @@ def test_no_layer_imports_upward():
 
 def test_a_planted_upward_import_is_named_with_file_and_line(tmp_path):
     (tmp_path / "readers").mkdir()
-    (tmp_path / "readers" / "reader.py").write_text("import json\n\n\ndef f():\n    from service.app import create_app\n")
+    (tmp_path / "readers" / "reader.py").write_text(
+        "import json\n\n\ndef f():\n    from service.app import create_app\n"
+    )
     (tmp_path / "service").mkdir()
     (tmp_path / "service" / "app.py").write_text("from readers.reader import Reader\nimport eval.runner\n")
-    assert upward_imports(tmp_path) == ["readers/reader.py:5: readers imports service", "service/app.py:2: service imports eval"]
+    assert upward_imports(tmp_path) == [
+        "readers/reader.py:5: readers imports service",
+        "service/app.py:2: service imports eval",
+    ]

@@ -57,7 +57,9 @@ def third_party_imports(folders: list[str]) -> dict[str, set[str]]:
     local: set[str] = set()
     for folder, subfolders, files in os.walk(ROOT):
         subfolders[:] = [name for name in subfolders if name not in NOT_COPIED]  # never walk the venv
-        local |= set(Path(folder).relative_to(ROOT).parts) | {name[:-3] for name in files if name.endswith(".py")}
+        local |= set(Path(folder).relative_to(ROOT).parts) | {
+            name[:-3] for name in files if name.endswith(".py")
+        }
     found: dict[str, set[str]] = {}
     for folder in folders:
         for path in (ROOT / folder).rglob("*.py"):
@@ -106,11 +108,26 @@ def wheel(tmp_path_factory) -> Path:
         ROOT,
         source,
         ignore=lambda folder, names: [
-            n for n in names if n == "__pycache__" or n.endswith(".egg-info") or (folder == str(ROOT) and n in NOT_COPIED)
+            n
+            for n in names
+            if n == "__pycache__" or n.endswith(".egg-info") or (folder == str(ROOT) and n in NOT_COPIED)
         ],
     )
     # No build isolation: the backend (setuptools, in the test extra) comes from this venv, not from PyPI.
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(tmp / "dist"), str(source)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(tmp / "dist"),
+            str(source),
+        ]
+    )
     (built,) = (tmp / "dist").glob("opendecide-*.whl")
     return built
 
@@ -122,7 +139,20 @@ def venv(wheel, tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     # Installed before the .pth line exists: with this venv's packages visible, pip would see the
     # editable opendecide here and replace it.
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps", "--no-index", str(wheel)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ]
+    )
     site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).strip())
     # A path line in a .pth only appends to sys.path; the .pth files over there (the editable install's
     # hook among them) are not run, so opendecide resolves to the wheel's copy.
@@ -132,7 +162,11 @@ def venv(wheel, tmp_path_factory) -> Path:
 
 
 def clean_env() -> dict[str, str]:
-    return {key: value for key, value in os.environ.items() if key not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}}
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}
+    }
 
 
 @pytest.mark.integration
@@ -140,7 +174,11 @@ def test_the_wheel_lists_every_data_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = data_files()
     # The files named when they were missing: the price rows and the reference study's figures.
-    assert {"eval/data/prices.toml", "eval/data/reference/v6e-throughput.toml", "eval/data/reference/published_jev_nimble.json"} <= set(expected)
+    assert {
+        "eval/data/prices.toml",
+        "eval/data/reference/v6e-throughput.toml",
+        "eval/data/reference/published_jev_nimble.json",
+    } <= set(expected)
     assert [name for name in expected if name not in names] == []
 
 
@@ -168,8 +206,12 @@ def test_decide_cost_prints_the_shipped_price_rows(venv, tmp_path):
     v6e = [row for row in prices["price"] if row["chip"] == "v6e"]
     assert v6e, "eval/data/prices.toml has no v6e rows"
     # --quoted reads eval/data/reference/v6e-throughput.toml; every price row comes from eval/data/prices.toml.
-    output = run([str(venv / "bin" / "decide"), "cost", "--chip", "v6e", "--quoted"], cwd=tmp_path, env=clean_env())
+    output = run(
+        [str(venv / "bin" / "decide"), "cost", "--chip", "v6e", "--quoted"], cwd=tmp_path, env=clean_env()
+    )
     rows = [line.split(" | ") for line in output.splitlines() if "(quoted) | tpu-v6e" in line]
     printed = {row[1]: float(row[2]) for row in rows}
-    assert printed == {row["name"]: pytest.approx(row["usd_per_hour"], abs=5e-5) for row in v6e}  # $/h to 4 places
+    assert printed == {
+        row["name"]: pytest.approx(row["usd_per_hour"], abs=5e-5) for row in v6e
+    }  # $/h to 4 places
     assert any(line.startswith("| Jev at ") for line in output.splitlines())

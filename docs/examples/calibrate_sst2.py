@@ -18,17 +18,30 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from eval.tasks import TASKS, load_sample, spread  # noqa: E402
+from eval.tasks import TASKS, load_sample, spread
 
-QUESTION = {"type": "choice", "instructions": "What is the sentiment of this movie review?", "criteria": dict.fromkeys(TASKS["sst2"].options)}
+QUESTION = {
+    "type": "choice",
+    "instructions": "What is the sentiment of this movie review?",
+    "criteria": dict.fromkeys(TASKS["sst2"].options),
+}
 
 
 def main(url: str) -> None:
-    examples = [{"state": r.text, "questions": {"sentiment": QUESTION}, "gold": {"sentiment": r.gold}} for r in spread(load_sample("sst2"), 60)]
+    examples = [
+        {"state": r.text, "questions": {"sentiment": QUESTION}, "gold": {"sentiment": r.gold}}
+        for r in spread(load_sample("sst2"), 60)
+    ]
     with httpx.Client(base_url=url, timeout=300) as client:
-        fitted = client.post("/v1/calibrations", json={"domain": "movie-reviews", "examples": examples}).json()
+        fitted = client.post(
+            "/v1/calibrations", json={"domain": "movie-reviews", "examples": examples}
+        ).json()
         print(json.dumps(fitted, indent=2))
-        body = {"domain": "movie-reviews", "state": "A tender, funny film that I would happily watch again.", "questions": {"sentiment": QUESTION}}
+        body = {
+            "domain": "movie-reviews",
+            "state": "A tender, funny film that I would happily watch again.",
+            "questions": {"sentiment": QUESTION},
+        }
         answer = client.post("/v1/systemone", json=body).json()["answers"]["sentiment"]
         print(json.dumps(answer, indent=2))
         feedback = {"decision_id": answer["x_reading"]["decision_id"], "gold": "positive"}

@@ -38,14 +38,23 @@ class _LazyTextConfigDefault(ast.NodeTransformer):
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
-        if not (isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                and len(node.args) == 3 and not node.keywords):
+        if not (
+            isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) == 3
+            and not node.keywords
+        ):
             return node
         obj, name, default = node.args
-        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)
-                and isinstance(default, ast.Attribute) and default.attr == name.value
-                and isinstance(default.value, ast.Attribute) and default.value.attr == "text_config"
-                and ast.dump(default.value.value) == ast.dump(obj)):
+        if not (
+            isinstance(name, ast.Constant)
+            and isinstance(name.value, str)
+            and isinstance(default, ast.Attribute)
+            and default.attr == name.value
+            and isinstance(default.value, ast.Attribute)
+            and default.value.attr == "text_config"
+            and ast.dump(default.value.value) == ast.dump(obj)
+        ):
             return node
         self.lines.append(node.lineno)
         lazy = ast.IfExp(
@@ -77,11 +86,13 @@ def apply(module: ModuleType) -> Result:
     rewrite = _LazyTextConfigDefault()
     tree = rewrite.visit(tree)
     if not rewrite.lines:
-        return Result(Outcome.ALREADY_FIXED, f"{CLASS}.__init__ has no eager text_config default; delete {__name__}")
+        return Result(
+            Outcome.ALREADY_FIXED, f"{CLASS}.__init__ has no eager text_config default; delete {__name__}"
+        )
     ast.fix_missing_locations(tree)
     ast.increment_lineno(tree, first_line - 1)
     namespace: dict = {}
-    exec(compile(tree, filename or "<unknown>", "exec"), module.__dict__, namespace)  # noqa: S102 (upstream's own code)
+    exec(compile(tree, filename or "<unknown>", "exec"), module.__dict__, namespace)
     fixed = namespace[func.name]
     fixed.__qualname__ = init.__qualname__
     fixed.__doc__ = init.__doc__
@@ -90,4 +101,6 @@ def apply(module: ModuleType) -> Result:
     setattr(fixed, _MARK, True)
     cls.__init__ = fixed
     where = ", ".join(f"{filename}:{line + first_line - 1}" for line in rewrite.lines)
-    return Result(Outcome.PATCHED, f"{CLASS}.__init__ reads text_config only when the attribute is missing ({where})")
+    return Result(
+        Outcome.PATCHED, f"{CLASS}.__init__ reads text_config only when the attribute is missing ({where})"
+    )

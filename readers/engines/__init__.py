@@ -1,18 +1,26 @@
 """Engines behind the reader: ``local`` (in-process model) and ``vllm`` (HTTP).
 
-    open_engine("local")                      the embedded SmolLM2, prepared on first use
-    open_engine("vllm", url="http://…:8000")  any vLLM server; read mode chosen by a start-up probe
-    open_engine("vllm", url="http://a:8000,http://b:8000")
-                                              several servers of one model, reads routed by prefix
-    open_engine("vllm", url="dns+http://vllm-engine-headless:8000")
-                                              every address of a name, re-resolved (readers/engines/routed.py)
+open_engine("local")                      the embedded SmolLM2, prepared on first use
+open_engine("vllm", url="http://…:8000")  any vLLM server; read mode chosen by a start-up probe
+open_engine("vllm", url="http://a:8000,http://b:8000")
+                                          several servers of one model, reads routed by prefix
+open_engine("vllm", url="dns+http://vllm-engine-headless:8000")
+                                          every address of a name, re-resolved (readers/engines/routed.py)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from readers.engines.base import Capabilities, Engine, EngineReply, LocalBatching, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import (
+    Capabilities,
+    Engine,
+    EngineReply,
+    LocalBatching,
+    ModelInfo,
+    ReadMode,
+    ReadRequest,
+)
 
 ENGINE_KINDS = ("local", "vllm")
 DEFAULT_VLLM_TOP_K = 32
@@ -46,7 +54,11 @@ async def open_engine(
         if read_mode not in (None, ReadMode.EXACT if top_k is None else ReadMode.TOPK):
             raise ValueError("the local engine reads exact, or top-k with --top-k")
         return LocalEngine(
-            model_dir or prepare_embedded_model(), top_k=top_k, workers=workers, share_prefix=share_prefix, batching=batching or LocalBatching()
+            model_dir or prepare_embedded_model(),
+            top_k=top_k,
+            workers=workers,
+            share_prefix=share_prefix,
+            batching=batching or LocalBatching(),
         )
     if kind == "vllm":
         from readers.engines.routed import RoutedEngine, parse_engine_urls
@@ -73,12 +85,12 @@ async def open_engine(
 
 
 __all__ = [
-    "Capabilities",
     "DEFAULT_VLLM_TOP_K",
     "ENGINE_KINDS",
-    "LocalBatching",
+    "Capabilities",
     "Engine",
     "EngineReply",
+    "LocalBatching",
     "ModelInfo",
     "ReadMode",
     "ReadRequest",
@@ -98,11 +110,15 @@ def parse_engine_spec(spec: str) -> tuple[str, ReadMode | None, str | None]:
     try:
         read_mode = ReadMode(mode) if mode else None
     except ValueError:
-        raise ValueError(f"unknown read mode {mode!r} in {spec!r}; choose one of {', '.join(m.value for m in ReadMode)}") from None
+        raise ValueError(
+            f"unknown read mode {mode!r} in {spec!r}; choose one of {', '.join(m.value for m in ReadMode)}"
+        ) from None
     return kind, read_mode, url or None
 
 
-async def open_engine_spec(spec: str, *, top_k: int | None = None, engine_url: str | None = None, **options) -> Engine:
+async def open_engine_spec(
+    spec: str, *, top_k: int | None = None, engine_url: str | None = None, **options
+) -> Engine:
     """Open the engine a spec names; ``local:topk`` reads the top ``top_k`` (default 32)."""
     kind, read_mode, url = parse_engine_spec(spec)
     if kind == "local":

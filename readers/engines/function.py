@@ -10,7 +10,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from readers.engines.base import ClosingEngine, Capabilities, EngineReply, ModelInfo, ReadRequest
+from readers.engines.base import Capabilities, ClosingEngine, EngineReply, ModelInfo, ReadRequest
 
 ReadFunction = Callable[[ReadRequest], EngineReply | Awaitable[EngineReply]]
 
@@ -18,7 +18,9 @@ ReadFunction = Callable[[ReadRequest], EngineReply | Awaitable[EngineReply]]
 class FunctionEngine(ClosingEngine):
     kind = "function"
 
-    def __init__(self, fn: ReadFunction, *, tokenizer: Any, info: ModelInfo, capabilities: Capabilities) -> None:
+    def __init__(
+        self, fn: ReadFunction, *, tokenizer: Any, info: ModelInfo, capabilities: Capabilities
+    ) -> None:
         self._fn = fn
         self.tokenizer = tokenizer
         self.info = info

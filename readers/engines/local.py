@@ -36,10 +36,19 @@ from pathlib import Path
 import torch
 
 from readers.embedded import model_manifest
-from readers.engines.base import Capabilities, ClosingEngine, EngineReply, LocalBatching, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import (
+    Capabilities,
+    ClosingEngine,
+    EngineReply,
+    LocalBatching,
+    ModelInfo,
+    ReadMode,
+    ReadRequest,
+)
 
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values of one sequence, [1, heads, tokens, dim]
+KV = list[
+    tuple[torch.Tensor, torch.Tensor]
+]  # per layer: keys, values of one sequence, [1, heads, tokens, dim]
 
 
 class PrefixCache:
@@ -86,7 +95,13 @@ class PrefixCache:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"entries": len(self._entries), "bytes": self.bytes, "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses}
+            return {
+                "entries": len(self._entries),
+                "bytes": self.bytes,
+                "max_bytes": self.max_bytes,
+                "hits": self.hits,
+                "misses": self.misses,
+            }
 
 
 @dataclass
@@ -145,7 +160,9 @@ class LocalEngine(ClosingEngine):
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # sdpa takes the boolean 4-D masks built below as they are.
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa")
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+        )
         self.model.eval()
         self._decoder = self.model.get_decoder()
         self._head = self.model.get_output_embeddings()
@@ -167,7 +184,11 @@ class LocalEngine(ClosingEngine):
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self.prefix_cache = PrefixCache(int(batching.prefix_cache_mib * 2**20))
-        self._pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id or 0)
+        self._pad_id = int(
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.tokenizer.eos_token_id or 0
+        )
         self._probe = {
             "engine": "local",
             "model_dir": str(model_dir),
@@ -181,7 +202,10 @@ class LocalEngine(ClosingEngine):
         }
         self._set_top_k(top_k)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._workers = [threading.Thread(target=self._serve, name=f"local-engine-{i}", daemon=True) for i in range(workers)]
+        self._workers = [
+            threading.Thread(target=self._serve, name=f"local-engine-{i}", daemon=True)
+            for i in range(workers)
+        ]
         for worker in self._workers:
             worker.start()
         self._owns_workers = True
@@ -231,7 +255,9 @@ class LocalEngine(ClosingEngine):
     async def read_many(self, requests: Sequence[ReadRequest]) -> list[EngineReply]:
         if not requests:
             return []
-        job = _Job(list(requests), self.top_k, self.share_prefix, time.monotonic(), concurrent.futures.Future())
+        job = _Job(
+            list(requests), self.top_k, self.share_prefix, time.monotonic(), concurrent.futures.Future()
+        )
         self._jobs.put(job)
         results, queued_ms, latency_ms = await asyncio.wrap_future(job.future)
         return [
@@ -262,13 +288,19 @@ class LocalEngine(ClosingEngine):
             if job is None:
                 return
             if not job.future.set_running_or_notify_cancel():
-                self.dropped_reads += len(job.requests)  # its caller went away while it queued: compute nothing for it
+                self.dropped_reads += len(
+                    job.requests
+                )  # its caller went away while it queued: compute nothing for it
                 continue
             jobs, rows = [job], len(job.requests)
             deadline = time.monotonic() + self.batch_window_s
             while rows < self.max_batch:
                 try:
-                    more = self._jobs.get(timeout=max(deadline - time.monotonic(), 0)) if self.batch_window_s else self._jobs.get_nowait()
+                    more = (
+                        self._jobs.get(timeout=max(deadline - time.monotonic(), 0))
+                        if self.batch_window_s
+                        else self._jobs.get_nowait()
+                    )
                 except queue.Empty:
                     break
                 if more is None:
@@ -286,9 +318,13 @@ class LocalEngine(ClosingEngine):
         try:
             rows = self.batch_logprobs(
                 [request.prompt_ids for job in jobs for request in job.requests],
-                [request.prefix_tokens if job.share_prefix else 0 for job in jobs for request in job.requests],
+                [
+                    request.prefix_tokens if job.share_prefix else 0
+                    for job in jobs
+                    for request in job.requests
+                ],
             )
-        except BaseException as error:  # noqa: BLE001 -- every waiting request gets the error, the worker lives on
+        except BaseException as error:
             for job in jobs:
                 job.future.set_exception(error)
             return
@@ -297,12 +333,16 @@ class LocalEngine(ClosingEngine):
         self.batched_reads += len(rows)
         at = 0
         for job in jobs:
-            results = [_pick(rows[at + i], request.label_ids, job.top_k) for i, request in enumerate(job.requests)]
+            results = [
+                _pick(rows[at + i], request.label_ids, job.top_k) for i, request in enumerate(job.requests)
+            ]
             at += len(job.requests)
             # A running future cannot be cancelled (set_running_or_notify_cancel above), so this always lands.
             job.future.set_result((results, (started - job.submitted) * 1000, latency_ms))
 
-    def batch_logprobs(self, prompts: Sequence[Sequence[int]], prefix_tokens: Sequence[int]) -> list[torch.Tensor]:
+    def batch_logprobs(
+        self, prompts: Sequence[Sequence[int]], prefix_tokens: Sequence[int]
+    ) -> list[torch.Tensor]:
         """Full-vocabulary log-softmax after each prompt, computed as described in the module docstring;
         a prompt with ``prefix_tokens`` 0 is computed whole."""
         with torch.inference_mode():
@@ -316,7 +356,10 @@ class LocalEngine(ClosingEngine):
                 else:
                     kv[prefix] = cached
             for start in range(0, len(missing), self.max_batch):
-                for prefix, prefix_kv in zip(missing[start : start + self.max_batch], self._prefill(missing[start : start + self.max_batch])):
+                for prefix, prefix_kv in zip(
+                    missing[start : start + self.max_batch],
+                    self._prefill(missing[start : start + self.max_batch]),
+                ):
                     kv[prefix] = prefix_kv
                     self.prefix_cache.put(prefix, prefix_kv)
             out: list[torch.Tensor] = []
@@ -348,11 +391,19 @@ class LocalEngine(ClosingEngine):
         cache = DynamicCache()
         self._decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
         return [
-            [(layer.keys[row : row + 1, :, :length].clone(), layer.values[row : row + 1, :, :length].clone()) for layer in cache.layers]
+            [
+                (
+                    layer.keys[row : row + 1, :, :length].clone(),
+                    layer.values[row : row + 1, :, :length].clone(),
+                )
+                for layer in cache.layers
+            ]
             for row, length in enumerate(lengths)
         ]
 
-    def _suffixes(self, rows: list[tuple[tuple[int, ...], tuple[int, ...]]], kv: dict[tuple[int, ...], KV]) -> list[torch.Tensor]:
+    def _suffixes(
+        self, rows: list[tuple[tuple[int, ...], tuple[int, ...]]], kv: dict[tuple[int, ...], KV]
+    ) -> list[torch.Tensor]:
         """Log-softmax after each suffix, read in one forward against its prefix's keys and values."""
         from transformers import DynamicCache
 
@@ -368,7 +419,13 @@ class LocalEngine(ClosingEngine):
             real[row, past : past + len(suffix)] = True
             positions[row] = torch.arange(len(prefix), len(prefix) + width)
         # Query i (at key index past + i) sees every past key and the suffix keys up to itself.
-        causal = torch.cat([torch.ones((width, past), dtype=torch.bool), torch.ones((width, width), dtype=torch.bool).tril()], dim=1)
+        causal = torch.cat(
+            [
+                torch.ones((width, past), dtype=torch.bool),
+                torch.ones((width, width), dtype=torch.bool).tril(),
+            ],
+            dim=1,
+        )
         mask = (causal[None] & real[:, None, :])[:, None]
         cache = DynamicCache()
         if past:
@@ -383,7 +440,9 @@ class LocalEngine(ClosingEngine):
                         batch_values[row, :, : len(prefix)] = kv[prefix][layer][1][0]
                 layers.append((batch_keys, batch_values))
             cache = DynamicCache(layers)
-        hidden = self._decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True).last_hidden_state
+        hidden = self._decoder(
+            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+        ).last_hidden_state
         last = hidden[torch.arange(count), torch.tensor([len(suffix) - 1 for _, suffix in rows])]
         logprobs = torch.log_softmax(self._head(last).float(), dim=-1)
         return list(logprobs)

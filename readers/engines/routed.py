@@ -122,6 +122,7 @@ def prefix_key(request: ReadRequest) -> bytes | None:
 
 def rendezvous_order(key: bytes, ids: Sequence[str]) -> list[str]:
     """``ids`` best first for ``key``: highest ``blake2b(key, id)`` wins, the same on every replica."""
+
     def score(engine_id: str) -> bytes:
         return hashlib.blake2b(key + engine_id.encode(), digest_size=8).digest()
 
@@ -183,9 +184,14 @@ def fixed_addresses(urls: Sequence[str]) -> Addresses:
 
 def common_capabilities(engines: Sequence[VLLMEngine], read_mode: ReadMode | None) -> Capabilities:
     """The best read mode every engine supports (or ``read_mode``, if all do), at the smallest top-k."""
-    supports = {mode: all(engine.capabilities.probe["supports"][mode.value] for engine in engines) for mode in ReadMode}
+    supports = {
+        mode: all(engine.capabilities.probe["supports"][mode.value] for engine in engines)
+        for mode in ReadMode
+    }
     if read_mode is not None and not supports[read_mode]:
-        raise EngineError(f"not every engine supports {read_mode.value} reads: {[e.capabilities.probe['supports'] for e in engines]}")
+        raise EngineError(
+            f"not every engine supports {read_mode.value} reads: {[e.capabilities.probe['supports'] for e in engines]}"
+        )
     mode = read_mode or next(mode for mode in ReadMode if supports[mode])
     return Capabilities(
         read_mode=mode,
@@ -249,7 +255,9 @@ class RoutedEngine(ClosingEngine):
         return await cls.open(fixed_addresses(urls), **options)
 
     @classmethod
-    async def connect_name(cls, url: str, *, resolve: Resolver = resolve_addresses, **options: Any) -> RoutedEngine:
+    async def connect_name(
+        cls, url: str, *, resolve: Resolver = resolve_addresses, **options: Any
+    ) -> RoutedEngine:
         """Route over every address of ``url``'s host name, re-resolved every ``refresh_s``."""
         return await cls.open(name_addresses(url, resolve), **options)
 
@@ -276,6 +284,7 @@ class RoutedEngine(ClosingEngine):
         The read mode is ``read_mode`` or the best one every engine supports; an engine that joins
         later must support it too.
         """
+
         async def connect_one(url: str) -> VLLMEngine:
             # Each engine probes on its own (its best mode); the router then sets the common one.
             return await VLLMEngine.connect(
@@ -288,20 +297,28 @@ class RoutedEngine(ClosingEngine):
             raise EngineUnavailable("no engine address to route over (the name resolves to none yet)")
         outcomes = await asyncio.gather(*(connect_one(url) for url in urls), return_exceptions=True)
         engines = {url: outcome for url, outcome in zip(urls, outcomes) if isinstance(outcome, VLLMEngine)}
-        failures = {url: outcome for url, outcome in zip(urls, outcomes) if isinstance(outcome, BaseException)}
+        failures = {
+            url: outcome for url, outcome in zip(urls, outcomes) if isinstance(outcome, BaseException)
+        }
         try:
             for url, failure in failures.items():
                 if not isinstance(failure, EngineError):
                     raise failure
                 logger.warning("engine %s not connected (%s); retried every %.0f s", url, failure, refresh_s)
             if not engines:
-                raise EngineUnavailable(f"no engine answered: {'; '.join(f'{u}: {f}' for u, f in failures.items())}")
+                raise EngineUnavailable(
+                    f"no engine answered: {'; '.join(f'{u}: {f}' for u, f in failures.items())}"
+                )
             first_url, first = next(iter(engines.items()))
             for url, engine in engines.items():
                 if _identity(engine) != _identity(first):
-                    raise EngineError(f"engines serve different models: {first_url} {_identity(first)}, {url} {_identity(engine)}")
+                    raise EngineError(
+                        f"engines serve different models: {first_url} {_identity(first)}, {url} {_identity(engine)}"
+                    )
             capabilities = common_capabilities(list(engines.values()), read_mode)
-            capabilities.probe["engines"] = {url: engine.capabilities.probe for url, engine in engines.items()}
+            capabilities.probe["engines"] = {
+                url: engine.capabilities.probe for url, engine in engines.items()
+            }
         except BaseException:
             await asyncio.gather(*(engine.aclose() for engine in engines.values()))
             raise
@@ -335,7 +352,11 @@ class RoutedEngine(ClosingEngine):
         """The engine a read goes to now (see the module docstring); EngineUnavailable if none serves."""
         serving = [m for m in self._members.values() if m.serving and m.id not in excluding]
         if not serving:
-            waits = [m.ejected_until - time.monotonic() for m in self._members.values() if m.ejected_until is not None]
+            waits = [
+                m.ejected_until - time.monotonic()
+                for m in self._members.values()
+                if m.ejected_until is not None
+            ]
             raise EngineUnavailable(
                 f"no engine is serving ({len(self._members)} known, all ejected or excluded)",
                 retry_after_s=max(1, math.ceil(min(waits, default=self._eject_first_s))),
@@ -437,10 +458,16 @@ class RoutedEngine(ClosingEngine):
                 del self._members[engine_id]
                 member.retired = True
                 self._retiring.add(member)
-                logger.info("engine %s no longer listed: retired after its %d reads in flight", engine_id, member.in_flight)
+                logger.info(
+                    "engine %s no longer listed: retired after its %d reads in flight",
+                    engine_id,
+                    member.in_flight,
+                )
                 self._spawn(self._close_when_idle(member))
         new = [url for engine_id, url in wanted.items() if engine_id not in self._members]
-        for url, outcome in zip(new, await asyncio.gather(*(self._join(url) for url in new), return_exceptions=True)):
+        for url, outcome in zip(
+            new, await asyncio.gather(*(self._join(url) for url in new), return_exceptions=True)
+        ):
             if isinstance(outcome, Member) and not self._closed:
                 self._admit(outcome)
             elif isinstance(outcome, Member):

@@ -27,14 +27,14 @@ import math
 import re
 import secrets
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from readers.embedded import model_manifest
-from readers.engines.base import ClosingEngine, Capabilities, EngineReply, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import Capabilities, ClosingEngine, EngineReply, ModelInfo, ReadMode, ReadRequest
 from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable
 
 CLAMPED_LOGPROB = -9999.0
@@ -89,7 +89,9 @@ class VLLMEngine(ClosingEngine):
         by default the best supported mode is used.
         """
         limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
-        client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout_s, limits=limits, transport=transport)
+        client = httpx.AsyncClient(
+            base_url=url.rstrip("/"), timeout=timeout_s, limits=limits, transport=transport
+        )
         try:
             models = await _call(client, "GET", "/v1/models")
             served = _first_model(models)
@@ -98,7 +100,9 @@ class VLLMEngine(ClosingEngine):
             capabilities = await probe(client, served["id"], loaded_tokenizer, top_k=top_k)
             if read_mode is not None:
                 if not capabilities.probe["supports"][read_mode.value]:
-                    raise EngineError(f"engine at {url} does not support {read_mode.value} reads (probe: {capabilities.probe['supports']})")
+                    raise EngineError(
+                        f"engine at {url} does not support {read_mode.value} reads (probe: {capabilities.probe['supports']})"
+                    )
                 capabilities = dataclasses.replace(capabilities, read_mode=read_mode)
         except BaseException:
             await client.aclose()
@@ -181,7 +185,9 @@ def parse_completion(reply: Any) -> tuple[dict[int, float], int | None]:
     logprobs: dict[int, float] = {}
     for key, value in items:
         if not isinstance(key, str) or not key.startswith("token_id:"):
-            raise EngineBadReply(f"engine returned token {key!r}, not a token id (is return_tokens_as_token_ids supported?)")
+            raise EngineBadReply(
+                f"engine returned token {key!r}, not a token id (is return_tokens_as_token_ids supported?)"
+            )
         if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
             raise EngineBadReply(f"engine returned log-prob {value!r} for {key}")
         token = key.removeprefix("token_id:")
@@ -200,13 +206,21 @@ async def _call(client: httpx.AsyncClient, method: str, path: str, **kwargs: Any
         response = await client.request(method, path, **kwargs)
     except (httpx.ConnectTimeout, httpx.PoolTimeout) as error:
         # No connection at all (or none free): the engine is unreachable or saturated, not slow.
-        raise EngineUnavailable(f"engine at {client.base_url} is unreachable ({type(error).__name__})") from None
+        raise EngineUnavailable(
+            f"engine at {client.base_url} is unreachable ({type(error).__name__})"
+        ) from None
     except httpx.TimeoutException as error:
-        raise EngineTimeout(f"engine at {client.base_url} did not answer {path} in time ({type(error).__name__})") from None
+        raise EngineTimeout(
+            f"engine at {client.base_url} did not answer {path} in time ({type(error).__name__})"
+        ) from None
     except httpx.TransportError as error:
-        raise EngineUnavailable(f"engine at {client.base_url} is unreachable: {error or type(error).__name__}") from None
+        raise EngineUnavailable(
+            f"engine at {client.base_url} is unreachable: {error or type(error).__name__}"
+        ) from None
     except httpx.HTTPError as error:  # e.g. a reply body that fails to decode
-        raise EngineBadReply(f"engine reply to {path} could not be read: {error or type(error).__name__}") from None
+        raise EngineBadReply(
+            f"engine reply to {path} could not be read: {error or type(error).__name__}"
+        ) from None
     if response.status_code in (429, 503):
         retry_after = response.headers.get("retry-after", "")
         raise EngineUnavailable(
@@ -214,7 +228,9 @@ async def _call(client: httpx.AsyncClient, method: str, path: str, **kwargs: Any
             retry_after_s=int(retry_after) if retry_after.isdigit() else 5,
         )
     if response.status_code >= 400:
-        raise EngineBadReply(f"engine answered {path} with {response.status_code}: {_error_message(response)}")
+        raise EngineBadReply(
+            f"engine answered {path} with {response.status_code}: {_error_message(response)}"
+        )
     try:
         return response.json()
     except ValueError:
@@ -258,7 +274,9 @@ def load_tokenizer(served: dict[str, Any], tokenizer: str | None) -> tuple[Any, 
 def _model_info(served: dict[str, Any], tokenizer: Any, source: str) -> ModelInfo:
     manifest = model_manifest(Path(source)) if Path(source).is_dir() else {}
     snapshot = re.search(r"snapshots/([0-9a-f]{40})", source)
-    revision = manifest.get("revision") or (snapshot.group(1) if snapshot else f"served:{served.get('root') or served['id']}")
+    revision = manifest.get("revision") or (
+        snapshot.group(1) if snapshot else f"served:{served.get('root') or served['id']}"
+    )
     return ModelInfo(
         name=manifest.get("name", served["id"]),
         revision=revision,
@@ -272,7 +290,10 @@ def _model_info(served: dict[str, Any], tokenizer: Any, source: str) -> ModelInf
 async def probe(client: httpx.AsyncClient, model: str, tokenizer: Any, *, top_k: int) -> Capabilities:
     """Which request shapes the server accepts, best read mode first; raw replies kept as evidence."""
     prompt = tokenizer.apply_chat_template(
-        [{"role": "system", "content": "Reply with exactly one word: yes or no."}, {"role": "user", "content": "Is water wet?"}],
+        [
+            {"role": "system", "content": "Reply with exactly one word: yes or no."},
+            {"role": "user", "content": "Is water wet?"},
+        ],
         add_generation_prompt=True,
         tokenize=False,
     )
@@ -283,14 +304,18 @@ async def probe(client: httpx.AsyncClient, model: str, tokenizer: Any, *, top_k:
 
     max_logprobs = top_k
     try:
-        evidence["topk"] = await _call(client, "POST", "/v1/completions", json=completion_body(model, prompt_ids, top_k=top_k))
+        evidence["topk"] = await _call(
+            client, "POST", "/v1/completions", json=completion_body(model, prompt_ids, top_k=top_k)
+        )
     except EngineBadReply as error:
         capped = _MAX_ALLOWED.search(error.message)
         if not capped:
             raise
         max_logprobs = int(capped.group(1))
         evidence["topk_refused"] = error.message
-        evidence["topk"] = await _call(client, "POST", "/v1/completions", json=completion_body(model, prompt_ids, top_k=max_logprobs))
+        evidence["topk"] = await _call(
+            client, "POST", "/v1/completions", json=completion_body(model, prompt_ids, top_k=max_logprobs)
+        )
     parse_completion(evidence["topk"])
     top_k = min(top_k, max_logprobs)
 
@@ -304,7 +329,9 @@ async def probe(client: httpx.AsyncClient, model: str, tokenizer: Any, *, top_k:
     except EngineBadReply as error:
         evidence["exact_refused"] = error.message
 
-    masked_body = completion_body(model, prompt_ids, top_k=top_k) | {"structured_outputs": {"choice": list(labels)}}
+    masked_body = completion_body(model, prompt_ids, top_k=top_k) | {
+        "structured_outputs": {"choice": list(labels)}
+    }
     masked_ok = False
     try:
         evidence["masked"] = await _call(client, "POST", "/v1/completions", json=masked_body)

@@ -1,10 +1,10 @@
 """Wire models: Jev's System One format, plus our namespaced extensions. Nothing else declares them.
 
-    base          the unknown-field policy (RequestModel, ResponseModel) and Content
-    questions     POST /v1/systemone, /decide and /decide/batch bodies
-    answers       their responses, with the ``x_reading`` and ``x_provenance`` extensions
-    calibrations  /v1/calibrations, /v1/feedback, /v1/calibrations/refit
-    models        GET /v1/models and the error body
+base          the unknown-field policy (RequestModel, ResponseModel) and Content
+questions     POST /v1/systemone, /decide and /decide/batch bodies
+answers       their responses, with the ``x_reading`` and ``x_provenance`` extensions
+calibrations  /v1/calibrations, /v1/feedback, /v1/calibrations/refit
+models        GET /v1/models and the error body
 """
 
 from service.protocol.answers import (
@@ -12,9 +12,9 @@ from service.protocol.answers import (
     BatchResponse,
     BatchResult,
     CalibrationUsed,
-    PriorUsed,
     ChoiceAnswer,
     NoulAnswer,
+    PriorUsed,
     Provenance,
     ReadingOut,
     ScoreAnswer,
@@ -31,7 +31,14 @@ from service.protocol.calibrations import (
     LabelledExample,
     RefitRequest,
 )
-from service.protocol.models import ErrorDetail, ErrorResponse, ModelCard, ModelList, ValidationErrorResponse, ValidationItem
+from service.protocol.models import (
+    ErrorDetail,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    ValidationErrorResponse,
+    ValidationItem,
+)
 from service.protocol.questions import (
     MAX_BATCH_READS,
     MAX_BATCH_STATES,
@@ -66,7 +73,6 @@ __all__ = [
     "CalibrationOut",
     "CalibrationRequest",
     "CalibrationUsed",
-    "PriorUsed",
     "ChoiceAnswer",
     "ChoiceQuestion",
     "Content",
@@ -80,6 +86,7 @@ __all__ = [
     "NoulAnswer",
     "NoulCriteria",
     "NoulQuestion",
+    "PriorUsed",
     "Provenance",
     "Question",
     "ReadingOut",

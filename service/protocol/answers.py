@@ -19,7 +19,9 @@ from service.protocol.base import Content, ResponseModel
 class PriorUsed(ResponseModel):
     """The label-free prior correction applied to an answer's read (``raw_probabilities`` are before it)."""
 
-    prior: dict[str, float] = Field(description="the model's option prior: its mean read of this question on content-free states")
+    prior: dict[str, float] = Field(
+        description="the model's option prior: its mean read of this question on content-free states"
+    )
     content_free_states: list[str] = Field(description="the states it was measured on")
     prompt_version: str = Field(description="the prompt layout it was measured under")
 
@@ -34,7 +36,9 @@ class CalibrationUsed(ResponseModel):
     id: str = Field(description="the stored calibration's id")
     temperature: float
     n: int = Field(description="decisions it was fitted on (gold answers, but for state_prior)")
-    bias: dict[str, float] | None = Field(default=None, description="temperature_bias, state_prior: per-option bias b")
+    bias: dict[str, float] | None = Field(
+        default=None, description="temperature_bias, state_prior: per-option bias b"
+    )
     prompt_version: str = Field(
         description="the read it was fitted on and applies to: the prompt layout, with '+prior' where those reads had the prior correction divided out"
     )
@@ -55,13 +59,18 @@ class ReadingOut(ResponseModel):
     informative: bool = Field(description="false when no label came back: the answer is an abstention")
     floor_used: bool
     floor_logprob: float | None
-    label_mass: float | None = Field(description="vocabulary probability on the returned labels; null when masked")
+    label_mass: float | None = Field(
+        description="vocabulary probability on the returned labels; null when masked"
+    )
     label_logprobs: dict[str, float | None] = Field(description="as returned; null where missing")
     probability_bounds: dict[str, tuple[float, float]]
-    raw_probabilities: dict[str, float] = Field(description="the model's own read, before any correction or calibration")
+    raw_probabilities: dict[str, float] = Field(
+        description="the model's own read, before any correction or calibration"
+    )
     top_probability: float = Field(description="the most probable option's probability in the answer")
     prior_correction: PriorUsed | None = Field(
-        default=None, description="the label-free prior divided out of the read (decide serve --prior-correction; default: choice questions); null when none"
+        default=None,
+        description="the label-free prior divided out of the read (decide serve --prior-correction; default: choice questions); null when none",
     )
     calibration: CalibrationUsed | None = None
     prompt_tokens: int
@@ -73,8 +82,12 @@ class ReadingOut(ResponseModel):
         "the Jev fields are kept, but the answer should not be acted on"
     )
     rotations: int = Field(description="option orders read and averaged (x_debias rotate); 1 = read as asked")
-    rotation_agreement: float | None = Field(description="share of rotations whose most probable option is this answer's; null for 1 rotation")
-    engine_calls: int | None = Field(default=None, description="engine calls the read took: 1, or the token trie's depth")
+    rotation_agreement: float | None = Field(
+        description="share of rotations whose most probable option is this answer's; null for 1 rotation"
+    )
+    engine_calls: int | None = Field(
+        default=None, description="engine calls the read took: 1, or the token trie's depth"
+    )
 
 
 class NoulAnswer(ResponseModel):
@@ -121,8 +134,12 @@ class Provenance(ResponseModel):
     top_k: int
     prompt_version: str
     request_id: str
-    engine_image: str | None = Field(default=None, description="the engine's container image by digest, when served from one")
-    service_image: str | None = Field(default=None, description="this service's container image by digest, when run from one")
+    engine_image: str | None = Field(
+        default=None, description="the engine's container image by digest, when served from one"
+    )
+    service_image: str | None = Field(
+        default=None, description="this service's container image by digest, when run from one"
+    )
 
 
 class SystemOneResponse(ResponseModel):

@@ -58,4 +58,3 @@ class ResponseModel(BaseModel):
 def described(value: Content | None) -> bool:
     """Whether a description says anything (null, "", {} and [] say nothing)."""
     return value is not None and value != "" and value != {} and value != []
-

@@ -17,7 +17,9 @@ class LabelledExample(RequestModel):
 
     state: Content
     questions: dict[str, Question]
-    gold: dict[str, Gold] | None = Field(default=None, description="the true answer per question; only mode state_prior fits without")
+    gold: dict[str, Gold] | None = Field(
+        default=None, description="the true answer per question; only mode state_prior fits without"
+    )
 
     @model_validator(mode="after")
     def check_gold_names_questions(self) -> LabelledExample:
@@ -26,7 +28,9 @@ class LabelledExample(RequestModel):
         missing = set(self.questions) - set(self.gold)
         extra = set(self.gold) - set(self.questions)
         if missing or extra:
-            raise ValueError(f"gold must answer every question and only those (missing {sorted(missing)}, unknown {sorted(extra)})")
+            raise ValueError(
+                f"gold must answer every question and only those (missing {sorted(missing)}, unknown {sorted(extra)})"
+            )
         return self
 
 
@@ -60,9 +64,12 @@ class CalibrationOut(ResponseModel):
     nll_after: float | None
     heldout_n: int | None
     heldout_ece_before: float | None = Field(description="ECE (15 bins) at T = 1 on the held-out half")
-    heldout_ece_after: float | None = Field(description="ECE (15 bins) calibrated by the same mode fitted on the other half")
+    heldout_ece_after: float | None = Field(
+        description="ECE (15 bins) calibrated by the same mode fitted on the other half"
+    )
     heldout_ece_floor: float | None = Field(
-        default=None, description="median ECE that perfectly calibrated draws show at heldout_n (15 bins): ECEs near it are sampling noise"
+        default=None,
+        description="median ECE that perfectly calibrated draws show at heldout_n (15 bins): ECEs near it are sampling noise",
     )
     source: str
     fitted_at: str
@@ -70,7 +77,9 @@ class CalibrationOut(ResponseModel):
         description="the read the fit was made on: the prompt layout, with '+prior' where the prior correction was divided out; it applies only to reads made so"
     )
     mode: CalibrationMode
-    bias: list[float] | None = Field(default=None, description="temperature_bias, state_prior: per-option bias, in option order")
+    bias: list[float] | None = Field(
+        default=None, description="temperature_bias, state_prior: per-option bias, in option order"
+    )
 
 
 class CalibrationList(ResponseModel):

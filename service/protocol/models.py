@@ -28,8 +28,12 @@ class ModelList(ResponseModel):
 
 
 class ErrorDetail(ResponseModel):
-    error_type: str = Field(description="machine-readable: authentication_error, rate_limit_error, overloaded_error, engine_unavailable, …")
-    message: str = Field(description="what went wrong and, where it helps, the limit or field involved; never request text")
+    error_type: str = Field(
+        description="machine-readable: authentication_error, rate_limit_error, overloaded_error, engine_unavailable, …"
+    )
+    message: str = Field(
+        description="what went wrong and, where it helps, the limit or field involved; never request text"
+    )
     param: str | None = Field(default=None, description="the field or header the error is about")
     prompt_tokens: int | None = None
     prompt_tokens_exact: bool | None = None

@@ -41,7 +41,13 @@ Rotations = Annotated[
 ]
 MinConfidence = Annotated[
     float | None,
-    Field(alias="x_min_confidence", strict=True, ge=0.0, le=1.0, description="below this confidence the answer is marked x_reading.abstained"),
+    Field(
+        alias="x_min_confidence",
+        strict=True,
+        ge=0.0,
+        le=1.0,
+        description="below this confidence the answer is marked x_reading.abstained",
+    ),
 ]
 
 
@@ -78,7 +84,9 @@ class ReadOptions(RequestModel):
         criteria = info.data.get("criteria")
         count = 2 if info.data.get("type") == "noul" else len(criteria) if criteria is not None else None
         if count is not None and rotations > distinct_orders(count, method):
-            raise ValueError(f"{method} of {count} options reads at most {distinct_orders(count, method)} orders, got {rotations}")
+            raise ValueError(
+                f"{method} of {count} options reads at most {distinct_orders(count, method)} orders, got {rotations}"
+            )
         return rotations
 
     def read_count(self) -> int:
@@ -127,7 +135,9 @@ class ChoiceQuestion(ReadOptions):
     type: Literal["choice"]
     instructions: Content | None = None
     # Limits are checked by the validators below (their messages name the rule); the schema states them too.
-    criteria: dict[str, Content | None] = Field(json_schema_extra={"minProperties": MIN_OPTIONS, "maxProperties": MAX_OPTIONS})
+    criteria: dict[str, Content | None] = Field(
+        json_schema_extra={"minProperties": MIN_OPTIONS, "maxProperties": MAX_OPTIONS}
+    )
     # -- opendecide extensions
     debias: Debias = None
     rotations: Rotations = None
@@ -203,7 +213,9 @@ class SystemOneRequest(BodyModel):
 
     model: str | None = None
     state: Content
-    questions: dict[str, Question] = Field(json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS})
+    questions: dict[str, Question] = Field(
+        json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS}
+    )
     assets: Any = None
     # -- opendecide extensions
     domain: str | None = Field(default=None, max_length=200, description="calibration domain tag (optional)")
@@ -235,7 +247,9 @@ class BatchRequest(BodyModel):
 
     model: str | None = None
     states: list[Content] = Field(min_length=1, max_length=MAX_BATCH_STATES)
-    questions: dict[str, Question] = Field(json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS})
+    questions: dict[str, Question] = Field(
+        json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS}
+    )
     domain: str | None = Field(default=None, max_length=200)
 
     @field_validator("questions")
@@ -247,11 +261,15 @@ class BatchRequest(BodyModel):
     def check_total_reads(self) -> BatchRequest:
         reads = len(self.states) * sum(question.read_count() for question in self.questions.values())
         if reads > MAX_BATCH_READS:
-            raise ValueError(f"a batch reads at most {MAX_BATCH_READS} states × questions (× rotations), got {reads}")
+            raise ValueError(
+                f"a batch reads at most {MAX_BATCH_READS} states × questions (× rotations), got {reads}"
+            )
         return self
 
     def requests(self) -> list[SystemOneRequest]:
         return [
-            SystemOneRequest.model_construct(model=self.model, state=state, questions=self.questions, assets=None, domain=self.domain)
+            SystemOneRequest.model_construct(
+                model=self.model, state=state, questions=self.questions, assets=None, domain=self.domain
+            )
             for state in self.states
         ]

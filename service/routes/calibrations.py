@@ -16,12 +16,19 @@ from calibration.fit import MIN_GOLD, gold_index, refit_from_store
 from calibration.store import Calibration, CalibrationKey
 from readers.prompt import PROMPT_VERSION
 from service.calibrate import fit_from_examples
-from service.prior import read_version
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
 from service.openapi import body_schema, error_responses
 from service.parse import parse_body, parse_for_model
-from service.protocol import CalibrationList, CalibrationOut, CalibrationRequest, FeedbackRequest, FeedbackResponse, RefitRequest
+from service.prior import read_version
+from service.protocol import (
+    CalibrationList,
+    CalibrationOut,
+    CalibrationRequest,
+    FeedbackRequest,
+    FeedbackResponse,
+    RefitRequest,
+)
 from service.state import reader_of, store_of
 
 router = APIRouter()
@@ -33,10 +40,17 @@ def calibration_out(calibration: Calibration) -> CalibrationOut:
     return CalibrationOut(**calibration.as_json())
 
 
-@router.post("/v1/calibrations", response_model=CalibrationList, openapi_extra=body_schema(CalibrationRequest), responses=WRITE_ERRORS)
+@router.post(
+    "/v1/calibrations",
+    response_model=CalibrationList,
+    openapi_extra=body_schema(CalibrationRequest),
+    responses=WRITE_ERRORS,
+)
 async def create_calibrations(request: Request) -> CalibrationList:
     reader, body = await parse_for_model(request, CalibrationRequest)
-    fitted = await unless_disconnected(request, fit_from_examples(body, reader, store_of(request), priors=request.app.state.priors))
+    fitted = await unless_disconnected(
+        request, fit_from_examples(body, reader, store_of(request), priors=request.app.state.priors)
+    )
     return CalibrationList(calibrations=[calibration_out(c) for c in fitted])
 
 
@@ -46,7 +60,10 @@ async def list_calibrations(request: Request) -> CalibrationList:
 
 
 @router.post(
-    "/v1/feedback", response_model=FeedbackResponse, openapi_extra=body_schema(FeedbackRequest), responses=error_responses(400, 401, 404, 408, 413, 415, 422, 429)
+    "/v1/feedback",
+    response_model=FeedbackResponse,
+    openapi_extra=body_schema(FeedbackRequest),
+    responses=error_responses(400, 401, 404, 408, 413, 415, 422, 429),
 )
 async def feedback(request: Request) -> FeedbackResponse:
     store = store_of(request)
@@ -60,7 +77,12 @@ async def feedback(request: Request) -> FeedbackResponse:
         raise validation_error(("body", "gold"), str(error), "invalid_gold") from None
     recorded = await asyncio.to_thread(store.add_feedback, decision.id, decision.options[gold])
     key = CalibrationKey(
-        decision.model, decision.revision, decision.question_type, decision.option_count, decision.domain, prompt_version=decision.prompt_version
+        decision.model,
+        decision.revision,
+        decision.question_type,
+        decision.option_count,
+        decision.domain,
+        prompt_version=decision.prompt_version,
     )
     labelled = await asyncio.to_thread(store.labelled, key)
     refit = None
@@ -72,7 +94,12 @@ async def feedback(request: Request) -> FeedbackResponse:
     return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
 
 
-@router.post("/v1/calibrations/refit", response_model=CalibrationOut, openapi_extra=body_schema(RefitRequest), responses=WRITE_ERRORS)
+@router.post(
+    "/v1/calibrations/refit",
+    response_model=CalibrationOut,
+    openapi_extra=body_schema(RefitRequest),
+    responses=WRITE_ERRORS,
+)
 async def refit(request: Request) -> CalibrationOut:
     reader = reader_of(request)
     store = store_of(request)
@@ -83,9 +110,20 @@ async def refit(request: Request) -> CalibrationOut:
     # covers the type. Decisions answered raw under a covered type (rotated or floor-bounded reads)
     # are refitted from their feedback (POST /v1/feedback keys on the recorded decision's version).
     corrected = priors is not None and priors.policy.covers(body.question_type)
-    key = CalibrationKey(info.name, info.revision, body.question_type, body.option_count, body.domain, prompt_version=read_version(PROMPT_VERSION, corrected))
+    key = CalibrationKey(
+        info.name,
+        info.revision,
+        body.question_type,
+        body.option_count,
+        body.domain,
+        prompt_version=read_version(PROMPT_VERSION, corrected),
+    )
     try:
         fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode)
     except ValueError as error:
-        raise validation_error(("body",), str(error), "not_enough_decisions" if body.mode == "state_prior" else "not_enough_feedback") from None
+        raise validation_error(
+            ("body",),
+            str(error),
+            "not_enough_decisions" if body.mode == "state_prior" else "not_enough_feedback",
+        ) from None
     return calibration_out(fitted)

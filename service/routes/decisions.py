@@ -52,9 +52,13 @@ async def answer(request: Request) -> JSONResponse:
     request_id = request.scope["state"]["request_id"]
 
     async def work():
-        return await decide(body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors)
+        return await decide(
+            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors
+        )
 
-    response = await unless_disconnected(request, admitted(request, reader, [body.state_text()], body.questions, work))
+    response = await unless_disconnected(
+        request, admitted(request, reader, [body.state_text()], body.questions, work)
+    )
     observed(request, response.model, [response.answers])
     return JSONResponse(response.model_dump(mode="json"))
 
@@ -65,7 +69,9 @@ async def answer_batch(request: Request) -> JSONResponse:
     request_id = request.scope["state"]["request_id"]
 
     async def work():
-        return await decide_batch(body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors)
+        return await decide_batch(
+            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors
+        )
 
     states = [one.state_text() for one in body.requests()]
     response = await unless_disconnected(request, admitted(request, reader, states, body.questions, work))
@@ -75,8 +81,18 @@ async def answer_batch(request: Request) -> JSONResponse:
 
 for path in ("/v1/systemone", "/decide"):
     router.add_api_route(
-        path, answer, methods=["POST"], response_model=SystemOneResponse, openapi_extra=body_schema(SystemOneRequest), responses=DECISION_ERRORS
+        path,
+        answer,
+        methods=["POST"],
+        response_model=SystemOneResponse,
+        openapi_extra=body_schema(SystemOneRequest),
+        responses=DECISION_ERRORS,
     )
 router.add_api_route(
-    "/decide/batch", answer_batch, methods=["POST"], response_model=BatchResponse, openapi_extra=body_schema(BatchRequest), responses=DECISION_ERRORS
+    "/decide/batch",
+    answer_batch,
+    methods=["POST"],
+    response_model=BatchResponse,
+    openapi_extra=body_schema(BatchRequest),
+    responses=DECISION_ERRORS,
 )

@@ -31,7 +31,13 @@ class Ready(ResponseModel):
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus exposition"}, **error_responses(401)},
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "Prometheus exposition",
+        },
+        **error_responses(401),
+    },
 )
 async def prometheus_metrics(request: Request) -> Response:
     body, content_type = request.app.state.metrics.exposition()

@@ -21,7 +21,9 @@ from deploy.processes import free_port
 
 def postgres_bin() -> Path | None:
     """The newest installed server's bin folder (Debian: /usr/lib/postgresql/<major>/bin)."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name))
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name)
+    )
     return Path(found[-1]).parent if found else None
 
 
@@ -34,17 +36,41 @@ class PostgresServer:
         self.user = "postgres" if os.geteuid() == 0 else os.environ.get("USER", "postgres")
 
     def run(self, *args: str) -> None:
-        done = subprocess.run([*self.as_owner, *args], check=False, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [*self.as_owner, *args], check=False, capture_output=True, text=True, timeout=120
+        )
         if done.returncode:
             log = self.root / "server.log"
-            raise RuntimeError(f"{' '.join(args)} failed:\n{done.stdout}{done.stderr}{log.read_text() if log.exists() else ''}")
+            raise RuntimeError(
+                f"{' '.join(args)} failed:\n{done.stdout}{done.stderr}{log.read_text() if log.exists() else ''}"
+            )
 
     def start(self) -> None:
         if self.as_owner:
             shutil.chown(self.root, "postgres", "postgres")
-        self.run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", self.user, "--auth=trust", "-E", "UTF8", "--no-sync")
+        self.run(
+            str(self.bin_dir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            self.user,
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
         options = f"-c listen_addresses=127.0.0.1 -p {self.port} -c unix_socket_directories=''"  # TCP on loopback only
-        self.run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", options, "-w", "start")
+        self.run(
+            str(self.bin_dir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "server.log"),
+            "-o",
+            options,
+            "-w",
+            "start",
+        )
 
     def stop(self) -> None:  # immediate: the data is thrown away, so no shutdown checkpoint
         stop = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"]
@@ -70,7 +96,9 @@ def postgres_server():
         if os.environ.get("CI"):
             pytest.fail("PostgreSQL is not installed; .ci/run installs Debian's postgresql package")
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="opendecide-pg-"))  # not under pytest's root-only tmp: postgres must reach it
+    root = Path(
+        tempfile.mkdtemp(prefix="opendecide-pg-")
+    )  # not under pytest's root-only tmp: postgres must reach it
     server = PostgresServer(bin_dir, root)
     try:
         server.start()

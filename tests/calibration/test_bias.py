@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calibration.bias import StatePriorScaler, TemperatureBiasScaler, apply_prior, apply_temperature_bias, option_prior
+from calibration.bias import (
+    StatePriorScaler,
+    TemperatureBiasScaler,
+    apply_prior,
+    apply_temperature_bias,
+    option_prior,
+)
 from calibration.temperature import TemperatureScaler, nll_at
 
 
@@ -36,12 +42,17 @@ def test_beats_temperature_alone_on_held_out_reads_when_the_model_leans():
     nll_bias = -np.log(with_bias.predict_proba(logits[held])[np.arange(1000), labels[held]]).mean()
     assert nll_bias < nll_at(logits[held], labels[held], alone.temperature_)
     accuracy_bias = (with_bias.predict_proba(logits[held]).argmax(1) == labels[held]).mean()
-    assert accuracy_bias > (logits[held].argmax(1) == labels[held]).mean()  # a bias can move the top option; T cannot
+    assert (
+        accuracy_bias > (logits[held].argmax(1) == labels[held]).mean()
+    )  # a bias can move the top option; T cannot
 
 
 def test_the_penalty_shrinks_the_bias_and_fit_nll_never_beats_the_unpenalised_fit():
     logits, labels = leaning_draws(1.0, [0.8, -0.8], 60, seed=5)
-    free, shrunk = TemperatureBiasScaler(l2=0.0).fit(logits, labels), TemperatureBiasScaler(l2=1.0).fit(logits, labels)
+    free, shrunk = (
+        TemperatureBiasScaler(l2=0.0).fit(logits, labels),
+        TemperatureBiasScaler(l2=1.0).fit(logits, labels),
+    )
     assert np.abs(shrunk.bias_).sum() < np.abs(free.bias_).sum()
     assert free.nll_after_ <= shrunk.nll_after_ + 1e-9 and free.nll_after_ <= free.nll_before_
 
@@ -89,10 +100,19 @@ def test_a_state_prior_fitted_without_labels_undoes_a_lean_on_real_states():
     calibrated = scaler.predict_proba(logits[held])
     raw_accuracy = np.mean(leaning[held].argmax(axis=1) == labels[held])
     honest_accuracy = np.mean(honest[held].argmax(axis=1) == labels[held])
-    assert raw_accuracy + 0.1 < np.mean(calibrated.argmax(axis=1) == labels[held]) and np.mean(calibrated.argmax(axis=1) == labels[held]) > honest_accuracy - 0.05
-    assert scaler.temperature_ == 1.0 and scaler.n_samples_ == 300 and scaler.bias_.sum() == pytest.approx(0.0, abs=1e-9)
+    assert (
+        raw_accuracy + 0.1 < np.mean(calibrated.argmax(axis=1) == labels[held])
+        and np.mean(calibrated.argmax(axis=1) == labels[held]) > honest_accuracy - 0.05
+    )
+    assert (
+        scaler.temperature_ == 1.0
+        and scaler.n_samples_ == 300
+        and scaler.bias_.sum() == pytest.approx(0.0, abs=1e-9)
+    )
     assert calibrated == pytest.approx(apply_prior(leaning[held], option_prior(leaning[fit])))
-    assert StatePriorScaler().fit(logits[fit], labels[fit]).bias_ == pytest.approx(scaler.bias_)  # labels are not used
+    assert StatePriorScaler().fit(logits[fit], labels[fit]).bias_ == pytest.approx(
+        scaler.bias_
+    )  # labels are not used
     with pytest.raises(ValueError, match="one option count"):
         StatePriorScaler().fit([[0.0, -1.0], [0.0, -1.0, -2.0]])
 
@@ -105,16 +125,26 @@ def test_fit_and_store_fits_a_state_prior_without_gold_and_scores_only_the_label
 
     rng = np.random.default_rng(9)
     labels = rng.integers(0, 3, size=40)
-    p = rng.dirichlet(np.ones(3), size=40) * np.where(np.arange(3) == labels[:, None], 3.0, 1.0) * np.array([5.0, 1, 1])
+    p = (
+        rng.dirichlet(np.ones(3), size=40)
+        * np.where(np.arange(3) == labels[:, None], 3.0, 1.0)
+        * np.array([5.0, 1, 1])
+    )
     p /= p.sum(axis=1, keepdims=True)
     store = CalibrationStore(tmp_path / "c.sqlite3")
     key = CalibrationKey("m", "r", "choice", 3, prompt_version="v")
-    unlabelled = fit_and_store(store, key, [(row.tolist(), None) for row in p], source="states", mode="state_prior")
+    unlabelled = fit_and_store(
+        store, key, [(row.tolist(), None) for row in p], source="states", mode="state_prior"
+    )
     assert unlabelled.heldout_n is None and unlabelled.nll_before is None and unlabelled.n == 40
     assert list(unlabelled.bias) == pytest.approx(StatePriorScaler().fit(np.log(p)).bias_)
     half = [(row.tolist(), int(y) if i % 2 else None) for i, (row, y) in enumerate(zip(p, labels))]
     some = fit_and_store(store, key, half, source="states", mode="state_prior")
-    assert 0 < some.heldout_n < 20 and some.heldout_ece_after is not None and some.nll_after < some.nll_before  # the lean undone
-    assert list(some.bias) == pytest.approx(list(unlabelled.bias))  # the gold answers change nothing in the fit
+    assert (
+        0 < some.heldout_n < 20 and some.heldout_ece_after is not None and some.nll_after < some.nll_before
+    )  # the lean undone
+    assert list(some.bias) == pytest.approx(
+        list(unlabelled.bias)
+    )  # the gold answers change nothing in the fit
     with pytest.raises(ValueError, match="needs a gold answer for every decision"):
         fit_and_store(store, key, half, source="labels", mode="temperature_bias")

@@ -22,7 +22,11 @@ async def test_fifty_labels_lower_held_out_nll_on_average(local_engine):
     """
     before, after = [], []
     for name, task in TASKS.items():
-        reads = await read_rows(Reader(local_engine), [task.read_job(record) for record in spread(load_sample(name), 120)], concurrency=4)
+        reads = await read_rows(
+            Reader(local_engine),
+            [task.read_job(record) for record in spread(load_sample(name), 120)],
+            concurrency=4,
+        )
         p, labels = rows_arrays(reads)
         logits = as_logits(p)
         rng = np.random.default_rng(0)

@@ -74,7 +74,17 @@ def eventually(check, timeout_s: float = 10.0):
 
 
 def decision(id_: str, key: CalibrationKey = KEY) -> DecisionRecord:
-    return DecisionRecord(id_, key.model, key.revision, key.question_type, key.option_count, key.domain, ["a", "b", "c"], [0.5, 0.3, 0.2], prompt_version=VERSION)
+    return DecisionRecord(
+        id_,
+        key.model,
+        key.revision,
+        key.question_type,
+        key.option_count,
+        key.domain,
+        ["a", "b", "c"],
+        [0.5, 0.3, 0.2],
+        prompt_version=VERSION,
+    )
 
 
 @pytest.mark.integration
@@ -91,14 +101,29 @@ def test_the_location_picks_the_backend(tmp_path, postgres_url):
 def test_lookup_takes_the_most_specific_calibration(open_store):
     store = open_store()
     assert store.lookup(KEY) is None
-    by_type = store.add_calibration(CalibrationKey("smol", "rev1", "choice", prompt_version=VERSION), temperature=2.0, n=50, source="labels")
+    by_type = store.add_calibration(
+        CalibrationKey("smol", "rev1", "choice", prompt_version=VERSION),
+        temperature=2.0,
+        n=50,
+        source="labels",
+    )
     assert store.lookup(KEY) == by_type
-    by_count = store.add_calibration(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION), temperature=1.5, n=50, source="labels")
+    by_count = store.add_calibration(
+        CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION),
+        temperature=1.5,
+        n=50,
+        source="labels",
+    )
     assert store.lookup(KEY) == by_count
     by_domain = store.add_calibration(KEY, temperature=1.2, n=50, source="labels")
     assert store.lookup(KEY) == by_domain
-    assert store.lookup(CalibrationKey("smol", "rev1", "choice", 3, "other-domain", prompt_version=VERSION)) == by_count
-    assert store.lookup(CalibrationKey("smol", "rev2", "choice", 3, prompt_version=VERSION)) is None  # another revision: nothing applies
+    assert (
+        store.lookup(CalibrationKey("smol", "rev1", "choice", 3, "other-domain", prompt_version=VERSION))
+        == by_count
+    )
+    assert (
+        store.lookup(CalibrationKey("smol", "rev2", "choice", 3, prompt_version=VERSION)) is None
+    )  # another revision: nothing applies
     newer = store.add_calibration(KEY, temperature=1.1, n=80, source="feedback")
     assert store.lookup(KEY) == newer and store.calibrations() == [by_type, by_count, newer]
 
@@ -107,7 +132,18 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(open_store, 
     store = open_store()
     fitted = store.add_calibration(KEY, temperature=1.7, n=60, source="labels", heldout_ece_after=0.05)
     store.add_decisions([decision("d1"), decision("d2")])
-    abstained = DecisionRecord("d3", KEY.model, KEY.revision, KEY.question_type, 2, None, ["true", "false"], [0.5, 0.5], informative=False, prompt_version=VERSION)
+    abstained = DecisionRecord(
+        "d3",
+        KEY.model,
+        KEY.revision,
+        KEY.question_type,
+        2,
+        None,
+        ["true", "false"],
+        [0.5, 0.5],
+        informative=False,
+        prompt_version=VERSION,
+    )
     store.add_decisions([abstained])
     assert store.add_feedback("d1", "b") < store.add_feedback("d2", "c")
     store.close()
@@ -121,12 +157,19 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(open_store, 
 def test_writes_are_durable_at_commit(open_store, location):
     open_store()
     if location.startswith("postgresql://"):
-        settings = dict(query(location, "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')"))
+        settings = dict(
+            query(
+                location,
+                "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', 'synchronous_commit')",
+            )
+        )
         assert settings == {"fsync": "on", "synchronous_commit": "on"}
     else:
         assert query(location, "PRAGMA journal_mode") == [("wal",)]
         db = SQLiteStore(location)._connection()
-        assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: durable at commit, not only on a clean exit
+        assert (
+            db.execute("PRAGMA synchronous").fetchone()[0] == 2
+        )  # FULL: durable at commit, not only on a clean exit
 
 
 def test_fits_by_another_process_are_seen_without_a_restart(open_store):
@@ -170,7 +213,9 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
         "CREATE TABLE decisions (id TEXT PRIMARY KEY, model TEXT NOT NULL, revision TEXT NOT NULL, question_type TEXT NOT NULL, "
         "option_count INTEGER NOT NULL, domain TEXT, options TEXT NOT NULL, raw_probabilities TEXT NOT NULL, created_at TEXT NOT NULL)"
     )
-    old.execute("INSERT INTO decisions VALUES ('d0', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', 'then')")
+    old.execute(
+        "INSERT INTO decisions VALUES ('d0', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', 'then')"
+    )
     old.commit()
     old.close()
     store = CalibrationStore(path)
@@ -181,7 +226,9 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     assert store.decision("d0").prompt_version == LEGACY_PROMPT_VERSION  # read under the first layout
     assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]  # d1 only: d0's layout is not this one
     assert store.labelled(replace(KEY, prompt_version=LEGACY_PROMPT_VERSION)) == [([0.5, 0.3, 0.2], 2)]
-    assert [v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")] == [1, 2, 3, 4]
+    assert [
+        v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")
+    ] == [1, 2, 3, 4]
 
 
 @pytest.mark.integration
@@ -193,7 +240,11 @@ def test_a_postgres_database_at_an_earlier_version_is_brought_up(postgres_url):
     # No polling: only version 2's trigger can tell ``serving`` of the other store's fit in time.
     serving, other = PostgresStore(postgres_url, poll_s=3600), CalibrationStore(postgres_url)
     try:
-        assert serving.schema_version() == SCHEMA_VERSION and serving.decision("d0").options == ["a", "b", "c"]
+        assert serving.schema_version() == SCHEMA_VERSION and serving.decision("d0").options == [
+            "a",
+            "b",
+            "c",
+        ]
         fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")
         eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=5.0)
     finally:
@@ -206,13 +257,23 @@ def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_
     serving, other = PostgresStore(postgres_url, poll_s=0.2), CalibrationStore(postgres_url)
     try:
         with psycopg.connect(postgres_url, autocommit=True) as admin:
+
             def listeners() -> set[int]:
-                return {pid for (pid,) in admin.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (LISTENER_NAME,))}
+                return {
+                    pid
+                    for (pid,) in admin.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (LISTENER_NAME,)
+                    )
+                }
 
             cut = eventually(lambda: len(listeners()) == 2 and listeners())  # both stores' listeners
             for pid in cut:
-                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))  # as a network cut or a server restart would
-            fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")  # notified to nobody listening
+                admin.execute(
+                    "SELECT pg_terminate_backend(%s)", (pid,)
+                )  # as a network cut or a server restart would
+            fitted = other.add_calibration(
+                KEY, temperature=1.3, n=50, source="labels"
+            )  # notified to nobody listening
             eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=10.0)
             eventually(lambda: len(listeners()) == 2 and not listeners() & cut)  # both reconnected
     finally:
@@ -222,7 +283,18 @@ def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_
 
 def test_abstentions_are_not_fitted_on(open_store):
     store = open_store()
-    abstained = DecisionRecord("d0", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [1 / 3] * 3, informative=False, prompt_version=VERSION)
+    abstained = DecisionRecord(
+        "d0",
+        KEY.model,
+        KEY.revision,
+        KEY.question_type,
+        KEY.option_count,
+        KEY.domain,
+        ["a", "b", "c"],
+        [1 / 3] * 3,
+        informative=False,
+        prompt_version=VERSION,
+    )
     store.add_decisions([abstained, decision("d1")])
     store.add_feedback("d0", "a")
     store.add_feedback("d1", "a")
@@ -231,20 +303,29 @@ def test_abstentions_are_not_fitted_on(open_store):
 
 def test_latest_feedback_for_a_decision_wins(open_store):
     store = open_store()
-    store.add_decisions([decision("d1"), decision("d2"), decision("x", CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", prompt_version=VERSION))])
+    store.add_decisions(
+        [
+            decision("d1"),
+            decision("d2"),
+            decision("x", CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", prompt_version=VERSION)),
+        ]
+    )
     store.add_feedback("d1", "a")
     store.add_feedback("d2", "c")
     store.add_feedback("x", "c")
     store.add_feedback("d1", "b")  # a correction
     assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2), ([0.5, 0.3, 0.2], 1)]
-    assert store.feedback_count(KEY) == 2 and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION)) == 3
+    assert (
+        store.feedback_count(KEY) == 2
+        and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION)) == 3
+    )
 
 
 def test_pruning_deletes_old_decisions_without_feedback_only(open_store):
     store = open_store()
     store.add_decisions([decision("kept-labelled"), decision("pruned")])
     store.add_feedback("kept-labelled", "a")
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     assert store.prune_decisions(now - dt.timedelta(days=1)) == 0  # both are newer than the cutoff
     assert store.prune_decisions(now + dt.timedelta(seconds=1)) == 1
     assert store.decision("pruned") is None and store.decision("kept-labelled") is not None
@@ -311,10 +392,15 @@ def test_every_acknowledged_feedback_survives_a_kill(location):
         reader.start()
     try:
         # All three writing at once (SQLite's lock is not fair, so wait for each), w0 well into its stream.
-        eventually(lambda: len(acknowledged["w0"]) >= 300 and all(len(acks) >= 20 for acks in acknowledged.values()), timeout_s=120)
+        eventually(
+            lambda: len(acknowledged["w0"]) >= 300 and all(len(acks) >= 20 for acks in acknowledged.values()),
+            timeout_s=120,
+        )
         writers["w0"].send_signal(signal.SIGKILL)  # mid-stream: w0 is inside its next transaction
         at_kill = {name: len(acknowledged[name]) for name in ("w1", "w2")}
-        eventually(lambda: all(len(acknowledged[name]) >= at_kill[name] + 100 for name in at_kill), timeout_s=120)  # the others go on
+        eventually(
+            lambda: all(len(acknowledged[name]) >= at_kill[name] + 100 for name in at_kill), timeout_s=120
+        )  # the others go on
         for name in ("w1", "w2"):
             writers[name].send_signal(signal.SIGKILL)
         for name in names:
@@ -362,7 +448,9 @@ def at_version_2(location: str) -> None:
             db.execute("INSERT INTO feedback (decision_id, gold) VALUES ('d0', 'c')")
         return
     with sqlite3.connect(location) as db:
-        db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)")
+        db.execute(
+            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)"
+        )
         for version, description, statements in SQLITE_MIGRATIONS[:2]:
             for statement in statements:
                 db.execute(statement)
@@ -379,7 +467,13 @@ def test_committed_calibrations_survive_the_prompt_version_migration_and_stop_ap
     store = open_store()
     legacy_key = replace(KEY, prompt_version=LEGACY_PROMPT_VERSION)
     (old,) = store.calibrations()
-    assert (old.id, old.temperature, old.prompt_version, old.mode, old.bias) == ("cal_old", 1.9, LEGACY_PROMPT_VERSION, "temperature", None)
+    assert (old.id, old.temperature, old.prompt_version, old.mode, old.bias) == (
+        "cal_old",
+        1.9,
+        LEGACY_PROMPT_VERSION,
+        "temperature",
+        None,
+    )
     assert store.lookup(legacy_key) == old  # kept, under the version it was made under
     assert store.lookup(KEY) is None  # and never applied to reads of another layout
     assert store.labelled(KEY) == [] and store.labelled(legacy_key) == [([0.5, 0.3, 0.2], 2)]
@@ -392,20 +486,48 @@ def test_committed_calibrations_survive_the_prompt_version_migration_and_stop_ap
 def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_without_feedback(open_store):
     store = open_store()
     other = CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", prompt_version=VERSION)
-    abstained = DecisionRecord("d0", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [1 / 3] * 3, informative=False, prompt_version=VERSION)
+    abstained = DecisionRecord(
+        "d0",
+        KEY.model,
+        KEY.revision,
+        KEY.question_type,
+        KEY.option_count,
+        KEY.domain,
+        ["a", "b", "c"],
+        [1 / 3] * 3,
+        informative=False,
+        prompt_version=VERSION,
+    )
     store.add_decisions([abstained, decision("d1"), decision("x", other)])
-    later = DecisionRecord("d2", KEY.model, KEY.revision, KEY.question_type, KEY.option_count, KEY.domain, ["a", "b", "c"], [0.1, 0.1, 0.8], prompt_version=VERSION)
+    later = DecisionRecord(
+        "d2",
+        KEY.model,
+        KEY.revision,
+        KEY.question_type,
+        KEY.option_count,
+        KEY.domain,
+        ["a", "b", "c"],
+        [0.1, 0.1, 0.8],
+        prompt_version=VERSION,
+    )
     store.add_decisions([later])
     store.add_feedback("d1", "a")
     options = ["a", "b", "c"]
-    assert store.recorded(KEY) == [(options, [0.5, 0.3, 0.2]), (options, [0.1, 0.1, 0.8])]  # oldest first; the abstention and the other domain left out
+    assert store.recorded(KEY) == [
+        (options, [0.5, 0.3, 0.2]),
+        (options, [0.1, 0.1, 0.8]),
+    ]  # oldest first; the abstention and the other domain left out
     assert store.recorded(KEY, limit=1) == [(options, [0.1, 0.1, 0.8])]  # the latest
-    assert len(store.recorded(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION))) == 3  # any domain
+    assert (
+        len(store.recorded(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION))) == 3
+    )  # any domain
 
 
 def test_a_state_prior_calibration_carries_a_bias(open_store):
     store = open_store()
-    fitted = store.add_calibration(KEY, temperature=1.0, n=40, source="states", mode="state_prior", bias=[0.5, -0.25, -0.25])
+    fitted = store.add_calibration(
+        KEY, temperature=1.0, n=40, source="states", mode="state_prior", bias=[0.5, -0.25, -0.25]
+    )
     assert open_store().lookup(KEY) == fitted and fitted.bias == (0.5, -0.25, -0.25)
     with pytest.raises(ValueError, match="has a bias"):
         store.add_calibration(KEY, temperature=1.0, n=40, source="states", mode="state_prior")
@@ -413,11 +535,21 @@ def test_a_state_prior_calibration_carries_a_bias(open_store):
 
 def test_a_temperature_bias_calibration_round_trips(open_store):
     store = open_store()
-    fitted = store.add_calibration(KEY, temperature=1.5, n=50, source="labels", mode="temperature_bias", bias=[0.25, -0.5, 0.25], heldout_ece_floor=0.04)
+    fitted = store.add_calibration(
+        KEY,
+        temperature=1.5,
+        n=50,
+        source="labels",
+        mode="temperature_bias",
+        bias=[0.25, -0.5, 0.25],
+        heldout_ece_floor=0.04,
+    )
     store.close()
     again = open_store().lookup(KEY)
     assert again == fitted and again.bias == (0.25, -0.5, 0.25) and again.heldout_ece_floor == 0.04
     with pytest.raises(ValueError, match="one value per option"):
-        open_store().add_calibration(KEY, temperature=1.0, n=50, source="labels", mode="temperature_bias", bias=[0.1, -0.1])
+        open_store().add_calibration(
+            KEY, temperature=1.0, n=50, source="labels", mode="temperature_bias", bias=[0.1, -0.1]
+        )
     with pytest.raises(ValueError, match="mode is one of"):
         open_store().add_calibration(KEY, temperature=1.0, n=50, source="labels", mode="platt")

@@ -58,7 +58,9 @@ class Replica:
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120)
 
     def wait_ready(self, timeout_s: float = 180) -> None:
-        wait_for_models(f"http://127.0.0.1:{self.port}", process=self.process, log=self.log, timeout_s=timeout_s)
+        wait_for_models(
+            f"http://127.0.0.1:{self.port}", process=self.process, log=self.log, timeout_s=timeout_s
+        )
 
     def ask(self, state: str) -> dict:
         reply = self.http.post("/v1/systemone", json={"state": state, "questions": {"s": QUESTION}})
@@ -133,7 +135,12 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
     print(f"B picked up A's fit after {1000 * picked_up(b, fitted['id']):.0f} ms")
     answer = b.ask("An odd little film.")
     used = answer["x_reading"]["calibration"]
-    assert (used["mode"], used["id"], used["temperature"], used["n"]) == ("temperature", fitted["id"], fitted["temperature"], fitted["n"])
+    assert (used["mode"], used["id"], used["temperature"], used["n"]) == (
+        "temperature",
+        fitted["id"],
+        fitted["temperature"],
+        fitted["n"],
+    )
     # A choice question: served prior-corrected by default, so fitted on corrected reads and applied after the correction.
     assert used["prompt_version"] == fitted["prompt_version"] and fitted["prompt_version"].endswith("+prior")
     raw, prior = answer["x_reading"]["raw_probabilities"], answer["x_reading"]["prior_correction"]["prior"]
@@ -190,12 +197,23 @@ def test_feedback_from_both_replicas_survives_killing_one(replicas, postgres_url
     for replica in (a, b):
         assert set(acknowledged[replica]) <= stored
     assert len(set(acknowledged[a]) | set(acknowledged[b])) == len(acknowledged[a]) + len(acknowledged[b])
-    print(f"acknowledged {len(acknowledged[a])} by A (killed) and {len(acknowledged[b])} by B; {len(stored)} stored")
+    print(
+        f"acknowledged {len(acknowledged[a])} by A (killed) and {len(acknowledged[b])} by B; {len(stored)} stored"
+    )
 
 
 def test_serve_names_the_store_it_cannot_open_without_its_password():
-    command = [sys.executable, "-m", "opendecide", "serve", "--store", "postgresql://decide:secret@127.0.0.1:9/none"]  # port 9: no one
+    command = [
+        sys.executable,
+        "-m",
+        "opendecide",
+        "serve",
+        "--store",
+        "postgresql://decide:secret@127.0.0.1:9/none",
+    ]  # port 9: no one
     wide = {**os.environ, "COLUMNS": "300"}  # the error box on one line per message, the URL unbroken
-    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=120, env=wide)
+    done = subprocess.run(
+        command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=120, env=wide
+    )
     assert done.returncode == 2 and "--store" in done.stderr
     assert "postgresql://decide:***@127.0.0.1:9/none" in done.stderr and "secret" not in done.stderr

@@ -23,11 +23,17 @@ def test_dry_run_prints_the_plan(example_name):
     result = CliRunner().invoke(app, ["deploy", str(path), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert result.stdout == format_plan(plan(example(example_name)))
-    assert "# --- startup script: " in result.stdout and result.stdout.rstrip().endswith("# --- end of startup script ---")
+    assert "# --- startup script: " in result.stdout and result.stdout.rstrip().endswith(
+        "# --- end of startup script ---"
+    )
 
 
 def test_a_bad_run_file_names_the_field(tmp_path):
-    data = (ROOT / "deploy" / "runs" / "v5e.toml").read_text().replace('provisioning = "flex-start"', 'provisioning = "spot"')
+    data = (
+        (ROOT / "deploy" / "runs" / "v5e.toml")
+        .read_text()
+        .replace('provisioning = "flex-start"', 'provisioning = "spot"')
+    )
     path = tmp_path / "run.toml"
     path.write_text(data)
     result = CliRunner().invoke(app, ["deploy", str(path), "--dry-run"])
@@ -51,31 +57,52 @@ def test_a_real_run_streams_gcloud_and_stops_at_the_first_failure(tmp_path, monk
     result = CliRunner().invoke(app, ["deploy", str(run_file)])
     streamed = capfd.readouterr()
     assert result.exit_code == 1
-    assert "step 1 (the Hugging Face token secret 'hf-token' exists) failed with exit status 1" in result.output
+    assert (
+        "step 1 (the Hugging Face token secret 'hf-token' exists) failed with exit status 1" in result.output
+    )
     assert "You do not currently have an active account selected" in streamed.err  # gcloud's own output
     assert "gcloud compute instances create" not in result.output  # nothing created after a failed preflight
     name = tomllib.loads(text)["name"]
-    assert (tmp_path / "opendecide-deploy" / f"{name}.startup.sh").read_text().startswith("#!/usr/bin/env bash")
+    assert (
+        (tmp_path / "opendecide-deploy" / f"{name}.startup.sh").read_text().startswith("#!/usr/bin/env bash")
+    )
 
 
 def test_dry_run_shows_the_pins_flags_teardown_and_upload(example_name):
     run = example(example_name)
-    out = CliRunner().invoke(app, ["deploy", str(ROOT / "deploy" / "runs" / f"{example_name}.toml"), "--dry-run"]).stdout
+    out = (
+        CliRunner()
+        .invoke(app, ["deploy", str(ROOT / "deploy" / "runs" / f"{example_name}.toml"), "--dry-run"])
+        .stdout
+    )
     lines = out.splitlines()
     # Both images pinned by digest; no floating tag anywhere.
     assert f"ENGINE_IMAGE={run.engine_image}" in lines and f"SERVICE_IMAGE={run.service_image}" in lines
     assert "@sha256:" in run.engine_image and ":nightly" not in out and ":latest" not in out
     # Every serve flag, on the model's line of the settings block.
     serve = next(line for line in lines if line.startswith("SERVE_FLAGS_0="))
-    for flag in ("--max-model-len 2048", "--max-num-seqs 16", "--max-logprobs 32", "--generation-config vllm",
-                 "--enable-prefix-caching", """--limit-mm-per-prompt '{"image":0,"audio":0}'"""):
+    for flag in (
+        "--max-model-len 2048",
+        "--max-num-seqs 16",
+        "--max-logprobs 32",
+        "--generation-config vllm",
+        "--enable-prefix-caching",
+        """--limit-mm-per-prompt '{"image":0,"audio":0}'""",
+    ):
         assert flag in serve, flag
     # The self-delete, run from the exit trap after the upload, and the cloud-side backstop.
     assert f"SELF_DELETE=({shlex.join(self_delete_command(run))})" in lines
-    assert "trap finish EXIT" in lines and '  if upload; then echo "uploaded $RUN_DIR to $DEST"; else echo "upload to $DEST failed"; fi' in lines
+    assert (
+        "trap finish EXIT" in lines
+        and '  if upload; then echo "uploaded $RUN_DIR to $DEST"; else echo "upload to $DEST failed"; fi'
+        in lines
+    )
     if run.platform == "aws":
         assert "    --instance-initiated-shutdown-behavior terminate \\" in lines
-        assert '  shutdown -h "+$(( MAX_RUN_SECONDS / 60 ))" >/dev/null 2>&1' in lines and "MAX_RUN_SECONDS=14400" in lines
+        assert (
+            '  shutdown -h "+$(( MAX_RUN_SECONDS / 60 ))" >/dev/null 2>&1' in lines
+            and "MAX_RUN_SECONDS=14400" in lines
+        )
     else:
         assert "    --max-run-duration 4h \\" in lines
     # No secret in metadata: the only metadata is the script file; the token is read at boot.

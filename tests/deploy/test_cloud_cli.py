@@ -37,12 +37,21 @@ def cli_env(tmp_path) -> dict[str, str]:
     config.mkdir()
     env = dict(os.environ)
     env.update(
-        CLOUDSDK_CONFIG=str(config), CLOUDSDK_CORE_DISABLE_PROMPTS="1", CLOUDSDK_CORE_PROJECT=PLACEHOLDER_PROJECT,
-        AWS_CONFIG_FILE=str(tmp_path / "aws-config"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "aws-credentials"),
+        CLOUDSDK_CONFIG=str(config),
+        CLOUDSDK_CORE_DISABLE_PROMPTS="1",
+        CLOUDSDK_CORE_PROJECT=PLACEHOLDER_PROJECT,
+        AWS_CONFIG_FILE=str(tmp_path / "aws-config"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "aws-credentials"),
         AWS_EC2_METADATA_DISABLED="true",
     )
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                 "GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE"):
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "CLOUDSDK_AUTH_ACCESS_TOKEN_FILE",
+    ):
         env.pop(name, None)
     return env
 
@@ -52,7 +61,9 @@ def parse(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
     program = {"gcloud": shutil.which("gcloud"), "aws": aws_cli()}[argv[0]]
     if program is None:
         pytest.skip(f"{argv[0]} is not installed")
-    result = subprocess.run([program, *argv[1:]], check=False, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [program, *argv[1:]], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
     output = result.stdout + result.stderr
     accepted = (GCLOUD_ACCEPTED if argv[0] == "gcloud" else AWS_ACCEPTED) in output
     return accepted and result.returncode != 0, output
@@ -77,15 +88,70 @@ def test_every_generated_command_parses(example_name, cli_env, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "refusal"),
     [
-        (["gcloud", "compute", "instances", "create", "x", "--zone", "europe-west4-a", "--provisioning-model", "FLEX_START"],
-         "Invalid choice: 'FLEX_START'"),  # GA has no flex-start: why v6e flex-start uses `gcloud alpha`
-        (["gcloud", "alpha", "compute", "instances", "create", "x", "--zone", "europe-west4-a",
-          "--request-valid-for-duration", "2h"], "unrecognized arguments"),  # not in 528
-        (["gcloud", "compute", "tpus", "queued-resources", "create", "x", "--zone", "us-west4-a", "--node-id", "n",
-          "--accelerator-type", "v5litepod-1", "--runtime-version", "v2-alpha-tpuv5-lite", "--max-run-duration", "4h"],
-         "unrecognized arguments"),  # GA queued resources: no flex-start flags
-        (["aws", "ec2", "run-instances", "--region", "us-east-1", "--instance-type", "g6.xlarge", "--max-run-duration", "4h"],
-         "Unknown options"),
+        (
+            [
+                "gcloud",
+                "compute",
+                "instances",
+                "create",
+                "x",
+                "--zone",
+                "europe-west4-a",
+                "--provisioning-model",
+                "FLEX_START",
+            ],
+            "Invalid choice: 'FLEX_START'",
+        ),  # GA has no flex-start: why v6e flex-start uses `gcloud alpha`
+        (
+            [
+                "gcloud",
+                "alpha",
+                "compute",
+                "instances",
+                "create",
+                "x",
+                "--zone",
+                "europe-west4-a",
+                "--request-valid-for-duration",
+                "2h",
+            ],
+            "unrecognized arguments",
+        ),  # not in 528
+        (
+            [
+                "gcloud",
+                "compute",
+                "tpus",
+                "queued-resources",
+                "create",
+                "x",
+                "--zone",
+                "us-west4-a",
+                "--node-id",
+                "n",
+                "--accelerator-type",
+                "v5litepod-1",
+                "--runtime-version",
+                "v2-alpha-tpuv5-lite",
+                "--max-run-duration",
+                "4h",
+            ],
+            "unrecognized arguments",
+        ),  # GA queued resources: no flex-start flags
+        (
+            [
+                "aws",
+                "ec2",
+                "run-instances",
+                "--region",
+                "us-east-1",
+                "--instance-type",
+                "g6.xlarge",
+                "--max-run-duration",
+                "4h",
+            ],
+            "Unknown options",
+        ),
     ],
 )
 def test_the_check_tells_a_refused_flag(argv, refusal, cli_env):

@@ -20,7 +20,9 @@ from deploy.runfile import load_run
 from .conftest import EXAMPLES, ROOT
 
 DOC = ROOT / "docs" / "deploy.md"
-BLOCK = re.compile(r"(<!-- dry-run: (?P<path>\S+) -->\n```sh\n)(?P<body>.*?)(```\n<!-- end dry-run -->)", re.DOTALL)
+BLOCK = re.compile(
+    r"(<!-- dry-run: (?P<path>\S+) -->\n```sh\n)(?P<body>.*?)(```\n<!-- end dry-run -->)", re.DOTALL
+)
 
 
 def dry_run(path: str) -> str:
@@ -32,11 +34,16 @@ def test_every_example_dry_run_is_in_the_doc_as_printed():
     blocks = {m["path"]: m["body"] for m in BLOCK.finditer(DOC.read_text())}
     assert sorted(blocks) == sorted(str(p.relative_to(ROOT)) for p in EXAMPLES)
     for path, body in blocks.items():
-        assert body == dry_run(path), f"{path}: regenerate with `PYTHONPATH=$PWD python -m tests.deploy.test_docs`"
+        assert body == dry_run(path), (
+            f"{path}: regenerate with `PYTHONPATH=$PWD python -m tests.deploy.test_docs`"
+        )
 
 
 def test_hourly_prices_are_the_price_rows():
-    rows = {row["name"]: row["usd_per_hour"] for row in tomllib.loads((ROOT / "eval" / "data" / "prices.toml").read_text())["price"]}
+    rows = {
+        row["name"]: row["usd_per_hour"]
+        for row in tomllib.loads((ROOT / "eval" / "data" / "prices.toml").read_text())["price"]
+    }
     cited = re.findall(r"\| `([\w.-]+)` \| \$([\d.]+) \|", DOC.read_text())
     assert len(cited) >= 6
     for name, usd in cited:

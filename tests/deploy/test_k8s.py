@@ -254,7 +254,11 @@ def test_service_reaches_engines_through_the_headless_service(docs):
 
 def test_autoscalers(docs):
     engine_hpa = find(docs, "HorizontalPodAutoscaler", "vllm-engine")
-    assert engine_hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "vllm-engine"}
+    assert engine_hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "vllm-engine",
+    }
     (metric,) = engine_hpa["spec"]["metrics"]
     assert metric["type"] == "Pods"
     assert metric["pods"]["metric"]["name"] == ENGINE_METRIC
@@ -267,7 +271,9 @@ def test_autoscalers(docs):
     assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
     assert metric["resource"]["target"]["type"] == "Utilization"
     # A CPU utilisation target needs a CPU request on every container it averages over.
-    assert container(find(docs, "Deployment", "opendecide-service"), "service")["resources"]["requests"]["cpu"]
+    assert container(find(docs, "Deployment", "opendecide-service"), "service")["resources"]["requests"][
+        "cpu"
+    ]
     assert service_hpa["spec"]["minReplicas"] >= 2
 
 
@@ -341,7 +347,10 @@ def test_pod_monitoring_fields(docs):
     known_spec = {"selector", "endpoints", "targetLabels", "limits", "filterRunning"}
     known_endpoint = {"port", "path", "interval", "scheme", "timeout", "metricRelabeling", "params", "proxyUrl",
                       "authorization", "basicAuth", "oauth2", "tls"}  # fmt: skip
-    for name, container_name, port in (("vllm-engine", "vllm", 8000), ("opendecide-service", "service", 8080)):
+    for name, container_name, port in (
+        ("vllm-engine", "vllm", 8000),
+        ("opendecide-service", "service", 8080),
+    ):
         monitor = find(docs, "PodMonitoring", name)
         assert monitor["apiVersion"] == "monitoring.googleapis.com/v1"
         assert set(monitor) == {"apiVersion", "kind", "metadata", "spec"}

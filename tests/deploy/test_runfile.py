@@ -45,7 +45,11 @@ def good() -> dict:
         (lambda d: d.update(zones="x"), "zones", "unknown field"),
         (lambda d: d["engine"].update(max_model_len=0), "engine.max_model_len", "positive integer"),
         (lambda d: d["engine"].update(max_num_seqs=True), "engine.max_num_seqs", "positive integer"),
-        (lambda d: d["engine"].update(extra_flags="--enforce-eager"), "engine.extra_flags", "list of strings"),
+        (
+            lambda d: d["engine"].update(extra_flags="--enforce-eager"),
+            "engine.extra_flags",
+            "list of strings",
+        ),
         (lambda d: d.update(model=[]), "model", "at least one"),
         (lambda d: d["model"][0].pop("id"), "model[0].id", "required"),
         (lambda d: d["model"][0].update(modalities=["smell"]), "model[0].modalities", "image, audio, video"),

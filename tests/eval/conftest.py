@@ -10,7 +10,6 @@ import pytest
 from deploy.processes import free_port
 
 
-
 def copy_run(source: Path, tmp_path: Path, name: str = "run") -> Path:
     return Path(shutil.copytree(source, tmp_path / name))
 
@@ -42,7 +41,9 @@ def load_run(local_engine, tmp_path_factory) -> Path:
     from eval.sweep import run_sweep, write_sweep_report
 
     out = tmp_path_factory.mktemp("load-run") / "load"
-    rows = asyncio.run(run_sweep(local_engine, out, concurrencies=(1, 8), passes=1, requests=8, long_tokens=()))
+    rows = asyncio.run(
+        run_sweep(local_engine, out, concurrencies=(1, 8), passes=1, requests=8, long_tokens=())
+    )
     write_sweep_report(rows, out, "embedded (test)")
     return out
 

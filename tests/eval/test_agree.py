@@ -63,10 +63,14 @@ async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
     assert manifest["run"] == "agree" and manifest["reads"] == {"a": "a.jsonl", "b": "b.jsonl"}
     assert manifest["images"] == {"engine": None, "service": None}
     a_rows = [json.loads(line) for line in (first / "a.jsonl").read_text().splitlines()]
-    assert len(a_rows) == 6 and all(row["status"] == "ok" and row["options"] == ["true", "false"] for row in a_rows)
+    assert len(a_rows) == 6 and all(
+        row["status"] == "ok" and row["options"] == ["true", "false"] for row in a_rows
+    )
 
     with pytest.raises(RunRefused, match="limit"):
-        await run_agreement("local", "local:topk", top_k=2, out=second, reuse_a=first, **{**options, "limit": 5})
+        await run_agreement(
+            "local", "local:topk", top_k=2, out=second, reuse_a=first, **{**options, "limit": 5}
+        )
     again = await run_agreement("local", "local:topk", top_k=2, out=second, reuse_a=first, **options)
     assert not (second / "a.jsonl").exists()
     assert agreement_reads(second)["a"] == (first / "a.jsonl").resolve()

@@ -23,14 +23,26 @@ def leaning_run(path, version: str = PROMPT_VERSION) -> None:
     options = list(TASKS["ag_news"].options)
     lines = []
     for record in load_sample("ag_news")[:200]:
-        weights = rng.dirichlet(np.ones(4)) * np.where(np.array(options) == record.gold, 3.0, 1.0) * np.array([LEAN, 1, 1, 1])
+        weights = (
+            rng.dirichlet(np.ones(4))
+            * np.where(np.array(options) == record.gold, 3.0, 1.0)
+            * np.array([LEAN, 1, 1, 1])
+        )
         probabilities = dict(zip(options, (weights / weights.sum()).tolist()))
         lines.append(json.dumps({"id": record.id, "task": "ag_news", "variant": "original", "gold": record.gold, "options": options,
                                  "status": "ok", "probabilities": probabilities, "reading": {"raw_probabilities": probabilities}, "latency_ms": 1.0,
                                  "predicted": max(probabilities, key=probabilities.get)}))  # fmt: skip
     path.mkdir()
     run = {"kind": "local", "model": "m", "revision": "r"}
-    write_json(path / "manifest.json", {"engines": {"run": run}, "prompt_version": version, "status": "success", "args": {"tasks": ["ag_news"]}})
+    write_json(
+        path / "manifest.json",
+        {
+            "engines": {"run": run},
+            "prompt_version": version,
+            "status": "success",
+            "args": {"tasks": ["ag_news"]},
+        },
+    )
     (path / "records.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -38,7 +50,15 @@ def measured_prior(out, version: str = PROMPT_VERSION) -> None:
     """What content-free reads of a model with that lean give: the lean alone."""
     prior = dict(zip(TASKS["ag_news"].options, (np.array([LEAN, 1, 1, 1]) / (LEAN + 3)).tolist()))
     out.mkdir(exist_ok=True)
-    write_json(out / PRIORS, {"prompt_version": version, "model": "m", "revision": "r", "tasks": {"ag_news": {"prior": prior, "states": ["", "N/A"]}}})
+    write_json(
+        out / PRIORS,
+        {
+            "prompt_version": version,
+            "model": "m",
+            "revision": "r",
+            "tasks": {"ag_news": {"prior": prior, "states": ["", "N/A"]}},
+        },
+    )
 
 
 async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
@@ -46,12 +66,24 @@ async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
     measured_prior(tmp_path / "out")
     report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=5)
     scored = report["tasks"]["ag_news"]
-    assert scored["n"] == 200 and set(scored) == {"n", "raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior"}
+    assert scored["n"] == 200 and set(scored) == {
+        "n",
+        "raw",
+        "temperature",
+        "temperature_bias",
+        "prior",
+        "prior_temperature",
+        "state_prior",
+    }
     assert scored["temperature"]["accuracy"] == scored["raw"]["accuracy"]  # T never moves the top option
     assert scored["temperature_bias"]["accuracy"] > scored["raw"]["accuracy"] + 0.05
     assert scored["prior"]["accuracy"] > scored["raw"]["accuracy"] + 0.1
-    assert scored["prior_temperature"]["accuracy"] == scored["prior"]["accuracy"]  # T on the corrected reads keeps their top option
-    assert scored["state_prior"]["accuracy"] > scored["raw"]["accuracy"] + 0.1  # the lean, found from the states alone
+    assert (
+        scored["prior_temperature"]["accuracy"] == scored["prior"]["accuracy"]
+    )  # T on the corrected reads keeps their top option
+    assert (
+        scored["state_prior"]["accuracy"] > scored["raw"]["accuracy"] + 0.1
+    )  # the lean, found from the states alone
     for mode in ("raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior"):
         lo, hi = scored[mode]["ece_floor_range"]
         assert 0 <= lo < scored[mode]["ece_floor"] < hi
@@ -62,7 +94,10 @@ async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
 async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
     leaning_run(tmp_path / "run", version="decide-prompt/2")  # a layout the code no longer has
     report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine="local", splits=2)
-    assert not {"prior", "prior_temperature"} & set(report["tasks"]["ag_news"]) and "decide-prompt/2" in report["prior_note"]  # no engine was opened
+    assert (
+        not {"prior", "prior_temperature"} & set(report["tasks"]["ag_news"])
+        and "decide-prompt/2" in report["prior_note"]
+    )  # no engine was opened
     assert "state_prior" in report["tasks"]["ag_news"]  # fitted on the run's own reads: no engine, any layout
     measured_prior(tmp_path / "out")  # measured under this code's version, the run under another
     with pytest.raises(ValueError, match="measured under"):
@@ -73,7 +108,9 @@ async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
 
 async def test_a_prior_is_measured_under_the_runs_own_layout():
     """A run read under an earlier layout gets its prior from that layout's prompts, not the current one's."""
-    old = await measure_priors("local", ["sst2"], prompt_version="decide-prompt/1", label_styles=["words", "codes"])
+    old = await measure_priors(
+        "local", ["sst2"], prompt_version="decide-prompt/1", label_styles=["words", "codes"]
+    )
     new = await measure_priors("local", ["sst2"])
     assert (old["prompt_version"], new["prompt_version"]) == ("decide-prompt/1", PROMPT_VERSION)
     assert old["tasks"]["sst2"]["prior"] != pytest.approx(new["tasks"]["sst2"]["prior"], abs=1e-3)

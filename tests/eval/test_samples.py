@@ -24,7 +24,10 @@ def test_shipped_sample_matches_its_manifest(task):
     records = load_sample(task)
     assert len(records) == SAMPLE_SIZE == entry["records"]
     assert len({record.id for record in records}) == SAMPLE_SIZE
-    assert all(record.id.startswith(f"{task}-") and record.text == record.text.strip() and record.text for record in records)
+    assert all(
+        record.id.startswith(f"{task}-") and record.text == record.text.strip() and record.text
+        for record in records
+    )
     assert {record.gold for record in records} == set(TASKS[task].options)
     assert entry["licence"] and entry["upstream"] and entry["source_sha256"]
 

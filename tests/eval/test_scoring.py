@@ -43,7 +43,9 @@ def test_paired_bootstrap_on_known_data():
     difference, lo, hi = paired_bootstrap(a, b)
     assert difference == pytest.approx(0.10)
     # the paired difference is a mean of 100 draws of {0, 1} with p = 0.1: sd ≈ 0.03
-    assert lo == pytest.approx(0.10 - 1.96 * 0.03, abs=0.015) and hi == pytest.approx(0.10 + 1.96 * 0.03, abs=0.015)
+    assert lo == pytest.approx(0.10 - 1.96 * 0.03, abs=0.015) and hi == pytest.approx(
+        0.10 + 1.96 * 0.03, abs=0.015
+    )
     assert paired_bootstrap(a, b) == (difference, lo, hi)  # fixed seed: reproducible
     same = paired_bootstrap(a, a)
     assert same == (0.0, 0.0, 0.0)
@@ -70,10 +72,20 @@ def test_compare_refuses_different_records_or_gold(tmp_path):
 def write_run(path, *, correct, gold="positive", images=None, image_digest=None):
     """A run directory: ``images`` as manifests write them now, or an older manifest's ``image_digest``."""
     path.mkdir()
-    manifest = {"data_sha256": {"sst2": "x"}, **({"images": images} if images else {"image_digest": image_digest})}
+    manifest = {
+        "data_sha256": {"sst2": "x"},
+        **({"images": images} if images else {"image_digest": image_digest}),
+    }
     (path / "manifest.json").write_text(json.dumps(manifest))
     rows = [
-        {"id": f"sst2-{i}", "task": "sst2", "variant": "original", "status": "ok", "gold": gold, "predicted": "positive" if ok else "negative"}
+        {
+            "id": f"sst2-{i}",
+            "task": "sst2",
+            "variant": "original",
+            "status": "ok",
+            "gold": gold,
+            "predicted": "positive" if ok else "negative",
+        }
         for i, ok in enumerate(correct)
     ]
     (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -111,5 +123,7 @@ def test_compare_command_refuses_with_exit_code_2(tmp_path):
     write_run(tmp_path / "b", correct=[1, 0], images={"engine": "e@sha256:1", "service": "s@sha256:2"})
     refused = CliRunner().invoke(app, ["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b")])
     assert refused.exit_code == 2 and "different service images" in refused.output
-    allowed = CliRunner().invoke(app, ["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--allow-different-image"])
+    allowed = CliRunner().invoke(
+        app, ["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--allow-different-image"]
+    )
     assert allowed.exit_code == 0 and "| sst2 | 2 of 2 |" in allowed.stdout

@@ -39,7 +39,12 @@ def client_over(emulator: str, session: requests.Session):
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    return storage.Client(project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": emulator}, _http=session)
+    return storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": emulator},
+        _http=session,
+    )
 
 
 def test_upload_then_download_gives_the_same_files(bucket, tmp_path, tasks_run):
@@ -61,7 +66,9 @@ def test_upload_then_download_gives_the_same_files(bucket, tmp_path, tasks_run):
         assert (tmp_path / "down" / f["path"]).read_bytes() == (run / f["path"]).read_bytes()
     manifest = json.loads((tmp_path / "down" / "manifest.json").read_text())
     original = json.loads((run / "manifest.json").read_text())
-    assert {k: v for k, v in manifest.items() if k != "files"} == original  # the run's manifest, plus the file list
+    assert {
+        k: v for k, v in manifest.items() if k != "files"
+    } == original  # the run's manifest, plus the file list
     assert manifest["files"] == files and verify_run(tmp_path / "down") == len(files)
     assert not list((tmp_path / "down").rglob("*.part"))
 
@@ -83,7 +90,9 @@ def test_the_skip_rests_on_the_stored_crc32c(bucket, tmp_path, load_run):
     assert changed.sent == ["load.md"] and changed.manifest_written
 
 
-def test_an_interrupted_upload_is_incomplete_and_a_rerun_sends_only_what_is_missing(emulator, bucket, tmp_path, tasks_run):
+def test_an_interrupted_upload_is_incomplete_and_a_rerun_sends_only_what_is_missing(
+    emulator, bucket, tmp_path, tasks_run
+):
     _, name = bucket
     run = copy_run(tasks_run, tmp_path)
     files = [f["path"] for f in run_files(run)]
@@ -98,7 +107,9 @@ def test_an_interrupted_upload_is_incomplete_and_a_rerun_sends_only_what_is_miss
     counting = CountingSession()
     rerun = upload_run(run, f"gs://{name}/half", client=client_over(emulator, counting))
     assert rerun.skipped == files[:4] and rerun.sent == files[4:] and rerun.manifest_written
-    assert counting.uploads == len(files) - 4 + 1  # on the wire too: only the missing objects and the manifest
+    assert (
+        counting.uploads == len(files) - 4 + 1
+    )  # on the wire too: only the missing objects and the manifest
     got = download_run(f"gs://{name}/half", tmp_path / "down", client=storage_client(emulator))
     assert sorted(got.sent) == sorted(files) and verify_run(tmp_path / "down") == len(files)
 
@@ -127,7 +138,9 @@ def test_download_refuses_a_corrupted_or_missing_object_naming_it(bucket, tmp_pa
     same_size = bytearray((run / "summary.json").read_bytes())
     same_size[10] = ord("#")
     client.bucket(name).blob("r/summary.json").upload_from_string(bytes(same_size))
-    with pytest.raises(TransferRefused, match=r"^summary.json: sha256 [0-9a-f]{64} does not match the manifest's"):
+    with pytest.raises(
+        TransferRefused, match=r"^summary.json: sha256 [0-9a-f]{64} does not match the manifest's"
+    ):
         download_run(f"gs://{name}/r", tmp_path / "b", client=client)
     client.bucket(name).blob("r/summary.json").delete()
     with pytest.raises(TransferRefused, match=r"^summary.json: listed in the manifest, missing from gs://"):
@@ -145,7 +158,10 @@ def test_a_download_resumes_and_refuses_strays(bucket, tmp_path, load_run):
     again = download_run(f"gs://{name}/r", down, client=client)
     assert again.sent == ["load.png"] and "load.jsonl" in again.skipped and (down / "manifest.json").is_file()
     (down / "load.png.part").write_bytes(b"cut off")  # a download killed mid-file
-    assert download_run(f"gs://{name}/r", down, client=client).sent == [] and not (down / "load.png.part").exists()
+    assert (
+        download_run(f"gs://{name}/r", down, client=client).sent == []
+        and not (down / "load.png.part").exists()
+    )
     (down / "other.txt").write_text("not this run's")
     with pytest.raises(TransferRefused, match=r"holds files the manifest does not list \(other.txt\)"):
         download_run(f"gs://{name}/r", down, client=client)
@@ -172,7 +188,9 @@ def test_bad_input_is_named(bucket, tmp_path):
     client.bucket(name).blob("torn/manifest.json").upload_from_string(b'{"files": [')
     with pytest.raises(TransferRefused, match=f"gs://{name}/torn/manifest.json is not JSON"):
         download_run(f"gs://{name}/torn", tmp_path / "d", client=client)
-    client.bucket(name).blob("hand/manifest.json").upload_from_string(b'{"files": [{"path": "../escape", "bytes": 1, "sha256": "0"}]}')
+    client.bucket(name).blob("hand/manifest.json").upload_from_string(
+        b'{"files": [{"path": "../escape", "bytes": 1, "sha256": "0"}]}'
+    )
     with pytest.raises(TransferRefused, match="bad file entry"):
         download_run(f"gs://{name}/hand", tmp_path / "d", client=client)
     client.bucket(name).blob("old/manifest.json").upload_from_string(b'{"kind": "tasks"}')
@@ -187,10 +205,14 @@ def test_upload_and_download_commands(emulator, bucket, tmp_path, load_run):
     up = runner.invoke(app, ["eval", "upload", str(run), f"gs://{name}/cli", "--endpoint", emulator])
     assert up.exit_code == 0, up.output
     assert f"gs://{name}/cli: 4 files sent, 0 already there; manifest.json written last" in up.output
-    down = runner.invoke(app, ["eval", "download", f"gs://{name}/cli", str(tmp_path / "down"), "--endpoint", emulator])
+    down = runner.invoke(
+        app, ["eval", "download", f"gs://{name}/cli", str(tmp_path / "down"), "--endpoint", emulator]
+    )
     assert down.exit_code == 0, down.output
     assert "4 files fetched, 0 already there, all 4 match the manifest's sha256" in down.output
-    missing = runner.invoke(app, ["eval", "download", f"gs://{name}/nothing", str(tmp_path / "x"), "--endpoint", emulator])
+    missing = runner.invoke(
+        app, ["eval", "download", f"gs://{name}/nothing", str(tmp_path / "x"), "--endpoint", emulator]
+    )
     assert missing.exit_code == 2 and "manifest.json is absent" in missing.output
     bad = runner.invoke(app, ["eval", "upload", str(run), "bucket/prefix", "--endpoint", emulator])
     assert bad.exit_code == 2 and "is not gs://BUCKET" in bad.output

@@ -24,7 +24,9 @@ def test_build_and_verify(tmp_path):
     digests = build_from_tasks(tmp_path)
     records, checks = load_suite(tmp_path)
     assert {subset: check["sha256"] for subset, check in checks.items()} == digests and len(records) == 1200
-    assert {check["status"] for check in checks.values()} == {"unknown"}  # no published checksum for the task samples
+    assert {check["status"] for check in checks.values()} == {
+        "unknown"
+    }  # no published checksum for the task samples
     irony = [r for r in records if r.subset == "irony"]
     assert {r.gold for r in irony} == {"true", "false"} and irony[0].question_type == "noul"
     (tmp_path / "sst2" / "all.jsonl").write_bytes((tmp_path / "sst2" / "all.jsonl").read_bytes() + b"\n")
@@ -35,14 +37,21 @@ def test_build_and_verify(tmp_path):
 def test_jev_minus_arm_hand_computed():
     difference, lo, hi = jev_minus_arm(0.8, 400, 0.7, 300)
     se = (0.8 * 0.2 / 400 + 0.7 * 0.3 / 300) ** 0.5
-    assert difference == pytest.approx(0.1) and (lo, hi) == pytest.approx((0.1 - 1.959964 * se, 0.1 + 1.959964 * se))
+    assert difference == pytest.approx(0.1) and (lo, hi) == pytest.approx(
+        (0.1 - 1.959964 * se, 0.1 + 1.959964 * se)
+    )
 
 
 @pytest.mark.slow  # 48 reads
 async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     data = tmp_path / "suite"
     build_from_tasks(data)
-    for subset in ("sst2", "ag_news", "emotion", "irony"):  # keep 12 records of each subset (manifests dropped)
+    for subset in (
+        "sst2",
+        "ag_news",
+        "emotion",
+        "irony",
+    ):  # keep 12 records of each subset (manifests dropped)
         lines = (data / subset / "all.jsonl").read_text().splitlines()[:12]
         (data / subset / "all.jsonl").write_text("\n".join(lines) + "\n")
         (data / subset / "manifest.json").unlink()
@@ -63,7 +72,9 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     # what ``decide eval suite`` calls: the engine by spec, the run resumed (nothing left to read), then the report files
     again = await score_suite_with_engine("local", data, out, allow_unverified=True)
     assert len((out / "records.jsonl").read_text().splitlines()) == 48
-    assert json.loads((out / "suite.json").read_text()) == json.loads(json.dumps(again)) and (out / "suite.md").read_text() == suite_table(again)
+    assert json.loads((out / "suite.json").read_text()) == json.loads(json.dumps(again)) and (
+        out / "suite.md"
+    ).read_text() == suite_table(again)
 
 
 async def test_subsets_sharing_ids_are_kept_apart_and_resume_is_guarded(local_engine, tmp_path):
@@ -85,6 +96,10 @@ async def test_subsets_sharing_ids_are_kept_apart_and_resume_is_guarded(local_en
     out = tmp_path / "run"
     await run_suite(local_engine, data, out, allow_unverified=True)
     report = score_suite(out)
-    assert report["subsets"]["sst2"]["n"] == 4 and report["subsets"]["sst2-copy"]["n"] == 4 and report["overall"]["n"] == 12
+    assert (
+        report["subsets"]["sst2"]["n"] == 4
+        and report["subsets"]["sst2-copy"]["n"] == 4
+        and report["overall"]["n"] == 12
+    )
     with pytest.raises(RunRefused, match="read mode"):
         await run_suite(local_engine.with_top_k(2), data, out, allow_unverified=True)

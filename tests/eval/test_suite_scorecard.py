@@ -52,7 +52,10 @@ def test_level_mae_and_spearman_by_hand():
 def test_distances_by_hand():
     p, q = np.array([[0.9, 0.1], [0.25, 0.75]]), np.array([[0.6, 0.4], [0.25, 0.75]])
     m = (p[0] + q[0]) / 2
-    kl = lambda a, b: sum(x * math.log2(x / y) for x, y in zip(a, b) if x > 0)
+
+    def kl(a, b):
+        return sum(x * math.log2(x / y) for x, y in zip(a, b) if x > 0)
+
     assert js_divergence_bits(p, q) == pytest.approx([0.5 * kl(p[0], m) + 0.5 * kl(q[0], m), 0.0], abs=1e-12)
     assert total_variation(p, q) == pytest.approx([0.3, 0.0])
     assert js_divergence_bits([[1.0, 0.0, 0.0]], [[0.0, 0.5, 0.5]]) == pytest.approx([1.0])
@@ -66,15 +69,28 @@ def test_family_bootstrap_clusters_whole_families():
     # 4 families of 10 identical records each: 2 all right, 2 all wrong.
     families = [f"f{i // 10}" for i in range(40)]
     correct = np.array([i < 20 for i in range(40)], dtype=float)
-    accuracy = lambda ix: {"accuracy": float(correct[ix].mean())}
+
+    def accuracy(ix):
+        return {"accuracy": float(correct[ix].mean())}
+
     clustered = family_bootstrap(["s"] * 40, families, accuracy, resamples=400, seed=1)["accuracy"]
-    per_record = family_bootstrap(["s"] * 40, [str(i) for i in range(40)], accuracy, resamples=400, seed=1)["accuracy"]
+    per_record = family_bootstrap(["s"] * 40, [str(i) for i in range(40)], accuracy, resamples=400, seed=1)[
+        "accuracy"
+    ]
     # with 4 families a resample can hold no right family at all; 40 independent records cannot swing so far
     assert clustered[0] <= 0.25 and clustered[1] >= 0.75
     assert 0.25 < per_record[0] < 0.5 < per_record[1] < 0.75
-    assert family_bootstrap(["s"] * 40, families, accuracy, resamples=400, seed=1)["accuracy"] == clustered  # seeded
+    assert (
+        family_bootstrap(["s"] * 40, families, accuracy, resamples=400, seed=1)["accuracy"] == clustered
+    )  # seeded
     # every resample keeps each stratum's family count: a one-family stratum is always drawn whole
-    both = family_bootstrap(["a"] * 3 + ["b"] * 2, ["x"] * 3 + ["y", "z"], lambda ix: {"n_a": float((ix < 3).sum())}, resamples=50, seed=0)
+    both = family_bootstrap(
+        ["a"] * 3 + ["b"] * 2,
+        ["x"] * 3 + ["y", "z"],
+        lambda ix: {"n_a": float((ix < 3).sum())},
+        resamples=50,
+        seed=0,
+    )
     assert both["n_a"] == (3.0, 3.0)
     assert family_bootstrap(["s"], ["f"], lambda ix: {"none": None}, resamples=5, seed=0) == {"none": None}
     with pytest.raises(ValueError, match="resamples"):
@@ -88,7 +104,10 @@ def test_checksum_status_and_the_shipped_table():
     assert checksum_status("ab", published=None, manifest="cd") == "mismatch"
     assert checksum_status("ab", published=None, manifest=None) == "unknown"
     # the published vitaminc-dev dataset_sha256 (Nimble docs/PUBLIC_BENCHMARKS.md) ships inside the package
-    assert published_checksums()["vitaminc-dev"] == "6144a345cb8846b6594f07a0037b1221b2d9633b20d8a9bfd14f9111d15965bc"
+    assert (
+        published_checksums()["vitaminc-dev"]
+        == "6144a345cb8846b6594f07a0037b1221b2d9633b20d8a9bfd14f9111d15965bc"
+    )
 
 
 # -- a small suite in the contract's format
@@ -99,7 +118,11 @@ SCORE_LEVELS = ["very negative", "negative", "mixed", "positive", "very positive
 def _score_subset(n: int) -> list[dict]:
     """SST-2 reviews asked as a 5-level score; gold 4 or 3 for positive, 0 or 1 for negative; families of 2."""
     records = spread(load_sample("sst2"), n)
-    question = {"type": "score", "instructions": "How positive is this movie review?", "criteria": SCORE_LEVELS}
+    question = {
+        "type": "score",
+        "instructions": "How positive is this movie review?",
+        "criteria": SCORE_LEVELS,
+    }
     return [
         {
             "id": r.id, "split": "test", "domain": "reviews", "family": f"review-pair-{i // 2}", "source_family": "sst2",
@@ -155,13 +178,20 @@ def scorecard_run(local_engine, tmp_path_factory) -> tuple[Path, Path]:
 
 def test_a_published_checksum_mismatch_refuses_by_default(local_engine, tmp_path):
     data = _suite(tmp_path / "suite", n=2)
-    with pytest.raises(RunRefused, match=r"vitaminc-dev/all.jsonl has sha256 \w+, the published table says 6144a345.*--allow-mismatch"):
+    with pytest.raises(
+        RunRefused,
+        match=r"vitaminc-dev/all.jsonl has sha256 \w+, the published table says 6144a345.*--allow-mismatch",
+    ):
         load_suite(data)
     with pytest.raises(RunRefused, match="allow-mismatch"):
         asyncio.run(run_suite(local_engine, data, tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # refused before anything was read or written
     records, checks = load_suite(data, allow_mismatch=True)
-    assert checks["vitaminc-dev"]["status"] == "mismatch" and checks["irony-votes"]["status"] == "unknown" and len(records) == 6
+    assert (
+        checks["vitaminc-dev"]["status"] == "mismatch"
+        and checks["irony-votes"]["status"] == "unknown"
+        and len(records) == 6
+    )
     # the same bytes against a table that publishes them: verified
     table = {"vitaminc-dev": checks["vitaminc-dev"]["sha256"]}
     assert load_suite(data, published=table)[1]["vitaminc-dev"]["status"] == "verified"
@@ -177,11 +207,23 @@ def test_a_published_checksum_mismatch_refuses_by_default(local_engine, tmp_path
     [
         (lambda r: r.pop("family"), r"line 1: no 'family'"),
         (lambda r: r["reference"].pop("target"), r"line 1 \(id '.+'\): no reference.target"),
-        (lambda r: r["reference"].update(target=7), r"reference.target: a score answer is a level from 0 to 4, not 7"),
-        (lambda r: r["reference"].update(distribution={"0": 1.0}), r"reference.distribution must give each of \['0', '1', '2', '3', '4'\]"),
-        (lambda r: r["reference"].update(distribution=dict.fromkeys("01234", 0.3)), "non-negative numbers summing to 1"),
+        (
+            lambda r: r["reference"].update(target=7),
+            r"reference.target: a score answer is a level from 0 to 4, not 7",
+        ),
+        (
+            lambda r: r["reference"].update(distribution={"0": 1.0}),
+            r"reference.distribution must give each of \['0', '1', '2', '3', '4'\]",
+        ),
+        (
+            lambda r: r["reference"].update(distribution=dict.fromkeys("01234", 0.3)),
+            "non-negative numbers summing to 1",
+        ),
         (lambda r: r["input"].update(questions={}), "input is not a Jev request"),
-        (lambda r: r["input"]["questions"].update(again=r["input"]["questions"]["rating"]), "one question per record expected"),
+        (
+            lambda r: r["input"]["questions"].update(again=r["input"]["questions"]["rating"]),
+            "one question per record expected",
+        ),
     ],
 )
 def test_records_breaking_the_contract_are_refused_by_field(tmp_path, change, message):
@@ -220,8 +262,13 @@ def test_scorecard_of_a_real_run(scorecard_run):
     report = score_suite(out, resamples=300)
     rows = load_rows(out)
     assert len(rows) == 24 and report["errors"] == 0 and all(row["status"] == "ok" for row in rows)
-    by_subset = {s: [row for row in rows if row["subset"] == s] for s in ("sentiment-score", "irony-votes", "vitaminc-dev")}
-    accuracy = {s: np.mean([row["predicted"] == row["gold"] for row in mine]) for s, mine in by_subset.items()}
+    by_subset = {
+        s: [row for row in rows if row["subset"] == s]
+        for s in ("sentiment-score", "irony-votes", "vitaminc-dev")
+    }
+    accuracy = {
+        s: np.mean([row["predicted"] == row["gold"] for row in mine]) for s, mine in by_subset.items()
+    }
 
     # pooled over records and macro over subsets, overall and per question type
     overall = report["overall"]
@@ -251,15 +298,31 @@ def test_scorecard_of_a_real_run(scorecard_run):
     assert 0 < votes["js_divergence_bits"] < 1 and "mae" not in votes
 
     # family-clustered 95% ranges around every figure, reproducible for a seed
-    figures = [(overall, "accuracy"), (overall, "macro_accuracy"), (score, "accuracy"), (score, "mae"), (score, "ece"), (score, "brier"), (votes, "total_variation")]
+    figures = [
+        (overall, "accuracy"),
+        (overall, "macro_accuracy"),
+        (score, "accuracy"),
+        (score, "mae"),
+        (score, "ece"),
+        (score, "brier"),
+        (votes, "total_variation"),
+    ]
     for entry, metric in figures:
         lo, hi = entry[f"{metric}_family_ci95"]
         assert lo <= hi and lo <= entry[metric] + 1e-9 and entry[metric] - 1e-9 <= hi
-    assert report["bootstrap"] == {"resamples": 300, "seed": 0, "cluster": "family, resampled within each subset", "interval": "percentile 2.5-97.5"}
+    assert report["bootstrap"] == {
+        "resamples": 300,
+        "seed": 0,
+        "cluster": "family, resampled within each subset",
+        "interval": "percentile 2.5-97.5",
+    }
     assert score_suite(out, resamples=300) == report
 
     # the checksum checks travel with the run
-    assert report["subsets"]["vitaminc-dev"]["checksum"] == "mismatch" and report["subsets"]["irony-votes"]["checksum"] == "unknown"
+    assert (
+        report["subsets"]["vitaminc-dev"]["checksum"] == "mismatch"
+        and report["subsets"]["irony-votes"]["checksum"] == "unknown"
+    )
     table = suite_table(report)
     assert "| all | 3 | 24 |" in table and "| sentiment-score | 8 | " in table
     assert "Jensen–Shannon divergence, bits" in table and "0 verified, 1 mismatch, 2 unknown" in table
@@ -277,9 +340,14 @@ def test_the_command_refuses_a_mismatch_and_scores_with_the_flag(scorecard_run, 
     runner = CliRunner()
     refused = runner.invoke(app, ["eval", "suite", "--data", str(data), "--out", str(out)])
     assert refused.exit_code == 1 and "refused: vitaminc-dev/all.jsonl has sha256" in refused.output
-    scored = runner.invoke(app, ["eval", "suite", "--data", str(data), "--out", str(out), "--allow-mismatch", "--resamples", "50"])
+    scored = runner.invoke(
+        app,
+        ["eval", "suite", "--data", str(data), "--out", str(out), "--allow-mismatch", "--resamples", "50"],
+    )
     assert scored.exit_code == 0, scored.output
     assert len((out / "records.jsonl").read_text().splitlines()) == 24  # resumed: nothing read again
     report = json.loads((out / "suite.json").read_text())
-    assert report["bootstrap"]["resamples"] == 50 and report["subsets"]["vitaminc-dev"]["checksum"] == "mismatch"
+    assert (
+        report["bootstrap"]["resamples"] == 50 and report["subsets"]["vitaminc-dev"]["checksum"] == "mismatch"
+    )
     assert (out / "suite.md").read_text() == suite_table(report) and "| all | 3 | 24 |" in scored.output

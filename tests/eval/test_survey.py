@@ -19,7 +19,11 @@ META = load_metadata(METADATA)
 
 @pytest.mark.parametrize(
     "model, published_parameters",
-    [("Qwen/Qwen3-4B", 4_022_468_096), ("ibm-granite/granite-3.3-2b-instruct", 2_533_539_840), ("google/gemma-3-270m", 268_098_176)],
+    [
+        ("Qwen/Qwen3-4B", 4_022_468_096),
+        ("ibm-granite/granite-3.3-2b-instruct", 2_533_539_840),
+        ("google/gemma-3-270m", 268_098_176),
+    ],
 )
 def test_parameter_count_from_the_config(model, published_parameters):
     assert parameter_count(META[model]["config"]) == published_parameters
@@ -29,12 +33,17 @@ def test_kv_bytes_per_token():
     # Qwen3-4B: 2 × 36 layers × 8 KV heads × 128 × 2 bytes
     assert kv_bytes_per_token(META["Qwen/Qwen3-4B"]["config"], max_model_len=4096, dtype_bytes=2) == 147_456
     # Gemma 3 270M: 3 full layers + 15 sliding (window 512 of 4096 tokens) × 2 × 1 × 256 × 2
-    assert kv_bytes_per_token(META["google/gemma-3-270m"]["config"], max_model_len=4096, dtype_bytes=2) == pytest.approx(1024 * (3 + 15 * 512 / 4096))
+    assert kv_bytes_per_token(
+        META["google/gemma-3-270m"]["config"], max_model_len=4096, dtype_bytes=2
+    ) == pytest.approx(1024 * (3 + 15 * 512 / 4096))
     shared = dict(META["Qwen/Qwen3-4B"]["config"], num_kv_shared_layers=6)
     assert kv_bytes_per_token(shared, max_model_len=4096, dtype_bytes=2) == 147_456 * 30 / 36
 
 
-@pytest.mark.parametrize("model", ["Qwen/Qwen3-4B", "ibm-granite/granite-3.3-2b-instruct", "HuggingFaceTB/SmolLM3-3B", "Qwen/Qwen3-1.7B"])
+@pytest.mark.parametrize(
+    "model",
+    ["Qwen/Qwen3-4B", "ibm-granite/granite-3.3-2b-instruct", "HuggingFaceTB/SmolLM3-3B", "Qwen/Qwen3-1.7B"],
+)
 def test_kv_tokens_within_5_percent_of_v5e_measurements(model):
     row = survey_model(model, META[model], chip="v5e", max_model_len=4096)
     assert row.measured_kv_tokens
@@ -43,7 +52,12 @@ def test_kv_tokens_within_5_percent_of_v5e_measurements(model):
 
 
 def test_verdicts():
-    assert survey_model("Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096, reserve_gib=5.5).verdict == "tight"
+    assert (
+        survey_model(
+            "Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096, reserve_gib=5.5
+        ).verdict
+        == "tight"
+    )
     big = dict(META["Qwen/Qwen3-4B"], safetensors_total=8_000_000_000)
     assert survey_model("16GB", big, chip="v5e", max_model_len=4096).verdict == "no"
     assert survey_model("16GB", big, chip="v6e", max_model_len=4096).verdict == "fits"
@@ -51,7 +65,18 @@ def test_verdicts():
 
 def test_survey_command_offline_with_a_licence_filter():
     result = CliRunner().invoke(
-        app, ["survey", "Qwen/Qwen3-4B", "google/gemma-3-270m", "--chip", "v5e", "--metadata", str(METADATA), "--license", "apache-2.0,mit"]
+        app,
+        [
+            "survey",
+            "Qwen/Qwen3-4B",
+            "google/gemma-3-270m",
+            "--chip",
+            "v5e",
+            "--metadata",
+            str(METADATA),
+            "--license",
+            "apache-2.0,mit",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "Qwen/Qwen3-4B" in result.stdout and "50,688" in result.stdout
@@ -65,7 +90,7 @@ def test_parameter_count_matches_the_embedded_models_weights(embedded_model_dir)
     total = 0
     for shard in embedded_model_dir.glob("*.safetensors"):
         with safe_open(shard, "pt") as weights:
-            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())  # noqa: SIM118 (no __iter__)
+            total += sum(math.prod(weights.get_slice(name).get_shape()) for name in weights.keys())
     assert parameter_count(META["HuggingFaceTB/SmolLM2-135M-Instruct"]["config"]) == total
 
 
@@ -79,7 +104,10 @@ def test_predicted_beside_measured_from_a_real_vllm_cpu_log():
                                       "--measured", f"HuggingFaceTB/SmolLM2-135M-Instruct={VLLM_CPU_LOG}"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "| 1.00 (fixed pool) | 23,296 | 2.8x | 23,296 (+0.0%) | tight |" in result.stdout
-    assert "Predicted vs measured" in result.stdout and "| HuggingFaceTB/SmolLM2-135M-Instruct | cpu | 23,296 | 23,296 | +0.0% |" in result.stdout
+    assert (
+        "Predicted vs measured" in result.stdout
+        and "| HuggingFaceTB/SmolLM2-135M-Instruct | cpu | 23,296 | 23,296 | +0.0% |" in result.stdout
+    )
 
 
 def test_measured_capacity_from_a_run_manifest(tmp_path):
@@ -106,24 +134,61 @@ def test_measured_capacity_from_a_run_manifest(tmp_path):
 def test_tpu_memory_statistics_are_set_beside_the_prediction():
     measured = {"kv_capacity": {"kv_cache_tokens": 50688}, "memory_statistics": {"total_hbm_limit_cap_gib": 14.49, "total_hbm_used_gib": 7.81},
                 "source": "server.log"}  # fmt: skip
-    row = survey_model("Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096, measured=measured)
+    row = survey_model(
+        "Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096, measured=measured
+    )
     table = measured_table([row])
-    assert f"| Qwen/Qwen3-4B | v5e | {row.kv_tokens:,} | 50,688 |" in table and "| 14.49 | 14.49 |" in table and table.rstrip().endswith("| 7.81 |")
+    assert (
+        f"| Qwen/Qwen3-4B | v5e | {row.kv_tokens:,} | 50,688 |" in table
+        and "| 14.49 | 14.49 |" in table
+        and table.rstrip().endswith("| 7.81 |")
+    )
     # the metadata's recorded measurements stay in the main table; this one is for --measured only
-    assert measured_table([survey_model("Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096)]) == ""
+    assert (
+        measured_table([survey_model("Qwen/Qwen3-4B", META["Qwen/Qwen3-4B"], chip="v5e", max_model_len=4096)])
+        == ""
+    )
 
 
 def test_bad_survey_options_are_named():
     runner = CliRunner()
     no_pool = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "cpu", "--metadata", str(METADATA)])
     assert no_pool.exit_code == 2 and "--kv-cache-gib" in no_pool.output
-    stray = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(METADATA), "--measured", f"other={VLLM_CPU_LOG}"])
+    stray = runner.invoke(
+        app,
+        [
+            "survey",
+            "Qwen/Qwen3-4B",
+            "--chip",
+            "v5e",
+            "--metadata",
+            str(METADATA),
+            "--measured",
+            f"other={VLLM_CPU_LOG}",
+        ],
+    )
     assert stray.exit_code == 2 and "--measured" in stray.output
-    dtype = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(METADATA), "--dtype", "fp8"])
+    dtype = runner.invoke(
+        app, ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(METADATA), "--dtype", "fp8"]
+    )
     assert dtype.exit_code == 2 and "--dtype" in dtype.output
-    pool = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "l4", "--metadata", str(METADATA), "--kv-cache-gib", "0"])
+    pool = runner.invoke(
+        app, ["survey", "Qwen/Qwen3-4B", "--chip", "l4", "--metadata", str(METADATA), "--kv-cache-gib", "0"]
+    )
     assert pool.exit_code == 2 and "--kv-cache-gib" in pool.output
-    other_chip = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(METADATA), "--measured", f"Qwen/Qwen3-4B={VLLM_CPU_LOG}"])
+    other_chip = runner.invoke(
+        app,
+        [
+            "survey",
+            "Qwen/Qwen3-4B",
+            "--chip",
+            "v5e",
+            "--metadata",
+            str(METADATA),
+            "--measured",
+            f"Qwen/Qwen3-4B={VLLM_CPU_LOG}",
+        ],
+    )
     assert other_chip.exit_code == 2 and "CPU server, not v5e" in other_chip.output
     other_len = runner.invoke(app, ["survey", "HuggingFaceTB/SmolLM2-135M-Instruct", "--chip", "cpu", "--kv-cache-gib", "1", "--metadata", str(METADATA),
                                     "--measured", f"HuggingFaceTB/SmolLM2-135M-Instruct={VLLM_CPU_LOG}"])  # fmt: skip
@@ -131,26 +196,49 @@ def test_bad_survey_options_are_named():
 
 
 def test_vllm_dtype_names_are_taken():
-    result = CliRunner().invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA), "--dtype", "float"])
+    result = CliRunner().invoke(
+        app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA), "--dtype", "float"]
+    )
     assert result.exit_code == 0, result.output
-    assert "| 14.98 | 147,456 |" not in result.stdout and "| 14.98 | 294,912 |" in result.stdout  # float32: twice the bf16 bytes
+    assert (
+        "| 14.98 | 147,456 |" not in result.stdout and "| 14.98 | 294,912 |" in result.stdout
+    )  # float32: twice the bf16 bytes
 
 
 def test_a_fixed_kv_pool_larger_than_the_chip_does_not_fit():
     qwen = META["Qwen/Qwen3-4B"]
     row = survey_model("Qwen/Qwen3-4B", qwen, chip="v5e", max_model_len=4096, kv_cache_gib=8.0)
-    assert row.verdict == "no" and row.kv_tokens == 0 and row.kv_gib == 8.0 and row.why_not == "7.49 + 0.25 + 8.00 > 14.49 GiB"
-    assert survey_model("Qwen/Qwen3-4B", qwen, chip="v5e", max_model_len=4096, kv_cache_gib=4.0).verdict == "fits"
+    assert (
+        row.verdict == "no"
+        and row.kv_tokens == 0
+        and row.kv_gib == 8.0
+        and row.why_not == "7.49 + 0.25 + 8.00 > 14.49 GiB"
+    )
+    assert (
+        survey_model("Qwen/Qwen3-4B", qwen, chip="v5e", max_model_len=4096, kv_cache_gib=4.0).verdict
+        == "fits"
+    )
     # on a GPU a fixed pool ignores --gpu-memory-utilization: the whole 22.4 GiB is the limit, not 22.4 × 0.9
-    assert survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096, kv_cache_gib=12.5).verdict == "fits"
-    assert survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096).kv_gib == pytest.approx(22.4 * 0.9 - row.weights_gib - 0.25)
-    assert survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096, kv_cache_gib=15.0).verdict == "no"
+    assert (
+        survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096, kv_cache_gib=12.5).verdict
+        == "fits"
+    )
+    assert survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096).kv_gib == pytest.approx(
+        22.4 * 0.9 - row.weights_gib - 0.25
+    )
+    assert (
+        survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096, kv_cache_gib=15.0).verdict == "no"
+    )
 
 
 def test_memory_utilisation_gives_the_tpu_caps():
     from eval.survey import usable_gib
 
-    assert round(usable_gib("v5e"), 2) == 14.49 and round(usable_gib("v6e"), 2) == 28.74 and usable_gib("cpu") is None
+    assert (
+        round(usable_gib("v5e"), 2) == 14.49
+        and round(usable_gib("v6e"), 2) == 28.74
+        and usable_gib("cpu") is None
+    )
     assert usable_gib("l4", 0.5) == pytest.approx(11.2)
 
 
@@ -161,7 +249,12 @@ def test_a_nested_text_config_is_read_with_transformers_defaults():
     from eval.survey import text_config
 
     config = text_config(META[GEMMA_4B]["config"])
-    assert (config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (34, 8, 4, 256)
+    assert (
+        config["num_hidden_layers"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+    ) == (34, 8, 4, 256)
     assert config["layer_types"].count("full_attention") == 5 and config["sliding_window"] == 1024
     # language model + SigLIP vision tower (416,866,032) + projector (1152 × 2560 + norm 1152) = the Hub's total
     assert parameter_count(config) + 416_866_032 + 1152 * 2560 + 1152 == META[GEMMA_4B]["safetensors_total"]
@@ -176,33 +269,73 @@ def test_nesting_a_flat_config_changes_nothing():
                          "text_config": {k: v for k, v in flat["config"].items() if k not in ("architectures", "torch_dtype")}}}  # fmt: skip
     a = survey_model("flat", dict(flat, safetensors_total=268_098_176), chip="v5e", max_model_len=4096)
     b = survey_model("nested", nested, chip="v5e", max_model_len=4096)
-    assert (a.kv_bytes_per_token, a.kv_tokens, a.weights_gib) == (b.kv_bytes_per_token, b.kv_tokens, b.weights_gib)
+    assert (a.kv_bytes_per_token, a.kv_tokens, a.weights_gib) == (
+        b.kv_bytes_per_token,
+        b.kv_tokens,
+        b.weights_gib,
+    )
     with pytest.raises(ValueError, match="vision tower; give the Hub's safetensors total"):
-        survey_model(GEMMA_4B, {k: v for k, v in META[GEMMA_4B].items() if k != "safetensors_total"}, chip="v6e", max_model_len=4096)
+        survey_model(
+            GEMMA_4B,
+            {k: v for k, v in META[GEMMA_4B].items() if k != "safetensors_total"},
+            chip="v6e",
+            max_model_len=4096,
+        )
 
 
 def test_kv_dtype_follows_the_chip_and_the_flag():
     qwen = META["Qwen/Qwen3-4B"]
     auto = survey_model("Qwen/Qwen3-4B", qwen, chip="v6e", max_model_len=4096)
-    assert (auto.kv_dtype, auto.kv_bytes_per_token) == ("bfloat16", 147_456)  # auto: the weights' dtype, v6e included
+    assert (auto.kv_dtype, auto.kv_bytes_per_token) == (
+        "bfloat16",
+        147_456,
+    )  # auto: the weights' dtype, v6e included
     fp8 = survey_model("Qwen/Qwen3-4B", qwen, chip="v6e", max_model_len=4096, kv_cache_dtype="fp8")
-    assert (fp8.kv_dtype, fp8.kv_bytes_per_token, fp8.weights_gib) == ("float8_e5m2", 73_728, auto.weights_gib)
+    assert (fp8.kv_dtype, fp8.kv_bytes_per_token, fp8.weights_gib) == (
+        "float8_e5m2",
+        73_728,
+        auto.weights_gib,
+    )
     assert fp8.kv_tokens == pytest.approx(2 * auto.kv_tokens, abs=128)  # the same pool holds twice the tokens
-    assert survey_model("Qwen/Qwen3-4B", qwen, chip="v5e", max_model_len=4096, kv_cache_dtype="fp8").kv_dtype == "float8_e4m3fn"
-    assert survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096, kv_cache_dtype="fp8_e5m2").kv_dtype == "float8_e5m2"
-    half = survey_model("Qwen/Qwen3-4B", qwen, chip="v6e", max_model_len=4096, dtype="float32", kv_cache_dtype="bfloat16")
+    assert (
+        survey_model("Qwen/Qwen3-4B", qwen, chip="v5e", max_model_len=4096, kv_cache_dtype="fp8").kv_dtype
+        == "float8_e4m3fn"
+    )
+    assert (
+        survey_model("Qwen/Qwen3-4B", qwen, chip="l4", max_model_len=4096, kv_cache_dtype="fp8_e5m2").kv_dtype
+        == "float8_e5m2"
+    )
+    half = survey_model(
+        "Qwen/Qwen3-4B", qwen, chip="v6e", max_model_len=4096, dtype="float32", kv_cache_dtype="bfloat16"
+    )
     assert (half.kv_dtype, half.kv_bytes_per_token) == ("bfloat16", 147_456)
 
 
 def test_kv_cache_dtype_option():
     runner = CliRunner()
-    fp8 = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", GEMMA_4B, "--chip", "v6e", "--metadata", str(METADATA), "--kv-cache-dtype", "fp8"])
+    fp8 = runner.invoke(
+        app,
+        [
+            "survey",
+            "Qwen/Qwen3-4B",
+            GEMMA_4B,
+            "--chip",
+            "v6e",
+            "--metadata",
+            str(METADATA),
+            "--kv-cache-dtype",
+            "fp8",
+        ],
+    )
     assert fp8.exit_code == 0, fp8.output
     assert "| Qwen/Qwen3-4B | apache-2.0 | v6e | 7.49 | 73,728 | float8_e5m2 |" in fp8.stdout
     assert f"| {GEMMA_4B} | gemma | v6e | 8.01 | 25,088 | float8_e5m2 |" in fp8.stdout
     default = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA)])
     assert "| 7.49 | 147,456 | bfloat16 |" in default.stdout
-    bad = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA), "--kv-cache-dtype", "int4"])
+    bad = runner.invoke(
+        app,
+        ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA), "--kv-cache-dtype", "int4"],
+    )
     assert bad.exit_code == 2 and "--kv-cache-dtype" in bad.output
 
 
@@ -272,10 +405,14 @@ def test_the_hub_path_gives_the_offline_numbers(hub, tmp_path, model):
     fetched = fetch_metadata(model, endpoint=endpoint, cache_dir=tmp_path / "hf")
     assert fetched["license"] == META[model]["license"] and fetched["config"] == META[model]["config"]
     assert fetched["safetensors_total"] == META[model].get("safetensors_total")
-    assert any(line.startswith(f"GET /api/models/{model}") for line in seen) and any(line.endswith("/config.json") for line in seen)
+    assert any(line.startswith(f"GET /api/models/{model}") for line in seen) and any(
+        line.endswith("/config.json") for line in seen
+    )
     offline = {k: v for k, v in META[model].items() if k != "measured_kv_tokens"}
     for chip in ("v5e", "v6e"):
-        assert survey_model(model, fetched, chip=chip, max_model_len=4096) == survey_model(model, offline, chip=chip, max_model_len=4096)
+        assert survey_model(model, fetched, chip=chip, max_model_len=4096) == survey_model(
+            model, offline, chip=chip, max_model_len=4096
+        )
 
 
 def test_survey_models_leaves_out_other_licences_and_names_them():
@@ -288,4 +425,11 @@ def test_survey_models_leaves_out_other_licences_and_names_them():
     assert [row.model for row in rows] == ["Qwen/Qwen3-4B"]
     assert skipped == ["google/gemma-3-270m (licence gemma; its --measured unused)"]
     with pytest.raises(ValueError, match="is not in"):
-        survey_models(["no/such-model"], metadata=METADATA, licences=None, measurements={}, chip="v5e", max_model_len=4096)
+        survey_models(
+            ["no/such-model"],
+            metadata=METADATA,
+            licences=None,
+            measurements={},
+            chip="v5e",
+            max_model_len=4096,
+        )

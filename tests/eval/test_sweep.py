@@ -19,7 +19,16 @@ def test_long_states_are_unique_and_about_the_asked_length(tokenizer):
 
 @pytest.mark.slow  # 48 reads, two of them 1,024-token states
 async def test_sweep_rows_summary_figure_and_cost_input(local_engine, tmp_path):
-    rows = await run_sweep(local_engine, tmp_path, concurrencies=(1, 8), passes=2, requests=8, long_tokens=(1024,), long_requests=2, long_concurrency=2)
+    rows = await run_sweep(
+        local_engine,
+        tmp_path,
+        concurrencies=(1, 8),
+        passes=2,
+        requests=8,
+        long_tokens=(1024,),
+        long_requests=2,
+        long_concurrency=2,
+    )
     assert {(r["shape"], r["concurrency"]) for r in rows} == {("short", 1), ("short", 8), ("long-1024", 2)}
     assert all(r["failed"] == 0 and r["completed"] == r["requests"] for r in rows)
     summary = summarise(rows)
@@ -40,9 +49,19 @@ async def test_load_sweep_opens_the_engine_and_writes_the_report(tmp_path):
     from eval.manifest import Images
     from eval.sweep import load_sweep
 
-    summary = await load_sweep("local", tmp_path, concurrencies=(2,), passes=1, requests=4, long_tokens=(), images=Images(service="decide@sha256:s"))
+    summary = await load_sweep(
+        "local",
+        tmp_path,
+        concurrencies=(2,),
+        passes=1,
+        requests=4,
+        long_tokens=(),
+        images=Images(service="decide@sha256:s"),
+    )
     assert [(s["shape"], s["concurrency"], s["failed"]) for s in summary] == [("short", 2, 0)]
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
-    assert (tmp_path / "load.md").read_text() == sweep_table(summary) and (tmp_path / "load.png").stat().st_size > 0
+    assert (tmp_path / "load.md").read_text() == sweep_table(summary) and (
+        tmp_path / "load.png"
+    ).stat().st_size > 0
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["run"] == "load" and manifest["images"] == {"engine": None, "service": "decide@sha256:s"}

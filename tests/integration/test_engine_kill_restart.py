@@ -20,7 +20,10 @@ from service.app import create_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
-BODY = {"state": "I was charged twice for order 5531.", "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"}}}
+BODY = {
+    "state": "I was charged twice for order 5531.",
+    "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"}},
+}
 
 
 async def test_engine_absent_killed_and_back(embedded_model_dir, tmp_path):

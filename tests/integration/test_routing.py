@@ -23,7 +23,9 @@ from service.app import create_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
-_spec = importlib.util.spec_from_file_location("bench_routing", Path(__file__).resolve().parents[2] / "bench" / "routing.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_routing", Path(__file__).resolve().parents[2] / "bench" / "routing.py"
+)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
@@ -35,7 +37,13 @@ def two_engines(embedded_model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("routing")
     try:
         for i, port in enumerate(ports):
-            spec = ServerSpec(str(embedded_model_dir), bench.SERVED_NAME, port=port, kv_cache_bytes=400 << 20, max_num_seqs=8)
+            spec = ServerSpec(
+                str(embedded_model_dir),
+                bench.SERVED_NAME,
+                port=port,
+                kv_cache_bytes=400 << 20,
+                max_num_seqs=8,
+            )
             start(spec, python=python, log=logs / f"engine-{i}.log")
         yield [f"http://127.0.0.1:{port}" for port in ports]
     finally:
@@ -63,7 +71,9 @@ async def test_affinity_keeps_requests_together_and_beats_round_robin_on_the_pre
     for seed, routing in enumerate(("affinity", "round_robin")):
         requests = spread_requests(tokenizer, two_engines, first_seed=50 + 100 * seed)
         assert all(read.prefix_tokens > 256 for reads in requests for read in reads)
-        rows[routing] = await bench.routing_pass(two_engines, routing, requests, visits=2, concurrency=2, seed=seed)
+        rows[routing] = await bench.routing_pass(
+            two_engines, routing, requests, visits=2, concurrency=2, seed=seed
+        )
     affinity, round_robin = rows["affinity"], rows["round_robin"]
     assert affinity["requests"] == 12 and affinity["requests_split_across_engines"] == 0
     assert round_robin["requests_split_across_engines"] == 12  # 3 questions over 2 engines in turn
@@ -73,23 +83,36 @@ async def test_affinity_keeps_requests_together_and_beats_round_robin_on_the_pre
     assert affinity["prefix_cache_hit_rate"] > round_robin["prefix_cache_hit_rate"] + 0.05, rows
 
 
-async def test_the_service_counts_reads_per_engine_and_a_stopped_engine_is_ejected(two_engines, embedded_model_dir):
-    async with await RoutedEngine.connect(two_engines, read_mode=ReadMode.EXACT, eject_s=(60.0, 60.0)) as engine:
+async def test_the_service_counts_reads_per_engine_and_a_stopped_engine_is_ejected(
+    two_engines, embedded_model_dir
+):
+    async with await RoutedEngine.connect(
+        two_engines, read_mode=ReadMode.EXACT, eject_s=(60.0, 60.0)
+    ) as engine:
         # Off: each new choice question's prior would add three routed reads to the count below.
         transport = httpx.ASGITransport(app=create_app(engine, prior_correction="off"))
-        async with httpx.AsyncClient(transport=transport, base_url="http://decide.test", timeout=300) as client:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://decide.test", timeout=300
+        ) as client:
             bodies = bench.case_bodies(6, seed=7)
             replies = await asyncio.gather(*(client.post("/decide", json=body) for body in bodies))
             assert [reply.status_code for reply in replies] == [200] * 6
             metrics = (await client.get("/metrics")).text
             ids = [url.removeprefix("http://") for url in two_engines]
             # An engine no read went to has no series yet (affinity follows the free ports' hashes)
-            counted = {i: _sample(metrics, f'decide_route_reads_total{{engine="{i}"}}', missing=0.0) for i in ids}
+            counted = {
+                i: _sample(metrics, f'decide_route_reads_total{{engine="{i}"}}', missing=0.0) for i in ids
+            }
             assert sum(counted.values()) == 6
-            assert all(_sample(metrics, f'decide_route_in_flight_reads{{engine="{i}"}}', missing=0.0) == 0 for i in ids)
+            assert all(
+                _sample(metrics, f'decide_route_in_flight_reads{{engine="{i}"}}', missing=0.0) == 0
+                for i in ids
+            )
 
             stop(int(ids[1].rsplit(":", 1)[1]))  # the second engine goes away
-            replies = await asyncio.gather(*(client.post("/decide", json=body) for body in bench.case_bodies(12, seed=8)))
+            replies = await asyncio.gather(
+                *(client.post("/decide", json=body) for body in bench.case_bodies(12, seed=8))
+            )
             assert [reply.status_code for reply in replies] == [200] * 12  # its reads retried on the first
             stats = engine.stats()
             assert stats[ids[1]]["state"] == "ejected" and stats[ids[1]]["ejections"] == 1

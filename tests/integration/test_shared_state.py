@@ -18,8 +18,16 @@ STATE = (
 QUESTIONS = {
     "charged_twice": {"type": "noul", "instructions": "Does the customer report a duplicate charge?"},
     "cancel": {"type": "noul", "instructions": "Does the customer threaten to cancel?"},
-    "topic": {"type": "choice", "instructions": "Main topic?", "criteria": {"billing": None, "app": None, "shipping": None}},
-    "anger": {"type": "score", "instructions": "How angry is the customer?", "criteria": ["calm", "annoyed", "furious"]},
+    "topic": {
+        "type": "choice",
+        "instructions": "Main topic?",
+        "criteria": {"billing": None, "app": None, "shipping": None},
+    },
+    "anger": {
+        "type": "score",
+        "instructions": "How angry is the customer?",
+        "criteria": ["calm", "annoyed", "furious"],
+    },
 }
 
 
@@ -30,8 +38,16 @@ def probabilities(answer: dict) -> list[float]:
 async def prefix_cache(url: str) -> tuple[float, float]:
     async with httpx.AsyncClient(base_url=url) as client:
         text = (await client.get("/metrics")).text
-    hits = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
-    queries = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_queries_total"))
+    hits = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prefix_cache_hits_total")
+    )
+    queries = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:prefix_cache_queries_total")
+    )
     return hits, queries
 
 
@@ -46,12 +62,16 @@ async def test_answers_do_not_depend_on_the_other_questions_or_their_order(vllm_
             alone[name] = reply.json()["answers"][name]
         names = list(QUESTIONS)
         for order in (names, names[::-1], names[1:] + names[:1], names[2:]):
-            reply = await client.post("/decide", json={"state": state, "questions": {name: QUESTIONS[name] for name in order}})
+            reply = await client.post(
+                "/decide", json={"state": state, "questions": {name: QUESTIONS[name] for name in order}}
+            )
             assert reply.status_code == 200, reply.text
             answers = reply.json()["answers"]
             assert list(answers) == order
             for name in order:
-                assert answers[name]["x_reading"]["prompt_tokens"] == alone[name]["x_reading"]["prompt_tokens"]
+                assert (
+                    answers[name]["x_reading"]["prompt_tokens"] == alone[name]["x_reading"]["prompt_tokens"]
+                )
                 assert probabilities(answers[name]) == pytest.approx(probabilities(alone[name]), abs=1e-4)
 
 
@@ -64,10 +84,14 @@ async def test_a_requests_questions_reuse_the_states_kv_unless_salted(vllm_url, 
         engine = await VLLMEngine.connect(vllm_url, share_prefix=share_prefix, timeout_s=120)
         async with engine, client_factory(engine) as client:
             before = await prefix_cache(vllm_url)
-            reply = await client.post("/decide", json={"state": STATE.format(n=1000 + share_prefix), "questions": QUESTIONS})
+            reply = await client.post(
+                "/decide", json={"state": STATE.format(n=1000 + share_prefix), "questions": QUESTIONS}
+            )
             assert reply.status_code == 200, reply.text
             after = await prefix_cache(vllm_url)
         hit_tokens[share_prefix] = after[0] - before[0]
-        assert after[1] - before[1] >= sum(a["x_reading"]["prompt_tokens"] for a in reply.json()["answers"].values())  # every read queried
+        assert after[1] - before[1] >= sum(
+            a["x_reading"]["prompt_tokens"] for a in reply.json()["answers"].values()
+        )  # every read queried
     assert hit_tokens[False] == 0
     assert hit_tokens[True] > 0

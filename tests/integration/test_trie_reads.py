@@ -13,7 +13,12 @@ from readers.trie import Trie
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 STATE = "The central bank raised interest rates again, and shares of regional lenders fell sharply."
-QUESTION = QuestionSpec("choice", "What is the topic?", ("World", "Sci/Tech", "Business news", "Sports results", "Weather"), (None,) * 5)
+QUESTION = QuestionSpec(
+    "choice",
+    "What is the topic?",
+    ("World", "Sci/Tech", "Business news", "Sports results", "Weather"),
+    (None,) * 5,
+)
 
 
 async def test_trie_reads_through_vllm_equal_the_embedded_model(vllm_url, local_engine):
@@ -25,7 +30,9 @@ async def test_trie_reads_through_vllm_equal_the_embedded_model(vllm_url, local_
     assert reading.engine_calls == Trie(reading.label_sequences).depth > 1
     if reading.read_mode == "exact":
         assert reading.label_probabilities.exact
-        assert reading.label_probabilities.probabilities == pytest.approx(local.label_probabilities.probabilities, abs=1e-3)
+        assert reading.label_probabilities.probabilities == pytest.approx(
+            local.label_probabilities.probabilities, abs=1e-3
+        )
     else:  # a top-k engine: floor-bounded, and the embedded exact read lies inside the bounds
         for p, (lo, hi) in zip(local.label_probabilities.probabilities, reading.label_probabilities.bounds):
             assert lo - 1e-3 <= p <= hi + 1e-3

@@ -27,7 +27,9 @@ async def read_all(reader: Reader) -> dict[str, list]:
         records = spread(load_sample(name), RECORDS_PER_TASK)
         reads[name] = []
         for variant in task.variants:
-            reads[name] += await read_rows(reader, [task.read_job(record, variant) for record in records], concurrency=4)
+            reads[name] += await read_rows(
+                reader, [task.read_job(record, variant) for record in records], concurrency=4
+            )
     return reads
 
 
@@ -80,14 +82,22 @@ async def test_top_k_disagreements_only_where_labels_were_missing(vllm_url, embe
         served = await read_all(Reader(engine))
     finally:
         await engine.aclose()
-    missing = sum(read["reading"]["labels_returned"] < read["reading"]["labels_total"] for reads in served.values() for read in reads)
+    missing = sum(
+        read["reading"]["labels_returned"] < read["reading"]["labels_total"]
+        for reads in served.values()
+        for read in reads
+    )
     assert missing > 0, "top-3 should miss labels on some records"
     for name in TASKS:
         row = agreement(name, embedded_reads[ReadMode.EXACT][name], served[name])
         assert all(case["b_missing_labels"] > 0 for case in row.differing), row.differing
         for read_b in served[name]:
             if read_b["reading"]["exact"]:
-                twin = next(r for r in embedded_reads[ReadMode.EXACT][name] if (r["id"], r["variant"]) == (read_b["id"], read_b["variant"]))
+                twin = next(
+                    r
+                    for r in embedded_reads[ReadMode.EXACT][name]
+                    if (r["id"], r["variant"]) == (read_b["id"], read_b["variant"])
+                )
                 assert read_b["probabilities"] == pytest.approx(twin["probabilities"], abs=1e-3)
 
 
@@ -97,7 +107,11 @@ async def test_the_service_fronts_vllm_in_each_mode(vllm_url, client_factory):
         "questions": {
             "angry": {"type": "noul", "instructions": "Is the customer angry?"},
             "topic": {"type": "choice", "criteria": {"billing": None, "hardware": None, "software": None}},
-            "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "medium", "high"]},
+            "urgency": {
+                "type": "score",
+                "instructions": "How urgent?",
+                "criteria": ["low", "medium", "high"],
+            },
         },
     }
     answers = {}
@@ -111,7 +125,9 @@ async def test_the_service_fronts_vllm_in_each_mode(vllm_url, client_factory):
             await engine.aclose()
         assert response.status_code == 200, response.text
         payload = response.json()
-        assert payload["x_provenance"]["engine"] == "vllm" and payload["x_provenance"]["read_mode"] == mode.value
+        assert (
+            payload["x_provenance"]["engine"] == "vllm" and payload["x_provenance"]["read_mode"] == mode.value
+        )
         assert models["read_mode"] == mode.value and models["max_logprobs"] == 32
         answers[mode] = payload["answers"]
     exact, masked = answers[ReadMode.EXACT], answers[ReadMode.MASKED]

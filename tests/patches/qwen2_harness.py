@@ -30,8 +30,9 @@ CALLS: list[tuple[str, dict]] = []  # (stand-in name, keyword arguments), in cal
 
 _OVERRIDES = {
     "tpu_inference.layers.jax.pp_utils.make_layers": lambda n, factory: (0, n, []),
-    "tpu_inference.distributed.jax_parallel_state.get_pp_group":
-        lambda: types.SimpleNamespace(is_first_rank=True, is_last_rank=True),
+    "tpu_inference.distributed.jax_parallel_state.get_pp_group": lambda: types.SimpleNamespace(
+        is_first_rank=True, is_last_rank=True
+    ),
     "tpu_inference.logger.init_logger": logging.getLogger,
 }
 _parts: dict[str, type] = {}
@@ -46,8 +47,10 @@ class _PartMeta(type):
 
 def _part(name: str) -> type:
     if name not in _parts:
+
         def __init__(self, *args, **kwargs):
             CALLS.append((name, kwargs))
+
         _parts[name] = _PartMeta(name.rsplit(".", 1)[-1], (), {"_stub_name": name, "__init__": __init__})
     return _parts[name]
 
@@ -80,7 +83,9 @@ class WheelTreeFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path, target=None):
         if fullname == REAL_MODULE:
-            return importlib.util.spec_from_file_location(fullname, self.tree / (fullname.replace(".", "/") + ".py"))
+            return importlib.util.spec_from_file_location(
+                fullname, self.tree / (fullname.replace(".", "/") + ".py")
+            )
         if fullname.split(".")[0] in STUBBED_ROOTS:
             return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
         return None
@@ -89,8 +94,13 @@ class WheelTreeFinder(importlib.abc.MetaPathFinder):
 def make_config(kind: str):
     from transformers import Qwen2_5_VLConfig, Qwen2Config
 
-    sizes = {"hidden_size": 96, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2}
+    sizes = {
+        "hidden_size": 96,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    }
     if kind == "untied":
         return Qwen2Config(tie_word_embeddings=False, **sizes)
     if kind == "tied":
@@ -125,26 +135,38 @@ def main() -> None:
         sys.meta_path.insert(0, WheelTreeFinder(args.tree))
     if args.import_first:
         import importlib
+
         importlib.import_module(REAL_MODULE)
     for _ in range(args.plugin_calls):
         load_plugin_entry_point()
     if args.tree is not None:
         import importlib
+
         qwen2 = importlib.import_module(REAL_MODULE)
         out["module_file"] = qwen2.__file__
         config = make_config(args.config)
         lang = getattr(config, "text_config", config)
-        model_config = types.SimpleNamespace(hf_config=config, dtype="bfloat16",
-                                             get_vocab_size=lambda: lang.vocab_size)
-        vllm_config = types.SimpleNamespace(model_config=model_config, quant_config=None,
-                                            cache_config=types.SimpleNamespace(cache_dtype="auto"))
+        model_config = types.SimpleNamespace(
+            hf_config=config, dtype="bfloat16", get_vocab_size=lambda: lang.vocab_size
+        )
+        vllm_config = types.SimpleNamespace(
+            model_config=model_config,
+            quant_config=None,
+            cache_config=types.SimpleNamespace(cache_dtype="auto"),
+        )
         try:
             qwen2.Qwen2ForCausalLM(vllm_config, rng_key=0, mesh=None)
-        except Exception as e:  # noqa: BLE001 (whatever upstream raises is the result)
+        except Exception as e:
             # The innermost frame in qwen2.py itself: that is where upstream's code fails (not in transformers).
             frame = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == qwen2.__file__][-1]
-            out["error"] = {"type": type(e).__name__, "message": str(e), "file": frame.filename,
-                            "line": frame.lineno, "function": frame.name, "code": frame.line}
+            out["error"] = {
+                "type": type(e).__name__,
+                "message": str(e),
+                "file": frame.filename,
+                "line": frame.lineno,
+                "function": frame.name,
+                "code": frame.line,
+            }
         out["lm_head"] = next((kw for name, kw in CALLS if name.endswith(".JaxLmHead")), None)
         out["embed"] = next((kw for name, kw in CALLS if name.endswith(".JaxEmbed")), None)
     out["meta_path"] = [type(f).__name__ for f in sys.meta_path]

@@ -80,13 +80,23 @@ def test_tracebacks_keep_the_original_lines(patch, load):
 EAGER_LINE = "        self.a = getattr(cfg, 'a', cfg.text_config.a)\n"
 
 
-@pytest.mark.parametrize("source, reason", [
-    ("class Other:\n    pass\n", "has no Qwen2ForCausalLM.__init__"),
-    ("def same(f):\n    return f\nclass Qwen2ForCausalLM:\n    @same\n    def __init__(self, cfg):\n" + EAGER_LINE,
-     "decorated"),
-    ("class Base:\n    pass\nclass Qwen2ForCausalLM(Base):\n    def __init__(self, cfg):\n"
-     + "        super().__init__()\n" + EAGER_LINE, "a closure"),
-])
+@pytest.mark.parametrize(
+    "source, reason",
+    [
+        ("class Other:\n    pass\n", "has no Qwen2ForCausalLM.__init__"),
+        (
+            "def same(f):\n    return f\nclass Qwen2ForCausalLM:\n    @same\n    def __init__(self, cfg):\n"
+            + EAGER_LINE,
+            "decorated",
+        ),
+        (
+            "class Base:\n    pass\nclass Qwen2ForCausalLM(Base):\n    def __init__(self, cfg):\n"
+            + "        super().__init__()\n"
+            + EAGER_LINE,
+            "a closure",
+        ),
+    ],
+)
 def test_refuses_code_it_cannot_rewrite_faithfully(patch, load, source, reason):
     module = load(source)
     before = getattr(module, "Qwen2ForCausalLM", None)
@@ -101,7 +111,7 @@ def test_refuses_code_it_cannot_rewrite_faithfully(patch, load, source, reason):
 
 def test_refuses_without_source(patch):
     namespace: dict = {}
-    exec("class Qwen2ForCausalLM:\n    def __init__(self, cfg):\n" + EAGER_LINE, namespace)  # noqa: S102
+    exec("class Qwen2ForCausalLM:\n    def __init__(self, cfg):\n" + EAGER_LINE, namespace)
     module = SimpleNamespace(__name__="generated", **namespace)
 
     result = patch.apply(module)

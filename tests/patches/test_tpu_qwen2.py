@@ -41,9 +41,25 @@ def _cache_dir() -> Path:
 def tpu_inference_wheel() -> Path:
     wheel = _cache_dir() / WHEEL
     if not wheel.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
-                        "tpu-inference==0.32.0", "-d", str(wheel.parent)], check=True)
-    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == WHEEL_SHA256, f"{wheel} is not PyPI's 0.32.0 wheel"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "tpu-inference==0.32.0",
+                "-d",
+                str(wheel.parent),
+            ],
+            check=True,
+        )
+    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == WHEEL_SHA256, (
+        f"{wheel} is not PyPI's 0.32.0 wheel"
+    )
     return wheel
 
 
@@ -61,9 +77,14 @@ def fixed_tree(upstream_tree, tmp_path_factory) -> Path:
     tree = tmp_path_factory.mktemp("tpu-inference-fixed")
     source = (upstream_tree / QWEN2).read_text()
     assert source.count(EAGER_DEFAULT) == 1
-    fixed = source.replace(EAGER_DEFAULT, textwrap.indent(
-        "lang_config = getattr(model_config.hf_config, 'text_config', model_config.hf_config)\n"
-        "hidden_size = lang_config.hidden_size\n", " " * 12))
+    fixed = source.replace(
+        EAGER_DEFAULT,
+        textwrap.indent(
+            "lang_config = getattr(model_config.hf_config, 'text_config', model_config.hf_config)\n"
+            "hidden_size = lang_config.hidden_size\n",
+            " " * 12,
+        ),
+    )
     (tree / QWEN2).parent.mkdir(parents=True)
     (tree / QWEN2).write_text(fixed)
     return tree
@@ -74,17 +95,39 @@ def plugin_site(tmp_path_factory) -> Path:
     """The patches distribution built and installed from ``patches/`` into its own directory."""
     # Built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
     source = tmp_path_factory.mktemp("plugin-source") / "patches"
-    shutil.copytree(ROOT / "patches", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    shutil.copytree(
+        ROOT / "patches", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
     site = tmp_path_factory.mktemp("plugin-site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(source)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+    )
     return site
 
 
 def harness(site: Path, *args: str | Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, str(HARNESS), *map(str, args)], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, str(HARNESS), *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -100,7 +143,9 @@ def test_unpatched_upstream_fails_on_untied_qwen2_config(plugin_site, upstream_t
     assert error["type"] == "AttributeError"
     assert error["message"] == "'Qwen2Config' object has no attribute 'text_config'"
     assert Path(error["file"]) == upstream_tree / QWEN2
-    assert (error["function"], error["line"]) == ("__init__", 401) and "text_config.hidden_size" in error["code"]
+    assert (error["function"], error["line"]) == ("__init__", 401) and "text_config.hidden_size" in error[
+        "code"
+    ]
     assert result["lm_head"] is None
     assert result["log"] == []
 
@@ -117,7 +162,9 @@ def test_unpatched_upstream_loads_tied_qwen2_config(plugin_site, upstream_tree):
 @pytest.mark.parametrize("order", ["plugin-first", "import-first"])
 def test_plugin_fixes_untied_qwen2_config(plugin_site, upstream_tree, order):
     flags = ["--import-first"] if order == "import-first" else []
-    result = harness(plugin_site, "--tree", upstream_tree, "--config", "untied", "--plugin-calls", "2", *flags)
+    result = harness(
+        plugin_site, "--tree", upstream_tree, "--config", "untied", "--plugin-calls", "2", *flags
+    )
 
     assert result["error"] is None
     assert result["lm_head"]["hidden_size"] == HIDDEN_SIZE
@@ -142,8 +189,10 @@ def test_plugin_is_a_logged_noop_when_upstream_is_fixed(plugin_site, fixed_tree)
 
     assert result["error"] is None
     assert result["lm_head"]["hidden_size"] == HIDDEN_SIZE
-    expected = ("opendecide_tpu_patches.qwen2_text_config: already fixed upstream: Qwen2ForCausalLM.__init__ "
-                "has no eager text_config default; delete opendecide_tpu_patches.qwen2_text_config")
+    expected = (
+        "opendecide_tpu_patches.qwen2_text_config: already fixed upstream: Qwen2ForCausalLM.__init__ "
+        "has no eager text_config default; delete opendecide_tpu_patches.qwen2_text_config"
+    )
     assert [m for level, m in messages(result) if level == "INFO"] == [expected]
 
 
@@ -155,9 +204,10 @@ def test_plugin_is_a_logged_noop_without_tpu_inference(plugin_site):
 
 
 def test_entry_point_metadata(plugin_site):
-    (dist,) = [d for d in distributions(path=[str(plugin_site)]) if d.metadata["Name"] == "opendecide-tpu-patches"]
+    (dist,) = [
+        d for d in distributions(path=[str(plugin_site)]) if d.metadata["Name"] == "opendecide-tpu-patches"
+    ]
     (ep,) = [ep for ep in dist.entry_points if ep.group == "vllm.general_plugins"]
 
     assert (ep.name, ep.value) == ("opendecide_tpu_patches", "opendecide_tpu_patches:apply_all")
     assert dist.requires is None  # nothing to install beside it in the TPU image
-

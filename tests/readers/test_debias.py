@@ -21,8 +21,15 @@ from readers.reader import Reader
 
 pytestmark = pytest.mark.anyio
 
-TOPIC = QuestionSpec("choice", "What is the topic of this news article?", ("World", "Sports", "Business", "Sci/Tech"), ("politics", None, "economy", "science"))
-SENTIMENT = QuestionSpec("choice", "What is the sentiment of this movie review?", ("negative", "positive"), (None, None))
+TOPIC = QuestionSpec(
+    "choice",
+    "What is the topic of this news article?",
+    ("World", "Sports", "Business", "Sci/Tech"),
+    ("politics", None, "economy", "science"),
+)
+SENTIMENT = QuestionSpec(
+    "choice", "What is the sentiment of this movie review?", ("negative", "positive"), (None, None)
+)
 STATE = "The striker scored twice as the home side won the cup final on Sunday."
 EXACT = 1e-4  # float32 batched vs single reads: rounding only
 
@@ -78,7 +85,9 @@ async def test_averaged_reading_is_the_softmax_of_mean_log_probabilities(local_e
     best = TOPIC.options[max(range(4), key=expected.__getitem__)]
     assert reading.rotation_agreement == choices.count(best) / 4
     assert reading.prompt_tokens == sum(r.prompt_tokens for r in singles)
-    assert reading.label_probabilities.exact and all(lo == hi for lo, hi in reading.label_probabilities.bounds)
+    assert reading.label_probabilities.exact and all(
+        lo == hi for lo, hi in reading.label_probabilities.bounds
+    )
 
 
 async def test_two_options_read_both_ways_give_one_answer(local_engine):
@@ -98,7 +107,9 @@ async def test_rotations_with_their_reverses_read_the_reversed_order_alike(local
     """rotate_reverse with all 2n orders: the asked order and its reverse read the same orders, so one answer."""
     assert len(set(rotation_orders(4, 8, ROTATE_REVERSE))) == 8
     flipped = QuestionSpec("choice", TOPIC.instructions, TOPIC.options[::-1], TOPIC.descriptions[::-1])
-    asked, reversed_ = await read_many_rotated(coded(local_engine), [TOPIC, flipped], STATE, rotations=[8, 8], methods=[ROTATE_REVERSE] * 2)
+    asked, reversed_ = await read_many_rotated(
+        coded(local_engine), [TOPIC, flipped], STATE, rotations=[8, 8], methods=[ROTATE_REVERSE] * 2
+    )
     p = dict(zip(TOPIC.options, asked.label_probabilities.probabilities))
     q = dict(zip(flipped.options, reversed_.label_probabilities.probabilities))
     assert asked.rotations == 8 and max(abs(p[o] - q[o]) for o in p) < EXACT
@@ -138,4 +149,6 @@ async def test_named_options_are_one_prompt_in_every_order_and_are_read_once(loc
     (reading,) = await read_many_rotated(reader, [TOPIC], STATE, rotations=[4])
     (plain,) = await reader.read_many([TOPIC], STATE)
     assert not isinstance(reading, RotatedReading)
-    assert reading.label_probabilities.probabilities == pytest.approx(plain.label_probabilities.probabilities, abs=EXACT)
+    assert reading.label_probabilities.probabilities == pytest.approx(
+        plain.label_probabilities.probabilities, abs=EXACT
+    )

@@ -36,7 +36,9 @@ def sequence_logprobs(engine, prompt_ids, sequences) -> list[float]:
             logits = model(input_ids=step, cache=cache, use_cache=True).logits[0].float()
             cache.crop(-len(ids))
             assert cache.get_seq_length() == start
-            scores.append(float(torch.log_softmax(logits, dim=-1)[torch.arange(len(ids)), torch.tensor(ids)].sum()))
+            scores.append(
+                float(torch.log_softmax(logits, dim=-1)[torch.arange(len(ids)), torch.tensor(ids)].sum())
+            )
     return scores
 
 
@@ -44,7 +46,9 @@ async def check_against_brute_force(reader: Reader, question: QuestionSpec, styl
     reading = await reader.read(question, STATE)
     slot, _ = reader.prepare(question, STATE)
     assert reading.label_style is style
-    assert len(reading.label_sequences) == len(question.options) and max(map(len, reading.label_sequences)) > 1
+    assert (
+        len(reading.label_sequences) == len(question.options) and max(map(len, reading.label_sequences)) > 1
+    )
     truth = softmax(sequence_logprobs(reader.engine, slot.prompt_ids, reading.label_sequences))
     assert max(abs(a - b) for a, b in zip(reading.label_probabilities.probabilities, truth)) < EXACT
     assert math.isclose(sum(reading.label_probabilities.probabilities), 1.0, abs_tol=1e-9)
@@ -87,7 +91,9 @@ async def test_255_codes_when_single_token_codes_run_out_equal_brute_force(local
 @pytest.mark.slow
 async def test_255_multi_token_names_equal_brute_force(local_engine):
     options = tuple(f"{word} {i}" for i in range(85) for word in ("red", "green", "blue"))
-    await check_against_brute_force(Reader(local_engine, label_styles=(LabelStyle.TRIE,)), choice(*options), LabelStyle.TRIE)
+    await check_against_brute_force(
+        Reader(local_engine, label_styles=(LabelStyle.TRIE,)), choice(*options), LabelStyle.TRIE
+    )
 
 
 async def test_a_name_that_begins_another_is_scored_to_the_end_of_the_answer(local_engine):
@@ -111,11 +117,15 @@ async def test_first_tokens_read_distinct_first_tokens_in_one_call(local_engine)
     truth = softmax([float(row[token]) for token in reading.label_ids])
     assert max(abs(a - b) for a, b in zip(reading.label_probabilities.probabilities, truth)) < EXACT
     with pytest.raises(Exception, match="same token"):
-        Reader(local_engine, label_styles=(LabelStyle.FIRST_TOKENS,)).prepare(choice("red car", "red bus"), STATE)
+        Reader(local_engine, label_styles=(LabelStyle.FIRST_TOKENS,)).prepare(
+            choice("red car", "red bus"), STATE
+        )
 
 
 async def test_top_k_trie_reads_are_floored_and_bounded_around_the_exact_read(local_engine):
-    question = choice("Business", "Sci/Tech", "World", "Sports", "Bank stocks", "Interest rates", "Weather forecast")
+    question = choice(
+        "Business", "Sci/Tech", "World", "Sports", "Bank stocks", "Interest rates", "Weather forecast"
+    )
     exact = await Reader(local_engine).read(question, STATE)
     # the smallest of these k that returns some options' whole paths but not all
     for k in (20, 100, 500, 2000, 10000):
@@ -127,15 +137,27 @@ async def test_top_k_trie_reads_are_floored_and_bounded_around_the_exact_read(lo
     assert not read.exact and read.floor_used and read.informative
     for p, (lo, hi) in zip(exact.label_probabilities.probabilities, read.bounds):
         assert lo - 1e-9 <= p <= hi + 1e-9
-    for returned, (lo, hi) in zip(read.returned, read.bounds):
+    for returned, (lo, _hi) in zip(read.returned, read.bounds):
         assert returned or lo == 0.0
 
 
 async def test_a_trie_question_beside_one_token_questions_reads_as_alone(local_engine):
     reader = Reader(local_engine)
-    questions = [choice("positive", "negative"), choice(*(f"option number {i}" for i in range(12))), QuestionSpec("noul", "Up?", ("true", "false"), (None, None))]
+    questions = [
+        choice("positive", "negative"),
+        choice(*(f"option number {i}" for i in range(12))),
+        QuestionSpec("noul", "Up?", ("true", "false"), (None, None)),
+    ]
     together = await reader.read_many(questions, STATE)
     assert [r.engine_calls for r in together] == [1, Trie(together[1].label_sequences).depth, 1]
     for question, reading in zip(questions, together):
         alone = await reader.read(question, STATE)
-        assert max(abs(a - b) for a, b in zip(alone.label_probabilities.probabilities, reading.label_probabilities.probabilities)) < EXACT
+        assert (
+            max(
+                abs(a - b)
+                for a, b in zip(
+                    alone.label_probabilities.probabilities, reading.label_probabilities.probabilities
+                )
+            )
+            < EXACT
+        )

@@ -5,17 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+from readers.probabilities import softmax
 from readers.prompt import LabelStyle, QuestionSpec
 from readers.reader import Reader
-from readers.probabilities import softmax
 
 QUESTIONS = [
     QuestionSpec("choice", "What is the sentiment?", ("positive", "negative"), (None, None)),
     QuestionSpec("noul", "Is the writer happy?", ("true", "false"), (None, None)),
     QuestionSpec("score", "How positive is it?", ("0", "1", "2", "3"), ("awful", "poor", "good", "great")),
-    QuestionSpec("choice", "Topic?", ("World", "Sports", "Business", "Sci/Tech"), (None, None, None, "science")),
+    QuestionSpec(
+        "choice", "Topic?", ("World", "Sports", "Business", "Sci/Tech"), (None, None, None, "science")
+    ),
 ]
-STATES = ["I loved this film, it was wonderful.", "Dull, slow and far too long.", "Shares rose 4% after earnings."]
+STATES = [
+    "I loved this film, it was wonderful.",
+    "Dull, slow and far too long.",
+    "Shares rose 4% after earnings.",
+]
 
 pytestmark = pytest.mark.anyio
 
@@ -30,12 +36,16 @@ def direct_label_probabilities(engine, prompt_ids, label_ids) -> list[float]:
 
 @pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q.question_type + str(len(q.options)))
 async def test_exact_read_equals_direct_log_softmax(local_engine, question):
-    reader = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES))  # one-token reads (tries: test_label_styles.py)
+    reader = Reader(
+        local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES)
+    )  # one-token reads (tries: test_label_styles.py)
     for state in STATES:
         reading = await reader.read(question, state)
         assert reading.label_probabilities.exact and reading.read_mode == "exact"
         assert sum(reading.label_probabilities.probabilities) == pytest.approx(1.0, abs=1e-12)
-        expected = direct_label_probabilities(local_engine, reading_prompt(reader, question, state), reading.label_ids)
+        expected = direct_label_probabilities(
+            local_engine, reading_prompt(reader, question, state), reading.label_ids
+        )
         assert reading.label_probabilities.probabilities == pytest.approx(expected, abs=1e-4)
 
 
@@ -51,7 +61,9 @@ async def test_top_k_at_vocabulary_size_equals_exact(local_engine):
         a = await exact.read(question, STATES[0])
         b = await full_top_k.read(question, STATES[0])
         assert b.read_mode == "topk" and b.label_probabilities.exact and not b.label_probabilities.floor_used
-        assert b.label_probabilities.probabilities == pytest.approx(a.label_probabilities.probabilities, abs=1e-9)
+        assert b.label_probabilities.probabilities == pytest.approx(
+            a.label_probabilities.probabilities, abs=1e-9
+        )
 
 
 async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
@@ -72,7 +84,9 @@ async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
                 continue
             seen_missing += 1
             assert not read.exact and read.floor_used
-            assert read.floor == pytest.approx(float(top.values.min()) - 5.0, abs=1e-4)  # batched with a cached prefix: rounding
+            assert read.floor == pytest.approx(
+                float(top.values.min()) - 5.0, abs=1e-4
+            )  # batched with a cached prefix: rounding
             for p, (lo, hi) in zip(truth.label_probabilities.probabilities, read.bounds):
                 assert lo - 1e-9 <= p <= hi + 1e-9
             if not read.informative:

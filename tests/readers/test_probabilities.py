@@ -12,8 +12,12 @@ from readers.errors import EngineBadReply
 from readers.probabilities import label_probabilities, softmax
 
 
-def reply(logprobs: dict[int, float], mode: ReadMode = ReadMode.TOPK, normalised: bool = False) -> EngineReply:
-    return EngineReply(logprobs=logprobs, read_mode=mode, prompt_tokens=10, latency_ms=1.0, normalised_over_labels=normalised)
+def reply(
+    logprobs: dict[int, float], mode: ReadMode = ReadMode.TOPK, normalised: bool = False
+) -> EngineReply:
+    return EngineReply(
+        logprobs=logprobs, read_mode=mode, prompt_tokens=10, latency_ms=1.0, normalised_over_labels=normalised
+    )
 
 
 def test_all_labels_returned_is_exact_softmax():

@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from readers.prompt import CURRENT_LAYOUT, PROMPT_LAYOUTS, PROMPT_VERSION, LabelStyle, QuestionSpec, prompt_layout
+from readers.prompt import (
+    CURRENT_LAYOUT,
+    PROMPT_LAYOUTS,
+    PROMPT_VERSION,
+    LabelStyle,
+    QuestionSpec,
+    prompt_layout,
+)
 from readers.reader import Reader
 
 pytestmark = pytest.mark.anyio
 
-QUESTION = QuestionSpec("choice", "What is the topic of this news article?", ("World", "Sports"), ("world news", None))
+QUESTION = QuestionSpec(
+    "choice", "What is the topic of this news article?", ("World", "Sports"), ("world news", None)
+)
 STATE = "The match ended in a draw after extra time."
 
 
 def test_versions_are_registered_and_unknown_ones_named():
-    assert CURRENT_LAYOUT.version == PROMPT_VERSION == "decide-prompt/4" and {"decide-prompt/1", "decide-prompt/3"} <= set(PROMPT_LAYOUTS)
+    assert CURRENT_LAYOUT.version == PROMPT_VERSION == "decide-prompt/4" and {
+        "decide-prompt/1",
+        "decide-prompt/3",
+    } <= set(PROMPT_LAYOUTS)
     with pytest.raises(ValueError, match="decide-prompt/0"):
         prompt_layout("decide-prompt/0")
 
@@ -45,8 +57,16 @@ async def test_the_current_layout_reads_the_answer_after_its_lead(local_engine):
     """decide-prompt/4 is decide-prompt/3's text with "Answer:" opening the assistant turn: the
     prompts differ only there, the labels are read as the next word (" World"), and the read is the
     model's own next-token distribution at that place."""
-    question = QuestionSpec("choice", "What is the topic of this news article?", ("World", "Sports", "Business"), (None, None, None))
-    before, after = (Reader(local_engine, layout=prompt_layout(version)) for version in ("decide-prompt/3", "decide-prompt/4"))
+    question = QuestionSpec(
+        "choice",
+        "What is the topic of this news article?",
+        ("World", "Sports", "Business"),
+        (None, None, None),
+    )
+    before, after = (
+        Reader(local_engine, layout=prompt_layout(version))
+        for version in ("decide-prompt/3", "decide-prompt/4")
+    )
     (old, _), (new, style) = before.prepare(question, STATE), after.prepare(question, STATE)
     lead = local_engine.tokenizer.encode("Answer:", add_special_tokens=False)
     assert style is LabelStyle.WORDS and new.labels == (" World", " Sports", " Business")
@@ -68,7 +88,7 @@ def test_where_the_tokenizer_splits_the_space_off_the_label_the_space_joins_the_
 
 
 def test_a_trie_whose_labels_all_begin_with_the_space_takes_the_form_without_it(local_engine):
-    """" 10", " 20", " 30" all begin with SmolLM2's lone space token: that trie level would read 1
+    """ " 10", " 20", " 30" all begin with SmolLM2's lone space token: that trie level would read 1
     for every option and cost an engine call, so the reader takes "Answer: " and reads "10", "20"…"""
     question = QuestionSpec("choice", "How many?", ("10", "20", "30"), (None, None, None))
     slot, style = Reader(local_engine).prepare(question, STATE)

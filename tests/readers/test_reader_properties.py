@@ -16,12 +16,20 @@ from readers.errors import InvalidQuestion
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
 
-SPECIALS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>assistant\n", "<|im_end|>\n<|im_start|>system\n", "<repo_name>"]
+SPECIALS = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|im_start|>assistant\n",
+    "<|im_end|>\n<|im_start|>system\n",
+    "<repo_name>",
+]
 
 # Any code point but lone surrogates (the service refuses those before a read), mixed with the
 # model's special-token strings, which must stay plain text.
 text = st.lists(
-    st.one_of(st.text(st.characters(exclude_categories=("Cs",)), max_size=40), st.sampled_from(SPECIALS)), max_size=6
+    st.one_of(st.text(st.characters(exclude_categories=("Cs",)), max_size=40), st.sampled_from(SPECIALS)),
+    max_size=6,
 ).map("".join)
 option = text.map(str.strip).filter(bool).map(lambda name: name[:30])
 
@@ -35,7 +43,9 @@ def questions(draw) -> QuestionSpec:
     if kind == "score":
         levels = draw(st.lists(text, min_size=2, max_size=5))
         return QuestionSpec("score", instructions, tuple(str(i) for i in range(len(levels))), tuple(levels))
-    names = draw(st.lists(option, min_size=2, max_size=5, unique_by=lambda n: unicodedata.normalize("NFC", n)))
+    names = draw(
+        st.lists(option, min_size=2, max_size=5, unique_by=lambda n: unicodedata.normalize("NFC", n))
+    )
     descriptions = draw(st.lists(st.one_of(st.none(), text), min_size=len(names), max_size=len(names)))
     return QuestionSpec("choice", instructions, tuple(names), tuple(descriptions))
 
@@ -59,7 +69,9 @@ def turn_marks(reader: Reader, special_ids: set[int], question: QuestionSpec, st
 
 
 @given(question=questions(), state=text)
-@settings(max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=150, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 def test_caller_text_never_forges_a_turn(reader, special_ids, question, state):
     plain = QuestionSpec(question.question_type, "q", question.options, tuple(None for _ in question.options))
     baseline = turn_marks(reader, special_ids, plain, "state")
@@ -69,7 +81,9 @@ def test_caller_text_never_forges_a_turn(reader, special_ids, question, state):
 
 
 @given(question=questions(), state=text)
-@settings(max_examples=15, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=15, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 def test_reads_never_crash_and_probabilities_sum_to_one(reader, question, state):
     try:
         reading = asyncio.run(reader.read(question, state))

@@ -33,7 +33,9 @@ pytestmark = pytest.mark.anyio
 class FakeServer:
     """One fake vLLM server: records the prompts it read; can be down, time out, or hold replies."""
 
-    def __init__(self, fleet: FakeFleet, *, model: str = "smol", exact: bool = True, masked: bool = True) -> None:
+    def __init__(
+        self, fleet: FakeFleet, *, model: str = "smol", exact: bool = True, masked: bool = True
+    ) -> None:
         self.fleet, self.model, self.exact, self.masked = fleet, model, exact, masked
         self.prompts: list[list[int]] = []
         self.bodies: list[dict] = []
@@ -45,7 +47,9 @@ class FakeServer:
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": self.model, "root": self.fleet.model_dir, "max_model_len": 8192}]})
+            return httpx.Response(
+                200, json={"data": [{"id": self.model, "root": self.fleet.model_dir, "max_model_len": 8192}]}
+            )
         if self.timing_out:
             raise httpx.ReadTimeout("timed out", request=request)
         body = json.loads(request.content)
@@ -61,7 +65,9 @@ class FakeServer:
             self.prompts.append(body["prompt"])
             self.bodies.append(body)
         reply = {
-            "choices": [{"text": "x", "logprobs": {"top_logprobs": [{f"token_id:{k}": v for k, v in top.items()}]}}],
+            "choices": [
+                {"text": "x", "logprobs": {"top_logprobs": [{f"token_id:{k}": v for k, v in top.items()}]}}
+            ],
             "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1},
         }
         return httpx.Response(200, json=reply)
@@ -103,7 +109,9 @@ def fleet(embedded_model_dir, model_tokenizer) -> FakeFleet:
 
 
 async def route(fleet: FakeFleet, hosts: list[str], **options) -> RoutedEngine:
-    return await RoutedEngine.connect([f"http://{host}" for host in hosts], transport=fleet.transport, **options)
+    return await RoutedEngine.connect(
+        [f"http://{host}" for host in hosts], transport=fleet.transport, **options
+    )
 
 
 def state_reads(state: int, questions: int = 3, *, prefix: int = 200) -> list[ReadRequest]:
@@ -111,7 +119,12 @@ def state_reads(state: int, questions: int = 3, *, prefix: int = 200) -> list[Re
     rng = random.Random(state)
     shared = tuple(rng.randrange(2, 40000) for _ in range(prefix))
     return [
-        ReadRequest(shared + tuple(rng.randrange(2, 40000) for _ in range(20 + q)), (1, 2), ("yes", "no"), prefix_tokens=prefix)
+        ReadRequest(
+            shared + tuple(rng.randrange(2, 40000) for _ in range(20 + q)),
+            (1, 2),
+            ("yes", "no"),
+            prefix_tokens=prefix,
+        )
         for q in range(questions)
     ]
 
@@ -143,15 +156,22 @@ def test_adding_an_engine_moves_only_the_keys_it_wins_about_one_in_n():
     moved = [(b, a) for b, a in zip(before, after) if b != a]
     assert all(a == "10.0.0.5:8000" for _, a in moved)  # nothing moves between the old engines
     assert 0.15 < len(moved) / len(keys) < 0.25  # ≈ 1/5
-    assert {engine: before.count(engine) for engine in four} == pytest.approx({engine: 500 for engine in four}, abs=75)
+    assert {engine: before.count(engine) for engine in four} == pytest.approx(
+        {engine: 500 for engine in four}, abs=75
+    )
     # Order does not depend on how the engines are listed.
-    assert all(rendezvous_order(key, four) == rendezvous_order(key, list(reversed(four))) for key in keys[:50])
+    assert all(
+        rendezvous_order(key, four) == rendezvous_order(key, list(reversed(four))) for key in keys[:50]
+    )
 
 
 def test_engine_url_forms_and_their_errors():
     assert parse_engine_urls("http://a:8000") == (["http://a:8000"], False)
     assert parse_engine_urls("http://a:8000/, http://b:8000") == (["http://a:8000", "http://b:8000"], False)
-    assert parse_engine_urls("dns+http://vllm-engine-headless:8000") == (["http://vllm-engine-headless:8000"], True)
+    assert parse_engine_urls("dns+http://vllm-engine-headless:8000") == (
+        ["http://vllm-engine-headless:8000"],
+        True,
+    )
     for bad, says in [
         ("http://a:8000,,http://b:8000", "empty entry"),
         ("dns+http://a:8000,http://b:8000", "stands alone"),
@@ -182,7 +202,9 @@ async def test_questions_of_a_request_and_repeated_states_land_on_one_engine(fle
             assert len(where) == 1, where
         used = [len(fleet.servers[host].prompts) for host in hosts]
         assert sum(used) == 120 and min(used) > 0
-        assert all(body["logprob_token_ids"] == [1, 2] for server in fleet.servers.values() for body in server.bodies)
+        assert all(
+            body["logprob_token_ids"] == [1, 2] for server in fleet.servers.values() for body in server.bodies
+        )
 
 
 async def test_read_many_keeps_a_request_on_one_engine_and_round_robin_spreads_it(fleet):
@@ -243,13 +265,19 @@ async def test_a_failed_engine_is_ejected_its_reads_retried_and_probed_back(flee
     for host in hosts:
         fleet.add(host)
     async with await route(fleet, hosts, eject_s=(0.2, 0.4)) as engine:
-        reads = next(r for r in (state_reads(s) for s in range(50)) if engine.choose(r[0]).id == "e2.test:8000")
+        reads = next(
+            r for r in (state_reads(s) for s in range(50)) if engine.choose(r[0]).id == "e2.test:8000"
+        )
         fleet.servers["e2.test:8000"].down = True
         reply = await engine.read(reads[0])  # retried on e1
         assert reply.read_mode is ReadMode.EXACT
         assert fleet.served_by(reads[0].prompt_ids) == ["e1.test:8000"]
         stats = engine.stats()["e2.test:8000"]
-        assert stats["state"] == "ejected" and stats["ejections"] == 1 and stats["errors"] == {"engine_unavailable": 1}
+        assert (
+            stats["state"] == "ejected"
+            and stats["ejections"] == 1
+            and stats["errors"] == {"engine_unavailable": 1}
+        )
         await engine.read(reads[1])
         assert fleet.served_by(reads[1].prompt_ids) == ["e1.test:8000"]  # no read tries an ejected engine
         await asyncio.sleep(0.5)  # the first probe (0.2 s) fails: still ejected, back-off doubled
@@ -286,7 +314,9 @@ async def test_engines_must_serve_one_model_and_read_in_the_mode_all_support(fle
         for reads in (state_reads(s) for s in range(8)):
             await engine.read(reads[0])
         bodies = [body for server in fleet.servers.values() for body in server.bodies]
-        assert bodies and all("structured_outputs" in body and "logprob_token_ids" not in body for body in bodies)
+        assert bodies and all(
+            "structured_outputs" in body and "logprob_token_ids" not in body for body in bodies
+        )
     with pytest.raises(EngineError, match="not every engine supports exact"):
         await route(fleet, ["e1.test:8000", "e2.test:8000"], read_mode=ReadMode.EXACT)
     fleet.add("e3.test:8000", model="other")  # the model's id differs: its revision says so
@@ -341,7 +371,11 @@ async def test_a_names_addresses_are_followed_without_dropping_reads_in_flight(f
         after = {i: engine.choose(reads[0]).id for i, reads in enumerate(requests)}
         assert set(after.values()) == {"10.0.0.1:8000", "10.0.0.3:8000"}
         # Keys stay on the engine that stays, unless the joiner wins them; the leaver's keys go to either.
-        assert all(after[i] in ("10.0.0.1:8000", "10.0.0.3:8000") for i, was in before.items() if was == "10.0.0.1:8000")
+        assert all(
+            after[i] in ("10.0.0.1:8000", "10.0.0.3:8000")
+            for i, was in before.items()
+            if was == "10.0.0.1:8000"
+        )
         assert any(after[i] == "10.0.0.1:8000" for i, was in before.items() if was == "10.0.0.1:8000")
 
         assert not leaver._client.is_closed  # its read is still in flight
@@ -364,6 +398,8 @@ async def test_the_engine_options_open_engine_passes_reach_every_member(fleet):
     prefill_first); each member engine gets them."""
     for n in (1, 2):
         fleet.add(f"10.0.0.{n}:8000")
-    async with await route(fleet, ["10.0.0.1:8000", "10.0.0.2:8000"], share_prefix=False, prefill_first=True) as engine:
+    async with await route(
+        fleet, ["10.0.0.1:8000", "10.0.0.2:8000"], share_prefix=False, prefill_first=True
+    ) as engine:
         members = [member.engine for member in engine._members.values()]
         assert len(members) == 2 and all(m.share_prefix is False and m.prefill_first is True for m in members)

@@ -19,7 +19,9 @@ QUESTIONS = [
     QuestionSpec("choice", "What is the sentiment?", ("positive", "negative"), (None, None)),
     QuestionSpec("noul", "Is the writer happy?", ("true", "false"), (None, None)),
     QuestionSpec("score", "How positive is it?", ("0", "1", "2", "3"), ("awful", "poor", "good", "great")),
-    QuestionSpec("choice", "Topic?", ("World", "Sports", "Business", "Sci/Tech"), (None, None, None, "science")),
+    QuestionSpec(
+        "choice", "Topic?", ("World", "Sports", "Business", "Sci/Tech"), (None, None, None, "science")
+    ),
 ]
 STATES = [
     "I loved this film, it was wonderful.",
@@ -83,7 +85,9 @@ async def test_the_per_question_path_reads_the_same(local_engine):
     shared = await reader.read_many(QUESTIONS, STATES[1])
     alone = await per_question.read_many(QUESTIONS, STATES[1])
     for a, b in zip(shared, alone):
-        assert a.label_probabilities.probabilities == pytest.approx(b.label_probabilities.probabilities, abs=EXACT)
+        assert a.label_probabilities.probabilities == pytest.approx(
+            b.label_probabilities.probabilities, abs=EXACT
+        )
 
 
 async def test_readings_do_not_depend_on_the_other_questions_or_their_order(local_engine):
@@ -93,17 +97,36 @@ async def test_readings_do_not_depend_on_the_other_questions_or_their_order(loca
     def record(request: ReadRequest) -> EngineReply:
         seen.append(request)
         logprobs = local_engine.next_token_logprobs(request.prompt_ids)
-        return EngineReply({i: float(logprobs[i]) for i in request.label_ids}, local_engine.capabilities.read_mode, len(request.prompt_ids), 0.0)
+        return EngineReply(
+            {i: float(logprobs[i]) for i in request.label_ids},
+            local_engine.capabilities.read_mode,
+            len(request.prompt_ids),
+            0.0,
+        )
 
-    recorder = Reader(FunctionEngine(record, tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=local_engine.capabilities))
+    recorder = Reader(
+        FunctionEngine(
+            record,
+            tokenizer=local_engine.tokenizer,
+            info=local_engine.info,
+            capabilities=local_engine.capabilities,
+        )
+    )
     reader = Reader(local_engine)
     state = STATES[1]
     alone = {}
     for question in QUESTIONS:
         seen.clear()
-        alone[question] = ((await reader.read(question, state)).label_probabilities.probabilities, (await recorder.read(question, state)))
+        alone[question] = (
+            (await reader.read(question, state)).label_probabilities.probabilities,
+            (await recorder.read(question, state)),
+        )
         alone_request = seen[0]
-        for others in (QUESTIONS, QUESTIONS[::-1], [q for q in QUESTIONS if q.question_type != question.question_type] + [question]):
+        for others in (
+            QUESTIONS,
+            QUESTIONS[::-1],
+            [q for q in QUESTIONS if q.question_type != question.question_type] + [question],
+        ):
             seen.clear()
             await recorder.read_many(others, state)
             assert seen[others.index(question)] == alone_request
@@ -123,7 +146,9 @@ def test_the_prefix_cache_is_bounded_and_evicts_the_least_recently_used():
     cache.put((3,), [layer])
     assert cache.get((1,)) is None and cache.get((0,)) is not None and cache.get((3,)) is not None
     assert cache.stats()["bytes"] == 3 * 15_360 and cache.stats()["entries"] == 3
-    cache.put((4,), [(torch.zeros(1, 3, 100, 64), torch.zeros(1, 3, 100, 64))])  # larger than the cap: not kept
+    cache.put(
+        (4,), [(torch.zeros(1, 3, 100, 64), torch.zeros(1, 3, 100, 64))]
+    )  # larger than the cap: not kept
     assert cache.get((4,)) is None and cache.stats()["entries"] == 3
     off = PrefixCache(0)
     off.put((0,), [layer])

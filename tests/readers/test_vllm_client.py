@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from deploy.processes import free_port
-
 from readers.engines.base import ReadMode, ReadRequest
 from readers.engines.vllm import VLLMEngine, parse_completion
 from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
@@ -23,7 +22,9 @@ pytestmark = pytest.mark.anyio
 
 def completion(top: dict[int, float], prompt_tokens: int = 40) -> dict:
     return {
-        "choices": [{"text": "x", "logprobs": {"top_logprobs": [{f"token_id:{k}": v for k, v in top.items()}]}}],
+        "choices": [
+            {"text": "x", "logprobs": {"top_logprobs": [{f"token_id:{k}": v for k, v in top.items()}]}}
+        ],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 1},
     }
 
@@ -32,7 +33,12 @@ class FakeVLLM:
     """Answers like a vLLM server with the given features; records every request body."""
 
     def __init__(self, model_dir, *, exact: bool, masked: bool, max_logprobs: int = 32) -> None:
-        self.model_dir, self.exact, self.masked, self.max_logprobs = str(model_dir), exact, masked, max_logprobs
+        self.model_dir, self.exact, self.masked, self.max_logprobs = (
+            str(model_dir),
+            exact,
+            masked,
+            max_logprobs,
+        )
         self.bodies: list[dict] = []
         self.fault = None  # set after the probe: a handler that answers every completion
 
@@ -40,15 +46,24 @@ class FakeVLLM:
         if self.fault is not None:
             return self.fault(request)
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"data": [{"id": "smol", "root": self.model_dir, "max_model_len": 8192}]})
+            return httpx.Response(
+                200, json={"data": [{"id": "smol", "root": self.model_dir, "max_model_len": 8192}]}
+            )
         body = json.loads(request.content)
         self.bodies.append(body)
         if body["logprobs"] > self.max_logprobs:
             message = f"Requested sample logprobs of {body['logprobs']}, which is greater than max allowed: {self.max_logprobs}"
-            return httpx.Response(400, json={"error": {"message": message, "type": "BadRequestError", "param": "logprobs"}})
+            return httpx.Response(
+                400, json={"error": {"message": message, "type": "BadRequestError", "param": "logprobs"}}
+            )
         natural = {1000 + i: -0.5 - i for i in range(body["logprobs"])}
         if "logprob_token_ids" in body and self.exact:
-            return httpx.Response(200, json=completion({1000: -0.5, **{t: -3.0 - i for i, t in enumerate(body["logprob_token_ids"])}}))
+            return httpx.Response(
+                200,
+                json=completion(
+                    {1000: -0.5, **{t: -3.0 - i for i, t in enumerate(body["logprob_token_ids"])}}
+                ),
+            )
         if "structured_outputs" in body and self.masked:
             return httpx.Response(200, json=completion({10407: -0.3, 4607: -1.4, 1: -9999.0, 3: -9999.0}))
         return httpx.Response(200, json=completion(natural))
@@ -83,7 +98,11 @@ async def test_probe_finds_the_servers_logprob_cap(embedded_model_dir):
 
 
 async def test_read_request_shapes_per_mode(embedded_model_dir):
-    for exact, masked, extra in [(True, True, "logprob_token_ids"), (False, True, "structured_outputs"), (False, False, None)]:
+    for exact, masked, extra in [
+        (True, True, "logprob_token_ids"),
+        (False, True, "structured_outputs"),
+        (False, False, None),
+    ]:
         fake = FakeVLLM(embedded_model_dir, exact=exact, masked=masked)
         engine = await connect(fake)
         try:
@@ -97,7 +116,10 @@ async def test_read_request_shapes_per_mode(embedded_model_dir):
             assert body[extra] == [10407, 4607] and reply.logprobs[10407] == -3.0
         elif extra == "structured_outputs":
             assert body[extra] == {"choice": ["yes", "no"]}
-            assert reply.normalised_over_labels and set(reply.logprobs) == {10407, 4607}  # -9999 padding dropped
+            assert reply.normalised_over_labels and set(reply.logprobs) == {
+                10407,
+                4607,
+            }  # -9999 padding dropped
         else:
             assert "logprob_token_ids" not in body and "structured_outputs" not in body
         assert reply.prompt_tokens == 40
@@ -121,13 +143,27 @@ async def test_engine_timeouts_and_busy_replies_map_to_504_and_503(embedded_mode
     engine = await connect(fake)
     try:
         for handler, error in [
-            (lambda request: (_ for _ in ()).throw(httpx.ReadTimeout("slow", request=request)), EngineTimeout),
+            (
+                lambda request: (_ for _ in ()).throw(httpx.ReadTimeout("slow", request=request)),
+                EngineTimeout,
+            ),
             (lambda request: httpx.Response(503, headers={"retry-after": "9"}), EngineUnavailable),
             (lambda request: httpx.Response(500, text="boom"), EngineBadReply),
             (lambda request: httpx.Response(200, text="<html>"), EngineBadReply),
-            (lambda request: (_ for _ in ()).throw(httpx.ConnectTimeout("no route", request=request)), EngineUnavailable),
-            (lambda request: httpx.Response(200, json=completion({7: -0.1}, prompt_tokens=41)), EngineBadReply),
-            (lambda request: httpx.Response(200, json={"choices": [{"logprobs": {"top_logprobs": [{"token_id:x": -1.0}]}}]}), EngineBadReply),
+            (
+                lambda request: (_ for _ in ()).throw(httpx.ConnectTimeout("no route", request=request)),
+                EngineUnavailable,
+            ),
+            (
+                lambda request: httpx.Response(200, json=completion({7: -0.1}, prompt_tokens=41)),
+                EngineBadReply,
+            ),
+            (
+                lambda request: httpx.Response(
+                    200, json={"choices": [{"logprobs": {"top_logprobs": [{"token_id:x": -1.0}]}}]}
+                ),
+                EngineBadReply,
+            ),
         ]:
             fake.fault = handler
             with pytest.raises(error) as raised:

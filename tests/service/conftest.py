@@ -13,7 +13,9 @@ from readers.engines.function import FunctionEngine
 def function_engine(local_engine, fn, mode=ReadMode.TOPK) -> FunctionEngine:
     """A function engine (named as such: it reaches no model) with the embedded model's tokenizer and info."""
     capabilities = Capabilities(read_mode=mode, max_logprobs=32, top_k=32, probe={"engine": "function"})
-    return FunctionEngine(fn, tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=capabilities)
+    return FunctionEngine(
+        fn, tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=capabilities
+    )
 
 
 def favour_first(request: ReadRequest) -> EngineReply:

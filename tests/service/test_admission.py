@@ -19,7 +19,9 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_costs_fill_flight_then_queue_then_refuse():
-    admission = Admission(AdmissionLimits(in_flight_cost=10, queued_cost=10, request_cost=20, retry_after_s=3))
+    admission = Admission(
+        AdmissionLimits(in_flight_cost=10, queued_cost=10, request_cost=20, retry_after_s=3)
+    )
     order = []
     release = asyncio.Event()
 
@@ -36,7 +38,11 @@ async def test_costs_fill_flight_then_queue_then_refuse():
     with pytest.raises(Overloaded) as full:
         async with admission.admit(5):  # 6 + 5 > 10 queued
             pass
-    assert full.value.status_code == 529 and full.value.error_type == "overloaded_error" and full.value.retry_after_s == 3
+    assert (
+        full.value.status_code == 529
+        and full.value.error_type == "overloaded_error"
+        and full.value.retry_after_s == 3
+    )
     assert "queue limit 10" in full.value.message
     with pytest.raises(RequestTooCostly) as costly:
         async with admission.admit(21):
@@ -78,13 +84,18 @@ async def test_a_request_alone_may_exceed_the_in_flight_bound():
 def test_cost_is_prompt_tokens_over_every_read(local_engine):
     reader = Reader(local_engine)
     body = SystemOneRequest.model_validate(
-        {"state": "word " * 500, "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(4)}}
+        {
+            "state": "word " * 500,
+            "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(4)},
+        }
     )
     specs = [q.to_spec() for q in body.questions.values()]
     one = request_cost(reader, [body.state_text()], specs[:1])
     four = request_cost(reader, [body.state_text()], specs)
     assert 500 <= one < 520 and four == pytest.approx(4 * one)
-    assert request_cost(reader, ["x" * 10_000_000], specs) is None  # cannot fit: the reader refuses it untokenized
+    assert (
+        request_cost(reader, ["x" * 10_000_000], specs) is None
+    )  # cannot fit: the reader refuses it untokenized
 
 
 def blocking_engine(local_engine, gate: asyncio.Event):
@@ -131,9 +142,15 @@ async def test_a_flood_is_refused_fast_not_queued_for_seconds(client_factory, lo
             await asyncio.sleep(0.05)
             return favour_first(request)
 
-    one = request_cost(Reader(local_engine), ["word " * 20], [SystemOneRequest.model_validate(body(20)).questions["q"].to_spec()])
+    one = request_cost(
+        Reader(local_engine),
+        ["word " * 20],
+        [SystemOneRequest.model_validate(body(20)).questions["q"].to_spec()],
+    )
     limits = AdmissionLimits(in_flight_cost=4 * one, queued_cost=16 * one)
-    async with client_factory(function_engine(local_engine, slow, ReadMode.EXACT), admission=limits) as client:
+    async with client_factory(
+        function_engine(local_engine, slow, ReadMode.EXACT), admission=limits
+    ) as client:
         loop = asyncio.get_running_loop()
 
         async def timed():
@@ -154,8 +171,8 @@ def test_the_sdk_sees_529_with_its_retry_after(local_engine):
     import threading
 
     typesafe_sdk = pytest.importorskip("typesafe_sdk")
-    from service.app import create_app
     from deploy.processes import serving
+    from service.app import create_app
 
     gate = threading.Event()
 
@@ -167,8 +184,12 @@ def test_the_sdk_sees_529_with_its_retry_after(local_engine):
     app = create_app(function_engine(local_engine, held, ReadMode.EXACT), admission=limits)
     question = {"q": typesafe_sdk.Noul(instructions="Is it?")}
     with serving(app) as url:
-        with typesafe_sdk.TypeSafeClient(api_key="unused-without-auth", base_url=url, retry=typesafe_sdk.RetryPolicy(max_retries=0)) as client:
-            holder = threading.Thread(target=client.system_one, kwargs={"state": "first", "questions": question})
+        with typesafe_sdk.TypeSafeClient(
+            api_key="unused-without-auth", base_url=url, retry=typesafe_sdk.RetryPolicy(max_retries=0)
+        ) as client:
+            holder = threading.Thread(
+                target=client.system_one, kwargs={"state": "first", "questions": question}
+            )
             holder.start()
             time.sleep(1.0)
             with pytest.raises(typesafe_sdk.TypeSafeInternalServerError) as raised:
@@ -176,4 +197,6 @@ def test_the_sdk_sees_529_with_its_retry_after(local_engine):
             gate.set()
             holder.join(timeout=30)
     assert raised.value.status == 529 and raised.value.headers["retry-after"] == "7"
-    assert raised.value.body["detail"]["error_type"] == "overloaded_error" and "at capacity" in str(raised.value)
+    assert raised.value.body["detail"]["error_type"] == "overloaded_error" and "at capacity" in str(
+        raised.value
+    )

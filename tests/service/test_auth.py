@@ -77,7 +77,11 @@ def test_app_refuses_auth_on_with_no_keys():
 def test_keys_from_file_and_environment(tmp_path):
     path = tmp_path / "keys"
     path.write_text(f"# ops team\n{KEY}\n\n  {OTHER}  \n")
-    assert load_api_keys(path, {KEYS_ENV: " od-env-key-aaaaaaaaaaaa , "}) == [KEY, OTHER, "od-env-key-aaaaaaaaaaaa"]
+    assert load_api_keys(path, {KEYS_ENV: " od-env-key-aaaaaaaaaaaa , "}) == [
+        KEY,
+        OTHER,
+        "od-env-key-aaaaaaaaaaaa",
+    ]
     assert load_api_keys(None, {}) == []
 
 

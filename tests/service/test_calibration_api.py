@@ -9,8 +9,8 @@ import pytest
 from calibration.store import CalibrationStore
 from eval.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
-from service.prior import read_version
 from service.app import create_app
+from service.prior import read_version
 
 pytestmark = pytest.mark.anyio
 
@@ -18,7 +18,10 @@ QUESTION = TASKS["sst2"].question()
 
 
 def examples(n: int) -> list[dict]:
-    return [{"state": r.text, "questions": {"sentiment": QUESTION}, "gold": {"sentiment": r.gold}} for r in spread(load_sample("sst2"), n)]
+    return [
+        {"state": r.text, "questions": {"sentiment": QUESTION}, "gold": {"sentiment": r.gold}}
+        for r in spread(load_sample("sst2"), n)
+    ]
 
 
 @pytest.mark.slow  # 60 labelled examples read
@@ -28,12 +31,22 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
         fitted = await client.post("/v1/calibrations", json={"examples": examples(60), "seed": 1})
         assert fitted.status_code == 200, fitted.text
         (calibration,) = fitted.json()["calibrations"]
-        assert calibration["question_type"] == "choice" and calibration["option_count"] == 2 and calibration["n"] == 60
-        assert 0.05 <= calibration["temperature"] <= 20 and calibration["nll_after"] <= calibration["nll_before"]
+        assert (
+            calibration["question_type"] == "choice"
+            and calibration["option_count"] == 2
+            and calibration["n"] == 60
+        )
+        assert (
+            0.05 <= calibration["temperature"] <= 20 and calibration["nll_after"] <= calibration["nll_before"]
+        )
         assert calibration["heldout_n"] == 30 and calibration["heldout_ece_before"] is not None
         listed = (await client.get("/v1/calibrations")).json()["calibrations"]
         assert [c["id"] for c in listed] == [calibration["id"]]
-        answer = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()["answers"]["s"]
+        answer = (
+            await client.post(
+                "/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}}
+            )
+        ).json()["answers"]["s"]
 
     used = answer["x_reading"]["calibration"]
     assert used == {
@@ -41,32 +54,53 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
         "prompt_version": read_version(PROMPT_VERSION, True),
     }  # fmt: skip
     # A choice question: fitted on, and applied after, the default prior correction.
-    assert calibration["prompt_version"] == read_version(PROMPT_VERSION, True) and calibration["mode"] == "temperature" and calibration["heldout_ece_floor"] > 0
+    assert (
+        calibration["prompt_version"] == read_version(PROMPT_VERSION, True)
+        and calibration["mode"] == "temperature"
+        and calibration["heldout_ece_floor"] > 0
+    )
     raw, prior = answer["x_reading"]["raw_probabilities"], answer["x_reading"]["prior_correction"]["prior"]
     corrected = {o: (raw[o] / prior[o]) / sum(raw[k] / prior[k] for k in raw) for o in raw}
     t = calibration["temperature"]
     weights = {o: math.exp(math.log(p) / t) for o, p in corrected.items()}
     expected = {o: w / sum(weights.values()) for o, w in weights.items()}
     assert answer["probabilities"] == pytest.approx(expected)
-    assert answer["confidence"] == pytest.approx(2 * max(expected.values()) - 1)  # Jev's (p_max − 1/2) / (1 − 1/2)
+    assert answer["confidence"] == pytest.approx(
+        2 * max(expected.values()) - 1
+    )  # Jev's (p_max − 1/2) / (1 − 1/2)
     assert answer["x_reading"]["top_probability"] == pytest.approx(max(expected.values()))
 
     async with client_factory(local_engine, store=CalibrationStore(path)) as client:
-        again = (await client.post("/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}})).json()
+        again = (
+            await client.post(
+                "/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}}
+            )
+        ).json()
     assert again["answers"]["s"]["x_reading"]["calibration"]["id"] == calibration["id"]
 
 
 async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_path):
     async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
-        answer = (await client.post("/v1/systemone", json={"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})).json()
+        answer = (
+            await client.post(
+                "/v1/systemone",
+                json={"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}},
+            )
+        ).json()
     reading = answer["answers"]["q"]["x_reading"]
     assert reading["calibration"] is None and reading["decision_id"].startswith("dec_")
 
 
 async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, local_engine, tmp_path):
     records = spread(load_sample("sst2"), 12)
-    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3"), auto_refit_every=10) as client:
-        batch = (await client.post("/decide/batch", json={"states": [r.text for r in records], "questions": {"s": QUESTION}})).json()
+    async with client_factory(
+        local_engine, store=CalibrationStore(tmp_path / "c.sqlite3"), auto_refit_every=10
+    ) as client:
+        batch = (
+            await client.post(
+                "/decide/batch", json={"states": [r.text for r in records], "questions": {"s": QUESTION}}
+            )
+        ).json()
         ids = [result["answers"]["s"]["x_reading"]["decision_id"] for result in batch["results"]]
         replies = []
         for decision_id, record in zip(ids, records):
@@ -82,18 +116,30 @@ async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, lo
         invalid = await client.post("/v1/feedback", json={"decision_id": ids[0], "gold": "neutral"})
         assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "gold"]
 
-        refit = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "option_count": 2})
+        refit = await client.post(
+            "/v1/calibrations/refit", json={"question_type": "choice", "option_count": 2}
+        )
         assert refit.status_code == 200 and refit.json()["n"] == 12
-        answer = (await client.post("/decide", json={"state": "fine", "questions": {"s": QUESTION}})).json()["answers"]["s"]
+        answer = (await client.post("/decide", json={"state": "fine", "questions": {"s": QUESTION}})).json()[
+            "answers"
+        ]["s"]
         assert answer["x_reading"]["calibration"]["id"] == refit.json()["id"]
 
 
 async def test_too_few_labels_are_refused(client_factory, local_engine, tmp_path):
     async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
         response = await client.post("/v1/calibrations", json={"examples": examples(4)})
-        bad_gold = await client.post("/v1/calibrations", json={"examples": [{**examples(1)[0], "gold": {"sentiment": "meh"}}]})
+        bad_gold = await client.post(
+            "/v1/calibrations", json={"examples": [{**examples(1)[0], "gold": {"sentiment": "meh"}}]}
+        )
     assert response.status_code == 422 and "at least 10" in response.json()["detail"][0]["msg"]
-    assert bad_gold.status_code == 422 and bad_gold.json()["detail"][0]["loc"] == ["body", "examples", 0, "gold", "sentiment"]
+    assert bad_gold.status_code == 422 and bad_gold.json()["detail"][0]["loc"] == [
+        "body",
+        "examples",
+        0,
+        "gold",
+        "sentiment",
+    ]
 
 
 def test_refit_policy_is_validated(local_engine, tmp_path):

@@ -25,7 +25,10 @@ STATE = "The central bank raised interest rates again on Tuesday."
 
 
 def examples(n: int) -> list[dict]:
-    return [{"state": r.text, "questions": {"topic": QUESTION}, "gold": {"topic": r.gold}} for r in spread(load_sample("ag_news"), n)]
+    return [
+        {"state": r.text, "questions": {"topic": QUESTION}, "gold": {"topic": r.gold}}
+        for r in spread(load_sample("ag_news"), n)
+    ]
 
 
 async def ask(client, question=QUESTION) -> dict:
@@ -38,67 +41,116 @@ async def ask(client, question=QUESTION) -> dict:
 async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_factory, local_engine, tmp_path):
     """Under the default policy a choice fit is made on prior-corrected reads and applied after the correction."""
     async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
-        fitted = await client.post("/v1/calibrations", json={"examples": examples(24), "mode": "temperature_bias"})
+        fitted = await client.post(
+            "/v1/calibrations", json={"examples": examples(24), "mode": "temperature_bias"}
+        )
         assert fitted.status_code == 200, fitted.text
         (calibration,) = fitted.json()["calibrations"]
         answer = await ask(client)
-        no_count = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "mode": "temperature_bias"})
-    assert calibration["mode"] == "temperature_bias" and len(calibration["bias"]) == 4 and sum(calibration["bias"]) == pytest.approx(0, abs=1e-9)
+        no_count = await client.post(
+            "/v1/calibrations/refit", json={"question_type": "choice", "mode": "temperature_bias"}
+        )
+    assert (
+        calibration["mode"] == "temperature_bias"
+        and len(calibration["bias"]) == 4
+        and sum(calibration["bias"]) == pytest.approx(0, abs=1e-9)
+    )
     assert calibration["prompt_version"] == read_version(PROMPT_VERSION, True)
     used = answer["x_reading"]["calibration"]
     assert used["mode"] == "temperature_bias" and used["bias"] == dict(zip(OPTIONS, calibration["bias"]))
     raw = np.array([answer["x_reading"]["raw_probabilities"][o] for o in OPTIONS])
     prior = np.array([answer["x_reading"]["prior_correction"]["prior"][o] for o in OPTIONS])
-    u = np.log((raw / prior) / (raw / prior).sum()) / calibration["temperature"] + np.array(calibration["bias"])
+    u = np.log((raw / prior) / (raw / prior).sum()) / calibration["temperature"] + np.array(
+        calibration["bias"]
+    )
     expected = np.exp(u - u.max()) / np.exp(u - u.max()).sum()
     assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx(expected)
     assert no_count.status_code == 422 and "option_count" in no_count.text
 
 
 @pytest.mark.slow  # 24 states read, unlabelled
-async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_decisions(client_factory, local_engine, tmp_path):
+async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_decisions(
+    client_factory, local_engine, tmp_path
+):
     records = spread(load_sample("ag_news"), 24)
     spec = ChoiceQuestion.model_validate(QUESTION).to_spec()
     reader = Reader(local_engine)
-    direct = np.array([(await reader.read(spec, r.text)).label_probabilities.probabilities for r in records[:12]])
+    direct = np.array(
+        [(await reader.read(spec, r.text)).label_probabilities.probabilities for r in records[:12]]
+    )
     store = CalibrationStore(tmp_path / "c.sqlite3")
     unlabelled = [{"state": r.text, "questions": {"topic": QUESTION}} for r in records[:12]]
-    async with client_factory(local_engine, store=store, prior_correction="off") as client:  # fits on the model's own reads
-        needs_gold = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "temperature"})
+    async with client_factory(
+        local_engine, store=store, prior_correction="off"
+    ) as client:  # fits on the model's own reads
+        needs_gold = await client.post(
+            "/v1/calibrations", json={"examples": unlabelled, "mode": "temperature"}
+        )
         fitted = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "state_prior"})
         assert fitted.status_code == 200, fitted.text
         answer = await ask(client)
-        await ask(client, TASKS["ag_news"].question(reversed_options=True))  # recorded, but its positions hold other options
-        served = await client.post("/decide/batch", json={"states": [r.text for r in records[12:]], "questions": {"topic": QUESTION}})
+        await ask(
+            client, TASKS["ag_news"].question(reversed_options=True)
+        )  # recorded, but its positions hold other options
+        served = await client.post(
+            "/decide/batch", json={"states": [r.text for r in records[12:]], "questions": {"topic": QUESTION}}
+        )
         assert served.status_code == 200, served.text
-        refit = await client.post("/v1/calibrations/refit", json={"question_type": "choice", "option_count": 4, "mode": "state_prior"})
+        refit = await client.post(
+            "/v1/calibrations/refit",
+            json={"question_type": "choice", "option_count": 4, "mode": "state_prior"},
+        )
         assert refit.status_code == 200, refit.text
-    assert needs_gold.status_code == 422 and needs_gold.json()["detail"][0]["loc"] == ["body", "examples", 0, "gold"]
+    assert needs_gold.status_code == 422 and needs_gold.json()["detail"][0]["loc"] == [
+        "body",
+        "examples",
+        0,
+        "gold",
+    ]
     (calibration,) = fitted.json()["calibrations"]
-    assert (calibration["mode"], calibration["temperature"], calibration["n"], calibration["source"]) == ("state_prior", 1.0, 12, "states")
+    assert (calibration["mode"], calibration["temperature"], calibration["n"], calibration["source"]) == (
+        "state_prior",
+        1.0,
+        12,
+        "states",
+    )
     assert calibration["heldout_n"] is None  # no gold answers, no held-out score
-    assert calibration["bias"] == pytest.approx(state_prior_bias(direct).tolist(), abs=1e-4)  # −log of the states' mean read, centred
+    assert calibration["bias"] == pytest.approx(
+        state_prior_bias(direct).tolist(), abs=1e-4
+    )  # −log of the states' mean read, centred
     used = answer["x_reading"]["calibration"]
     assert used["mode"] == "state_prior" and used["id"] == calibration["id"]
     raw = np.array([answer["x_reading"]["raw_probabilities"][o] for o in OPTIONS])
     prior = direct.mean(axis=0) / direct.mean(axis=0).sum()
-    assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx((raw / prior) / (raw / prior).sum(), abs=1e-4)
-    recorded = store.recorded(CalibrationKey(local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=PROMPT_VERSION))
+    assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx(
+        (raw / prior) / (raw / prior).sum(), abs=1e-4
+    )
+    recorded = store.recorded(
+        CalibrationKey(
+            local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=PROMPT_VERSION
+        )
+    )
     assert len(recorded) == 14  # every decision served, none labelled
     same_order = [raw for options, raw in recorded if options == OPTIONS]
     assert (refit.json()["source"], refit.json()["n"]) == ("decisions", 13)  # the reversed question left out
     assert refit.json()["bias"] == pytest.approx(state_prior_bias(same_order).tolist())
 
 
-async def test_the_prior_correction_divides_out_what_the_model_answers_on_content_free_states(client_factory, local_engine, tmp_path):
+async def test_the_prior_correction_divides_out_what_the_model_answers_on_content_free_states(
+    client_factory, local_engine, tmp_path
+):
     prior = await content_free_prior(local_engine, ChoiceQuestion.model_validate(QUESTION).to_spec())
     store = CalibrationStore(tmp_path / "c.sqlite3")
     async with client_factory(local_engine, store=store) as client:  # the default: choice questions
         answer = await ask(client)
         yes_no = await ask(client, NOUL)
-        raw_fit = store.add_calibration(choice_key(local_engine, corrected=False), temperature=3.0, n=50, source="labels")
+        raw_fit = store.add_calibration(
+            choice_key(local_engine, corrected=False), temperature=3.0, n=50, source="labels"
+        )
         still = await ask(client)
-        fitted = store.add_calibration(choice_key(local_engine, corrected=True), temperature=2.0, n=50, source="labels")
+        fitted = store.add_calibration(
+            choice_key(local_engine, corrected=True), temperature=2.0, n=50, source="labels"
+        )
         with_fit = await ask(client)
     used = answer["x_reading"]["prior_correction"]
     assert answer["x_reading"]["calibration"] is None and used["prompt_version"] == PROMPT_VERSION
@@ -109,12 +161,20 @@ async def test_the_prior_correction_divides_out_what_the_model_answers_on_conten
     assert [answer["probabilities"][o] for o in OPTIONS] == pytest.approx(corrected, rel=1e-4)
     assert answer["choice"] == OPTIONS[int(np.argmax(corrected))]
     recorded = [read for _, read in store.recorded(choice_key(local_engine, corrected=True))]
-    assert len(recorded) == 3 and all(read == pytest.approx(corrected, rel=1e-4) for read in recorded)  # the read their fits are made on
+    assert len(recorded) == 3 and all(
+        read == pytest.approx(corrected, rel=1e-4) for read in recorded
+    )  # the read their fits are made on
     assert store.recorded(choice_key(local_engine, corrected=False)) == []
-    assert yes_no["x_reading"]["prior_correction"] is None and yes_no["noul"] == yes_no["x_reading"]["raw_probabilities"]["true"]
+    assert (
+        yes_no["x_reading"]["prior_correction"] is None
+        and yes_no["noul"] == yes_no["x_reading"]["raw_probabilities"]["true"]
+    )
     # A fit on raw reads does not apply to corrected ones; a fit on corrected reads applies after the correction.
     assert still["x_reading"]["calibration"] is None and raw_fit.id != fitted.id
-    assert with_fit["x_reading"]["calibration"]["id"] == fitted.id and with_fit["x_reading"]["prior_correction"] is not None
+    assert (
+        with_fit["x_reading"]["calibration"]["id"] == fitted.id
+        and with_fit["x_reading"]["prior_correction"] is not None
+    )
     tempered = np.exp(np.log(corrected) / 2.0) / np.exp(np.log(corrected) / 2.0).sum()
     assert [with_fit["probabilities"][o] for o in OPTIONS] == pytest.approx(tempered, rel=1e-4)
 
@@ -125,12 +185,20 @@ NOUL = {"type": "noul", "instructions": "Is this about money?"}
 async def content_free_prior(engine, spec) -> np.ndarray:
     """The prior measured by hand: the mean read on the content-free states, renormalised."""
     reader = Reader(engine)
-    reads = np.array([(await reader.read(spec, state)).label_probabilities.probabilities for state in CONTENT_FREE_STATES])
+    reads = np.array(
+        [(await reader.read(spec, state)).label_probabilities.probabilities for state in CONTENT_FREE_STATES]
+    )
     return reads.mean(axis=0) / reads.mean(axis=0).sum()
 
 
 def choice_key(engine, *, corrected: bool) -> CalibrationKey:
-    return CalibrationKey(engine.info.name, engine.info.revision, "choice", 4, prompt_version=read_version(PROMPT_VERSION, corrected))
+    return CalibrationKey(
+        engine.info.name,
+        engine.info.revision,
+        "choice",
+        4,
+        prompt_version=read_version(PROMPT_VERSION, corrected),
+    )
 
 
 async def test_the_prior_correction_policy_names_the_questions_it_covers(client_factory, local_engine):
@@ -155,7 +223,12 @@ async def test_a_read_averaged_over_rotations_is_not_prior_corrected(local_engin
     priors = OptionPriors(PriorCorrection.CHOICE)
 
     async def answer(question: dict) -> dict:
-        response = await decide(SystemOneRequest.model_validate({"state": STATE, "questions": {"t": question}}), reader, request_id="r", priors=priors)
+        response = await decide(
+            SystemOneRequest.model_validate({"state": STATE, "questions": {"t": question}}),
+            reader,
+            request_id="r",
+            priors=priors,
+        )
         return response.answers["t"].reading.model_dump(mode="json")
 
     asked, rotated = await answer(QUESTION), await answer({**QUESTION, "x_debias": "rotate"})
@@ -166,19 +239,30 @@ async def test_a_read_averaged_over_rotations_is_not_prior_corrected(local_engin
 async def test_the_prior_cache_keeps_the_latest_questions_only(local_engine):
     reader = Reader(local_engine)
     priors = OptionPriors(PriorCorrection.ALL, limit=2)
-    questions = [NoulQuestion.model_validate({"type": "noul", "instructions": f"Is this about topic {i}?"}).to_spec() for i in range(3)]
+    questions = [
+        NoulQuestion.model_validate({"type": "noul", "instructions": f"Is this about topic {i}?"}).to_spec()
+        for i in range(3)
+    ]
     first = await priors.prior(reader, questions[0])
     await priors.prior(reader, questions[1])
     await priors.prior(reader, questions[0])  # used again: now the most recent
     await priors.prior(reader, questions[2])
-    assert len(priors) == 2 and questions[1] not in priors and questions[0] in priors and questions[2] in priors
+    assert (
+        len(priors) == 2 and questions[1] not in priors and questions[0] in priors and questions[2] in priors
+    )
     await priors.prior(reader, questions[1])  # measured again, dropping the least recently used
-    assert questions[0] not in priors and (await priors.prior(reader, questions[0])).prior == pytest.approx(first.prior, abs=1e-6)
+    assert questions[0] not in priors and (await priors.prior(reader, questions[0])).prior == pytest.approx(
+        first.prior, abs=1e-6
+    )
 
 
-async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(client_factory, local_engine, tmp_path):
+async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(
+    client_factory, local_engine, tmp_path
+):
     store = CalibrationStore(tmp_path / "c.sqlite3")
-    old = CalibrationKey(local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=LEGACY_PROMPT_VERSION)
+    old = CalibrationKey(
+        local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=LEGACY_PROMPT_VERSION
+    )
     kept = store.add_calibration(old, temperature=3.0, n=50, source="labels")
     async with client_factory(local_engine, store=store) as client:
         answer = await ask(client)

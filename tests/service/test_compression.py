@@ -23,14 +23,18 @@ async def post(client, content: bytes, encoding: str | None):
     return await client.post("/v1/systemone", content=content, headers=headers)
 
 
-@pytest.mark.parametrize("encoding, compress", [("zstd", zstandard.ZstdCompressor().compress), ("gzip", gzip.compress)])
+@pytest.mark.parametrize(
+    "encoding, compress", [("zstd", zstandard.ZstdCompressor().compress), ("gzip", gzip.compress)]
+)
 async def test_compressed_bodies_answer_like_plain_ones(client_factory, local_engine, encoding, compress):
     raw = json.dumps(BODY).encode()
     async with client_factory(local_engine) as client:
         plain = await post(client, raw, None)
         packed = await post(client, compress(raw), encoding)
     assert plain.status_code == packed.status_code == 200, packed.text
-    assert packed.json()["answers"]["damaged"]["noul"] == pytest.approx(plain.json()["answers"]["damaged"]["noul"], abs=1e-9)
+    assert packed.json()["answers"]["damaged"]["noul"] == pytest.approx(
+        plain.json()["answers"]["damaged"]["noul"], abs=1e-9
+    )
 
 
 async def test_unknown_encoding_is_415(client_factory, local_engine):

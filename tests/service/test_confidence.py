@@ -16,7 +16,13 @@ def test_doctests():
 
 @pytest.mark.parametrize(
     "probabilities, expected",
-    [([1.0, 0.0], 1.0), ([0.5, 0.5], 0.0), ([0.7, 0.2, 0.1], (0.7 - 1 / 3) / (2 / 3)), ([0.25] * 4, 0.0), ([0.4, 0.6], 0.2)],
+    [
+        ([1.0, 0.0], 1.0),
+        ([0.5, 0.5], 0.0),
+        ([0.7, 0.2, 0.1], (0.7 - 1 / 3) / (2 / 3)),
+        ([0.25] * 4, 0.0),
+        ([0.4, 0.6], 0.2),
+    ],
 )
 def test_choice(probabilities, expected):
     assert choice_confidence(probabilities) == pytest.approx(expected)

@@ -10,14 +10,30 @@ import pytest
 pytestmark = pytest.mark.anyio
 
 QUESTIONS = {
-    "tone": {"type": "choice", "instructions": "Tone?", "criteria": {"angry": None, "calm": None, "excited": None}},
+    "tone": {
+        "type": "choice",
+        "instructions": "Tone?",
+        "criteria": {"angry": None, "calm": None, "excited": None},
+    },
     "spam": {"type": "noul", "instructions": "Is it spam?"},
-    "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["can wait", "this week", "today"]},
+    "urgency": {
+        "type": "score",
+        "instructions": "How urgent?",
+        "criteria": ["can wait", "this week", "today"],
+    },
 }
 
 
-async def test_unknown_top_level_fields_are_ignored_and_logged_by_name_only(client_factory, quick_engine, caplog):
-    body = {"model": "jev-latest", "state": "Refund me now.", "questions": QUESTIONS, "client_tag": "SECRET-VALUE-123", "stream": True}
+async def test_unknown_top_level_fields_are_ignored_and_logged_by_name_only(
+    client_factory, quick_engine, caplog
+):
+    body = {
+        "model": "jev-latest",
+        "state": "Refund me now.",
+        "questions": QUESTIONS,
+        "client_tag": "SECRET-VALUE-123",
+        "stream": True,
+    }
     caplog.set_level(logging.INFO, logger="opendecide.service")
     async with client_factory(quick_engine) as client:
         response = await client.post("/v1/systemone", json=body)
@@ -46,11 +62,20 @@ async def test_unknown_field_inside_a_question_stays_a_422(client_factory, quick
 
 async def test_extensions_are_x_prefixed_and_nothing_else_is_added(client_factory, quick_engine):
     async with client_factory(quick_engine) as client:
-        body = (await client.post("/v1/systemone", json={"state": "Refund me now.", "questions": QUESTIONS})).json()
+        body = (
+            await client.post("/v1/systemone", json={"state": "Refund me now.", "questions": QUESTIONS})
+        ).json()
     assert set(body) == {"model", "answers", "usage", "x_provenance"}
     assert set(body["answers"]["tone"]) == {"type", "choice", "confidence", "probabilities", "x_reading"}
     assert set(body["answers"]["spam"]) == {"type", "noul", "x_reading"}
-    assert set(body["answers"]["urgency"]) == {"type", "score", "confidence", "legend", "probabilities", "x_reading"}
+    assert set(body["answers"]["urgency"]) == {
+        "type",
+        "score",
+        "confidence",
+        "legend",
+        "probabilities",
+        "x_reading",
+    }
     assert body["x_provenance"]["engine"] == "function"
 
 
@@ -58,7 +83,9 @@ async def test_confidence_is_jevs_formula_on_a_known_distribution(client_factory
     # The function engine reads every state alike, so the default prior correction would divide its
     # whole distribution out: the formula is checked on the read as it is.
     async with client_factory(quick_engine, prior_correction="off") as client:
-        answers = (await client.post("/v1/systemone", json={"state": "Refund me now.", "questions": QUESTIONS})).json()["answers"]
+        answers = (
+            await client.post("/v1/systemone", json={"state": "Refund me now.", "questions": QUESTIONS})
+        ).json()["answers"]
     tone = answers["tone"]
     p = [tone["probabilities"][name] for name in ("angry", "calm", "excited")]
     assert tone["choice"] == "angry" and p[0] > p[1] > p[2]

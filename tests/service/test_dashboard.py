@@ -24,7 +24,10 @@ def test_dashboard_covers_what_operators_need():
 
 async def test_every_service_metric_in_the_dashboard_is_scraped(client_factory, local_engine):
     async with client_factory(local_engine) as client:
-        await client.post("/v1/systemone", json={"state": "hi", "questions": {"q": {"type": "noul", "instructions": "Greeting?"}}})
+        await client.post(
+            "/v1/systemone",
+            json={"state": "hi", "questions": {"q": {"type": "noul", "instructions": "Greeting?"}}},
+        )
         scraped = scraped_sample_names((await client.get("/metrics")).text)
     missing = {name for name in dashboard_metric_names() if name.startswith("decide_")} - scraped
     assert not missing, missing

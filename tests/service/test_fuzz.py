@@ -54,7 +54,13 @@ def test_generated_requests_never_get_a_5xx(local_engine, tmp_path):
         for mode, examples in modes.items():
 
             @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=examples, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+            @settings(
+                max_examples=examples,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+            )
             def run(case):
                 response = case.call_and_validate(
                     headers={"Authorization": f"Bearer {KEY}"},

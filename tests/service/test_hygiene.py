@@ -42,7 +42,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, body, loc, message", CASES, ids=[case[0] for case in CASES])
-async def test_unusable_json_values_are_a_422_naming_the_field(client_factory, quick_engine, name, body, loc, message):
+async def test_unusable_json_values_are_a_422_naming_the_field(
+    client_factory, quick_engine, name, body, loc, message
+):
     async with client_factory(quick_engine) as client:
         response = await client.post("/v1/systemone", content=raw(body), headers=JSON)
     assert response.status_code == 422, response.text
@@ -60,19 +62,31 @@ async def test_a_paired_surrogate_is_an_ordinary_character(client_factory, quick
 
 async def test_options_equal_after_nfc_normalisation_are_one_option_twice(client_factory, quick_engine):
     composed, decomposed = "caf\u00e9", "cafe\u0301"
-    body = {"state": "s", "questions": {"q": {"type": "choice", "criteria": {composed: None, decomposed: None}}}}
+    body = {
+        "state": "s",
+        "questions": {"q": {"type": "choice", "criteria": {composed: None, decomposed: None}}},
+    }
     async with client_factory(quick_engine) as client:
         response = await client.post("/v1/systemone", json=body)
     assert response.status_code == 422
     (item,) = response.json()["detail"]
-    assert item["loc"] == ["body", "questions", "q", "choice", "criteria"] and "duplicate options" in item["msg"]
+    assert (
+        item["loc"] == ["body", "questions", "q", "choice", "criteria"] and "duplicate options" in item["msg"]
+    )
 
 
 async def test_validation_errors_never_echo_the_state(client_factory, quick_engine):
-    body = {"state": 12345.5, "questions": {"q": {"type": "noul", "instructions": "?", "criteria": "TOP-SECRET-STATE"}}}
+    body = {
+        "state": 12345.5,
+        "questions": {"q": {"type": "noul", "instructions": "?", "criteria": "TOP-SECRET-STATE"}},
+    }
     async with client_factory(quick_engine) as client:
         response = await client.post("/v1/systemone", json=body)
-    assert response.status_code == 422 and "TOP-SECRET-STATE" not in response.text and "12345.5" not in response.text
+    assert (
+        response.status_code == 422
+        and "TOP-SECRET-STATE" not in response.text
+        and "12345.5" not in response.text
+    )
 
 
 @pytest.mark.parametrize(
@@ -110,13 +124,21 @@ async def test_a_body_shorter_than_its_content_length_times_out_with_408(quick_e
         while not server.started:
             await asyncio.sleep(0.02)
         reader, writer = await asyncio.open_connection(*sock.getsockname())
-        writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+        writer.write(
+            b"POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
         writer.write(b'{"state": "only so m')
         await writer.drain()
         started = asyncio.get_running_loop().time()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
         waited = asyncio.get_running_loop().time() - started
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        length = int(
+            next(
+                line.split(b":")[1]
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
+        )
         detail = json.loads(await reader.readexactly(length))["detail"]
         writer.close()
     finally:

@@ -52,7 +52,9 @@ async def test_counters_and_histograms_move_with_real_decisions(client_factory, 
     assert value(after, "decide_engine_queue_seconds_count") == 6
     assert value(after, "decide_label_mass_count") == 6 and value(after, "decide_labels_missing_total") == 0
     assert value(after, "decide_answers_total", calibrated="false") == 6
-    assert value(after, "decide_prior_corrected_answers_total") == 3  # the choice questions, corrected by default
+    assert (
+        value(after, "decide_prior_corrected_answers_total") == 3
+    )  # the choice questions, corrected by default
     assert value(after, "decide_in_flight_requests") == 0
     info = [key for key in after if key[0] == "decide_engine_info"]
     assert info and dict(info[0][1])["model"] == model and dict(info[0][1])["read_mode"] == "exact"
@@ -65,7 +67,12 @@ async def test_engine_errors_are_counted_by_kind(client_factory, local_engine):
     def fail(request):
         raise next(errors)
 
-    engine = FunctionEngine(fail, tokenizer=local_engine.tokenizer, info=local_engine.info, capabilities=Capabilities(local_engine.capabilities.read_mode, 32, 32))
+    engine = FunctionEngine(
+        fail,
+        tokenizer=local_engine.tokenizer,
+        info=local_engine.info,
+        capabilities=Capabilities(local_engine.capabilities.read_mode, 32, 32),
+    )
     body = {"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}
     async with client_factory(engine) as client:
         assert (await client.post("/v1/systemone", json=body)).status_code == 504
@@ -84,7 +91,11 @@ async def test_one_json_access_line_per_request(client_factory, local_engine, ca
     (line,) = [json.loads(r.getMessage()) for r in caplog.records if r.name == "opendecide.access"]
     ids = sorted(answer["x_reading"]["decision_id"] for answer in response.json()["answers"].values())
     assert line["request_id"] == "trace-42" and line["status"] == 200 and line["route"] == "/v1/systemone"
-    assert sorted(line["decision_ids"]) == ids and line["model"] == local_engine.info.name and line["latency_ms"] > 0
+    assert (
+        sorted(line["decision_ids"]) == ids
+        and line["model"] == local_engine.info.name
+        and line["latency_ms"] > 0
+    )
 
 
 def test_several_worker_processes_aggregate(tmp_path):
@@ -100,5 +111,7 @@ def test_several_worker_processes_aggregate(tmp_path):
     for n in (2, 3):
         subprocess.run([sys.executable, "-c", count.format(n=n)], cwd=root, env=env, check=True)
     show = "from service.metrics import ServiceMetrics; print(ServiceMetrics().exposition()[0].decode())"
-    text = subprocess.run([sys.executable, "-c", show], cwd=root, env=env, check=True, capture_output=True, text=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-c", show], cwd=root, env=env, check=True, capture_output=True, text=True
+    ).stdout
     assert value(samples(text), "decide_requests_total", route="/decide", status="200") == 5

@@ -47,13 +47,24 @@ def test_every_ref_resolves_inside_the_document(document):
 
 def test_every_post_has_its_request_schema_and_errors(document):
     posts = {path: item["post"] for path, item in document["paths"].items() if "post" in item}
-    assert set(posts) == {"/v1/systemone", "/decide", "/decide/batch", "/v1/calibrations", "/v1/feedback", "/v1/calibrations/refit"}
+    assert set(posts) == {
+        "/v1/systemone",
+        "/decide",
+        "/decide/batch",
+        "/v1/calibrations",
+        "/v1/feedback",
+        "/v1/calibrations/refit",
+    }
     for path, operation in posts.items():
         schema = operation["requestBody"]["content"]["application/json"]["schema"]
         assert schema["$ref"].startswith("#/components/schemas/"), path
         assert {"401", "413", "415", "422", "429"} <= set(operation["responses"]), path
-        assert operation["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("ValidationErrorResponse")
-        assert operation["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+        assert operation["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "ValidationErrorResponse"
+        )
+        assert operation["responses"]["401"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/ErrorResponse"
+        )
     assert {"502", "503", "504", "529"} <= set(posts["/v1/systemone"]["responses"])
 
 
@@ -75,5 +86,8 @@ def test_error_body_names_error_type_and_message(document):
 
 def test_extensions_are_x_prefixed_in_the_schema(document):
     schemas = document["components"]["schemas"]
-    assert "x_reading" in schemas["ChoiceAnswer"]["properties"] and "reading" not in schemas["ChoiceAnswer"]["properties"]
+    assert (
+        "x_reading" in schemas["ChoiceAnswer"]["properties"]
+        and "reading" not in schemas["ChoiceAnswer"]["properties"]
+    )
     assert "x_provenance" in schemas["SystemOneResponse"]["required"]

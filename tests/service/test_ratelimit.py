@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from deploy.processes import serving
 from service.app import create_app
 from service.ratelimit import TokenBuckets
-from deploy.processes import serving
 
 BODY = {"state": "Refund me.", "questions": {"q": {"type": "noul", "instructions": "Is it about money?"}}}
 KEYS = ["od-key-aaaaaaaaaaaaaaaa", "od-key-bbbbbbbbbbbbbbbb"]
@@ -34,7 +34,10 @@ def test_bad_options_are_refused():
 @pytest.mark.anyio
 async def test_over_the_limit_is_a_429_per_key(client_factory, quick_engine):
     async with client_factory(quick_engine, api_keys=KEYS, rate_limit=(0.2, 2)) as client:
-        first = [await client.post("/v1/systemone", json=BODY, headers={"authorization": f"Bearer {KEYS[0]}"}) for _ in range(3)]
+        first = [
+            await client.post("/v1/systemone", json=BODY, headers={"authorization": f"Bearer {KEYS[0]}"})
+            for _ in range(3)
+        ]
         other = await client.post("/v1/systemone", json=BODY, headers={"authorization": f"Bearer {KEYS[1]}"})
         health = [await client.get("/healthz") for _ in range(5)]
     assert [r.status_code for r in first] == [200, 200, 429] and other.status_code == 200
@@ -50,9 +53,15 @@ def test_the_sdk_raises_its_rate_limit_error_with_retry_after(quick_engine):
     typesafe_sdk = pytest.importorskip("typesafe_sdk")
     app = create_app(quick_engine, api_keys=KEYS, rate_limit=(0.2, 1))
     with serving(app) as url:
-        with typesafe_sdk.TypeSafeClient(api_key=KEYS[0], base_url=url, retry=typesafe_sdk.RetryPolicy(max_retries=0)) as client:
-            client.system_one(state="Refund me.", questions={"q": typesafe_sdk.Noul(instructions="Is it about money?")})
+        with typesafe_sdk.TypeSafeClient(
+            api_key=KEYS[0], base_url=url, retry=typesafe_sdk.RetryPolicy(max_retries=0)
+        ) as client:
+            client.system_one(
+                state="Refund me.", questions={"q": typesafe_sdk.Noul(instructions="Is it about money?")}
+            )
             with pytest.raises(typesafe_sdk.TypeSafeRateLimitError) as raised:
-                client.system_one(state="Refund me.", questions={"q": typesafe_sdk.Noul(instructions="Is it about money?")})
+                client.system_one(
+                    state="Refund me.", questions={"q": typesafe_sdk.Noul(instructions="Is it about money?")}
+                )
     assert raised.value.status == 429 and raised.value.retry_after_ms == 5000
     assert "rate limit of 0.2 requests/s" in str(raised.value)

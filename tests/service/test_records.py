@@ -21,11 +21,15 @@ INSTRUCTIONS = "Does the customer mention a double charge on card 4242?"
 KEY = "od-records-key-0123456789"
 
 
-async def test_records_hold_probabilities_and_ids_not_the_request_text(client_factory, local_engine, tmp_path):
+async def test_records_hold_probabilities_and_ids_not_the_request_text(
+    client_factory, local_engine, tmp_path
+):
     path = tmp_path / "store.sqlite3"
     body = {"state": STATE, "questions": {"double": {"type": "noul", "instructions": INSTRUCTIONS}}}
     async with client_factory(local_engine, store=CalibrationStore(path), api_keys=[KEY]) as client:
-        answer = (await client.post("/v1/systemone", json=body, headers={"authorization": f"Bearer {KEY}"})).json()
+        answer = (
+            await client.post("/v1/systemone", json=body, headers={"authorization": f"Bearer {KEY}"})
+        ).json()
     decision_id = answer["answers"]["double"]["x_reading"]["decision_id"]
     row = sqlite3.connect(path).execute("SELECT id, options, raw_probabilities FROM decisions").fetchone()
     assert row[0] == decision_id and row[1] == '["true", "false"]'
@@ -38,11 +42,16 @@ def test_prune_deletes_old_unlabelled_records_only(tmp_path):
     from calibration.store import DecisionRecord
 
     store = CalibrationStore(tmp_path / "store.sqlite3")
-    records = [DecisionRecord(f"dec_{i}", "m", "r", "noul", 2, None, ["true", "false"], [0.6, 0.4], True, prompt_version=VERSION) for i in range(3)]
+    records = [
+        DecisionRecord(
+            f"dec_{i}", "m", "r", "noul", 2, None, ["true", "false"], [0.6, 0.4], True, prompt_version=VERSION
+        )
+        for i in range(3)
+    ]
     store.add_decisions(records)
     store.add_feedback("dec_1", "true")
-    assert store.prune_decisions(dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)) == 0  # all newer
-    assert store.prune_decisions(dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)) == 2
+    assert store.prune_decisions(dt.datetime.now(dt.UTC) - dt.timedelta(days=1)) == 0  # all newer
+    assert store.prune_decisions(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)) == 2
     assert store.decision("dec_0") is None and store.decision("dec_2") is None
     assert store.decision("dec_1") is not None  # labelled: calibration data, kept
 
@@ -51,7 +60,22 @@ async def test_pruning_runs_at_once_and_refuses_zero_retention(tmp_path):
     from calibration.store import DecisionRecord
 
     store = CalibrationStore(tmp_path / "store.sqlite3")
-    store.add_decisions([DecisionRecord("dec_old", "m", "r", "noul", 2, None, ["true", "false"], [0.5, 0.5], True, prompt_version=VERSION)])
+    store.add_decisions(
+        [
+            DecisionRecord(
+                "dec_old",
+                "m",
+                "r",
+                "noul",
+                2,
+                None,
+                ["true", "false"],
+                [0.5, 0.5],
+                True,
+                prompt_version=VERSION,
+            )
+        ]
+    )
     await asyncio.sleep(0.05)
     task = asyncio.create_task(prune_periodically(store, dt.timedelta(milliseconds=10)))
     await asyncio.sleep(0.5)

@@ -27,8 +27,13 @@ async def test_requests_get_503_until_the_engine_opens(local_engine):
             early = await client.get("/v1/models")
             assert early.status_code == 503 and "retry-after" in early.headers
             assert early.json()["detail"]["error_type"] == "engine_unavailable"
-            decision = await client.post("/v1/systemone", json={"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})
-            assert decision.status_code == 503 and decision.json()["detail"]["message"].startswith("not ready")
+            decision = await client.post(
+                "/v1/systemone",
+                json={"state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}},
+            )
+            assert decision.status_code == 503 and decision.json()["detail"]["message"].startswith(
+                "not ready"
+            )
             not_ready = await client.get("/readyz")
             live = await client.get("/healthz")
             assert not_ready.status_code == 503 and live.status_code == 200

@@ -55,7 +55,9 @@ async def test_three_question_types_in_jev_shape(client_factory, local_engine):
     spread = sum(p * abs(i - mode) for i, p in enumerate(levels))
     assert score["confidence"] == pytest.approx(max(0.0, 1 - spread / ((abs(-2) + 1 + 0 + 1 + 2) / 5)))
     assert score["x_reading"]["top_probability"] == pytest.approx(max(levels))
-    assert "confidence" not in noul and noul["x_reading"]["top_probability"] == pytest.approx(max(noul["noul"], 1 - noul["noul"]))
+    assert "confidence" not in noul and noul["x_reading"]["top_probability"] == pytest.approx(
+        max(noul["noul"], 1 - noul["noul"])
+    )
 
     for answer in answers.values():
         reading = answer["x_reading"]
@@ -80,7 +82,10 @@ async def test_three_question_types_in_jev_shape(client_factory, local_engine):
 
 
 async def test_decide_route_shares_the_handler(client_factory, local_engine):
-    body = {"state": {"subject": "Refund", "message": "I was charged twice."}, "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"}}}
+    body = {
+        "state": {"subject": "Refund", "message": "I was charged twice."},
+        "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"}},
+    }
     async with client_factory(local_engine) as client:
         a = (await client.post("/v1/systemone", json=body)).json()
         b = (await client.post("/decide", json=body)).json()
@@ -89,7 +94,11 @@ async def test_decide_route_shares_the_handler(client_factory, local_engine):
 
 
 async def test_jev_model_aliases_select_the_served_model(client_factory, local_engine):
-    body = {"model": "jev-latest", "state": "hi", "questions": {"q": {"type": "noul", "instructions": "Is it a greeting?"}}}
+    body = {
+        "model": "jev-latest",
+        "state": "hi",
+        "questions": {"q": {"type": "noul", "instructions": "Is it a greeting?"}},
+    }
     async with client_factory(local_engine) as client:
         response = await client.post("/v1/systemone", json=body)
     assert response.status_code == 200 and response.json()["model"] == local_engine.info.name
@@ -106,24 +115,44 @@ async def test_models_list_in_jev_shape(client_factory, local_engine):
 
 
 async def test_labels_that_are_not_one_token_are_read_whole_by_the_trie(client_factory, local_engine):
-    body = {"state": "NASA delays the rocket launch.", "questions": {"topic": {"type": "choice", "criteria": {"World": None, "Sports": None, "Business": None, "Sci/Tech": None}}}}
+    body = {
+        "state": "NASA delays the rocket launch.",
+        "questions": {
+            "topic": {
+                "type": "choice",
+                "criteria": {"World": None, "Sports": None, "Business": None, "Sci/Tech": None},
+            }
+        },
+    }
     async with client_factory(local_engine) as client:
         answer = (await client.post("/v1/systemone", json=body)).json()["answers"]["topic"]
     assert answer["x_reading"]["label_style"] == "trie"
-    assert answer["x_reading"]["labels"] == {"World": " World", "Sports": " Sports", "Business": " Business", "Sci/Tech": " Sci/Tech"}  # after "Answer:"
+    assert answer["x_reading"]["labels"] == {
+        "World": " World",
+        "Sports": " Sports",
+        "Business": " Business",
+        "Sci/Tech": " Sci/Tech",
+    }  # after "Answer:"
     assert set(answer["probabilities"]) == {"World", "Sports", "Business", "Sci/Tech"}
     assert math.isclose(sum(answer["probabilities"].values()), 1.0)
 
 
 async def test_top_k_engine_reports_missing_labels(client_factory, local_engine):
-    body = {"state": "The match ended 2-1.", "questions": {"topic": {"type": "choice", "criteria": {"positive": None, "negative": None, "neutral": None}}}}
+    body = {
+        "state": "The match ended 2-1.",
+        "questions": {
+            "topic": {"type": "choice", "criteria": {"positive": None, "negative": None, "neutral": None}}
+        },
+    }
     async with client_factory(local_engine.with_top_k(1)) as client:
         response = await client.post("/v1/systemone", json=body)
     reading = response.json()["answers"]["topic"]["x_reading"]
     assert reading["read_mode"] == "topk" and response.json()["x_provenance"]["top_k"] == 1
     # Three labels, one token returned: at least two labels are missing and floored.
     assert reading["labels_returned"] <= 1 and reading["floor_used"] and not reading["exact"]
-    assert sum(value is None for value in reading["label_logprobs"].values()) == 3 - reading["labels_returned"]
+    assert (
+        sum(value is None for value in reading["label_logprobs"].values()) == 3 - reading["labels_returned"]
+    )
 
 
 async def test_batch_answers_each_state_like_a_single_request(client_factory, local_engine):
@@ -131,18 +160,25 @@ async def test_batch_answers_each_state_like_a_single_request(client_factory, lo
     question = {"sentiment": QUESTIONS["sentiment"]}
     async with client_factory(local_engine) as client:
         batch = await client.post("/decide/batch", json={"states": states, "questions": question})
-        singles = [(await client.post("/decide", json={"state": state, "questions": question})).json() for state in states]
+        singles = [
+            (await client.post("/decide", json={"state": state, "questions": question})).json()
+            for state in states
+        ]
     assert batch.status_code == 200, batch.text
     results = batch.json()["results"]
     assert len(results) == 3
     for result, single in zip(results, singles):
         # The embedded engine batches concurrent reads with padding: equal to float32 rounding (the 1e-4 read bound).
-        assert result["answers"]["sentiment"]["probabilities"] == pytest.approx(single["answers"]["sentiment"]["probabilities"], abs=1e-4)
+        assert result["answers"]["sentiment"]["probabilities"] == pytest.approx(
+            single["answers"]["sentiment"]["probabilities"], abs=1e-4
+        )
         assert result["usage"] == single["usage"]
     assert batch.json()["usage"]["input_tokens"] == sum(s["usage"]["input_tokens"] for s in singles)
 
 
 async def test_batch_refuses_empty_states(client_factory, local_engine):
     async with client_factory(local_engine) as client:
-        response = await client.post("/decide/batch", json={"states": [], "questions": {"q": QUESTIONS["recommends"]}})
+        response = await client.post(
+            "/decide/batch", json={"states": [], "questions": {"q": QUESTIONS["recommends"]}}
+        )
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "states"]

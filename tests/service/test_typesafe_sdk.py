@@ -70,8 +70,12 @@ def test_noul_choice_and_score_through_the_sdk(sdk_client, live_server, local_en
         state=LONG_STATE,
         questions={
             "billing": typesafe_sdk.Noul(instructions="Is this about billing?"),
-            "tone": typesafe_sdk.Choice(instructions="What is the tone?", criteria={"calm": None, "angry": "upset or hostile"}),
-            "urgency": typesafe_sdk.Score(instructions="How urgent is it?", criteria=["can wait", "this week", "today"]),
+            "tone": typesafe_sdk.Choice(
+                instructions="What is the tone?", criteria={"calm": None, "angry": "upset or hostile"}
+            ),
+            "urgency": typesafe_sdk.Score(
+                instructions="How urgent is it?", criteria=["can wait", "this week", "today"]
+            ),
         },
     )
     assert recorder.encodings[before:] == ["zstd"]
@@ -93,7 +97,9 @@ def test_sdk_lists_models(sdk_client, local_engine):
 
 def test_sdk_raises_the_validation_error(sdk_client):
     with pytest.raises(typesafe_sdk.TypeSafeUnprocessableEntityError) as raised:
-        sdk_client.system_one(state="s", questions={"q": {"type": "score", "instructions": "?", "criteria": ["one"]}})
+        sdk_client.system_one(
+            state="s", questions={"q": {"type": "score", "instructions": "?", "criteria": ["one"]}}
+        )
     assert "questions.q.score.criteria" in str(raised.value)
 
 

@@ -8,15 +8,33 @@ pytestmark = pytest.mark.anyio
 
 
 def choice(criteria) -> dict:
-    return {"state": "text", "questions": {"q": {"type": "choice", "instructions": "Which?", "criteria": criteria}}}
+    return {
+        "state": "text",
+        "questions": {"q": {"type": "choice", "instructions": "Which?", "criteria": criteria}},
+    }
 
 
 CASES = [
     ("one option", choice({"a": None}), ["body", "questions", "q", "choice", "criteria"], "2 to 255 options"),
     ("empty criteria", choice({}), ["body", "questions", "q", "choice", "criteria"], "2 to 255 options"),
-    ("256 options", choice({f"o{i}": None for i in range(256)}), ["body", "questions", "q", "choice", "criteria"], "got 256"),
-    ("same option twice", choice({"yes": None, "yes ": None}), ["body", "questions", "q", "choice", "criteria"], "duplicate options"),
-    ("empty option name", choice({"": None, "b": None}), ["body", "questions", "q", "choice", "criteria"], "must not be empty"),
+    (
+        "256 options",
+        choice({f"o{i}": None for i in range(256)}),
+        ["body", "questions", "q", "choice", "criteria"],
+        "got 256",
+    ),
+    (
+        "same option twice",
+        choice({"yes": None, "yes ": None}),
+        ["body", "questions", "q", "choice", "criteria"],
+        "duplicate options",
+    ),
+    (
+        "empty option name",
+        choice({"": None, "b": None}),
+        ["body", "questions", "q", "choice", "criteria"],
+        "must not be empty",
+    ),
     (
         "score with 1 level",
         {"state": "s", "questions": {"q": {"type": "score", "instructions": "How?", "criteria": ["only"]}}},
@@ -25,23 +43,62 @@ CASES = [
     ),
     (
         "score with 11 levels",
-        {"state": "s", "questions": {"q": {"type": "score", "instructions": "How?", "criteria": [str(i) for i in range(11)]}}},
+        {
+            "state": "s",
+            "questions": {
+                "q": {"type": "score", "instructions": "How?", "criteria": [str(i) for i in range(11)]}
+            },
+        },
         ["body", "questions", "q", "score", "criteria"],
         "got 11",
     ),
-    ("unknown type", {"state": "s", "questions": {"q": {"type": "box"}}}, ["body", "questions", "q"], "'noul', 'choice', 'score'"),
+    (
+        "unknown type",
+        {"state": "s", "questions": {"q": {"type": "box"}}},
+        ["body", "questions", "q"],
+        "'noul', 'choice', 'score'",
+    ),
     ("no questions", {"state": "s", "questions": {}}, ["body", "questions"], "1 to 64 questions"),
-    ("no state", {"questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "state"], "Field required"),
+    (
+        "no state",
+        {"questions": {"q": {"type": "noul", "instructions": "?"}}},
+        ["body", "state"],
+        "Field required",
+    ),
     (
         "unknown field in a question",
         {"state": "s", "questions": {"q": {"type": "noul", "instructions": "?", "critera": {}}}},
         ["body", "questions", "q", "noul", "critera"],
         "Extra inputs",
     ),
-    ("noul asks nothing", {"state": "s", "questions": {"q": {"type": "noul"}}}, ["body", "questions", "q", "noul"], "needs instructions"),
-    ("65 questions", {"state": "s", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(65)}}, ["body", "questions"], "got 65"),
-    ("image assets", {"state": "s", "assets": {"img": {"type": "image"}}, "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "assets"], "vision model"),
-    ("unknown model", {"model": "gpt-9", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}}, ["body", "model"], "unknown model"),
+    (
+        "noul asks nothing",
+        {"state": "s", "questions": {"q": {"type": "noul"}}},
+        ["body", "questions", "q", "noul"],
+        "needs instructions",
+    ),
+    (
+        "65 questions",
+        {"state": "s", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(65)}},
+        ["body", "questions"],
+        "got 65",
+    ),
+    (
+        "image assets",
+        {
+            "state": "s",
+            "assets": {"img": {"type": "image"}},
+            "questions": {"q": {"type": "noul", "instructions": "?"}},
+        },
+        ["body", "assets"],
+        "vision model",
+    ),
+    (
+        "unknown model",
+        {"model": "gpt-9", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}},
+        ["body", "model"],
+        "unknown model",
+    ),
 ]
 
 
@@ -57,18 +114,24 @@ async def test_invalid_requests_name_the_field(client_factory, local_engine, nam
 async def test_duplicate_json_keys_are_refused_not_collapsed(client_factory, local_engine):
     raw = b'{"state": "s", "questions": {"q": {"type": "choice", "criteria": {"yes": null, "no": null, "yes": "again"}}}}'
     async with client_factory(local_engine) as client:
-        response = await client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
+        response = await client.post(
+            "/v1/systemone", content=raw, headers={"content-type": "application/json"}
+        )
     assert response.status_code == 422
     assert "duplicate key 'yes'" in response.json()["detail"][0]["msg"]
 
 
 async def test_invalid_json_is_a_422(client_factory, local_engine):
     async with client_factory(local_engine) as client:
-        response = await client.post("/v1/systemone", content=b'{"state": ', headers={"content-type": "application/json"})
+        response = await client.post(
+            "/v1/systemone", content=b'{"state": ', headers={"content-type": "application/json"}
+        )
     assert response.status_code == 422 and response.json()["detail"][0]["type"] == "json_invalid"
 
 
-async def test_state_longer_than_the_context_is_refused_with_its_token_count(client_factory, local_engine, tokenizer):
+async def test_state_longer_than_the_context_is_refused_with_its_token_count(
+    client_factory, local_engine, tokenizer
+):
     state = "The quick brown fox jumps over the lazy dog. " * 1000
     body = {"state": state, "questions": {"q": {"type": "noul", "instructions": "Is it about a fox?"}}}
     async with client_factory(local_engine) as client:
@@ -85,7 +148,9 @@ async def test_deeply_nested_json_is_a_422_not_a_crash(client_factory, local_eng
     deep = "[" * 5000 + "]" * 5000
     raw = ('{"state": ' + deep + ', "questions": {"q": {"type": "noul", "instructions": "?"}}}').encode()
     async with client_factory(local_engine) as client:
-        response = await client.post("/v1/systemone", content=raw, headers={"content-type": "application/json"})
+        response = await client.post(
+            "/v1/systemone", content=raw, headers={"content-type": "application/json"}
+        )
     assert response.status_code == 422 and "too deeply" in response.json()["detail"][0]["msg"]
 
 
