@@ -7,7 +7,7 @@ on ``labels`` records with their gold answers and scoring ``held_out`` others, i
 - ``temperature``: T fitted on the labels (``calibration.temperature``);
 - ``temperature_bias``: T and per-option biases fitted on the labels (``calibration.bias``);
 - ``prior``: no labels; the question's option prior, read on content-free states through the engine
-  under the run's prompt version, divided out (``service.prior``);
+  under the run's prompt version, divided out (``service.pipeline.prior``);
 - ``state_prior``: no labels; the mean of the reads of the same ``labels`` records' states divided
   out (``calibration.bias.StatePriorScaler``: what ``POST /v1/calibrations`` fits in that mode).
 
@@ -129,7 +129,7 @@ async def measure_priors(
     from readers.engines import open_engine_spec
     from readers.prompt import LabelStyle, prompt_layout
     from readers.reader import Reader
-    from service.prior import measure_prior
+    from service.pipeline.prior import measure_prior
     from service.protocol import SystemOneRequest
 
     priors = {}

@@ -12,7 +12,7 @@ import typer
 
 from readers.prompt import PROMPT_VERSION
 from service.cli import EngineUrlOption, PriorCorrectionOption, TopKOption, quiet_loaders
-from service.prior import DEFAULT_PRIOR_CORRECTION
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION
 
 app = typer.Typer()
 # decide eval load --concurrency: a tuple, so the default cannot be changed in place.

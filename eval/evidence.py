@@ -26,8 +26,8 @@ import numpy as np
 
 from readers.errors import DecideError
 from readers.reader import Reader
-from service.decide import decide
-from service.prior import OptionPriors
+from service.pipeline.decide import decide
+from service.pipeline.prior import OptionPriors
 from service.protocol import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest
 
 RECORDS = "records.jsonl"

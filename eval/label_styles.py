@@ -24,7 +24,7 @@ from eval.score import wilson_interval
 from eval.tasks import TASKS
 from readers.engines.base import Engine
 from readers.prompt import PROMPT_VERSION, prompt_layout
-from service.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
 
 STYLE_SETS: dict[str, tuple[str, ...] | None] = {
     "default": None,  # the layout's own preference order (PromptLayout.label_styles)

@@ -16,7 +16,7 @@ from pathlib import Path
 from eval.evidence import RECORDS, load_rows
 from eval.manifest import write_json
 from eval.tasks import TASKS
-from service.abstain import answer_confidence
+from service.pipeline.abstain import answer_confidence
 
 
 def risk_coverage(confidence: Sequence[float], correct: Sequence[bool]) -> list[dict]:

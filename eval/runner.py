@@ -25,7 +25,7 @@ from eval.tasks import TASKS, Record, Task, load_sample, spread
 from readers.engines.base import Engine
 from readers.prompt import PROMPT_VERSION, LabelStyle, prompt_layout
 from readers.reader import Reader
-from service.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 
 SMOKE_RECORDS = 5
 
@@ -162,7 +162,7 @@ async def measure_latency(engine: Engine, out: Path, *, requests_c1: int = 30, r
     import uuid
 
     from eval.load import machine_info, run_load
-    from service.decide import decide
+    from service.pipeline.decide import decide
     from service.protocol import SystemOneRequest
 
     reader = Reader(engine)

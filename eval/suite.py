@@ -49,7 +49,7 @@ from eval.scorecard import (
 from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
 from readers.reader import Reader
-from service.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.protocol import SystemOneRequest
 
 # Human distributions are written as decimals (civil_comments: toxicity and 1 - toxicity).

@@ -29,7 +29,7 @@ from service.errors import error_response, internal_error_response, validation_r
 from service.metrics import ServiceMetrics
 from service.observe import ObserveMiddleware
 from service.openapi import complete_openapi
-from service.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.ratelimit import RateLimitMiddleware
 from service.request_id import RequestIdMiddleware
 from service.retention import prune_periodically

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from service.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
 
 app = typer.Typer()
 

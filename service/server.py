@@ -13,7 +13,7 @@ from pathlib import Path
 
 from readers.engines.base import LocalBatching
 from service.admission import AdmissionLimits
-from service.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
 from service.state import ServedImages
 
 logger = logging.getLogger("opendecide")

@@ -15,12 +15,12 @@ from fastapi import APIRouter, Request
 from calibration.fit import MIN_GOLD, gold_index, refit_from_store
 from calibration.store import Calibration, CalibrationKey
 from readers.prompt import PROMPT_VERSION
-from service.calibrate import fit_from_examples
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
 from service.openapi import body_schema, error_responses
 from service.parse import parse_body, parse_for_model
-from service.prior import read_version
+from service.pipeline.examples import fit_from_examples
+from service.pipeline.prior import read_version
 from service.protocol import (
     CalibrationList,
     CalibrationOut,

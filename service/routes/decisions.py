@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse
 
 from service.admission import request_cost
 from service.cancel import unless_disconnected
-from service.decide import decide, decide_batch
 from service.openapi import body_schema, error_responses
 from service.parse import parse_for_model
+from service.pipeline.decide import decide, decide_batch
 from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, SystemOneResponse
 
 router = APIRouter()

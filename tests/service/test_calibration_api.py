@@ -10,7 +10,7 @@ from calibration.store import CalibrationStore
 from eval.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
 from service.app import create_app
-from service.prior import read_version
+from service.pipeline.prior import read_version
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ from calibration.store import LEGACY_PROMPT_VERSION, CalibrationKey, Calibration
 from eval.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION, LabelStyle
 from readers.reader import Reader
-from service.decide import decide
-from service.prior import OptionPriors, PriorCorrection, read_version
+from service.pipeline.decide import decide
+from service.pipeline.prior import OptionPriors, PriorCorrection, read_version
 from service.protocol import SystemOneRequest
 from service.protocol.questions import ChoiceQuestion, NoulQuestion
 

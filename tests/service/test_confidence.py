@@ -6,12 +6,12 @@ import doctest
 
 import pytest
 
-import service.confidence
-from service.confidence import choice_confidence, score_confidence
+import service.pipeline.confidence
+from service.pipeline.confidence import choice_confidence, score_confidence
 
 
 def test_doctests():
-    assert doctest.testmod(service.confidence).failed == 0
+    assert doctest.testmod(service.pipeline.confidence).failed == 0
 
 
 @pytest.mark.parametrize(

@@ -98,6 +98,6 @@ async def test_confidence_is_jevs_formula_on_a_known_distribution(client_factory
 
 def test_jev_threshold_keeps_its_automation_rate():
     """A 0.9 threshold tuned on Jev means p_max ≥ 0.95 on two options, not p_max ≥ 0.9."""
-    from service.confidence import choice_confidence
+    from service.pipeline.confidence import choice_confidence
 
     assert choice_confidence([0.92, 0.08]) < 0.9 < choice_confidence([0.951, 0.049])

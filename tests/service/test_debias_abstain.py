@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.abstain import abstains, answer_confidence
+from service.pipeline.abstain import abstains, answer_confidence
 from tests.service.test_metrics import samples, value
 
 pytestmark = pytest.mark.anyio

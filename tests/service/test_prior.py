@@ -10,7 +10,7 @@ from calibration.store import CalibrationKey, CalibrationStore
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader
-from service.prior import OptionPriors, PriorCorrection, measure_prior, read_version
+from service.pipeline.prior import OptionPriors, PriorCorrection, measure_prior, read_version
 from service.protocol import SystemOneRequest
 from tests.service.conftest import function_engine
 

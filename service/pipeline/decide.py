@@ -12,9 +12,9 @@ from readers.debias import RotatedReading, read_many_rotated
 from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader, Reading
-from service.abstain import abstains
-from service.confidence import choice_confidence, score_confidence
-from service.prior import OptionPrior, OptionPriors, read_version, served_prior
+from service.pipeline.abstain import abstains
+from service.pipeline.confidence import choice_confidence, score_confidence
+from service.pipeline.prior import OptionPrior, OptionPriors, read_version, served_prior
 from service.protocol import (
     Answer,
     BatchRequest,

@@ -9,7 +9,7 @@ formula over (P(true), P(false)), ``|2·noul − 1|``. An abstaining answer keep
 
 from __future__ import annotations
 
-from service.confidence import choice_confidence, score_confidence
+from service.pipeline.confidence import choice_confidence, score_confidence
 
 
 def answer_confidence(

@@ -17,8 +17,8 @@ from readers.debias import read_many_rotated
 from readers.errors import InvalidQuestion
 from readers.prompt import content_text
 from readers.reader import Reader
-from service.decide import calibration_key, corrected_read
-from service.prior import OptionPriors, served_prior
+from service.pipeline.decide import calibration_key, corrected_read
+from service.pipeline.prior import OptionPriors, served_prior
 from service.protocol import CalibrationRequest
 
 
