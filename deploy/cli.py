@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from deploy.vllm_cpu import DEFAULT_BLOCK_SIZE
-from service.cli import ModelDirOption
+from service.pipeline.options import ModelDirOption
 
 app = typer.Typer()
 engine_app = typer.Typer(

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from readers.prompt import PROMPT_VERSION
-from service.cli import EngineUrlOption, PriorCorrectionOption, TopKOption, quiet_loaders
+from service.pipeline.options import EngineUrlOption, PriorCorrectionOption, TopKOption, quiet_loaders
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION
 
 app = typer.Typer()
@@ -323,11 +323,12 @@ def eval_load(
     quiet_loaders()
     from eval.manifest import Images
     from eval.sweep import load_sweep, sweep_table
+    from service.app import create_app  # the load run measures the HTTP service itself (tests/test_layers.py)
 
     summary = asyncio.run(
         load_sweep(
-            engine, out, engine_url=engine_url, url=url, concurrencies=tuple(concurrency), passes=passes, requests=requests,
-            long_requests=long_requests, images=Images(engine_image, service_image),
+            engine, out, engine_url=engine_url, url=url, service_app=create_app, concurrencies=tuple(concurrency), passes=passes,
+            requests=requests, long_requests=long_requests, images=Images(engine_image, service_image),
         )
     )  # fmt: skip
     typer.echo(sweep_table(summary))

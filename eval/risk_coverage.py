@@ -4,7 +4,7 @@ For a threshold t, a decision is *answered* when its confidence is ≥ t (below 
 ``x_min_confidence = t`` would mark it). **coverage** = answered ÷ all decisions; **risk** = wrong
 answers ÷ answered (accuracy = 1 − risk). There is one point per distinct confidence value, from the
 highest (fewest answered) down to the lowest (all answered); an empty answered set has no risk and is
-not a point. Confidence is the one answers carry (Jev's, ``service/abstain.answer_confidence``), so a
+not a point. Confidence is the one answers carry (Jev's, ``service/pipeline/confidence.answer_confidence``), so a
 threshold read off a curve is the ``x_min_confidence`` to send. Uninformative reads have confidence 0.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from eval.evidence import RECORDS, load_rows
 from eval.manifest import write_json
 from eval.tasks import TASKS
-from service.pipeline.abstain import answer_confidence
+from service.pipeline.confidence import answer_confidence
 
 
 def risk_coverage(confidence: Sequence[float], correct: Sequence[bool]) -> list[dict]:

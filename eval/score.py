@@ -46,7 +46,7 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
 def at_top_k_bound(row: dict, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dict[str, float]:
     """Probabilities with every missing label at the top-k bound (the lowest returned log-prob),
     the most generous value a missing label can have, instead of the floor. A floor-bounded read is
-    never prior-corrected (``service.prior.served_prior``), so its answer is the raw read this redoes."""
+    never prior-corrected (``service.pipeline.prior.served_prior``), so its answer is the raw read this redoes."""
     reading = row["reading"]
     if reading["floor_logprob"] is None:
         return row["probabilities"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from eval.load import machine_info, run_load
 from eval.manifest import Images, run_manifest, write_json
 from eval.tasks import TASKS, load_sample
 from readers.engines.base import Engine
-from service.app import create_app
 
 CONCURRENCIES = (1, 4, 8, 16)
 LONG_TOKENS = (1024, 3072)
@@ -47,6 +47,7 @@ async def run_sweep(
     out: Path,
     *,
     url: str | None = None,
+    service_app: Callable[[Engine], Any] | None = None,
     concurrencies=CONCURRENCIES,
     passes: int = 3,
     requests: int = 48,
@@ -55,11 +56,16 @@ async def run_sweep(
     long_concurrency: int = 8,
     images: Images | None = None,
 ) -> list[dict]:
-    """Run the sweep through the service on ``engine``; write ``load.jsonl`` and ``manifest.json``."""
+    """Run the sweep through the service on ``engine``; write ``load.jsonl`` and ``manifest.json``.
+
+    The service is the one at ``url``, or ``service_app(engine)`` in process: the command passes
+    ``service.app.create_app``, so this library imports no HTTP layer (tests/test_layers.py)."""
+    if url is None and service_app is None:
+        raise ValueError("give the service to load: url, or service_app to build one in process")
     out.mkdir(parents=True, exist_ok=True)
     question = {"answer": TASKS["sst2"].question()}
     short = [{"state": r.text, "questions": question} for r in load_sample("sst2")]
-    transport = None if url else httpx.ASGITransport(app=create_app(engine))
+    transport = None if url else httpx.ASGITransport(app=service_app(engine))
     rows: list[dict] = []
     async with httpx.AsyncClient(
         base_url=url or "http://in-process", transport=transport, timeout=600

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
-from service.errors import Overloaded, RequestTooCostly
 
 
 @dataclass(frozen=True)
@@ -51,6 +50,10 @@ class Admission:
     @contextlib.asynccontextmanager
     async def admit(self, cost: int) -> AsyncIterator[None]:
         """Hold ``cost`` for the block; wait in the queue if needed, or raise 413/529."""
+        # Imported here: ``decide serve --help`` reads AdmissionLimits' defaults without the web framework
+        # service.errors builds responses with.
+        from service.errors import Overloaded, RequestTooCostly
+
         limits = self.limits
         if cost > limits.request_cost:
             raise RequestTooCostly(

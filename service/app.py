@@ -1,7 +1,8 @@
 """The HTTP service: ``create_app`` assembles middleware, error handlers and routers; nothing else.
 
 Routes live in ``service/routes/`` (decisions, models, calibrations, operations); what they share is
-on ``app.state`` (``service/state.py``).
+on ``app.state`` (``service/state.py``). The decisions themselves are the pipeline's
+(``service/pipeline/``), which imports no web framework.
 """
 
 from __future__ import annotations
@@ -29,12 +30,12 @@ from service.errors import error_response, internal_error_response, validation_r
 from service.metrics import ServiceMetrics
 from service.observe import ObserveMiddleware
 from service.openapi import complete_openapi
+from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.ratelimit import RateLimitMiddleware
 from service.request_id import RequestIdMiddleware
 from service.retention import prune_periodically
 from service.routes import calibrations, decisions, models, operations
-from service.state import ServedImages
 
 logger = logging.getLogger("opendecide.service")
 
@@ -88,7 +89,7 @@ def create_app(
     prompt tokens in flight and queued. ``retention`` deletes unlabelled decision records older
     than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
     that no stored calibration covers get their label-free option prior divided out
-    (``service/prior.py``; default choice questions).
+    (``service/pipeline/prior.py``; default choice questions).
     """
     if auto_refit_every is not None and auto_refit_every < 1:
         raise ValueError("auto_refit_every must be positive")

@@ -9,51 +9,27 @@ from typing import Annotated
 
 import typer
 
-from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
+from readers.engines.base import LocalBatching
+from service.admission import AdmissionLimits
+from service.pipeline.images import ServedImages
+from service.pipeline.options import (
+    EngineOption,
+    EngineUrlOption,
+    ModelDirOption,
+    PriorCorrectionOption,
+    TokenizerOption,
+    TopKOption,
+    quiet_loaders,
+)
+from service.server import ServeOptions, ServeRefused, run_server
 
 app = typer.Typer()
-
-
-def quiet_loaders() -> None:
-    """Silence the model loaders' progress bars: commands print answers, not loading noise.
-
-    Called by each command that loads a model, never at import, so ``decide --help`` stays fast."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
-
-EngineOption = Annotated[str, typer.Option("--engine", help="local (embedded model, in process) or vllm")]
-EngineUrlOption = Annotated[
-    str | None, typer.Option("--engine-url", help="vLLM server URL, for --engine vllm")
-]
-TopKOption = Annotated[
-    int | None,
-    typer.Option(
-        "--top-k", help="read only the top-k log-probs (local: emulate a top-k engine; vllm: default 32)"
-    ),
-]
-ModelDirOption = Annotated[
-    Path | None,
-    typer.Option("--model-dir", help="a Hugging Face model folder (default: the embedded SmolLM2)"),
-]
-PriorCorrectionOption = Annotated[
-    PriorCorrection,
-    typer.Option(
-        "--prior-correction",
-        help="which questions' reads get their option prior (read on content-free states) divided out, where no stored calibration applies: "
-        "choice (options the caller named), all, or off (raw reads)",
-    ),
-]
-TokenizerOption = Annotated[
-    str | None, typer.Option("--tokenizer", help="tokenizer folder or hub id of the vLLM-served model")
-]
+# The flags show the library's defaults: ServeOptions' fields, each defined once where its setting lives.
+DEFAULT = ServeOptions()
 
 
 def local_batching(batch_window_ms: float, max_batch: int, prefix_cache_mib: float):
     """The batching options, a bad one refused by its flag's name."""
-    from readers.engines.base import LocalBatching
-
     try:
         return LocalBatching(batch_window_ms, max_batch, prefix_cache_mib)
     except ValueError as error:
@@ -63,9 +39,9 @@ def local_batching(batch_window_ms: float, max_batch: int, prefix_cache_mib: flo
 
 @app.command()
 def serve(
-    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="port to bind")] = 8000,
-    engine: EngineOption = "local",
+    host: Annotated[str, typer.Option(help="address to bind")] = DEFAULT.host,
+    port: Annotated[int, typer.Option(help="port to bind")] = DEFAULT.port,
+    engine: EngineOption = DEFAULT.engine,
     engine_url: Annotated[
         str | None,
         typer.Option(
@@ -85,11 +61,13 @@ def serve(
     ] = None,
     batch_window_ms: Annotated[
         float, typer.Option(help="local engine: how long a batch waits for more reads")
-    ] = 2.0,
-    max_batch: Annotated[int, typer.Option(help="local engine: reads in one forward pass at most")] = 16,
+    ] = DEFAULT.batching.batch_window_ms,
+    max_batch: Annotated[
+        int, typer.Option(help="local engine: reads in one forward pass at most")
+    ] = DEFAULT.batching.max_batch,
     prefix_cache_mib: Annotated[
         float, typer.Option(help="local engine: MiB of state KV kept for states seen again (0: off)")
-    ] = 256.0,
+    ] = DEFAULT.batching.prefix_cache_mib,
     store: Annotated[
         str | None,
         typer.Option(
@@ -101,8 +79,10 @@ def serve(
     ] = None,
     max_in_flight: Annotated[
         int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")
-    ] = 16,
-    engine_timeout: Annotated[float, typer.Option(help="vllm engine: seconds to wait for a reply")] = 30.0,
+    ] = DEFAULT.max_in_flight,
+    engine_timeout: Annotated[
+        float, typer.Option(help="vllm engine: seconds to wait for a reply")
+    ] = DEFAULT.engine_timeout_s,
     engine_image: Annotated[
         str | None,
         typer.Option(help="the engine's container image by digest (repo@sha256:…), reported in every answer"),
@@ -131,23 +111,19 @@ def serve(
     ] = 20,
     max_cost_in_flight: Annotated[
         int, typer.Option(help="prompt tokens (summed over reads) being read at once")
-    ] = 8_192,
+    ] = DEFAULT.admission.in_flight_cost,
     max_cost_queued: Annotated[
         int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")
-    ] = 32_768,
+    ] = DEFAULT.admission.queued_cost,
     max_request_cost: Annotated[
         int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")
-    ] = 65_536,
+    ] = DEFAULT.admission.request_cost,
     retention_days: Annotated[
         float | None, typer.Option(help="delete unlabelled decision records older than this (default: keep)")
     ] = None,
-    prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
+    prior_correction: PriorCorrectionOption = DEFAULT.prior_correction,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
-    from service.admission import AdmissionLimits
-    from service.server import ServeOptions, ServeRefused, run_server
-    from service.state import ServedImages
-
     quiet_loaders()
     try:
         options = ServeOptions(
@@ -177,7 +153,7 @@ def ask(
     instructions: Annotated[str | None, typer.Option(help="the question")] = None,
     json_state: Annotated[bool, typer.Option("--json-state", help="parse --state as JSON")] = False,
     url: Annotated[str | None, typer.Option(help="ask a running server instead of an in-process one")] = None,
-    engine: EngineOption = "local",
+    engine: EngineOption = DEFAULT.engine,
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     model_dir: ModelDirOption = None,

@@ -30,6 +30,8 @@ ENGINE_ERROR_KINDS = {
     "engine_timeout": "timeout",
     "engine_bad_reply": "malformed",
 }
+# Why an answer is abstained (service/pipeline/abstain.py): the decide_abstentions label.
+ABSTENTION_REASONS = ("uninformative_read", "low_confidence")
 
 
 class ServiceMetrics:
@@ -78,10 +80,11 @@ class ServiceMetrics:
             "Answers whose read had the label-free option prior divided out",
             registry=r,
         )
-        self.abstentions = Counter("decide_abstentions", "Reads where no label came back", registry=r)
-        self.low_confidence = Counter(
-            "decide_low_confidence_abstentions",
-            "Answers marked abstained: confidence below the question's x_min_confidence",
+        self.abstentions = Counter(
+            "decide_abstentions",
+            "Answers marked abstained (not to act on), by reason: uninformative_read (no label came back) "
+            "or low_confidence (below the question's x_min_confidence)",
+            ["reason"],
             registry=r,
         )
         self.engine_errors = Counter("decide_engine_errors", "Engine failures by kind", ["kind"], registry=r)
@@ -119,6 +122,8 @@ class ServiceMetrics:
             self.engine_errors.labels(kind)
         for calibrated in ("true", "false"):
             self.answers.labels(calibrated)
+        for reason in ABSTENTION_REASONS:
+            self.abstentions.labels(reason)
 
     def set_engine(self, engine) -> None:
         self.engine_info.labels(
@@ -156,9 +161,9 @@ class ServiceMetrics:
         if reading.prior_correction is not None:
             self.prior_corrected.inc()
         if not reading.informative:
-            self.abstentions.inc()
-        elif reading.abstained:  # informative, so the question's minimum confidence made it abstain
-            self.low_confidence.inc()
+            self.abstentions.labels("uninformative_read").inc()
+        elif reading.abstained:  # an informative read, so the question's minimum confidence abstained it
+            self.abstentions.labels("low_confidence").inc()
 
     def observe_error(self, error_type: str) -> None:
         kind = ENGINE_ERROR_KINDS.get(error_type)

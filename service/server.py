@@ -11,10 +11,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from readers.engines.base import LocalBatching
+from readers.engines.base import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_S, LocalBatching
 from service.admission import AdmissionLimits
+from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
-from service.state import ServedImages
 
 logger = logging.getLogger("opendecide")
 
@@ -39,8 +39,8 @@ class ServeOptions:
     workers: int | None = None
     """Local engine batch threads; None: one per core (``LocalEngine``)."""
     batching: LocalBatching = LocalBatching()
-    max_in_flight: int = 16
-    engine_timeout_s: float = 30.0
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    engine_timeout_s: float = DEFAULT_TIMEOUT_S
     store: str | None = None
     """A SQLite file or a postgresql:// URL; default ``~/.cache/opendecide/calibration.sqlite3``."""
     auto_refit_every: int | None = None

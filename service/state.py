@@ -10,8 +10,6 @@ priors        the label-free option priors (service.pipeline.prior.OptionPriors)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fastapi import Request
 
 from calibration.store import CalibrationStore
@@ -20,14 +18,6 @@ from readers.reader import Reader
 
 # Jev model names a client may send unchanged; they select the model this server serves.
 JEV_ALIASES = ("jev-latest", "jev-preview")
-
-
-@dataclass(frozen=True)
-class ServedImages:
-    """Container images by digest (``repo@sha256:…``), passed in at start-up; None when not in one."""
-
-    engine: str | None = None
-    service: str | None = None
 
 
 def reader_of(request: Request) -> Reader:

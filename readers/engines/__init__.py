@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from readers.engines.base import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_TIMEOUT_S,
     Capabilities,
     Engine,
     EngineReply,
@@ -35,8 +37,8 @@ async def open_engine(
     tokenizer: str | None = None,
     read_mode: ReadMode | None = None,
     workers: int | None = None,
-    max_in_flight: int = 16,
-    timeout_s: float = 30.0,
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     share_prefix: bool = True,
     batching: LocalBatching | None = None,
     prefill_first: bool = False,

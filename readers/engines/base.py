@@ -126,6 +126,11 @@ class Engine(Protocol):
     async def __aexit__(self, *exc_info) -> None: ...
 
 
+# vLLM engine defaults, here so the command line reads them without importing the HTTP client.
+DEFAULT_MAX_IN_FLIGHT = 16  # reads in flight per vLLM server at once (like its --max-num-seqs)
+DEFAULT_TIMEOUT_S = 30.0  # seconds a vLLM engine waits for a reply
+
+
 @dataclass(frozen=True)
 class LocalBatching:
     """The embedded engine's batching: how long a batch waits for company (ms), how many reads one

@@ -34,12 +34,19 @@ from typing import Any
 import httpx
 
 from readers.embedded import model_manifest
-from readers.engines.base import Capabilities, ClosingEngine, EngineReply, ModelInfo, ReadMode, ReadRequest
+from readers.engines.base import (
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_TIMEOUT_S,
+    Capabilities,
+    ClosingEngine,
+    EngineReply,
+    ModelInfo,
+    ReadMode,
+    ReadRequest,
+)
 from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable
 
 CLAMPED_LOGPROB = -9999.0
-DEFAULT_TIMEOUT_S = 30.0
-DEFAULT_MAX_IN_FLIGHT = 16
 _MAX_ALLOWED = re.compile(r"max allowed:\s*(\d+)")
 
 

@@ -8,13 +8,15 @@ import uuid
 from calibration.bias import apply_prior, apply_temperature_bias
 from calibration.store import BIAS_MODES, Calibration, CalibrationKey, CalibrationStore, DecisionRecord
 from calibration.temperature import apply_temperature, as_logits
-from readers.debias import RotatedReading, read_many_rotated
+from readers.debias import RotatedReading
 from readers.engines.base import ModelInfo
 from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader, Reading
 from service.pipeline.abstain import abstains
-from service.pipeline.confidence import choice_confidence, score_confidence
+from service.pipeline.confidence import answer_confidence
+from service.pipeline.images import ServedImages
 from service.pipeline.prior import OptionPrior, OptionPriors, read_version, served_prior
+from service.pipeline.reads import read_planned, to_read
 from service.protocol import (
     Answer,
     BatchRequest,
@@ -32,7 +34,6 @@ from service.protocol import (
     SystemOneResponse,
     Usage,
 )
-from service.state import ServedImages
 
 
 async def decide(
@@ -100,13 +101,8 @@ async def _decide(
     names = list(request.questions)
     # One engine call for all questions (and their rotations): their prompts share the state, which
     # the engine reads once.
-    readings = await read_many_rotated(
-        reader,
-        [request.questions[name].to_spec() for name in names],
-        state,
-        rotations=[request.questions[name].read_count() for name in names],
-        methods=[request.questions[name].debias or "rotate" for name in names],
-        locs=[("body", "questions", name) for name in names],
+    readings = await read_planned(
+        reader, [to_read(request.questions[name], ("body", "questions", name)) for name in names], state
     )
     engine = reader.engine
     answers, decisions = {}, []
@@ -175,7 +171,7 @@ def calibration_used(reading: Reading, calibration: Calibration | None) -> Calib
         return None
     return CalibrationUsed(
         mode=calibration.mode, id=calibration.id, temperature=calibration.temperature, n=calibration.n,
-        bias=dict(zip(reading.question.options, calibration.bias)) if calibration.bias is not None else None, prompt_version=calibration.prompt_version,
+        bias=dict(zip(reading.question.options, calibration.bias)) if calibration.bias is not None else None, read_version=calibration.prompt_version,
     )  # fmt: skip
 
 
@@ -204,7 +200,7 @@ def build_reading(
     abstained: bool | None = None,
 ) -> ReadingOut:
     """The ``x_reading`` extension; ``probabilities`` are the answer's (calibrated) ones, for
-    ``top_probability``; ``abstained`` defaults to whether no label came back."""
+    ``top_probability``; ``abstained`` defaults to whether the read is uninformative (no label came back)."""
     options = reading.question.options
     rotated = isinstance(reading, RotatedReading)
     read = reading.label_probabilities
@@ -250,12 +246,11 @@ def build_answer(
     """Jev's answer fields from a reading: the prior divided out where one applies, then the stored
     calibration where one applies.
 
-    ``confidence`` is Jev's formula (``service/confidence.py``) over the answer's probabilities; the
-    top probability is ``x_reading.top_probability``. An uninformative read (no label came back) is
-    an abstention: probabilities are the floor's tie, ``confidence`` is 0 and ``informative`` is
-    false, so no client takes it as an answer; no calibration is applied to it. An answer below the
-    question's ``x_min_confidence`` keeps its fields and is marked ``x_reading.abstained``
-    (``service/abstain.py``).
+    ``confidence`` is Jev's formula (``confidence.answer_confidence``) over the answer's probabilities;
+    the top probability is ``x_reading.top_probability``. An uninformative read (no label came back)
+    has the floor's tie for probabilities, ``confidence`` 0 and ``informative`` false, and no
+    calibration is applied to it. It is abstained (``x_reading.abstained``), as is an answer below the
+    question's ``x_min_confidence``; both keep their Jev fields (``abstain.py``).
     """
     informative = reading.label_probabilities.informative
     calibration = calibration if informative else None
@@ -263,26 +258,23 @@ def build_answer(
     options = reading.question.options
     calibrated = calibrated_probabilities(reading.label_probabilities.probabilities, calibration, prior)
     probabilities = dict(zip(options, (float(p) for p in calibrated)))
+    question_type = reading.question.question_type
     abstained = abstains(
-        reading.question.question_type,
-        probabilities,
-        informative=informative,
-        min_confidence=question.min_confidence,
+        question_type, probabilities, informative=informative, min_confidence=question.min_confidence
     )
     extension = build_reading(reading, calibration, probabilities, prior, abstained=abstained)
-    if reading.question.question_type == "noul":
+    if question_type == "noul":
         return NoulAnswer(noul=probabilities["true"], reading=extension)
-    values = list(probabilities.values())
-    if reading.question.question_type == "choice":
+    confidence = answer_confidence(question_type, probabilities, informative=informative)
+    if question_type == "choice":
         best = max(probabilities, key=probabilities.__getitem__)
-        confidence = choice_confidence(values) if informative else 0.0
         return ChoiceAnswer(
             choice=best, confidence=confidence, probabilities=probabilities, reading=extension
         )
     assert isinstance(question, ScoreQuestion)
     return ScoreAnswer(
         score=sum(int(level) * p for level, p in probabilities.items()),
-        confidence=score_confidence(values) if informative else 0.0,
+        confidence=confidence,
         legend={str(level): text for level, text in enumerate(question.criteria)},
         probabilities=probabilities,
         reading=extension,

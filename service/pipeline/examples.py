@@ -1,10 +1,10 @@
-"""Calibration from examples on the served route: read each example, then fit and store.
+"""Fitting from labelled examples (``POST /v1/calibrations``): read each example, then fit and store.
 
 Examples carry gold answers, except for ``state_prior``, which fits on the states alone (gold answers
 given with it are used only to report held-out scores).
 
 The fit itself (``calibration/fit.py``) needs no engine; this module reads the examples through the
-reader, which is why it lives in the service.
+reader as answers are read (``reads.to_read``, the served prior), which is why it lives in the pipeline.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import asyncio
 
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import Calibration, CalibrationKey, CalibrationStore
-from readers.debias import read_many_rotated
 from readers.errors import InvalidQuestion
 from readers.prompt import content_text
 from readers.reader import Reader
 from service.pipeline.decide import calibration_key, corrected_read
 from service.pipeline.prior import OptionPriors, served_prior
+from service.pipeline.reads import read_planned, to_read
 from service.protocol import CalibrationRequest
 
 
@@ -43,7 +43,8 @@ async def fit_from_examples(
                 loc=("body", "examples", i, "gold"),
             )
         for name, question in example.questions.items():
-            spec = question.to_spec()
+            plan = to_read(question, ("body", "examples", i, "questions", name))
+            spec = plan.spec
             loc = ("body", "examples", i, "gold", name)
             try:
                 gold = (
@@ -53,20 +54,13 @@ async def fit_from_examples(
                 )
             except ValueError as error:
                 raise InvalidQuestion(str(error), loc=loc) from None
-            jobs.append((question, state, gold, ("body", "examples", i, "questions", name)))
+            jobs.append((plan, state, gold))
 
-    async def read(question, state, gold: int | None, loc):
+    async def read(plan, state, gold: int | None):
         # Read as the service reads the question (its rotations, the prior where served), so the fit
         # lands on the key its answers look up, made on the reads it will be applied to.
         async with gate:
-            (reading,) = await read_many_rotated(
-                reader,
-                [question.to_spec()],
-                content_text(state),
-                rotations=[question.read_count()],
-                methods=[question.debias or "rotate"],
-                locs=[loc],
-            )
+            (reading,) = await read_planned(reader, [plan], content_text(state))
         read = reading.label_probabilities
         prior = await served_prior(priors, reader, reading)
         key = calibration_key(info, reading, request.domain, corrected=prior is not None)
@@ -74,7 +68,7 @@ async def fit_from_examples(
 
     groups: dict[CalibrationKey, list[tuple[list[float], int | None]]] = {}
     for key, row, informative in await asyncio.gather(*(read(*job) for job in jobs)):
-        if informative:  # an abstention carries no information to fit on
+        if informative:  # an uninformative read (no label came back) carries nothing to fit on
             groups.setdefault(key, []).append(row)
     short = {key: len(rows) for key, rows in groups.items() if len(rows) < MIN_GOLD}
     if short or not groups:

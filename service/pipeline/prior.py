@@ -15,7 +15,7 @@ model's AG News reads 46.5 → 64.0% and SST-2 63.0 → 67.5%, emotion stayed 46
 question always reads "Yes" against "No", and there dividing the model's lean out cost irony 60.5 →
 46.0% (docs/reads.md, evidence/reads/dev-layouts-200.txt).
 
-Applied (``service.pipeline.decide``) before any stored calibration: a fit for a question the policy covers is
+Applied (``decide.py``) before any stored calibration: a fit for a question the policy covers is
 made on corrected reads and applied after the correction (its key's version is marked ``+prior``,
 ``read_version``), so the two stack, and a fit made under the other policy is kept but not applied.
 Not applied (``served_prior``) to reads averaged over option rotations (their position bias is
@@ -109,7 +109,7 @@ async def measure_prior(
 
 async def served_prior(priors: OptionPriors | None, reader: Reader, reading: Reading) -> OptionPrior | None:
     """The prior to divide out of ``reading`` as the service answers it, or None (module docstring:
-    a policy not covering the question, an abstention, a rotated or floor-bounded read, no prior)."""
+    a policy not covering the question, an uninformative, rotated or floor-bounded read, no prior)."""
     from readers.debias import RotatedReading
 
     read = reading.label_probabilities

@@ -3,7 +3,7 @@
 Jev clients ignore unknown response fields, so the extensions are safe to add; the ``x_`` prefix keeps
 them clear of any field Jev adds later. In Python they are ``reading`` and ``provenance``.
 
-``confidence`` follows Jev's documented formula (``service/confidence.py``), not the top probability,
+``confidence`` follows Jev's documented formula (``service/pipeline/confidence.py``), not the top probability,
 so a threshold tuned on Jev keeps its automation rate; the top probability is ``x_reading.top_probability``.
 """
 
@@ -39,8 +39,8 @@ class CalibrationUsed(ResponseModel):
     bias: dict[str, float] | None = Field(
         default=None, description="temperature_bias, state_prior: per-option bias b"
     )
-    prompt_version: str = Field(
-        description="the read it was fitted on and applies to: the prompt layout, with '+prior' where those reads had the prior correction divided out"
+    read_version: str = Field(
+        description="the read it was fitted on and applies to: the prompt version, with '+prior' where those reads had the prior correction divided out"
     )
 
 
@@ -56,7 +56,9 @@ class ReadingOut(ResponseModel):
     labels_returned: int
     labels_total: int
     exact: bool = Field(description="every label's log-prob came back from the engine")
-    informative: bool = Field(description="false when no label came back: the answer is an abstention")
+    informative: bool = Field(
+        description="false for an uninformative read (no label came back): the answer is abstained"
+    )
     floor_used: bool
     floor_logprob: float | None
     label_mass: float | None = Field(
@@ -78,7 +80,7 @@ class ReadingOut(ResponseModel):
     queued_ms: float = Field(description="time waiting for a free engine slot")
     latency_ms: float
     abstained: bool = Field(
-        description="true when no label came back (informative false) or the confidence is below the question's x_min_confidence: "
+        description="true for an uninformative read (informative false) or a confidence below the question's x_min_confidence: "
         "the Jev fields are kept, but the answer should not be acted on"
     )
     rotations: int = Field(description="option orders read and averaged (x_debias rotate); 1 = read as asked")

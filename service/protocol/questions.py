@@ -60,7 +60,7 @@ class ReadOptions(RequestModel):
       ``x_rotations`` defaults to the option count (every option at every position once), capped at
       16; it may be 2 … the option count. ``"rotate_reverse"`` adds the rotations of the reversed
       order: up to 2n orders (n for 2 options), the default, capped at 16.
-    - ``x_min_confidence`` in [0, 1]: an answer whose confidence (Jev's, ``service/confidence.py``;
+    - ``x_min_confidence`` in [0, 1]: an answer whose confidence (Jev's, ``service/pipeline/confidence.py``;
       for noul the choice formula over P(true), P(false)) is below it is marked
       ``x_reading.abstained: true``; its Jev fields are unchanged.
     """

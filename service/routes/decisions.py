@@ -16,6 +16,7 @@ from service.cancel import unless_disconnected
 from service.openapi import body_schema, error_responses
 from service.parse import parse_for_model
 from service.pipeline.decide import decide, decide_batch
+from service.pipeline.reads import to_read
 from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, SystemOneResponse
 
 router = APIRouter()
@@ -37,8 +38,8 @@ def observed(request: Request, model: str, answer_sets) -> None:
 async def admitted(request: Request, reader, states: list[str], questions, work):
     """Run ``work()`` once its cost is admitted; a request that cannot fit the context skips admission
     (the reader refuses it without tokenizing)."""
-    # A rotated question (x_debias) is read once per rotation: each read costs its prompt.
-    specs = [spec for question in questions.values() for spec in [question.to_spec()] * question.read_count()]
+    # Priced by the reads the pipeline makes: a rotated question (x_debias) once per rotation.
+    specs = [spec for question in questions.values() for spec in to_read(question).engine_reads()]
     cost = await asyncio.to_thread(request_cost, reader, states, specs)
     if cost is None:
         return await work()

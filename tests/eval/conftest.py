@@ -33,17 +33,19 @@ def tasks_run(local_engine, tmp_path_factory) -> Path:
     return out
 
 
+SMALL_SWEEP = dict(concurrencies=(1, 8), passes=1, requests=8, long_tokens=())
+
+
 @pytest.fixture(scope="session")
 def load_run(local_engine, tmp_path_factory) -> Path:
     """A real, small `decide eval load` sweep through the service on the embedded engine."""
     import asyncio
 
     from eval.sweep import run_sweep, write_sweep_report
+    from service.app import create_app
 
     out = tmp_path_factory.mktemp("load-run") / "load"
-    rows = asyncio.run(
-        run_sweep(local_engine, out, concurrencies=(1, 8), passes=1, requests=8, long_tokens=())
-    )
+    rows = asyncio.run(run_sweep(local_engine, out, service_app=create_app, **SMALL_SWEEP))
     write_sweep_report(rows, out, "embedded (test)")
     return out
 

@@ -6,6 +6,7 @@ import pytest
 
 from eval.cost import throughput_of_run
 from eval.sweep import long_states, plot_sweep, run_sweep, summarise, sweep_table
+from service.app import create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -22,6 +23,7 @@ async def test_sweep_rows_summary_figure_and_cost_input(local_engine, tmp_path):
     rows = await run_sweep(
         local_engine,
         tmp_path,
+        service_app=create_app,
         concurrencies=(1, 8),
         passes=2,
         requests=8,
@@ -52,6 +54,7 @@ async def test_load_sweep_opens_the_engine_and_writes_the_report(tmp_path):
     summary = await load_sweep(
         "local",
         tmp_path,
+        service_app=create_app,
         concurrencies=(2,),
         passes=1,
         requests=4,

@@ -51,7 +51,7 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     used = answer["x_reading"]["calibration"]
     assert used == {
         "mode": "temperature", "id": calibration["id"], "temperature": calibration["temperature"], "n": 60, "bias": None,
-        "prompt_version": read_version(PROMPT_VERSION, True),
+        "read_version": read_version(PROMPT_VERSION, True),
     }  # fmt: skip
     # A choice question: fitted on, and applied after, the default prior correction.
     assert (

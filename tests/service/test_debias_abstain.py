@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.pipeline.abstain import abstains, answer_confidence
+from service.pipeline.abstain import abstains
+from service.pipeline.confidence import answer_confidence
 from tests.service.test_metrics import samples, value
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +91,7 @@ async def test_below_the_minimum_confidence_the_answer_abstains_and_keeps_its_fi
     assert above["x_reading"]["abstained"] is True and below["x_reading"]["abstained"] is False
     for field in ("choice", "confidence", "probabilities"):
         assert above[field] == below[field] == free[field]
-    assert value(found, "decide_low_confidence_abstentions_total") == 1
+    assert value(found, "decide_abstentions_total", reason="low_confidence") == 1
 
 
 async def test_noul_abstains_on_the_two_option_confidence(client_factory, local_engine):

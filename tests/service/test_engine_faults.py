@@ -15,6 +15,7 @@ from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadReques
 from readers.engines.vllm import VLLMEngine
 from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
 from tests.service.conftest import function_engine
+from tests.service.test_metrics import samples, value
 
 pytestmark = pytest.mark.anyio
 
@@ -82,7 +83,7 @@ async def test_exact_reply_missing_a_label_is_a_502(client_factory, local_engine
     assert response.status_code == 502 and "missing label tokens" in response.json()["detail"]["message"]
 
 
-async def test_no_label_in_the_top_k_is_an_abstention(client_factory, local_engine):
+async def test_no_label_in_the_top_k_is_an_uninformative_read_and_abstained(client_factory, local_engine):
     def elsewhere(request: ReadRequest) -> EngineReply:
         others = [token for token in range(100, 140) if token not in request.label_ids][:32]
         return EngineReply(
@@ -101,7 +102,13 @@ async def test_no_label_in_the_top_k_is_an_abstention(client_factory, local_engi
     }
     async with client_factory(function_engine(local_engine, elsewhere)) as client:
         response = await client.post("/v1/systemone", json=body)
+        found = samples((await client.get("/metrics")).text)
     assert response.status_code == 200
+    assert all(a["x_reading"]["abstained"] for a in response.json()["answers"].values())
+    assert value(found, "decide_abstentions_total", reason="uninformative_read") == 2
+    assert (
+        found[("decide_abstentions_total", (("reason", "low_confidence"),))] == 0
+    )  # exported from the start
     noul = response.json()["answers"]["n"]
     assert (
         noul["noul"] == 0.5 and not noul["x_reading"]["informative"]

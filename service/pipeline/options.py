@@ -1,0 +1,55 @@
+"""Command-line options that ``decide serve``/``ask`` (service/cli.py), ``decide eval`` (eval/cli.py) and
+``decide engine`` (deploy/cli.py) share, declared once.
+
+They live here, in the pipeline, because it is the lowest layer every command module may import:
+eval imports from service only the pipeline and the wire models (tests/test_layers.py), and the prior
+correction option names the pipeline's ``PriorCorrection``. Nothing here imports a model library or a
+web framework, so ``decide --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from readers.engines import DEFAULT_VLLM_TOP_K
+from service.pipeline.prior import PriorCorrection
+
+
+def quiet_loaders() -> None:
+    """Silence the model loaders' progress bars: commands print answers, not loading noise.
+
+    Called by each command that loads a model, never at import, so ``decide --help`` stays fast."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+EngineOption = Annotated[str, typer.Option("--engine", help="local (embedded model, in process) or vllm")]
+EngineUrlOption = Annotated[
+    str | None, typer.Option("--engine-url", help="vLLM server URL, for --engine vllm")
+]
+TopKOption = Annotated[
+    int | None,
+    typer.Option(
+        "--top-k",
+        help=f"read only the top-k log-probs (local: emulate a top-k engine; vllm: default {DEFAULT_VLLM_TOP_K})",
+    ),
+]
+ModelDirOption = Annotated[
+    Path | None,
+    typer.Option("--model-dir", help="a Hugging Face model folder (default: the embedded SmolLM2)"),
+]
+PriorCorrectionOption = Annotated[
+    PriorCorrection,
+    typer.Option(
+        "--prior-correction",
+        help="which questions' reads get their option prior (read on content-free states) divided out, where no stored calibration applies: "
+        "choice (options the caller named), all, or off (raw reads)",
+    ),
+]
+TokenizerOption = Annotated[
+    str | None, typer.Option("--tokenizer", help="tokenizer folder or hub id of the vLLM-served model")
+]
