@@ -2,23 +2,23 @@
 
 **Temperature + per-option bias** (mode ``temperature_bias``): p ∝ exp(z / T + b), with z a decision's
 label log-probs and b one bias per option (in option order). ``fit`` minimises mean NLL + ``l2`` · Σ b²
-over (log T, b) with L-BFGS and the exact gradient. The penalty keeps b small on few labels and fixes
+over (log T, b) with L-BFGS and the exact gradient. The penalty keeps b small on few gold answers and fixes
 the one free direction (adding a constant to every b changes nothing): the fitted b sums to zero.
 A bias belongs to one option order, so every row must have the same option count.
 
-**Label-free prior correction** (no gold answers): the model's prior q over the options is the mean
+**Prior correction** (no gold answers): the model's prior q over the options is the mean
 of its label probabilities on content-free states (e.g. "", "N/A", "[MASK]"), read with the same
 question and prompt layout; a decision's probabilities are divided by q and renormalised,
 p'_i ∝ p_i / q_i (contextual calibration). q depends on the question's prompt, so it is measured per
 question and per prompt version; measuring it (reading the states) is the caller's part.
 
 **State prior** (mode ``state_prior``, no gold answers): the same division, with q the mean of the
-model's label probabilities on the caller's own states of the question (unlabelled examples, or the
-decisions already served). In-domain states carry the bias the task's text induces, which content-free
+model's label probabilities on the caller's own states of the question (examples without gold answers,
+or the decisions already served). In-domain states carry the bias the task's text induces, which content-free
 states can miss (on AG News under decide-prompt/3 the question leaned to one option on real articles,
 not on "N/A"; docs/reads.md).
-It assumes the options are about equally frequent among those states: on a task with a skewed label
-mix it pulls answers towards the rare options. Stored in the form ``temperature_bias`` has, with
+It assumes the options are about equally frequent among those states: on a task whose gold answers are
+skewed it pulls answers towards the rare options. Stored in the form ``temperature_bias`` has, with
 T = 1 and b = −log q (centred), so it is applied, listed and refitted like any stored fit.
 """
 
@@ -58,18 +58,18 @@ class TemperatureBiasScaler:
             raise ValueError("l2 must be ≥ 0")
         self.l2, self.t_min, self.t_max = l2, t_min, t_max
 
-    def fit(self, logits, labels) -> TemperatureBiasScaler:
+    def fit(self, logits, gold) -> TemperatureBiasScaler:
         widths = {len(row) for row in logits}
         if len(widths) != 1:
             raise ValueError(f"a per-option bias needs one option count; rows have {sorted(widths)}")
         z = np.asarray([np.asarray(row, dtype=float) for row in logits])
-        y = np.asarray(labels, dtype=int)
+        y = np.asarray(gold, dtype=int)
         if len(z) != len(y) or not len(y):
-            raise ValueError("need one label per row and at least one row")
+            raise ValueError("need one gold index per row and at least one row")
         if not np.all(np.isfinite(z)):
             raise ValueError("logits must be finite")
         if np.any((y < 0) | (y >= z.shape[1])):
-            raise ValueError("a label is outside its row")
+            raise ValueError("a gold index is outside its row")
         n, k = z.shape
         onehot = np.eye(k)[y]
 
@@ -130,14 +130,14 @@ def apply_prior(probabilities, prior) -> np.ndarray:
 
 
 class StatePriorScaler:
-    """Fit the state prior on (n, k) label logits of unlabelled reads; apply it to new ones.
+    """Fit the state prior on (n, k) label logits of reads without gold answers; apply it to new ones.
 
     The same attributes as ``TemperatureBiasScaler`` (``temperature_`` is 1): the fit is stored and
-    applied as a bias. Labels (gold indices, −1 where there is none) do not enter the fit; the NLLs
+    applied as a bias. Gold indices (−1 where there is none) do not enter the fit; the NLLs
     before and after are taken over the rows that have one (None when none has).
     """
 
-    def fit(self, logits, labels=None) -> StatePriorScaler:
+    def fit(self, logits, gold=None) -> StatePriorScaler:
         if len({len(row) for row in logits}) != 1:
             raise ValueError("a state prior needs rows of one option count, at least one")
         z = np.asarray([np.asarray(row, dtype=float) for row in logits])
@@ -146,10 +146,10 @@ class StatePriorScaler:
         self.temperature_ = 1.0
         self.bias_ = state_prior_bias(softmax(z, axis=1))
         self.n_samples_ = len(z)
-        y = np.full(len(z), -1) if labels is None else np.asarray(labels, dtype=int)
-        gold = y >= 0
-        self.nll_before_ = nll_loss(softmax(z[gold], axis=1), y[gold]) if gold.any() else None
-        self.nll_after_ = nll_loss(self.predict_proba(z[gold]), y[gold]) if gold.any() else None
+        y = np.full(len(z), -1) if gold is None else np.asarray(gold, dtype=int)
+        has_gold = y >= 0
+        self.nll_before_ = nll_loss(softmax(z[has_gold], axis=1), y[has_gold]) if has_gold.any() else None
+        self.nll_after_ = nll_loss(self.predict_proba(z[has_gold]), y[has_gold]) if has_gold.any() else None
         return self
 
     def predict_proba(self, logits) -> np.ndarray:

@@ -4,7 +4,7 @@ Each fit stores the calibration (``mode`` ``temperature``: T; ``temperature_bias
 option; ``state_prior``: the bias that divides out the mean of the reads, fitted without gold answers;
 ``calibration.bias``) fitted on all n decisions (each with a gold answer, but for ``state_prior``),
 and reports held-out ECE (15 bins) before and after: a seeded random half fits the same mode, the
-other half is scored raw and calibrated, beside the ECE floor of its calibrated probabilities
+other half is scored uncalibrated and calibrated, beside the ECE floor of its calibrated probabilities
 (``calibration.metrics.ece_floor``).
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from calibration.bias import StatePriorScaler, TemperatureBiasScaler
 from calibration.metrics import N_BINS, ece, ece_floor
-from calibration.store import BIAS_MODES, MODES, Calibration, CalibrationKey, CalibrationStore
+from calibration.store import BIAS_MODES, CALIBRATION_MODES, Calibration, CalibrationKey, CalibrationStore
 from calibration.temperature import TemperatureScaler, as_logits
 
 Gold = bool | int | str
@@ -51,7 +51,7 @@ def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:
 
 
 def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
-    """Rows of different option counts as one array; zero columns change no top label."""
+    """Rows of different option counts as one array; zero columns change no top class."""
     width = max(len(row) for row in probabilities)
     return np.array([np.pad(row, (0, width - len(row))) for row in probabilities])
 
@@ -64,7 +64,7 @@ def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePr
         return TemperatureBiasScaler()
     if mode == "state_prior":
         return StatePriorScaler()
-    raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
+    raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")
 
 
 def fit_and_store(
@@ -76,37 +76,37 @@ def fit_and_store(
     seed: int = 0,
     mode: str = "temperature",
 ) -> Calibration:
-    """Fit ``mode`` on all ``rows`` (raw probabilities, gold index), score a held-out half, store.
+    """Fit ``mode`` on all ``rows`` (uncalibrated probabilities, gold index), score a held-out half, store.
 
     ``state_prior`` needs no gold answers (a row's gold may be None): it fits on every row, and the
     held-out scores and NLLs are reported over the rows that have one (None when none has).
     """
-    labelled_only = mode != "state_prior"
-    if labelled_only and any(gold is None for _, gold in rows):
+    needs_gold = mode != "state_prior"
+    if needs_gold and any(gold is None for _, gold in rows):
         raise ValueError(
             f"a {mode} calibration needs a gold answer for every decision; only state_prior fits without"
         )
     if len(rows) < MIN_GOLD:
-        what = "decisions with a gold answer" if labelled_only else "decisions"
+        what = "decisions with a gold answer" if needs_gold else "decisions"
         raise ValueError(f"{len(rows)} {what}; a calibration needs at least {MIN_GOLD}")
     if mode in BIAS_MODES and key.option_count is None:
         raise ValueError(f"a {mode} calibration needs an option count: its biases are per option")
     logits = [as_logits(probabilities) for probabilities, _ in rows]
-    labels = np.array([-1 if gold is None else gold for _, gold in rows])
-    has_gold = labels >= 0
-    scaler = scaler_for(mode).fit(logits, labels)
+    gold = np.array([-1 if index is None else index for _, index in rows])  # -1: no gold answer
+    has_gold = gold >= 0
+    scaler = scaler_for(mode).fit(logits, gold)
 
     order = np.random.default_rng(seed).permutation(len(rows))
     fit_half, score_half = order[: len(rows) // 2], order[len(rows) // 2 :]
-    half = scaler_for(mode).fit([logits[i] for i in fit_half], labels[fit_half])
+    half = scaler_for(mode).fit([logits[i] for i in fit_half], gold[fit_half])
     scored = [i for i in score_half if has_gold[i]]
     metrics: dict = {"heldout_n": len(scored) or None}
     if scored:
-        raw = _padded([np.exp(logits[i]) / np.exp(logits[i]).sum() for i in scored])
+        uncalibrated = _padded([np.exp(logits[i]) / np.exp(logits[i]).sum() for i in scored])
         calibrated = _padded([half.predict_proba(logits[i]) for i in scored])
         metrics |= {
-            "heldout_ece_before": ece(raw, labels[scored], N_BINS),
-            "heldout_ece_after": ece(calibrated, labels[scored], N_BINS),
+            "heldout_ece_before": ece(uncalibrated, gold[scored], N_BINS),
+            "heldout_ece_after": ece(calibrated, gold[scored], N_BINS),
             "heldout_ece_floor": ece_floor(calibrated, N_BINS, seed=seed)["median"],
         }
     return store.add_calibration(
@@ -119,10 +119,10 @@ def refit_from_store(
     store: CalibrationStore,
     key: CalibrationKey,
     mode: str,
-    labelled: list[tuple[list[float], int]] | None = None,
+    gold_rows: list[tuple[list[float], int]] | None = None,
 ) -> Calibration:
-    """Fit ``key`` again from what the store holds: its feedback (``labelled``, when the caller has
-    already read it), or for ``state_prior`` its recorded decisions, whose reads need no gold answer.
+    """Fit ``key`` again from what the store holds: its feedback (``gold_rows``, when the caller has
+    already read them), or for ``state_prior`` its recorded decisions, whose reads need no gold answer.
 
     A state prior is one bias per option position, so it is fitted on the decisions asked with the
     latest decision's options in its order: others (another question with as many options, or the
@@ -133,10 +133,10 @@ def refit_from_store(
         return fit_and_store(
             store,
             key,
-            [(raw, None) for options, raw in recorded if options == latest],
+            [(uncalibrated, None) for options, uncalibrated in recorded if options == latest],
             source="decisions",
             mode=mode,
         )
     return fit_and_store(
-        store, key, store.labelled(key) if labelled is None else labelled, source="feedback", mode=mode
+        store, key, store.gold_rows(key) if gold_rows is None else gold_rows, source="feedback", mode=mode
     )

@@ -1,13 +1,13 @@
 """Scoring metrics for probabilistic decisions, one convention each (stated here, once).
 
 scikit-learn computes Brier, NLL and AUROC; only ECE (and the one-line accuracy) is written here,
-because scikit-learn has no top-label ECE (``calibration_curve`` bins one class's probability).
+because scikit-learn has no top-class ECE (``calibration_curve`` bins one class's probability).
 
 - ``*_score`` is higher-better; ``*_loss`` and ``ece`` are lower-better. Logs are natural.
-- Inputs: ``probabilities`` is an (n, k) array whose rows sum to 1; ``labels`` holds the index of the
-  true class per row.
-- **ECE** is top-label expected calibration error on ``n_bins`` equal-width bins of the top
-  probability, bins ``(lo, hi]`` with the first bin closed ``[0, 1/n_bins]``; empty bins are skipped;
+- Inputs: ``probabilities`` is an (n, k) array whose rows sum to 1; ``gold`` holds the index of the
+  true class per row (the gold answer's option index).
+- **ECE** is top-class expected calibration error (the literature's "top-label" ECE) on ``n_bins``
+  equal-width bins of the top probability, bins ``(lo, hi]`` with the first bin closed ``[0, 1/n_bins]``; empty bins are skipped;
   ECE = Σ_b (n_b / n) · |accuracy_b − mean confidence_b|. Always print ``n_bins`` beside the value
   (15 by default; 10 for the public-suite tables).
 - **Brier** is multiclass: Σ_k (p_k − y_k)², averaged over rows (2× the binary Brier score on
@@ -27,30 +27,30 @@ N_BINS = 15
 SUITE_N_BINS = 10
 
 
-def _check(probabilities, labels) -> tuple[np.ndarray, np.ndarray]:
+def _check(probabilities, gold) -> tuple[np.ndarray, np.ndarray]:
     p = np.asarray(probabilities, dtype=float)
-    y = np.asarray(labels, dtype=int)
+    y = np.asarray(gold, dtype=int)
     if p.ndim != 2 or y.shape != (p.shape[0],):
-        raise ValueError("probabilities must be (n, k) and labels (n,)")
+        raise ValueError("probabilities must be (n, k) and gold (n,)")
     if p.shape[0] == 0:
         raise ValueError("no rows to score")
     return p, y
 
 
-def accuracy_score(probabilities, labels) -> float:
+def accuracy_score(probabilities, gold) -> float:
     """Share of rows whose most probable class is the true one (ties: the first class)."""
-    p, y = _check(probabilities, labels)
+    p, y = _check(probabilities, gold)
     return float(np.mean(p.argmax(axis=1) == y))
 
 
-def reliability_bins(probabilities, labels, n_bins: int = N_BINS) -> list[dict]:
-    """The non-empty ECE bins of top-label confidence, in order: ``bin``, ``lo``, ``hi``, ``count``,
+def reliability_bins(probabilities, gold, n_bins: int = N_BINS) -> list[dict]:
+    """The non-empty ECE bins of top-class confidence, in order: ``bin``, ``lo``, ``hi``, ``count``,
     mean ``confidence`` and ``accuracy`` (what a reliability diagram draws, and what :func:`ece` sums).
 
     >>> [(b["bin"], b["count"], b["accuracy"]) for b in reliability_bins([[0.9, 0.1], [0.6, 0.4]], [0, 1], n_bins=10)]
     [(5, 1, 0.0), (8, 1, 1.0)]
     """
-    p, y = _check(probabilities, labels)
+    p, y = _check(probabilities, gold)
     confidence = p.max(axis=1)
     correct = (p.argmax(axis=1) == y).astype(float)
     # (lo, hi] bins: ceil maps a confidence on an edge to the bin it closes (the 1e-9 absorbs float
@@ -70,20 +70,20 @@ def reliability_bins(probabilities, labels, n_bins: int = N_BINS) -> list[dict]:
     ]
 
 
-def ece(probabilities, labels, n_bins: int = N_BINS) -> float:
-    """Top-label expected calibration error over :func:`reliability_bins`.
+def ece(probabilities, gold, n_bins: int = N_BINS) -> float:
+    """Top-class expected calibration error over :func:`reliability_bins`.
 
     >>> round(ece([[0.9, 0.1], [0.6, 0.4]], [0, 1], n_bins=10), 4)
     0.35
     """
-    n = len(np.asarray(labels))
+    n = len(np.asarray(gold))
     total = 0.0
-    for b in reliability_bins(probabilities, labels, n_bins):
+    for b in reliability_bins(probabilities, gold, n_bins):
         total += b["count"] / n * abs(b["accuracy"] - b["confidence"])
     return float(total)
 
 
-def brier_loss(probabilities, labels) -> float:
+def brier_loss(probabilities, gold) -> float:
     """Multiclass Brier: mean over rows of Σ_k (p_k − y_k)² (not halved on two classes).
 
     >>> round(brier_loss([[0.9, 0.1], [0.6, 0.4]], [0, 1]), 4)
@@ -91,8 +91,9 @@ def brier_loss(probabilities, labels) -> float:
     """
     from sklearn.metrics import brier_score_loss
 
-    p, y = _check(probabilities, labels)
-    # labels= fixes the k columns even when some class never occurs among the true answers.
+    p, y = _check(probabilities, gold)
+    # scikit-learn's labels= (its word for the classes) fixes the k columns even when some class never
+    # occurs among the gold answers.
     return float(brier_score_loss(y, p, labels=np.arange(p.shape[1]), scale_by_half=False))
 
 
@@ -103,7 +104,7 @@ def auroc_score(p_true, is_true) -> float:
     return float(roc_auc_score(np.asarray(is_true, dtype=int), np.asarray(p_true, dtype=float)))
 
 
-def nll_loss(probabilities, labels) -> float:
+def nll_loss(probabilities, gold) -> float:
     """Mean negative log-likelihood of the true class (natural log; scikit-learn's ``log_loss``).
 
     >>> round(nll_loss([[0.9, 0.1], [0.6, 0.4]], [0, 1]), 4)
@@ -111,7 +112,7 @@ def nll_loss(probabilities, labels) -> float:
     """
     from sklearn.metrics import log_loss
 
-    p, y = _check(probabilities, labels)
+    p, y = _check(probabilities, gold)
     return float(log_loss(y, p, labels=np.arange(p.shape[1])))
 
 
@@ -123,7 +124,7 @@ def ece_floor(probabilities, n_bins: int = N_BINS, *, draws: int = FLOOR_DRAWS, 
 
     Method: keep the probabilities, draw the true answers from them (each row's answer ~ its own
     probabilities, so the reads are calibrated by construction), compute :func:`ece` on those
-    answers; repeat ``draws`` times with a fixed ``seed``. Top-label ECE only sees whether the top
+    answers; repeat ``draws`` times with a fixed ``seed``. Top-class ECE only sees whether the top
     option is right, so each draw is "right with probability max p". Returns the ``median`` and the
     95% range (``lo``, ``hi``: 2.5th and 97.5th percentiles) with ``n``, ``n_bins`` and ``draws``.
     An ECE inside the range is what sampling noise alone gives at this n; only an ECE above ``hi``

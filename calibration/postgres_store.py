@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from calibration.store import (
-    LEGACY_PROMPT_VERSION,
+    LEGACY_READ_VERSION,
     RECORDED_LIMIT,
     Calibration,
     CalibrationKey,
@@ -75,12 +75,12 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     # Rows already stored were read under the first prompt layout: tagged so, kept, and no longer
     # applied to reads of another version. The defaults are dropped after: every insert names it.
     (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias", (
-        f"ALTER TABLE calibrations ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
+        f"ALTER TABLE calibrations ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_READ_VERSION}'",
         "ALTER TABLE calibrations ALTER COLUMN prompt_version DROP DEFAULT",
         "ALTER TABLE calibrations ADD COLUMN mode TEXT NOT NULL DEFAULT 'temperature'",
         "ALTER TABLE calibrations ADD COLUMN bias DOUBLE PRECISION[]",
         "ALTER TABLE calibrations ADD COLUMN heldout_ece_floor DOUBLE PRECISION",
-        f"ALTER TABLE decisions ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
+        f"ALTER TABLE decisions ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_READ_VERSION}'",
         "ALTER TABLE decisions ALTER COLUMN prompt_version DROP DEFAULT",
         "CREATE INDEX calibrations_version_key ON calibrations (model, revision, prompt_version, question_type, option_count, domain, seq)",
     )),
@@ -88,6 +88,14 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     # replica that cannot read a state_prior calibration refuses this database (roll forward).
     (4, "decisions by key and time, for state_prior refits; calibration mode state_prior", (
         "CREATE INDEX decisions_recorded ON decisions (model, revision, prompt_version, question_type, option_count, created_at)",
+    )),
+    # Names that say what the columns hold: the version of the read (prompt version, +prior where the
+    # prior correction was divided out) and the read before calibration. Renames keep every row and
+    # the indexes on them; a replica from before refuses the renamed database (roll forward).
+    (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed", (
+        "ALTER TABLE calibrations RENAME COLUMN prompt_version TO read_version",
+        "ALTER TABLE decisions RENAME COLUMN prompt_version TO read_version",
+        "ALTER TABLE decisions RENAME COLUMN raw_probabilities TO uncalibrated_probabilities",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -200,8 +208,8 @@ class PostgresStore(CalibrationStore):
             if version == self._seen:
                 return
             rows = conn.cursor(row_factory=dict_row).execute(
-                f"SELECT DISTINCT ON (model, revision, prompt_version, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
-                "FROM calibrations ORDER BY model, revision, prompt_version, question_type, option_count, domain, seq DESC"
+                f"SELECT DISTINCT ON (model, revision, read_version, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
+                "FROM calibrations ORDER BY model, revision, read_version, question_type, option_count, domain, seq DESC"
             )
             self._remember((row.pop("seq"), _calibration(row)) for row in rows)
             self._seen = version
@@ -229,26 +237,26 @@ class PostgresStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, Jsonb(list(d.options)),
-             Jsonb(list(d.raw_probabilities)), bool(d.informative), d.prompt_version)
+             Jsonb(list(d.uncalibrated_probabilities)), bool(d.informative), d.read_version)
             for d in decisions
         ]  # fmt: skip
         if not rows:
             return
         with self._pool.connection() as db, db.transaction(), db.cursor() as cursor:
             cursor.executemany(
-                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
-                "informative, prompt_version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, "
+                "uncalibrated_probabilities, informative, read_version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 rows,
             )
 
     def decision(self, decision_id: str) -> DecisionRecord | None:
         with self._pool.connection() as db:
             row = db.execute(
-                "SELECT id, model, revision, question_type, option_count, domain, options, raw_probabilities, informative, prompt_version "
+                "SELECT id, model, revision, question_type, option_count, domain, options, uncalibrated_probabilities, informative, read_version "
                 "FROM decisions WHERE id = %s",
                 (decision_id,),
             ).fetchone()
-        return None if row is None else DecisionRecord(*row[:-1], prompt_version=row[-1])
+        return None if row is None else DecisionRecord(*row[:-1], read_version=row[-1])
 
     def add_feedback(self, decision_id: str, gold: str) -> int:
         with self._pool.connection() as db:
@@ -264,25 +272,25 @@ class PostgresStore(CalibrationStore):
             )
             return cursor.rowcount
 
-    def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+    def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         where, params = key_filter(key, "%s")
         query = f"""
-            SELECT d.options, d.raw_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
+            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
             WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id)
             ORDER BY f.seq
         """
         with self._pool.connection() as db:
             rows = db.execute(query, params).fetchall()
-        return [(raw, options.index(gold)) for options, raw, gold in rows]
+        return [(uncalibrated, options.index(gold)) for options, uncalibrated, gold in rows]
 
     def recorded(
         self, key: CalibrationKey, limit: int = RECORDED_LIMIT
     ) -> list[tuple[list[str], list[float]]]:
         where, params = key_filter(key, "%s")
-        query = f"SELECT d.options, d.raw_probabilities FROM decisions d WHERE {where} AND d.informative ORDER BY d.created_at DESC, d.id DESC LIMIT %s"
+        query = f"SELECT d.options, d.uncalibrated_probabilities FROM decisions d WHERE {where} AND d.informative ORDER BY d.created_at DESC, d.id DESC LIMIT %s"
         with self._pool.connection() as db:
             rows = db.execute(query, [*params, limit]).fetchall()
-        return [(options, raw) for options, raw in reversed(rows)]
+        return [(options, uncalibrated) for options, uncalibrated in reversed(rows)]
 
 
 def _calibration(row: dict) -> Calibration:

@@ -1,4 +1,4 @@
-"""The embedded calibration store: one SQLite file in WAL mode with synchronous=FULL.
+"""The single-host calibration store: one SQLite file in WAL mode with synchronous=FULL.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction, durable at COMMIT (synchronous=FULL); WAL lets
 readers run beside a writer, and ``busy_timeout`` makes concurrent writers wait, not fail. Fits by
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from calibration.store import (
-    LEGACY_PROMPT_VERSION,
+    LEGACY_READ_VERSION,
     RECORDED_LIMIT,
     Calibration,
     CalibrationKey,
@@ -52,16 +52,24 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     # Rows already stored were read under the first prompt layout: tagged so, kept, and no longer
     # applied to reads of another version. Every insert names the version (the DEFAULT is for them).
     (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias", (
-        f"ALTER TABLE calibrations ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
+        f"ALTER TABLE calibrations ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_READ_VERSION}'",
         "ALTER TABLE calibrations ADD COLUMN mode TEXT NOT NULL DEFAULT 'temperature'",
         "ALTER TABLE calibrations ADD COLUMN bias TEXT",
         "ALTER TABLE calibrations ADD COLUMN heldout_ece_floor REAL",
-        f"ALTER TABLE decisions ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_PROMPT_VERSION}'",
+        f"ALTER TABLE decisions ADD COLUMN prompt_version TEXT NOT NULL DEFAULT '{LEGACY_READ_VERSION}'",
     )),
     # The state_prior mode reads a key's latest decisions (``recorded``). Also a version step: an
     # opendecide that cannot read a state_prior calibration refuses this file.
     (4, "decisions by key and time, for state_prior refits; calibration mode state_prior", (
         "CREATE INDEX IF NOT EXISTS decisions_recorded ON decisions (model, revision, prompt_version, question_type, option_count, created_at)",
+    )),
+    # Names that say what the columns hold: the version of the read (prompt version, +prior where the
+    # prior correction was divided out) and the read before calibration. Renames keep every row, and
+    # SQLite (3.25+) carries the index above over to the new name.
+    (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed", (
+        "ALTER TABLE calibrations RENAME COLUMN prompt_version TO read_version",
+        "ALTER TABLE decisions RENAME COLUMN prompt_version TO read_version",
+        "ALTER TABLE decisions RENAME COLUMN raw_probabilities TO uncalibrated_probabilities",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -174,13 +182,13 @@ class SQLiteStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
-             json.dumps(d.raw_probabilities), int(d.informative), d.prompt_version, utc_now())
+             json.dumps(d.uncalibrated_probabilities), int(d.informative), d.read_version, utc_now())
             for d in decisions
         ]  # fmt: skip
         with self._transaction() as db:
             db.executemany(
-                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
-                "informative, prompt_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, "
+                "uncalibrated_probabilities, informative, read_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
 
@@ -190,8 +198,8 @@ class SQLiteStore(CalibrationStore):
             return None
         return DecisionRecord(
             row["id"], row["model"], row["revision"], row["question_type"], row["option_count"], row["domain"],
-            json.loads(row["options"]), json.loads(row["raw_probabilities"]), bool(row["informative"]),
-            prompt_version=row["prompt_version"],
+            json.loads(row["options"]), json.loads(row["uncalibrated_probabilities"]), bool(row["informative"]),
+            read_version=row["read_version"],
         )  # fmt: skip
 
     def add_feedback(self, decision_id: str, gold: str) -> int:
@@ -211,23 +219,29 @@ class SQLiteStore(CalibrationStore):
             )
             return int(cursor.rowcount)
 
-    def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+    def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         where, params = key_filter(key, "?")
         query = f"""
-            SELECT d.options, d.raw_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
+            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
             WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id)
             ORDER BY f.seq
         """
         rows = self._connection().execute(query, params).fetchall()
-        return [(json.loads(r["raw_probabilities"]), json.loads(r["options"]).index(r["gold"])) for r in rows]
+        return [
+            (json.loads(r["uncalibrated_probabilities"]), json.loads(r["options"]).index(r["gold"]))
+            for r in rows
+        ]
 
     def recorded(
         self, key: CalibrationKey, limit: int = RECORDED_LIMIT
     ) -> list[tuple[list[str], list[float]]]:
         where, params = key_filter(key, "?")
-        query = f"SELECT d.options, d.raw_probabilities FROM decisions d WHERE {where} AND d.informative = 1 ORDER BY d.created_at DESC, d.rowid DESC LIMIT ?"
+        query = f"SELECT d.options, d.uncalibrated_probabilities FROM decisions d WHERE {where} AND d.informative = 1 ORDER BY d.created_at DESC, d.rowid DESC LIMIT ?"
         rows = self._connection().execute(query, [*params, limit]).fetchall()
-        return [(json.loads(row["options"]), json.loads(row["raw_probabilities"])) for row in reversed(rows)]
+        return [
+            (json.loads(row["options"]), json.loads(row["uncalibrated_probabilities"]))
+            for row in reversed(rows)
+        ]
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)
@@ -252,5 +266,5 @@ class _Transaction:
         self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
-    def __exit__(self, kind, error, traceback) -> None:
-        self.db.execute("ROLLBACK" if kind else "COMMIT")
+    def __exit__(self, error_type, error, traceback) -> None:
+        self.db.execute("ROLLBACK" if error_type else "COMMIT")

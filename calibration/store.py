@@ -1,24 +1,29 @@
-"""The calibration store: calibrations, decisions and feedback, in SQLite (the embedded default) or
-PostgreSQL (shared by replicas). It persists and looks up; fitting lives in ``calibration.temperature``.
+"""The calibration store: calibrations, decisions and feedback, in SQLite (the default, one file) or
+PostgreSQL (shared by replicas). It persists and looks up; fitting lives in ``calibration.fit``.
 
-``CalibrationStore(location)`` opens the backend the location names: a ``postgresql://`` (or
-``postgres://``) URL opens ``calibration.postgres_store.PostgresStore``, anything else is a file path
-for ``calibration.sqlite_store.SQLiteStore``. Both keep one contract, checked by one test suite:
+This module is the contract the backends implement; it knows none of them.
+``calibration.open.open_store(location)`` picks one: a ``postgresql://`` (or ``postgres://``) URL opens
+``calibration.postgres_store.PostgresStore``, anything else is a file path for
+``calibration.sqlite_store.SQLiteStore``. Both keep one contract, checked by one test suite:
 
-- A calibration is keyed by (model, model revision, prompt version, question type, option count,
+- A calibration is keyed by (model, model revision, read version, question type, option count,
   domain); option count and domain may be NULL, meaning "any". Lookup takes the most specific that
   exists: domain (type + count + domain) → type + count → type → none; of several fits of one key,
-  the last stored wins. The prompt version (``readers.prompt.PROMPT_VERSION``, passed in by the
-  service) is never relaxed: the layout changes what the model reads, so a fit made under one
-  version never applies to reads made under another. Rows stored before versions were recorded
-  are tagged ``decide-prompt/1`` (the only layout there was) and kept; they simply stop applying.
+  the last stored wins. The read version is never relaxed: it is the prompt version
+  (``readers.prompt.PROMPT_VERSION``) plus ``+prior`` where the prior correction was divided out
+  (built by the service), and either changes what a read is, so a fit made on reads of one version
+  never applies to reads of another. Rows stored before versions were recorded are tagged
+  ``decide-prompt/1`` (the only layout there was) and kept; they simply stop applying.
+- A decision records its uncalibrated probabilities: the read after the prior correction where its
+  read version says so, before any calibration; fits are made on them and applied to such reads.
 - A calibration has a ``mode``: ``temperature`` (p ∝ exp(z / T)), ``temperature_bias``
   (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count), or
   ``state_prior`` (the same form with T = 1, b fitted without gold answers: ``calibration.bias``).
 - Every write is one transaction, durable before the call returns, so an acknowledged write
   survives a crash of the writer (and of SQLite's host or the Postgres server).
-- Lookups read an in-process cache of the latest calibration per key, so a decision costs no query;
-  fits stored by other processes reach the cache without a restart (each backend says how).
+- Lookups read a cache, kept in each process's memory, of the latest calibration per key, so a
+  decision costs no query; fits stored by other processes reach the cache without a restart (each
+  backend says how).
 - The schema is a numbered list of migrations, applied in order at open and recorded in
   ``schema_migrations``; a store written by a newer version is refused, not guessed at.
 """
@@ -31,16 +36,14 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-LEGACY_PROMPT_VERSION = "decide-prompt/1"
-"""The prompt version of rows stored before the store recorded one."""
-MODES = ("temperature", "temperature_bias", "state_prior")
+LEGACY_READ_VERSION = "decide-prompt/1"
+"""The read version of rows stored before the store recorded one."""
+CALIBRATION_MODES = ("temperature", "temperature_bias", "state_prior")
 RECORDED_LIMIT = 10_000
-"""Most recorded decisions a label-free refit reads (the latest ones)."""
+"""Most recorded decisions a refit without gold answers (``state_prior``) reads (the latest ones)."""
 BIAS_MODES = ("temperature_bias", "state_prior")
-"""Modes whose calibrations carry one bias per option (applied as softmax(z / T + b))."""
+"""Calibration modes that carry one bias per option (applied as softmax(z / T + b))."""
 
 
 def utc_now() -> str:
@@ -55,18 +58,19 @@ class CalibrationKey:
     question_type: str
     option_count: int | None = None
     domain: str | None = None
-    prompt_version: str = field(kw_only=True)  # required: no default version to fall back on
+    read_version: str = field(kw_only=True)  # required: no default version to fall back on
+    """The prompt version, plus ``+prior`` where the prior correction was divided out of the reads."""
 
     def fallbacks(self) -> list[CalibrationKey]:
-        """This key and the less specific ones, most specific first (same prompt version)."""
+        """This key and the less specific ones, most specific first (same read version)."""
         keys = [self] if self.domain is not None else []
-        version = self.prompt_version
+        version = self.read_version
         keys.append(
             CalibrationKey(
-                self.model, self.revision, self.question_type, self.option_count, prompt_version=version
+                self.model, self.revision, self.question_type, self.option_count, read_version=version
             )
         )
-        keys.append(CalibrationKey(self.model, self.revision, self.question_type, prompt_version=version))
+        keys.append(CalibrationKey(self.model, self.revision, self.question_type, read_version=version))
         return keys
 
 
@@ -87,7 +91,7 @@ class Calibration:
     heldout_ece_after: float | None
     source: str
     fitted_at: str
-    prompt_version: str
+    read_version: str
     mode: str = "temperature"
     bias: tuple[float, ...] | None = None
     heldout_ece_floor: float | None = (
@@ -102,7 +106,7 @@ class Calibration:
             self.question_type,
             self.option_count,
             self.domain,
-            prompt_version=self.prompt_version,
+            read_version=self.read_version,
         )
 
     def as_json(self) -> dict:
@@ -120,11 +124,11 @@ class DecisionRecord:
     option_count: int
     domain: str | None
     options: list[str]
-    raw_probabilities: list[float]
-    """The read the key's fits are made on, before any stored fit: the model's own, or with a
-    correction divided out where ``prompt_version`` says so (the service's ``+prior``)."""
+    uncalibrated_probabilities: list[float]
+    """The read the key's fits are made on and applied to, before any calibration: the model's own,
+    or with the prior correction divided out where ``read_version`` says so (``+prior``)."""
     informative: bool = True
-    prompt_version: str = field(kw_only=True)
+    read_version: str = field(kw_only=True)
 
 
 class SchemaTooNew(RuntimeError):
@@ -144,19 +148,6 @@ class CalibrationStore(ABC):
     Thread-safe: the service calls it from worker threads. ``lookup`` and ``calibrations`` read the
     cache; every other method is one database round trip (one transaction for writes).
     """
-
-    def __new__(cls, location: Path | str, **options):
-        # One constructor for every backend, as pathlib.Path picks PosixPath: callers (the service,
-        # ``decide serve --store``) pass what the user gave and need not know the backends.
-        if cls is not CalibrationStore:
-            return super().__new__(cls)
-        if str(location).startswith(POSTGRES_SCHEMES):
-            from calibration.postgres_store import PostgresStore
-
-            return super().__new__(PostgresStore)
-        from calibration.sqlite_store import SQLiteStore
-
-        return super().__new__(SQLiteStore)
 
     def __init__(self) -> None:
         # key → (order, calibration); order is the backend's insertion counter, so "latest" does not
@@ -204,8 +195,8 @@ class CalibrationStore(ABC):
         mode: str = "temperature",
         bias=None,
     ) -> Calibration:
-        if mode not in MODES:
-            raise ValueError(f"mode is one of {', '.join(MODES)}, not {mode!r}")
+        if mode not in CALIBRATION_MODES:
+            raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")
         if (mode in BIAS_MODES) != (bias is not None):
             raise ValueError(f"a {' or '.join(BIAS_MODES)} calibration has a bias, and only it")
         if bias is not None and len(bias) != key.option_count:
@@ -229,7 +220,7 @@ class CalibrationStore(ABC):
             heldout_ece_floor=metrics.get("heldout_ece_floor"),
             source=source,
             fitted_at=utc_now(),
-            prompt_version=key.prompt_version,
+            read_version=key.read_version,
             mode=mode,
             bias=None if bias is None else tuple(float(b) for b in bias),
         )
@@ -269,17 +260,18 @@ class CalibrationStore(ABC):
         Decisions with feedback are kept: they are the gold answers refits are fitted on."""
 
     @abstractmethod
-    def labelled(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
-        """(raw probabilities, gold index) for every decision of ``key`` with feedback (latest wins),
-        in feedback order; abstentions (no label came back) carry nothing to fit and are left out."""
+    def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+        """(uncalibrated probabilities, gold index) for every decision of ``key`` with feedback (its
+        latest wins), in feedback order; abstentions (no label came back) carry nothing to fit and
+        are left out."""
 
     @abstractmethod
     def recorded(
         self, key: CalibrationKey, limit: int = RECORDED_LIMIT
     ) -> list[tuple[list[str], list[float]]]:
-        """(options in the order asked, raw probabilities) of the latest ``limit`` informative
-        decisions of ``key`` still stored, with or without feedback, oldest first: what a label-free
-        fit (``state_prior``) is fitted on."""
+        """(options in the order asked, uncalibrated probabilities) of the latest ``limit``
+        informative decisions of ``key`` still stored, with or without feedback, oldest first: what a
+        fit without gold answers (``state_prior``) is fitted on."""
 
     @abstractmethod
     def schema_version(self) -> int:
@@ -289,7 +281,7 @@ class CalibrationStore(ABC):
         """Release connections (and Postgres's listener); the store is unusable afterwards."""
 
     def feedback_count(self, key: CalibrationKey) -> int:
-        return len(self.labelled(key))
+        return len(self.gold_rows(key))
 
 
 def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
@@ -297,10 +289,10 @@ def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
     clauses = [
         f"d.model = {placeholder}",
         f"d.revision = {placeholder}",
-        f"d.prompt_version = {placeholder}",
+        f"d.read_version = {placeholder}",
         f"d.question_type = {placeholder}",
     ]
-    params: list = [key.model, key.revision, key.prompt_version, key.question_type]
+    params: list = [key.model, key.revision, key.read_version, key.question_type]
     if key.option_count is not None:
         clauses.append(f"d.option_count = {placeholder}")
         params.append(key.option_count)

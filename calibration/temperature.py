@@ -1,7 +1,7 @@
-"""Temperature scaling of label log-probs: fit on labelled decisions, apply to new ones.
+"""Temperature scaling of label log-probs: fit on decisions with gold answers, apply to new ones.
 
 Parameterisation: p_i ∝ exp(z_i / T), where z are a decision's label log-probs (any per-row shift is
-irrelevant, so log of the raw label probabilities works as well). T > 1 softens, T < 1 sharpens.
+irrelevant, so the log of the label probabilities works as well). T > 1 softens, T < 1 sharpens.
 ``fit`` minimises the mean NLL over log T on [log t_min, log t_max] (0.05–20 by default) with a
 bounded scalar optimiser; it raises ``RuntimeError`` if the optimiser fails. Nothing is learnt in
 ``__init__``; the fit module needs neither the service nor the store.
@@ -19,16 +19,16 @@ T_MIN, T_MAX = 0.05, 20.0
 
 
 def as_logits(probabilities) -> np.ndarray:
-    """Raw label probabilities → label log-probs (clipped at 1e-300 so a 0 stays finite)."""
+    """Label probabilities → label log-probs (clipped at 1e-300 so a 0 stays finite)."""
     return np.log(np.clip(np.asarray(probabilities, dtype=float), 1e-300, 1.0))
 
 
-def _groups(logits, labels) -> list[tuple[np.ndarray, np.ndarray]]:
+def _groups(logits, gold) -> list[tuple[np.ndarray, np.ndarray]]:
     """Rows grouped by option count: decisions of one question type may have different counts."""
     rows = [np.asarray(row, dtype=float) for row in logits]
-    y = np.asarray(labels, dtype=int)
+    y = np.asarray(gold, dtype=int)
     if len(rows) != len(y) or not rows:
-        raise ValueError("need one label per row and at least one row")
+        raise ValueError("need one gold index per row and at least one row")
     groups = []
     for k in sorted({len(row) for row in rows}):
         index = [i for i, row in enumerate(rows) if len(row) == k]
@@ -36,12 +36,12 @@ def _groups(logits, labels) -> list[tuple[np.ndarray, np.ndarray]]:
     return groups
 
 
-def nll_at(logits, labels, temperature: float) -> float:
-    """Mean negative log-likelihood of ``labels`` under softmax(logits / temperature).
+def nll_at(logits, gold, temperature: float) -> float:
+    """Mean negative log-likelihood of the ``gold`` indices under softmax(logits / temperature).
 
     ``logits`` is an (n, k) array, or a list of rows of different lengths.
     """
-    groups = _groups(logits, labels)
+    groups = _groups(logits, gold)
     total = sum(-log_softmax(z / temperature, axis=1)[np.arange(len(y)), y].sum() for z, y in groups)
     return float(total / sum(len(y) for _, y in groups))
 
@@ -59,14 +59,14 @@ class TemperatureScaler:
         self.t_min = t_min
         self.t_max = t_max
 
-    def fit(self, logits, labels) -> TemperatureScaler:
-        """``logits``: (n, k), or n rows of varying length (pooled option counts); ``labels``: (n,)."""
-        groups = _groups(logits, labels)
+    def fit(self, logits, gold) -> TemperatureScaler:
+        """``logits``: (n, k), or n rows of varying length (pooled option counts); ``gold``: (n,) indices."""
+        groups = _groups(logits, gold)
         if not all(np.all(np.isfinite(z)) for z, _ in groups):
             raise ValueError("logits must be finite")
         if any(np.any((y < 0) | (y >= z.shape[1])) for z, y in groups):
-            raise ValueError("a label is outside its row")
-        z, y = list(logits), labels
+            raise ValueError("a gold index is outside its row")
+        z, y = list(logits), gold
         result = minimize_scalar(
             lambda log_t: nll_at(z, y, math.exp(log_t)),
             bounds=(math.log(self.t_min), math.log(self.t_max)),
@@ -81,7 +81,7 @@ class TemperatureScaler:
         if after > before:  # the bounded search can stop near a boundary; T = 1 is always available
             temperature, after = 1.0, before
         self.temperature_ = temperature
-        self.n_samples_ = len(labels)
+        self.n_samples_ = len(gold)
         self.nll_before_ = before
         self.nll_after_ = after
         return self

@@ -84,7 +84,8 @@ def run_server(options: ServeOptions) -> None:
     """Check everything, then serve until interrupted; the store is closed on the way out."""
     import uvicorn
 
-    from calibration.store import CalibrationStore, SchemaTooNew
+    from calibration.open import open_store
+    from calibration.store import SchemaTooNew
     from readers.embedded import default_cache_dir
     from readers.engines import open_engine
     from service.app import create_app
@@ -112,7 +113,7 @@ def run_server(options: ServeOptions) -> None:
         logger.info("authentication on: %d API key(s)", len(api_keys))
 
     try:
-        store = CalibrationStore(options.store or default_cache_dir() / "calibration.sqlite3")
+        store = open_store(options.store or default_cache_dir() / "calibration.sqlite3")
     except (ConnectionError, SchemaTooNew) as error:
         raise ServeRefused(str(error), option="--store") from None
 

@@ -1,6 +1,6 @@
-"""Engines behind the reader: ``local`` (in-process model) and ``vllm`` (HTTP).
+"""Engines behind the reader: ``local`` (the embedded model, in process) and ``vllm`` (HTTP).
 
-open_engine("local")                      the embedded SmolLM2, prepared on first use
+open_engine("local")                      the local engine: the embedded SmolLM2, prepared on first use
 open_engine("vllm", url="http://…:8000")  any vLLM server; read mode chosen by a start-up probe
 open_engine("vllm", url="http://a:8000,http://b:8000")
                                           several servers of one model, reads routed by prefix
@@ -103,17 +103,17 @@ __all__ = [
 
 
 def parse_engine_spec(spec: str) -> tuple[str, ReadMode | None, str | None]:
-    """``KIND[:MODE][@URL]`` → (kind, read mode, url); e.g. ``local``, ``local:topk``,
+    """``KIND[:READ_MODE][@URL]`` → (engine kind, read mode, url); e.g. ``local``, ``local:topk``,
     ``vllm:masked@http://127.0.0.1:8100``."""
     head, _, url = spec.partition("@")
-    kind, _, mode = head.partition(":")
+    kind, _, read_mode_name = head.partition(":")
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown engine {kind!r} in {spec!r}; choose one of {', '.join(ENGINE_KINDS)}")
     try:
-        read_mode = ReadMode(mode) if mode else None
+        read_mode = ReadMode(read_mode_name) if read_mode_name else None
     except ValueError:
         raise ValueError(
-            f"unknown read mode {mode!r} in {spec!r}; choose one of {', '.join(m.value for m in ReadMode)}"
+            f"unknown read mode {read_mode_name!r} in {spec!r}; choose one of {', '.join(m.value for m in ReadMode)}"
         ) from None
     return kind, read_mode, url or None
 

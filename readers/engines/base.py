@@ -19,7 +19,7 @@ class ReadMode(enum.StrEnum):
     """What an engine's log-probs cover, best first.
 
     - ``exact``: full-vocabulary log-probs of every label token (GPU/CPU vLLM ``logprob_token_ids``,
-      the in-process model).
+      the local engine).
     - ``masked``: the engine masks the vocabulary to the label tokens before computing log-probs, so
       every label comes back and differences between labels are exact (structured-output choice).
     - ``topk``: only the top-k tokens come back; a missing label gets the floor.
@@ -133,7 +133,7 @@ DEFAULT_TIMEOUT_S = 30.0  # seconds a vLLM engine waits for a reply
 
 @dataclass(frozen=True)
 class LocalBatching:
-    """The embedded engine's batching: how long a batch waits for company (ms), how many reads one
+    """The local engine's batching: how long a batch waits for company (ms), how many reads one
     forward holds, and how many MiB of prefix KV it keeps for states seen again (0: no cache).
 
     256 MiB holds about 5,800 tokens of SmolLM2-135M's float32 KV (46,080 bytes per token)."""

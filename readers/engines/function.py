@@ -1,7 +1,7 @@
 """A function engine for HTTP-semantics tests: wraps a plain function, reaches no model.
 
 Named as such so no test mistakes it for a real read: reading, calibration and end-to-end tests use
-the embedded model or vLLM. Use it to inject faults a real engine cannot produce on demand.
+the local engine (the embedded model) or vLLM. Use it to inject faults a real engine cannot produce on demand.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The in-process engine: a Hugging Face causal LM on the CPU, full-vocabulary log-softmax.
+"""The local engine: a Hugging Face causal LM run in process on the CPU, full-vocabulary log-softmax.
 
 Reads are exact by default. ``top_k`` makes it answer like a top-k engine (only the k most likely
 tokens come back), to measure what top-k costs on the same model.

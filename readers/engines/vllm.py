@@ -92,8 +92,8 @@ class VLLMEngine(ClosingEngine):
     ) -> VLLMEngine:
         """Find the served model, load its tokenizer locally, and probe which read mode works.
 
-        ``read_mode`` forces a mode the probe found supported (to compare modes on one server);
-        by default the best supported mode is used.
+        ``read_mode`` forces a read mode the probe found supported (to compare read modes on one
+        server); by default the best supported one is used.
         """
         limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
         client = httpx.AsyncClient(
@@ -135,11 +135,11 @@ class VLLMEngine(ClosingEngine):
         return await super().read_many(requests)
 
     async def read(self, request: ReadRequest) -> EngineReply:
-        mode = self.capabilities.read_mode
+        read_mode = self.capabilities.read_mode
         body = completion_body(self.served_name, request.prompt_ids, top_k=self.capabilities.top_k)
-        if mode is ReadMode.EXACT:
+        if read_mode is ReadMode.EXACT:
             body["logprob_token_ids"] = list(request.label_ids)
-        elif mode is ReadMode.MASKED:
+        elif read_mode is ReadMode.MASKED:
             body["structured_outputs"] = {"choice": list(request.label_texts)}
         if not self.share_prefix:
             body["cache_salt"] = secrets.token_urlsafe(32)
@@ -159,11 +159,11 @@ class VLLMEngine(ClosingEngine):
             )
         return EngineReply(
             logprobs=logprobs,
-            read_mode=mode,
+            read_mode=read_mode,
             prompt_tokens=len(request.prompt_ids),
             latency_ms=(time.monotonic() - started) * 1000,
             queued_ms=(started - waiting) * 1000,
-            normalised_over_labels=mode is ReadMode.MASKED,
+            normalised_over_labels=read_mode is ReadMode.MASKED,
         )
 
     async def aclose(self) -> None:
@@ -347,6 +347,6 @@ async def probe(client: httpx.AsyncClient, model: str, tokenizer: Any, *, top_k:
     except EngineBadReply as error:
         evidence["masked_refused"] = error.message
 
-    mode = ReadMode.EXACT if exact_ok else ReadMode.MASKED if masked_ok else ReadMode.TOPK
+    read_mode = ReadMode.EXACT if exact_ok else ReadMode.MASKED if masked_ok else ReadMode.TOPK
     evidence["supports"] = {"exact": exact_ok, "masked": masked_ok, "topk": True}
-    return Capabilities(read_mode=mode, max_logprobs=max_logprobs, top_k=top_k, probe=evidence)
+    return Capabilities(read_mode=read_mode, max_logprobs=max_logprobs, top_k=top_k, probe=evidence)

@@ -123,11 +123,11 @@ async def _decide(
                 domain=key.domain,
                 options=list(reading.question.options),
                 # What the key's fits are made on and applied to: the read, prior-corrected under a +prior key.
-                raw_probabilities=[
+                uncalibrated_probabilities=[
                     float(p) for p in corrected_read(reading.label_probabilities.probabilities, prior)
                 ],
                 informative=reading.label_probabilities.informative,
-                prompt_version=key.prompt_version,
+                read_version=key.read_version,
             )
         )
     response = SystemOneResponse(
@@ -161,7 +161,7 @@ def calibration_key(
         question.question_type,
         len(question.options),
         domain,
-        prompt_version=read_version(PROMPT_VERSION, corrected),
+        read_version=read_version(PROMPT_VERSION, corrected),
     )
 
 
@@ -171,7 +171,7 @@ def calibration_used(reading: Reading, calibration: Calibration | None) -> Calib
         return None
     return CalibrationUsed(
         mode=calibration.mode, id=calibration.id, temperature=calibration.temperature, n=calibration.n,
-        bias=dict(zip(reading.question.options, calibration.bias)) if calibration.bias is not None else None, read_version=calibration.prompt_version,
+        bias=dict(zip(reading.question.options, calibration.bias)) if calibration.bias is not None else None, read_version=calibration.read_version,
     )  # fmt: skip
 
 

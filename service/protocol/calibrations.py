@@ -73,7 +73,7 @@ class CalibrationOut(ResponseModel):
     )
     source: str
     fitted_at: str
-    prompt_version: str = Field(
+    read_version: str = Field(
         description="the read the fit was made on: the prompt layout, with '+prior' where the prior correction was divided out; it applies only to reads made so"
     )
     mode: CalibrationMode

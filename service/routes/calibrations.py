@@ -82,16 +82,16 @@ async def feedback(request: Request) -> FeedbackResponse:
         decision.question_type,
         decision.option_count,
         decision.domain,
-        prompt_version=decision.prompt_version,
+        read_version=decision.read_version,
     )
-    labelled = await asyncio.to_thread(store.labelled, key)
+    gold_rows = await asyncio.to_thread(store.gold_rows, key)
     refit = None
     every = request.app.state.auto_refit_every
-    if every and len(labelled) >= MIN_GOLD and len(labelled) % every == 0:
+    if every and len(gold_rows) >= MIN_GOLD and len(gold_rows) % every == 0:
         current = store.lookup(key)  # a refit keeps the mode the key was fitted in
         mode = current.mode if current is not None and current.key == key else "temperature"
-        refit = calibration_out(await asyncio.to_thread(refit_from_store, store, key, mode, labelled))
-    return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(labelled), refit=refit)
+        refit = calibration_out(await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows))
+    return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(gold_rows), refit=refit)
 
 
 @router.post(
@@ -116,7 +116,7 @@ async def refit(request: Request) -> CalibrationOut:
         body.question_type,
         body.option_count,
         body.domain,
-        prompt_version=read_version(PROMPT_VERSION, corrected),
+        read_version=read_version(PROMPT_VERSION, corrected),
     )
     try:
         fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode)

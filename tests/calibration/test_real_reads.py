@@ -13,12 +13,12 @@ from readers.reader import Reader
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # 4 tasks × 120 records read
 
 
-async def test_fifty_labels_lower_held_out_nll_on_average(local_engine):
+async def test_fifty_gold_answers_lower_held_out_nll_on_average(local_engine):
     """Per task, 20 random splits of 120 reads: fit T on 50, score NLL on the other 70.
 
     Averaged over tasks and splits the fitted temperature must beat T = 1. (It need not on every
-    task: on SST-2 the 135M model's raw reads are already near their best NLL, and 50 labels give a
-    noisy T; ECE after 50 labels per task is reported by ``decide eval gold-curve``.)
+    task: on SST-2 the 135M model's uncalibrated reads are already near their best NLL, and 50 gold
+    answers give a noisy T; ECE after 50 gold answers per task is reported by ``decide eval gold-curve``.)
     """
     before, after = [], []
     for name, task in TASKS.items():
@@ -27,13 +27,13 @@ async def test_fifty_labels_lower_held_out_nll_on_average(local_engine):
             [task.read_job(record) for record in spread(load_sample(name), 120)],
             concurrency=4,
         )
-        p, labels = rows_arrays(reads)
+        p, gold = rows_arrays(reads)
         logits = as_logits(p)
         rng = np.random.default_rng(0)
         for _ in range(20):
             order = rng.permutation(len(reads))
             fit, held_out = order[:50], order[50:]
-            temperature = TemperatureScaler().fit(logits[fit], labels[fit]).temperature_
-            before.append(nll_at(logits[held_out], labels[held_out], 1.0))
-            after.append(nll_at(logits[held_out], labels[held_out], temperature))
+            temperature = TemperatureScaler().fit(logits[fit], gold[fit]).temperature_
+            before.append(nll_at(logits[held_out], gold[held_out], 1.0))
+            after.append(nll_at(logits[held_out], gold[held_out], temperature))
     assert np.mean(after) < np.mean(before), (np.mean(before), np.mean(after))

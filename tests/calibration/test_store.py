@@ -6,6 +6,7 @@ Lookup order, restart, pickup of fits by another process, migrations, concurrenc
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal
 import sqlite3
 import subprocess
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
+from calibration.open import open_store
 from calibration.postgres_store import LISTENER_NAME, SCHEMA_VERSION, PostgresStore, migrate
 from calibration.sqlite_store import MIGRATIONS as SQLITE_MIGRATIONS
 from calibration.sqlite_store import SQLiteStore
 from calibration.store import (
-    LEGACY_PROMPT_VERSION,
+    LEGACY_READ_VERSION,
     CalibrationKey,
     CalibrationStore,
     DecisionRecord,
@@ -32,7 +35,7 @@ from calibration.store import (
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "decide-prompt/2"  # any version string: the store compares, never parses, it
-KEY = CalibrationKey("smol", "rev1", "choice", 3, "support", prompt_version=VERSION)
+KEY = CalibrationKey("smol", "rev1", "choice", 3, "support", read_version=VERSION)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
@@ -43,12 +46,12 @@ def location(request, tmp_path) -> str:
 
 
 @pytest.fixture
-def open_store(location):
-    """``open_store()`` → a store on ``location``; every one opened is closed at the end."""
+def new_store(location):
+    """``new_store()`` → a store on ``location``; every one opened is closed at the end."""
     opened = []
 
     def open_() -> CalibrationStore:
-        opened.append(CalibrationStore(location))
+        opened.append(open_store(location))
         return opened[-1]
 
     yield open_
@@ -83,54 +86,43 @@ def decision(id_: str, key: CalibrationKey = KEY) -> DecisionRecord:
         key.domain,
         ["a", "b", "c"],
         [0.5, 0.3, 0.2],
-        prompt_version=VERSION,
+        read_version=VERSION,
     )
 
 
-@pytest.mark.integration
-def test_the_location_picks_the_backend(tmp_path, postgres_url):
-    sqlite_store, postgres_store = CalibrationStore(tmp_path / "c.sqlite3"), CalibrationStore(postgres_url)
-    try:
-        assert type(sqlite_store) is SQLiteStore and type(postgres_store) is PostgresStore
-    finally:
-        postgres_store.close()
-    with pytest.raises(ConnectionError, match=r"postgresql://u:\*\*\*@127.0.0.1:9/none"):
-        CalibrationStore("postgresql://u:secret@127.0.0.1:9/none")  # nothing listens on port 9
-
-
-def test_lookup_takes_the_most_specific_calibration(open_store):
-    store = open_store()
+def test_lookup_takes_the_most_specific_calibration(new_store):
+    store = new_store()
     assert store.lookup(KEY) is None
     by_type = store.add_calibration(
-        CalibrationKey("smol", "rev1", "choice", prompt_version=VERSION),
+        CalibrationKey("smol", "rev1", "choice", read_version=VERSION),
         temperature=2.0,
         n=50,
-        source="labels",
+        source="examples",
     )
     assert store.lookup(KEY) == by_type
     by_count = store.add_calibration(
-        CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION),
+        CalibrationKey("smol", "rev1", "choice", 3, read_version=VERSION),
         temperature=1.5,
         n=50,
-        source="labels",
+        source="examples",
     )
     assert store.lookup(KEY) == by_count
-    by_domain = store.add_calibration(KEY, temperature=1.2, n=50, source="labels")
+    by_domain = store.add_calibration(KEY, temperature=1.2, n=50, source="examples")
     assert store.lookup(KEY) == by_domain
     assert (
-        store.lookup(CalibrationKey("smol", "rev1", "choice", 3, "other-domain", prompt_version=VERSION))
+        store.lookup(CalibrationKey("smol", "rev1", "choice", 3, "other-domain", read_version=VERSION))
         == by_count
     )
     assert (
-        store.lookup(CalibrationKey("smol", "rev2", "choice", 3, prompt_version=VERSION)) is None
+        store.lookup(CalibrationKey("smol", "rev2", "choice", 3, read_version=VERSION)) is None
     )  # another revision: nothing applies
     newer = store.add_calibration(KEY, temperature=1.1, n=80, source="feedback")
     assert store.lookup(KEY) == newer and store.calibrations() == [by_type, by_count, newer]
 
 
-def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(open_store, location):
-    store = open_store()
-    fitted = store.add_calibration(KEY, temperature=1.7, n=60, source="labels", heldout_ece_after=0.05)
+def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(new_store, location):
+    store = new_store()
+    fitted = store.add_calibration(KEY, temperature=1.7, n=60, source="examples", heldout_ece_after=0.05)
     store.add_decisions([decision("d1"), decision("d2")])
     abstained = DecisionRecord(
         "d3",
@@ -142,20 +134,20 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(open_store, 
         ["true", "false"],
         [0.5, 0.5],
         informative=False,
-        prompt_version=VERSION,
+        read_version=VERSION,
     )
     store.add_decisions([abstained])
     assert store.add_feedback("d1", "b") < store.add_feedback("d2", "c")
     store.close()
-    reopened = open_store()
+    reopened = new_store()
     assert reopened.lookup(KEY) == fitted and reopened.calibrations() == [fitted]
     assert reopened.decision("d1") == decision("d1") and reopened.decision("d3") == abstained
     assert reopened.decision("nope") is None
-    assert reopened.labelled(KEY) == [([0.5, 0.3, 0.2], 1), ([0.5, 0.3, 0.2], 2)]
+    assert reopened.gold_rows(KEY) == [([0.5, 0.3, 0.2], 1), ([0.5, 0.3, 0.2], 2)]
 
 
-def test_writes_are_durable_at_commit(open_store, location):
-    open_store()
+def test_writes_are_durable_at_commit(new_store, location):
+    new_store()
     if location.startswith("postgresql://"):
         settings = dict(
             query(
@@ -172,11 +164,11 @@ def test_writes_are_durable_at_commit(open_store, location):
         )  # FULL: durable at commit, not only on a clean exit
 
 
-def test_fits_by_another_process_are_seen_without_a_restart(open_store):
-    serving, other = open_store(), open_store()  # two replicas of the service on one store
+def test_fits_by_another_process_are_seen_without_a_restart(new_store):
+    serving, other = new_store(), new_store()  # two replicas of the service on one store
     assert serving.lookup(KEY) is None
     stored = time.monotonic()
-    fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")
+    fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="examples")
     eventually(lambda: serving.lookup(KEY) == fitted)
     print(f"pickup {1000 * (time.monotonic() - stored):.1f} ms")
     refit = other.add_calibration(KEY, temperature=1.4, n=70, source="feedback")
@@ -184,18 +176,18 @@ def test_fits_by_another_process_are_seen_without_a_restart(open_store):
     assert serving.calibrations() == [refit]
 
 
-def test_migrations_are_recorded_once(open_store, location):
-    first = open_store()
+def test_migrations_are_recorded_once(new_store, location):
+    first = new_store()
     latest = first.schema_version()
     versions = query(location, "SELECT version FROM schema_migrations ORDER BY version")
     assert [v for (v,) in versions] == list(range(1, latest + 1))
-    second = open_store()
+    second = new_store()
     assert second.schema_version() == latest
     assert query(location, "SELECT count(*) FROM schema_migrations") == [(latest,)]
 
 
-def test_a_store_from_a_newer_version_is_refused(open_store, location):
-    open_store().close()
+def test_a_store_from_a_newer_version_is_refused(new_store, location):
+    new_store().close()
     if location.startswith("postgresql://"):
         with psycopg.connect(location) as db:
             db.execute("INSERT INTO schema_migrations (version, description) VALUES (99, 'from the future')")
@@ -203,7 +195,7 @@ def test_a_store_from_a_newer_version_is_refused(open_store, location):
         with sqlite3.connect(location) as db:
             db.execute("INSERT INTO schema_migrations VALUES (99, 'from the future', 'then')")
     with pytest.raises(SchemaTooNew, match="schema version 99"):
-        CalibrationStore(location)
+        open_store(location)
 
 
 def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
@@ -218,17 +210,17 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     )
     old.commit()
     old.close()
-    store = CalibrationStore(path)
+    store = open_store(path)
     store.add_decisions([decision("d1")])
     store.add_feedback("d0", "c")
     store.add_feedback("d1", "a")
     assert store.decision("d0").informative and store.decision("d1") == decision("d1")
-    assert store.decision("d0").prompt_version == LEGACY_PROMPT_VERSION  # read under the first layout
-    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]  # d1 only: d0's layout is not this one
-    assert store.labelled(replace(KEY, prompt_version=LEGACY_PROMPT_VERSION)) == [([0.5, 0.3, 0.2], 2)]
+    assert store.decision("d0").read_version == LEGACY_READ_VERSION  # read under the first layout
+    assert store.gold_rows(KEY) == [([0.5, 0.3, 0.2], 0)]  # d1 only: d0's layout is not this one
+    assert store.gold_rows(replace(KEY, read_version=LEGACY_READ_VERSION)) == [([0.5, 0.3, 0.2], 2)]
     assert [
         v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")
-    ] == [1, 2, 3, 4]
+    ] == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.integration
@@ -238,14 +230,14 @@ def test_a_postgres_database_at_an_earlier_version_is_brought_up(postgres_url):
         db.execute("INSERT INTO decisions (id, model, revision, question_type, option_count, options, raw_probabilities, informative) "
                    "VALUES ('d0', 'smol', 'rev1', 'choice', 3, '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', true)")  # fmt: skip
     # No polling: only version 2's trigger can tell ``serving`` of the other store's fit in time.
-    serving, other = PostgresStore(postgres_url, poll_s=3600), CalibrationStore(postgres_url)
+    serving, other = PostgresStore(postgres_url, poll_s=3600), open_store(postgres_url)
     try:
         assert serving.schema_version() == SCHEMA_VERSION and serving.decision("d0").options == [
             "a",
             "b",
             "c",
         ]
-        fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="labels")
+        fitted = other.add_calibration(KEY, temperature=1.3, n=50, source="examples")
         eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=5.0)
     finally:
         serving.close()
@@ -254,7 +246,7 @@ def test_a_postgres_database_at_an_earlier_version_is_brought_up(postgres_url):
 
 @pytest.mark.integration
 def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_url):
-    serving, other = PostgresStore(postgres_url, poll_s=0.2), CalibrationStore(postgres_url)
+    serving, other = PostgresStore(postgres_url, poll_s=0.2), open_store(postgres_url)
     try:
         with psycopg.connect(postgres_url, autocommit=True) as admin:
 
@@ -272,7 +264,7 @@ def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_
                     "SELECT pg_terminate_backend(%s)", (pid,)
                 )  # as a network cut or a server restart would
             fitted = other.add_calibration(
-                KEY, temperature=1.3, n=50, source="labels"
+                KEY, temperature=1.3, n=50, source="examples"
             )  # notified to nobody listening
             eventually(lambda: serving.lookup(KEY) == fitted, timeout_s=10.0)
             eventually(lambda: len(listeners()) == 2 and not listeners() & cut)  # both reconnected
@@ -281,8 +273,8 @@ def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_
         other.close()
 
 
-def test_abstentions_are_not_fitted_on(open_store):
-    store = open_store()
+def test_abstentions_are_not_fitted_on(new_store):
+    store = new_store()
     abstained = DecisionRecord(
         "d0",
         KEY.model,
@@ -293,47 +285,47 @@ def test_abstentions_are_not_fitted_on(open_store):
         ["a", "b", "c"],
         [1 / 3] * 3,
         informative=False,
-        prompt_version=VERSION,
+        read_version=VERSION,
     )
     store.add_decisions([abstained, decision("d1")])
     store.add_feedback("d0", "a")
     store.add_feedback("d1", "a")
-    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]
+    assert store.gold_rows(KEY) == [([0.5, 0.3, 0.2], 0)]
 
 
-def test_latest_feedback_for_a_decision_wins(open_store):
-    store = open_store()
+def test_latest_feedback_for_a_decision_wins(new_store):
+    store = new_store()
     store.add_decisions(
         [
             decision("d1"),
             decision("d2"),
-            decision("x", CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", prompt_version=VERSION)),
+            decision("x", CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", read_version=VERSION)),
         ]
     )
     store.add_feedback("d1", "a")
     store.add_feedback("d2", "c")
     store.add_feedback("x", "c")
     store.add_feedback("d1", "b")  # a correction
-    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 2), ([0.5, 0.3, 0.2], 1)]
+    assert store.gold_rows(KEY) == [([0.5, 0.3, 0.2], 2), ([0.5, 0.3, 0.2], 1)]
     assert (
         store.feedback_count(KEY) == 2
-        and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION)) == 3
+        and store.feedback_count(CalibrationKey("smol", "rev1", "choice", 3, read_version=VERSION)) == 3
     )
 
 
-def test_pruning_deletes_old_decisions_without_feedback_only(open_store):
-    store = open_store()
-    store.add_decisions([decision("kept-labelled"), decision("pruned")])
-    store.add_feedback("kept-labelled", "a")
+def test_pruning_deletes_old_decisions_without_feedback_only(new_store):
+    store = new_store()
+    store.add_decisions([decision("kept-with-gold"), decision("pruned")])
+    store.add_feedback("kept-with-gold", "a")
     now = dt.datetime.now(dt.UTC)
     assert store.prune_decisions(now - dt.timedelta(days=1)) == 0  # both are newer than the cutoff
     assert store.prune_decisions(now + dt.timedelta(seconds=1)) == 1
-    assert store.decision("pruned") is None and store.decision("kept-labelled") is not None
-    assert store.labelled(KEY) == [([0.5, 0.3, 0.2], 0)]
+    assert store.decision("pruned") is None and store.decision("kept-with-gold") is not None
+    assert store.gold_rows(KEY) == [([0.5, 0.3, 0.2], 0)]
 
 
-def test_concurrent_writers_lose_nothing(open_store, location):
-    store = open_store()
+def test_concurrent_writers_lose_nothing(new_store, location):
+    store = new_store()
     store.add_decisions([decision(f"d{i}") for i in range(8)])
     errors = []
 
@@ -342,7 +334,7 @@ def test_concurrent_writers_lose_nothing(open_store, location):
             for i in range(50):
                 store.add_feedback(f"d{worker}", "a")
                 if i % 10 == 0:
-                    store.add_calibration(KEY, temperature=1.0 + worker, n=10, source="labels")
+                    store.add_calibration(KEY, temperature=1.0 + worker, n=10, source="examples")
         except Exception as error:  # pragma: no cover - reported below
             errors.append(error)
 
@@ -360,9 +352,10 @@ WRITER = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {root!r})
-    from calibration.store import CalibrationStore, DecisionRecord
-    store = CalibrationStore({location!r})
-    store.add_decisions([DecisionRecord({name!r}, "smol", "rev1", "noul", 2, None, ["true", "false"], [0.6, 0.4], prompt_version="decide-prompt/2")])
+    from calibration.open import open_store
+    from calibration.store import DecisionRecord
+    store = open_store({location!r})
+    store.add_decisions([DecisionRecord({name!r}, "smol", "rev1", "noul", 2, None, ["true", "false"], [0.6, 0.4], read_version="decide-prompt/2")])
     print("ready", flush=True)
     i = 0
     while True:
@@ -414,78 +407,195 @@ def test_every_acknowledged_feedback_survives_a_kill(location):
     for name in names:
         stored = {seq for (seq,) in query(location, f"SELECT seq FROM feedback WHERE decision_id = '{name}'")}
         assert set(acknowledged[name]) <= stored, name
-    CalibrationStore(location).close()  # and it still opens as a store
+    open_store(location).close()  # and it still opens as a store
+
+
+def schema_at(location: str, version: int, *, recorded: bool = True) -> None:
+    """An empty store at schema ``version``, built by the released migrations themselves (never
+    edited, so they are what that opendecide ran); ``recorded=False``: a SQLite file from before
+    ``schema_migrations`` existed."""
+    if location.startswith("postgresql://"):
+        with psycopg.connect(location, autocommit=True) as db:
+            assert migrate(db, target=version) == version
+        return
+    with sqlite3.connect(location) as db:
+        if recorded:
+            db.execute(
+                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)"
+            )
+        for number, description, statements in SQLITE_MIGRATIONS[:version]:
+            for statement in statements:
+                db.execute(statement)
+            if recorded:
+                db.execute("INSERT INTO schema_migrations VALUES (?, ?, 'then')", (number, description))
 
 
 def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
-    """A file the previous store wrote (all tables, informative column, no schema_migrations)."""
-    path = tmp_path / "before.sqlite3"
-    store = CalibrationStore(path)
-    fitted = store.add_calibration(KEY, temperature=1.3, n=50, source="labels")
-    store.add_decisions([decision("d1")])
-    store.add_feedback("d1", "b")
+    """A file the store wrote before it recorded migrations (version 3's columns, no schema_migrations)."""
+    path = str(tmp_path / "before.sqlite3")
+    schema_at(path, 3, recorded=False)
     with sqlite3.connect(path) as db:
-        db.execute("DROP TABLE schema_migrations")
-    reopened = CalibrationStore(path)
-    assert reopened.lookup(KEY) == fitted and reopened.labelled(KEY) == [([0.5, 0.3, 0.2], 1)]
-    assert query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version") == [
+        db.execute(
+            "INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, fitted_at, prompt_version) "
+            "VALUES ('cal_1', 'smol', 'rev1', 'choice', 3, 'support', 1.3, 50, 'examples', '2026-11-01T00:00:00.000000+00:00', ?)",
+            (VERSION,),
+        )
+        db.execute(
+            "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, prompt_version, created_at) "
+            "VALUES ('d1', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', ?, 'then')",
+            (VERSION,),
+        )
+        db.execute("INSERT INTO feedback (decision_id, gold, received_at) VALUES ('d1', 'b', 'then')")
+    reopened = open_store(path)
+    assert reopened.lookup(KEY).id == "cal_1" and reopened.gold_rows(KEY) == [([0.5, 0.3, 0.2], 1)]
+    assert reopened.decision("d1") == decision("d1")
+    assert query(path, "SELECT version, description FROM schema_migrations ORDER BY version") == [
         (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on (found)"),
         (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias (found)"),
         (4, "decisions by key and time, for state_prior refits; calibration mode state_prior"),
+        (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed"),
     ]  # fmt: skip
 
 
 def at_version_2(location: str) -> None:
     """A store as opendecide left it before prompt versions were recorded: schema version 2, one
-    committed temperature fit and one labelled decision, written with that version's columns."""
+    committed temperature fit and one decision with feedback, written with that version's columns."""
+    schema_at(location, 2)
     if location.startswith("postgresql://"):
         with psycopg.connect(location, autocommit=True) as db:
-            assert migrate(db, target=2) == 2
             db.execute("INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, fitted_at) "
-                       "VALUES ('cal_old', 'smol', 'rev1', 'choice', 3, 'support', 1.9, 60, 'labels', now())")  # fmt: skip
+                       "VALUES ('cal_old', 'smol', 'rev1', 'choice', 3, 'support', 1.9, 60, 'examples', now())")  # fmt: skip
             db.execute("INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, informative) "
                        "VALUES ('d0', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', true)")  # fmt: skip
             db.execute("INSERT INTO feedback (decision_id, gold) VALUES ('d0', 'c')")
         return
     with sqlite3.connect(location) as db:
-        db.execute(
-            "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)"
-        )
-        for version, description, statements in SQLITE_MIGRATIONS[:2]:
-            for statement in statements:
-                db.execute(statement)
-            db.execute("INSERT INTO schema_migrations VALUES (?, ?, 'then')", (version, description))
         db.execute("INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, fitted_at) "
-                   "VALUES ('cal_old', 'smol', 'rev1', 'choice', 3, 'support', 1.9, 60, 'labels', '2026-11-01T00:00:00.000000+00:00')")  # fmt: skip
+                   "VALUES ('cal_old', 'smol', 'rev1', 'choice', 3, 'support', 1.9, 60, 'examples', '2026-11-01T00:00:00.000000+00:00')")  # fmt: skip
         db.execute("INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, created_at) "
                    "VALUES ('d0', 'smol', 'rev1', 'choice', 3, 'support', '[\"a\", \"b\", \"c\"]', '[0.5, 0.3, 0.2]', 'then')")  # fmt: skip
         db.execute("INSERT INTO feedback (decision_id, gold, received_at) VALUES ('d0', 'c', 'then')")
 
 
-def test_committed_calibrations_survive_the_prompt_version_migration_and_stop_applying(open_store, location):
+PRIOR_VERSION = "decide-prompt/4+prior"  # a read version with the prior correction's mark
+
+
+def at_version_4(location: str) -> None:
+    """A store as opendecide left it before ``read_version`` and ``uncalibrated_probabilities``
+    (schema version 4: ``prompt_version``, ``raw_probabilities``): a temperature_bias fit on the
+    domain key and a later state_prior fit on the type + count key; a decision with two feedbacks
+    (the second a correction), an abstention with feedback, and a later decision without feedback."""
+    schema_at(location, 4)
+    postgres = location.startswith("postgresql://")
+    mark = "%s" if postgres else "?"
+    calibrations = [
+        (
+            "cal_bias",
+            "support",
+            1.4,
+            "temperature_bias",
+            [0.2, -0.1, -0.1],
+            0.03,
+            "2026-11-01T00:00:00+00:00",
+        ),
+        ("cal_prior", None, 1.0, "state_prior", [0.5, -0.25, -0.25], None, "2026-11-02T00:00:00+00:00"),
+    ]
+    decisions = [
+        ("d0", [0.5, 0.3, 0.2], True, "2026-11-01T00:00:00+00:00"),
+        ("d1", [1 / 3] * 3, False, "2026-11-01T00:00:01+00:00"),
+        ("d2", [0.1, 0.1, 0.8], True, "2026-11-01T00:00:02+00:00"),
+    ]
+    with psycopg.connect(location, autocommit=True) if postgres else sqlite3.connect(location) as db:
+        for id_, domain, temperature, mode, bias, floor, fitted_at in calibrations:
+            db.execute(
+                "INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, fitted_at, "
+                f"prompt_version, mode, bias, heldout_ece_floor) VALUES ('{id_}', 'smol', 'rev1', 'choice', 3, {mark}, {mark}, 40, "
+                f"'examples', {mark}, {mark}, {mark}, {mark}, {mark})",
+                (domain, temperature, fitted_at, PRIOR_VERSION, mode, bias if postgres else json.dumps(bias), floor),
+            )  # fmt: skip
+        for id_, probabilities, informative, created_at in decisions:
+            options, probabilities = (
+                (Jsonb(["a", "b", "c"]), Jsonb(probabilities)) if postgres
+                else (json.dumps(["a", "b", "c"]), json.dumps(probabilities))
+            )  # fmt: skip
+            db.execute(
+                "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, raw_probabilities, "
+                f"informative, prompt_version, created_at) VALUES ('{id_}', 'smol', 'rev1', 'choice', 3, 'support', {mark}, {mark}, "
+                f"{mark}, {mark}, {mark})",
+                (options, probabilities, informative, PRIOR_VERSION, created_at),
+            )  # fmt: skip
+        for decision_id, gold in (("d0", "a"), ("d1", "b"), ("d0", "c")):
+            db.execute(
+                f"INSERT INTO feedback (decision_id, gold, received_at) VALUES ({mark}, {mark}, {mark})",
+                (decision_id, gold, "2026-11-03T00:00:00+00:00"),
+            )
+
+
+def test_a_store_at_version_4_keeps_every_row_under_the_new_column_names(new_store, location):
+    at_version_4(location)
+    counts = {
+        table: query(location, f"SELECT count(*) FROM {table}")
+        for table in ("calibrations", "decisions", "feedback")
+    }
+    store = new_store()
+    assert store.schema_version() == 5
+    assert {table: query(location, f"SELECT count(*) FROM {table}") for table in counts} == counts
+    for table in ("calibrations", "decisions"):
+        if location.startswith("postgresql://"):
+            sql = f"SELECT column_name FROM information_schema.columns WHERE table_name = '{table}'"
+        else:
+            sql = f"SELECT name FROM pragma_table_info('{table}')"
+        names = {name for (name,) in query(location, sql)}
+        assert "read_version" in names and not names & {"prompt_version", "raw_probabilities"}, table
+    key = replace(KEY, read_version=PRIOR_VERSION)
+    by_domain, by_count = store.calibrations()
+    assert (by_domain.id, by_domain.read_version, by_domain.mode, by_domain.bias, by_domain.temperature, by_domain.heldout_ece_floor) == (
+        "cal_bias", PRIOR_VERSION, "temperature_bias", (0.2, -0.1, -0.1), 1.4, 0.03
+    )  # fmt: skip
+    assert (by_count.id, by_count.read_version, by_count.mode, by_count.bias, by_count.domain) == (
+        "cal_prior", PRIOR_VERSION, "state_prior", (0.5, -0.25, -0.25), None
+    )  # fmt: skip
+    assert store.lookup(key) == by_domain and store.lookup(replace(key, domain="elsewhere")) == by_count
+    assert store.lookup(KEY) is None  # the +prior reads' fits stay theirs
+    first = store.decision("d0")
+    assert (first.uncalibrated_probabilities, first.read_version, first.informative) == (
+        [0.5, 0.3, 0.2],
+        PRIOR_VERSION,
+        True,
+    )
+    assert store.decision("d1").informative is False
+    assert store.gold_rows(key) == [([0.5, 0.3, 0.2], 2)]  # d0's correction wins; the abstention is left out
+    assert store.recorded(key) == [(["a", "b", "c"], [0.5, 0.3, 0.2]), (["a", "b", "c"], [0.1, 0.1, 0.8])]
+    store.add_feedback("d2", "c")  # and the renamed columns take new writes
+    store.add_decisions([replace(decision("d3"), read_version=PRIOR_VERSION)])
+    store.add_feedback("d3", "a")
+    assert store.gold_rows(key) == [([0.5, 0.3, 0.2], 2), ([0.1, 0.1, 0.8], 2), ([0.5, 0.3, 0.2], 0)]
+
+
+def test_committed_calibrations_survive_the_prompt_version_migration_and_stop_applying(new_store, location):
     at_version_2(location)
-    store = open_store()
-    legacy_key = replace(KEY, prompt_version=LEGACY_PROMPT_VERSION)
+    store = new_store()
+    legacy_key = replace(KEY, read_version=LEGACY_READ_VERSION)
     (old,) = store.calibrations()
-    assert (old.id, old.temperature, old.prompt_version, old.mode, old.bias) == (
+    assert (old.id, old.temperature, old.read_version, old.mode, old.bias) == (
         "cal_old",
         1.9,
-        LEGACY_PROMPT_VERSION,
+        LEGACY_READ_VERSION,
         "temperature",
         None,
     )
     assert store.lookup(legacy_key) == old  # kept, under the version it was made under
     assert store.lookup(KEY) is None  # and never applied to reads of another layout
-    assert store.labelled(KEY) == [] and store.labelled(legacy_key) == [([0.5, 0.3, 0.2], 2)]
-    new = store.add_calibration(KEY, temperature=1.2, n=50, source="labels")
+    assert store.gold_rows(KEY) == [] and store.gold_rows(legacy_key) == [([0.5, 0.3, 0.2], 2)]
+    new = store.add_calibration(KEY, temperature=1.2, n=50, source="examples")
     assert store.lookup(KEY) == new and store.lookup(legacy_key) == old
     store.close()
-    assert {c.id for c in open_store().calibrations()} == {"cal_old", new.id}
+    assert {c.id for c in new_store().calibrations()} == {"cal_old", new.id}
 
 
-def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_without_feedback(open_store):
-    store = open_store()
-    other = CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", prompt_version=VERSION)
+def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_without_feedback(new_store):
+    store = new_store()
+    other = CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", read_version=VERSION)
     abstained = DecisionRecord(
         "d0",
         KEY.model,
@@ -496,7 +606,7 @@ def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_withou
         ["a", "b", "c"],
         [1 / 3] * 3,
         informative=False,
-        prompt_version=VERSION,
+        read_version=VERSION,
     )
     store.add_decisions([abstained, decision("d1"), decision("x", other)])
     later = DecisionRecord(
@@ -508,7 +618,7 @@ def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_withou
         KEY.domain,
         ["a", "b", "c"],
         [0.1, 0.1, 0.8],
-        prompt_version=VERSION,
+        read_version=VERSION,
     )
     store.add_decisions([later])
     store.add_feedback("d1", "a")
@@ -519,37 +629,37 @@ def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_withou
     ]  # oldest first; the abstention and the other domain left out
     assert store.recorded(KEY, limit=1) == [(options, [0.1, 0.1, 0.8])]  # the latest
     assert (
-        len(store.recorded(CalibrationKey("smol", "rev1", "choice", 3, prompt_version=VERSION))) == 3
+        len(store.recorded(CalibrationKey("smol", "rev1", "choice", 3, read_version=VERSION))) == 3
     )  # any domain
 
 
-def test_a_state_prior_calibration_carries_a_bias(open_store):
-    store = open_store()
+def test_a_state_prior_calibration_carries_a_bias(new_store):
+    store = new_store()
     fitted = store.add_calibration(
         KEY, temperature=1.0, n=40, source="states", mode="state_prior", bias=[0.5, -0.25, -0.25]
     )
-    assert open_store().lookup(KEY) == fitted and fitted.bias == (0.5, -0.25, -0.25)
+    assert new_store().lookup(KEY) == fitted and fitted.bias == (0.5, -0.25, -0.25)
     with pytest.raises(ValueError, match="has a bias"):
         store.add_calibration(KEY, temperature=1.0, n=40, source="states", mode="state_prior")
 
 
-def test_a_temperature_bias_calibration_round_trips(open_store):
-    store = open_store()
+def test_a_temperature_bias_calibration_round_trips(new_store):
+    store = new_store()
     fitted = store.add_calibration(
         KEY,
         temperature=1.5,
         n=50,
-        source="labels",
+        source="examples",
         mode="temperature_bias",
         bias=[0.25, -0.5, 0.25],
         heldout_ece_floor=0.04,
     )
     store.close()
-    again = open_store().lookup(KEY)
+    again = new_store().lookup(KEY)
     assert again == fitted and again.bias == (0.25, -0.5, 0.25) and again.heldout_ece_floor == 0.04
     with pytest.raises(ValueError, match="one value per option"):
-        open_store().add_calibration(
-            KEY, temperature=1.0, n=50, source="labels", mode="temperature_bias", bias=[0.1, -0.1]
+        new_store().add_calibration(
+            KEY, temperature=1.0, n=50, source="examples", mode="temperature_bias", bias=[0.1, -0.1]
         )
     with pytest.raises(ValueError, match="mode is one of"):
-        open_store().add_calibration(KEY, temperature=1.0, n=50, source="labels", mode="platt")
+        new_store().add_calibration(KEY, temperature=1.0, n=50, source="examples", mode="platt")

@@ -142,7 +142,7 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
         fitted["n"],
     )
     # A choice question: served prior-corrected by default, so fitted on corrected reads and applied after the correction.
-    assert used["read_version"] == fitted["prompt_version"] and fitted["prompt_version"].endswith("+prior")
+    assert used["read_version"] == fitted["read_version"] and fitted["read_version"].endswith("+prior")
     raw, prior = answer["x_reading"]["raw_probabilities"], answer["x_reading"]["prior_correction"]["prior"]
     corrected = {o: raw[o] / prior[o] for o in raw}
     corrected = {o: p / sum(corrected.values()) for o, p in corrected.items()}

@@ -41,7 +41,7 @@ def coded(engine) -> Reader:
 
 
 class CountingEngine:
-    """The embedded engine, counting its read_many calls."""
+    """The local engine, counting its read_many calls."""
 
     def __init__(self, engine) -> None:
         self.engine, self.calls = engine, []

@@ -13,10 +13,14 @@ from readers.probabilities import label_probabilities, softmax
 
 
 def reply(
-    logprobs: dict[int, float], mode: ReadMode = ReadMode.TOPK, normalised: bool = False
+    logprobs: dict[int, float], read_mode: ReadMode = ReadMode.TOPK, normalised: bool = False
 ) -> EngineReply:
     return EngineReply(
-        logprobs=logprobs, read_mode=mode, prompt_tokens=10, latency_ms=1.0, normalised_over_labels=normalised
+        logprobs=logprobs,
+        read_mode=read_mode,
+        prompt_tokens=10,
+        latency_ms=1.0,
+        normalised_over_labels=normalised,
     )
 
 
@@ -87,7 +91,7 @@ def test_masked_reads_report_no_label_mass():
 
 
 @pytest.mark.parametrize(
-    "logprobs, mode",
+    "logprobs, read_mode",
     [
         ({}, ReadMode.TOPK),
         ({7: -1.0}, ReadMode.EXACT),  # exact reply missing label 8
@@ -95,6 +99,6 @@ def test_masked_reads_report_no_label_mass():
         ({7: 0.5, 8: -1.0}, ReadMode.EXACT),  # a log-prob above 0 is not a log-prob
     ],
 )
-def test_unusable_replies_are_engine_errors(logprobs, mode):
+def test_unusable_replies_are_engine_errors(logprobs, read_mode):
     with pytest.raises(EngineBadReply):
-        label_probabilities(reply(logprobs, mode), [7, 8])
+        label_probabilities(reply(logprobs, read_mode), [7, 8])

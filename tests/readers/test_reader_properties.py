@@ -36,11 +36,11 @@ option = text.map(str.strip).filter(bool).map(lambda name: name[:30])
 
 @st.composite
 def questions(draw) -> QuestionSpec:
-    kind = draw(st.sampled_from(["noul", "choice", "score"]))
+    question_type = draw(st.sampled_from(["noul", "choice", "score"]))
     instructions = draw(st.one_of(st.none(), text))
-    if kind == "noul":
+    if question_type == "noul":
         return QuestionSpec("noul", instructions or "?", ("true", "false"), (None, None))
-    if kind == "score":
+    if question_type == "score":
         levels = draw(st.lists(text, min_size=2, max_size=5))
         return QuestionSpec("score", instructions, tuple(str(i) for i in range(len(levels))), tuple(levels))
     names = draw(

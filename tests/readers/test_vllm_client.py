@@ -74,13 +74,15 @@ async def connect(fake: FakeVLLM, **options) -> VLLMEngine:
 
 
 @pytest.mark.parametrize(
-    "exact, masked, mode",
+    "exact, masked, read_mode",
     [(True, True, ReadMode.EXACT), (False, True, ReadMode.MASKED), (False, False, ReadMode.TOPK)],
 )
-async def test_probe_picks_the_best_mode_the_server_supports(embedded_model_dir, exact, masked, mode):
+async def test_probe_picks_the_best_read_mode_the_server_supports(
+    embedded_model_dir, exact, masked, read_mode
+):
     engine = await connect(FakeVLLM(embedded_model_dir, exact=exact, masked=masked))
     try:
-        assert engine.capabilities.read_mode is mode
+        assert engine.capabilities.read_mode is read_mode
         assert engine.capabilities.probe["supports"] == {"exact": exact, "masked": masked, "topk": True}
         assert engine.info.revision.startswith("gguf-sha256:")  # the server's folder is the prepared one
         assert engine.info.context_length == 8192
@@ -97,7 +99,7 @@ async def test_probe_finds_the_servers_logprob_cap(embedded_model_dir):
         await engine.aclose()
 
 
-async def test_read_request_shapes_per_mode(embedded_model_dir):
+async def test_read_request_shapes_per_read_mode(embedded_model_dir):
     for exact, masked, extra in [
         (True, True, "logprob_token_ids"),
         (False, True, "structured_outputs"),

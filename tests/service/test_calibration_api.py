@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from calibration.store import CalibrationStore
+from calibration.open import open_store
 from eval.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
 from service.app import create_app
@@ -27,7 +27,7 @@ def examples(n: int) -> list[dict]:
 @pytest.mark.slow  # 60 labelled examples read
 async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engine, tmp_path):
     path = tmp_path / "calibration.sqlite3"
-    async with client_factory(local_engine, store=CalibrationStore(path)) as client:
+    async with client_factory(local_engine, store=open_store(path)) as client:
         fitted = await client.post("/v1/calibrations", json={"examples": examples(60), "seed": 1})
         assert fitted.status_code == 200, fitted.text
         (calibration,) = fitted.json()["calibrations"]
@@ -55,7 +55,7 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     }  # fmt: skip
     # A choice question: fitted on, and applied after, the default prior correction.
     assert (
-        calibration["prompt_version"] == read_version(PROMPT_VERSION, True)
+        calibration["read_version"] == read_version(PROMPT_VERSION, True)
         and calibration["mode"] == "temperature"
         and calibration["heldout_ece_floor"] > 0
     )
@@ -70,7 +70,7 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     )  # Jev's (p_max − 1/2) / (1 − 1/2)
     assert answer["x_reading"]["top_probability"] == pytest.approx(max(expected.values()))
 
-    async with client_factory(local_engine, store=CalibrationStore(path)) as client:
+    async with client_factory(local_engine, store=open_store(path)) as client:
         again = (
             await client.post(
                 "/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}}
@@ -80,7 +80,7 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
 
 
 async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_path):
-    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
+    async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
         answer = (
             await client.post(
                 "/v1/systemone",
@@ -94,7 +94,7 @@ async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_p
 async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, local_engine, tmp_path):
     records = spread(load_sample("sst2"), 12)
     async with client_factory(
-        local_engine, store=CalibrationStore(tmp_path / "c.sqlite3"), auto_refit_every=10
+        local_engine, store=open_store(tmp_path / "c.sqlite3"), auto_refit_every=10
     ) as client:
         batch = (
             await client.post(
@@ -127,7 +127,7 @@ async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, lo
 
 
 async def test_too_few_labels_are_refused(client_factory, local_engine, tmp_path):
-    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
+    async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
         response = await client.post("/v1/calibrations", json={"examples": examples(4)})
         bad_gold = await client.post(
             "/v1/calibrations", json={"examples": [{**examples(1)[0], "gold": {"sentiment": "meh"}}]}
@@ -144,4 +144,4 @@ async def test_too_few_labels_are_refused(client_factory, local_engine, tmp_path
 
 def test_refit_policy_is_validated(local_engine, tmp_path):
     with pytest.raises(ValueError):
-        create_app(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3"), auto_refit_every=0)
+        create_app(local_engine, store=open_store(tmp_path / "c.sqlite3"), auto_refit_every=0)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from calibration.bias import CONTENT_FREE_STATES, state_prior_bias
-from calibration.store import LEGACY_PROMPT_VERSION, CalibrationKey, CalibrationStore
+from calibration.open import open_store
+from calibration.store import LEGACY_READ_VERSION, CalibrationKey
 from eval.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION, LabelStyle
 from readers.reader import Reader
@@ -40,7 +41,7 @@ async def ask(client, question=QUESTION) -> dict:
 @pytest.mark.slow  # 24 labelled examples read
 async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_factory, local_engine, tmp_path):
     """Under the default policy a choice fit is made on prior-corrected reads and applied after the correction."""
-    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
+    async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
         fitted = await client.post(
             "/v1/calibrations", json={"examples": examples(24), "mode": "temperature_bias"}
         )
@@ -55,7 +56,7 @@ async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_fact
         and len(calibration["bias"]) == 4
         and sum(calibration["bias"]) == pytest.approx(0, abs=1e-9)
     )
-    assert calibration["prompt_version"] == read_version(PROMPT_VERSION, True)
+    assert calibration["read_version"] == read_version(PROMPT_VERSION, True)
     used = answer["x_reading"]["calibration"]
     assert used["mode"] == "temperature_bias" and used["bias"] == dict(zip(OPTIONS, calibration["bias"]))
     raw = np.array([answer["x_reading"]["raw_probabilities"][o] for o in OPTIONS])
@@ -78,7 +79,7 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
     direct = np.array(
         [(await reader.read(spec, r.text)).label_probabilities.probabilities for r in records[:12]]
     )
-    store = CalibrationStore(tmp_path / "c.sqlite3")
+    store = open_store(tmp_path / "c.sqlite3")
     unlabelled = [{"state": r.text, "questions": {"topic": QUESTION}} for r in records[:12]]
     async with client_factory(
         local_engine, store=store, prior_correction="off"
@@ -127,7 +128,7 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
     )
     recorded = store.recorded(
         CalibrationKey(
-            local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=PROMPT_VERSION
+            local_engine.info.name, local_engine.info.revision, "choice", 4, read_version=PROMPT_VERSION
         )
     )
     assert len(recorded) == 14  # every decision served, none labelled
@@ -140,7 +141,7 @@ async def test_the_prior_correction_divides_out_what_the_model_answers_on_conten
     client_factory, local_engine, tmp_path
 ):
     prior = await content_free_prior(local_engine, ChoiceQuestion.model_validate(QUESTION).to_spec())
-    store = CalibrationStore(tmp_path / "c.sqlite3")
+    store = open_store(tmp_path / "c.sqlite3")
     async with client_factory(local_engine, store=store) as client:  # the default: choice questions
         answer = await ask(client)
         yes_no = await ask(client, NOUL)
@@ -197,7 +198,7 @@ def choice_key(engine, *, corrected: bool) -> CalibrationKey:
         engine.info.revision,
         "choice",
         4,
-        prompt_version=read_version(PROMPT_VERSION, corrected),
+        read_version=read_version(PROMPT_VERSION, corrected),
     )
 
 
@@ -259,13 +260,13 @@ async def test_the_prior_cache_keeps_the_latest_questions_only(local_engine):
 async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(
     client_factory, local_engine, tmp_path
 ):
-    store = CalibrationStore(tmp_path / "c.sqlite3")
+    store = open_store(tmp_path / "c.sqlite3")
     old = CalibrationKey(
-        local_engine.info.name, local_engine.info.revision, "choice", 4, prompt_version=LEGACY_PROMPT_VERSION
+        local_engine.info.name, local_engine.info.revision, "choice", 4, read_version=LEGACY_READ_VERSION
     )
     kept = store.add_calibration(old, temperature=3.0, n=50, source="labels")
     async with client_factory(local_engine, store=store) as client:
         answer = await ask(client)
         listed = (await client.get("/v1/calibrations")).json()["calibrations"]
     assert answer["x_reading"]["calibration"] is None
-    assert [(c["id"], c["prompt_version"]) for c in listed] == [(kept.id, LEGACY_PROMPT_VERSION)]
+    assert [(c["id"], c["read_version"]) for c in listed] == [(kept.id, LEGACY_READ_VERSION)]

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from calibration.store import CalibrationStore
+from calibration.open import open_store
 from readers.engines.base import ReadMode
 from service.app import create_app
 from tests.service.conftest import RUN_SUMMARIES, favour_first, function_engine
@@ -43,7 +43,7 @@ def error_shape(ctx, response, case) -> bool | None:
 
 def test_generated_requests_never_get_a_5xx(local_engine, tmp_path):
     engine = function_engine(local_engine, favour_first, ReadMode.EXACT)
-    app = create_app(engine, store=CalibrationStore(tmp_path / "fuzz.sqlite3"), api_keys=[KEY])
+    app = create_app(engine, store=open_store(tmp_path / "fuzz.sqlite3"), api_keys=[KEY])
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     statuses: collections.Counter = collections.Counter()
     started = time.monotonic()

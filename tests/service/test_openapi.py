@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from openapi_spec_validator import validate
 
-from calibration.store import CalibrationStore
+from calibration.open import open_store
 from service.app import create_app
 
 
 @pytest.fixture(scope="module")
 def document(tmp_path_factory):
-    store = CalibrationStore(tmp_path_factory.mktemp("openapi") / "c.sqlite3")
+    store = open_store(tmp_path_factory.mktemp("openapi") / "c.sqlite3")
 
     async def never():  # the document does not depend on the engine
         raise AssertionError("not opened")

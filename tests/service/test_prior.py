@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from calibration.store import CalibrationKey, CalibrationStore
+from calibration.open import open_store
+from calibration.store import CalibrationKey
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader
@@ -43,7 +44,7 @@ async def test_a_read_that_used_the_floor_is_answered_raw_under_the_raw_key(
 ):
     """A floored label's probability is that read's floor; divided by a prior from other reads it could
     win without ever being returned, so such a read is not corrected and is keyed as raw."""
-    store = CalibrationStore(tmp_path / "c.sqlite3")
+    store = open_store(tmp_path / "c.sqlite3")
     async with client_factory(returning(local_engine, "Refund"), store=store) as client:
         floored = (
             await client.post("/v1/systemone", json={"state": "Refund me now.", "questions": {"t": TONE}})
@@ -57,7 +58,7 @@ async def test_a_read_that_used_the_floor_is_answered_raw_under_the_raw_key(
     info = local_engine.info
     keys = {
         corrected: CalibrationKey(
-            info.name, info.revision, "choice", 3, prompt_version=read_version(PROMPT_VERSION, corrected)
+            info.name, info.revision, "choice", 3, read_version=read_version(PROMPT_VERSION, corrected)
         )
         for corrected in (False, True)
     }

@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from calibration.store import CalibrationStore
+from calibration.open import open_store
 from service.retention import prune_periodically
 
 VERSION = "decide-prompt/2"
@@ -26,12 +26,16 @@ async def test_records_hold_probabilities_and_ids_not_the_request_text(
 ):
     path = tmp_path / "store.sqlite3"
     body = {"state": STATE, "questions": {"double": {"type": "noul", "instructions": INSTRUCTIONS}}}
-    async with client_factory(local_engine, store=CalibrationStore(path), api_keys=[KEY]) as client:
+    async with client_factory(local_engine, store=open_store(path), api_keys=[KEY]) as client:
         answer = (
             await client.post("/v1/systemone", json=body, headers={"authorization": f"Bearer {KEY}"})
         ).json()
     decision_id = answer["answers"]["double"]["x_reading"]["decision_id"]
-    row = sqlite3.connect(path).execute("SELECT id, options, raw_probabilities FROM decisions").fetchone()
+    row = (
+        sqlite3.connect(path)
+        .execute("SELECT id, options, uncalibrated_probabilities FROM decisions")
+        .fetchone()
+    )
     assert row[0] == decision_id and row[1] == '["true", "false"]'
     dump = b"".join(line.encode() for line in sqlite3.connect(path).iterdump())
     for secret in ("jane@example.com", "4242", "88123", INSTRUCTIONS, KEY):
@@ -41,10 +45,10 @@ async def test_records_hold_probabilities_and_ids_not_the_request_text(
 def test_prune_deletes_old_unlabelled_records_only(tmp_path):
     from calibration.store import DecisionRecord
 
-    store = CalibrationStore(tmp_path / "store.sqlite3")
+    store = open_store(tmp_path / "store.sqlite3")
     records = [
         DecisionRecord(
-            f"dec_{i}", "m", "r", "noul", 2, None, ["true", "false"], [0.6, 0.4], True, prompt_version=VERSION
+            f"dec_{i}", "m", "r", "noul", 2, None, ["true", "false"], [0.6, 0.4], True, read_version=VERSION
         )
         for i in range(3)
     ]
@@ -59,7 +63,7 @@ def test_prune_deletes_old_unlabelled_records_only(tmp_path):
 async def test_pruning_runs_at_once_and_refuses_zero_retention(tmp_path):
     from calibration.store import DecisionRecord
 
-    store = CalibrationStore(tmp_path / "store.sqlite3")
+    store = open_store(tmp_path / "store.sqlite3")
     store.add_decisions(
         [
             DecisionRecord(
@@ -72,7 +76,7 @@ async def test_pruning_runs_at_once_and_refuses_zero_retention(tmp_path):
                 ["true", "false"],
                 [0.5, 0.5],
                 True,
-                prompt_version=VERSION,
+                read_version=VERSION,
             )
         ]
     )
