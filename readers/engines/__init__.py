@@ -61,7 +61,8 @@ async def open_engine(
             batching=batching or LocalBatching(),
         )
     if kind == "vllm":
-        from readers.engines.routed import RoutedEngine, parse_engine_urls
+        from readers.engines.addresses import parse_engine_urls
+        from readers.engines.routed import RoutedEngine
         from readers.engines.vllm import VLLMEngine
 
         if not url:
