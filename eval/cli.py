@@ -398,7 +398,8 @@ def eval_suite(
     if data is None or out is None:
         raise typer.BadParameter("give --data and --out (or a subcommand)")
     from eval.manifest import Images, RunRefused
-    from eval.suite import score_suite_with_engine, suite_table
+    from eval.suite import score_suite_with_engine
+    from eval.suite_table import suite_table
 
     try:
         report = asyncio.run(
@@ -418,7 +419,7 @@ def eval_suite_build(
     out: Annotated[Path, typer.Option(help="directory to write <task>/all.jsonl and manifest.json")],
 ) -> None:
     """Write the shipped task samples as a Nimble-format suite (one subset per task)."""
-    from eval.suite import build_from_tasks
+    from eval.suite_records import build_from_tasks
 
     for subset, digest in build_from_tasks(out).items():
         typer.echo(f"{subset}: {digest}")
