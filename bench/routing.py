@@ -58,7 +58,8 @@ from eval.sweep import long_states
 from eval.tasks import TASKS, load_sample
 from readers.embedded import prepare_embedded_model
 from readers.engines.base import ReadMode, ReadRequest
-from readers.engines.routed import ROUTINGS, RoutedEngine
+from readers.engines.routed import RoutedEngine
+from readers.engines.routing import ROUTINGS
 
 SERVED_NAME = "smollm2-135m-instruct"
 SYSTEM = "You read a document and answer one question about it. Reply with exactly one word: Yes or No."

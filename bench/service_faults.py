@@ -39,6 +39,7 @@ from deploy.vllm_cpu import ServerSpec, install, session_members, start, status,
 from eval.load import machine_info, run_load
 from readers.embedded import prepare_embedded_model
 from readers.engines import open_engine
+from readers.engines.base import DEFAULT_TIMEOUT_S
 from readers.engines.vllm import VLLMEngine
 from service.app import create_app
 
@@ -160,7 +161,7 @@ if __name__ == "__main__":
         help="requests/s, paced (default: as fast as the concurrency allows)",
     )
     parser.add_argument("--client-timeout", type=float, default=60.0)
-    parser.add_argument("--engine-timeout", type=float, default=30.0)
+    parser.add_argument("--engine-timeout", type=float, default=DEFAULT_TIMEOUT_S)
     parser.add_argument(
         "--kill-at", type=float, default=None, help="vllm only: seconds into the run to kill the engine"
     )

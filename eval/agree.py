@@ -151,9 +151,14 @@ async def run_agreement(
     images: Images | None = None,
 ) -> list[Agreement]:
     """Read the same records through engines ``a_spec`` and ``b_spec`` (side a from ``reuse_a``'s
-    run when given); with ``out``, write the evidence and the report there."""
+    run when given); with ``out``, write the evidence and the report there.
+
+    ValueError naming ``--reuse-a`` when it comes without ``--out``, before anything is read."""
     from readers.engines import open_engine_spec
     from readers.reader import Reader
+
+    if reuse_a is not None and out is None:
+        raise ValueError("--reuse-a needs --out: the run's manifest is what points at the reused reads")
 
     args = {
         "a": a_spec, "b": b_spec, "tasks": list(tasks), "limit": limit, "reversed": reversed_variants,
@@ -164,8 +169,6 @@ async def run_agreement(
         task = TASKS[task_name]
         for variant in task.variants if reversed_variants else ("original",):
             jobs += [task.read_job(record, variant) for record in spread(load_sample(task_name), limit)]
-    if reuse_a is not None and out is None:
-        raise ValueError("reuse_a needs out: the run's manifest is what points at the reused reads")
     reads = {"a": out / "a.jsonl" if out else None, "b": out / "b.jsonl" if out else None}
     described = {}
     if reuse_a is not None:

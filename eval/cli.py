@@ -67,10 +67,6 @@ def eval_agree(
     from eval.agree import agreement_table, run_agreement
     from eval.manifest import Images, RunRefused
 
-    if reuse_a is not None and out is None:
-        raise typer.BadParameter(
-            "needs --out: the run's manifest points at the reused reads", param_hint="--reuse-a"
-        )
     try:
         rows = asyncio.run(
             run_agreement(
@@ -80,6 +76,8 @@ def eval_agree(
         )  # fmt: skip
     except RunRefused as error:
         raise typer.BadParameter(str(error), param_hint="--reuse-a") from None
+    except ValueError as error:  # --reuse-a without --out, or an engine spec that does not parse
+        raise typer.BadParameter(str(error)) from None
     typer.echo(agreement_table(rows, a, b))
 
 
@@ -169,8 +167,6 @@ def cost(
         write_cost,
     )
 
-    if not 0 < utilisation <= 1:
-        raise typer.BadParameter("must be in (0, 1]", param_hint="--utilisation")
     try:
         overrides = price_overrides(price, chip=chip)
     except ValueError as exc:
@@ -192,7 +188,10 @@ def cost(
         raise typer.BadParameter(str(exc), param_hint="RUNS / --chip") from None
     if quoted:
         throughputs += quoted_v6e_throughputs()
-    rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
+    try:
+        rows = cost_rows(throughputs, price_rows, jev, utilisation=utilisation)
+    except ValueError as exc:  # --utilisation out of (0, 1]
+        raise typer.BadParameter(str(exc)) from None
     unmeasured = break_even_rows(rows, price_rows, utilisation=utilisation)
     if out:
         write_cost(out, rows, unmeasured)
@@ -238,57 +237,17 @@ def survey(
     ] = [],  # noqa: B006
 ) -> None:
     """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
-    from eval.kv_log import measured_capacity
-    from eval.survey import (
-        CHIP_TOTAL_GIB,
-        CHIPS,
-        KV_CACHE_DTYPES,
-        VLLM_DTYPES,
-        measured_table,
-        measurement_mismatch,
-        survey_models,
-        survey_table,
-    )
+    from eval.survey import measured_table, survey_models, survey_table
 
-    if chip not in CHIPS:
-        raise typer.BadParameter(f"choose one of {', '.join(CHIPS)}", param_hint="--chip")
-    if kv_cache_gib is not None and kv_cache_gib <= 0:
-        raise typer.BadParameter("must be above 0", param_hint="--kv-cache-gib")
-    if CHIP_TOTAL_GIB[chip] is None and kv_cache_gib is None:
-        raise typer.BadParameter(
-            f"{chip} has no fixed memory: give the KV pool the server is started with",
-            param_hint="--kv-cache-gib",
-        )
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise typer.BadParameter("must be in (0, 1]", param_hint="--gpu-memory-utilization")
-    if dtype != "auto" and dtype not in VLLM_DTYPES:
-        raise typer.BadParameter(f"choose one of auto, {', '.join(VLLM_DTYPES)}", param_hint="--dtype")
-    if max_model_len <= 0:
-        raise typer.BadParameter("must be above 0", param_hint="--max-model-len")
-    if kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise typer.BadParameter(f"choose one of {', '.join(KV_CACHE_DTYPES)}", param_hint="--kv-cache-dtype")
-    measurements = {}
-    for item in measured:
-        model, sep, path = item.partition("=")
-        if not sep or model not in models:
-            raise typer.BadParameter(
-                f"{item!r} is not MODEL=PATH for one of the models surveyed", param_hint="--measured"
-            )
-        try:
-            measurements[model] = measured_capacity(Path(path))
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--measured") from None
-        if why := measurement_mismatch(measurements[model], chip=chip, max_model_len=max_model_len):
-            raise typer.BadParameter(f"{item}: {why}", param_hint="--measured")
     licences = {name.strip() for name in license.split(",")} if license else None
     try:
         rows, skipped = survey_models(
-            models, metadata=metadata, licences=licences, measurements=measurements, chip=chip, max_model_len=max_model_len,
-            reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib, dtype=VLLM_DTYPES.get(dtype), kv_cache_dtype=kv_cache_dtype,
+            models, chip=chip, metadata=metadata, licences=licences, measured=measured, max_model_len=max_model_len,
+            reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
             memory_utilisation=gpu_memory_utilization,
         )  # fmt: skip
-    except ValueError as exc:  # a model missing from --metadata, or metadata the survey cannot size
-        raise typer.BadParameter(str(exc), param_hint="MODELS / --metadata") from None
+    except ValueError as exc:  # an option out of range, a bad --measured, a model --metadata lacks
+        raise typer.BadParameter(str(exc)) from None
     typer.echo(survey_table(rows))
     if comparison := measured_table(rows):
         typer.echo("Predicted vs measured:\n\n" + comparison)
@@ -399,7 +358,8 @@ def eval_suite(
     if data is None or out is None:
         raise typer.BadParameter("give --data and --out (or a subcommand)")
     from eval.manifest import Images, RunRefused
-    from eval.suite import score_suite_with_engine, suite_table
+    from eval.suite import score_suite_with_engine
+    from eval.suite_table import suite_table
 
     try:
         report = asyncio.run(
@@ -419,7 +379,7 @@ def eval_suite_build(
     out: Annotated[Path, typer.Option(help="directory to write <task>/all.jsonl and manifest.json")],
 ) -> None:
     """Write the shipped task samples as a Nimble-format suite (one subset per task)."""
-    from eval.suite import build_from_tasks
+    from eval.suite_records import build_from_tasks
 
     for subset, digest in build_from_tasks(out).items():
         typer.echo(f"{subset}: {digest}")
@@ -636,39 +596,22 @@ def plan(
     ] = 0.8,
 ) -> None:
     """Chips and service replicas for --rate decisions/s within --p99, per chip, with $/hour, $/million and Jev's cost."""
-    from eval.cost import load_prices
-    from eval.plan import plan_chip, plan_table, read_sweep
+    from eval.plan import plan_fleet, plan_table
 
-    sweeps = {}
-    for item in sweep:
-        chip, sep, run = item.partition("=")
-        if not sep:
-            raise typer.BadParameter(f"{item!r} is not CHIP=RUN", param_hint="--sweep")
-        try:
-            sweeps[chip] = read_sweep(Path(run), chip=chip)
-        except (OSError, ValueError, KeyError) as error:
-            raise typer.BadParameter(f"{item}: {error}", param_hint="--sweep") from None
-    wanted = [name.strip() for name in chips.split(",") if name.strip()] + [
-        chip for chip in sweeps if chip not in chips.split(",")
-    ]
-    price_rows, jev = load_prices(prices)
     try:
-        plans = [
-            plan_chip(sweeps[chip], rate, p99, price_rows, max_utilisation=max_utilisation)
-            for chip in wanted
-            if chip in sweeps
-        ]
-    except ValueError as error:
+        fleet = plan_fleet(
+            rate, p99, sweeps=sweep, chips=chips.split(","), prices=prices, max_utilisation=max_utilisation
+        )
+    except ValueError as error:  # an option out of range, a --sweep that is not CHIP=RUN or not readable
         raise typer.BadParameter(str(error)) from None
-    tokens = next((s.prompt_tokens_median for s in sweeps.values() if s.prompt_tokens_median), None)
     typer.echo(
         plan_table(
-            plans,
+            fleet.plans,
             rate=rate,
             p99_ms=p99,
-            unmeasured=[c for c in wanted if c not in sweeps],
-            jev=jev,
-            prompt_tokens=tokens,
+            unmeasured=fleet.unmeasured,
+            jev=fleet.jev,
+            prompt_tokens=fleet.prompt_tokens,
         )
     )
 

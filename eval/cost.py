@@ -86,8 +86,9 @@ def cost_per_million(usd_per_hour: float, decisions_per_s: float, utilisation: f
     >>> round(cost_per_million(2.97, 274), 2)
     3.01
     """
-    if decisions_per_s <= 0 or not 0 < utilisation <= 1:
-        raise ValueError("decisions/s must be positive and utilisation in (0, 1]")
+    check_utilisation(utilisation)
+    if decisions_per_s <= 0:
+        raise ValueError(f"decisions/s must be positive, got {decisions_per_s:g}")
     return usd_per_hour / 3600 / (decisions_per_s * utilisation) * 1e6
 
 
@@ -205,10 +206,18 @@ def quoted_v6e_throughputs() -> list[Throughput]:
     ]
 
 
+def check_utilisation(utilisation: float) -> None:
+    """``--utilisation``, the share of billed time spent deciding, is in (0, 1]."""
+    if not 0 < utilisation <= 1:
+        raise ValueError(f"--utilisation must be in (0, 1], got {utilisation:g}")
+
+
 def cost_rows(
     throughputs: list[Throughput], prices: list[Price], jev: dict, *, utilisation: float = 1.0
 ) -> list[dict]:
-    """One row per (throughput, price on the same chip), then Jev at each distinct median prompt size."""
+    """One row per (throughput, price on the same chip), then Jev at each distinct median prompt size.
+    ValueError naming ``--utilisation`` unless it is in (0, 1]."""
+    check_utilisation(utilisation)
     rows = []
     for t in throughputs:
         for p in prices:
@@ -230,6 +239,7 @@ def break_even_rows(rows: list[dict], prices: list[Price], *, utilisation: float
     """For price rows on chips with no throughput in ``rows``: the decisions/s each must sustain to
     match the cheapest costed row of the same billing (on-demand with on-demand, spot with spot;
     the cheapest of all where that billing has none), so an unmeasured chip is judged, not costed."""
+    check_utilisation(utilisation)
     billing = {p.name: p.billing for p in prices}
     costed = [r for r in rows if "usd_per_hour" in r]
     measured_chips = {p.chip for p in prices if any(r["price"] == p.name for r in costed)}

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.cost import Price, jev_cost_per_million
+from eval.cost import Price, jev_cost_per_million, load_prices
 
 DEFAULT_MAX_UTILISATION = 0.8
 DEFAULT_MIN_REPLICAS = 2
@@ -139,8 +139,7 @@ def plan_chip(
     min_replicas: int = DEFAULT_MIN_REPLICAS,
 ) -> Plan:
     """The fewest chips of ``sweep.chip`` that carry ``rate`` within ``p99_ms``, and what they cost."""
-    if rate <= 0 or p99_ms <= 0 or not 0 < max_utilisation <= 1:
-        raise ValueError("rate and p99 must be positive and max_utilisation in (0, 1]")
+    check_plan_options(rate, p99_ms, max_utilisation)
     ceiling = sweep.peak_decisions_per_s * max_utilisation
     for chips in range(max(1, math.ceil(rate / ceiling)), MAX_CHIPS + 1):
         per_chip = rate / chips
@@ -167,6 +166,70 @@ def plan_chip(
     )
     note = f"at {per_chip:.1f} decisions/s per chip ({per_chip / sweep.peak_decisions_per_s:.0%} of the measured peak)"
     return Plan(sweep.chip, chips, max(chips, min_replicas), per_chip, p99, note, costs)
+
+
+def check_plan_options(rate: float, p99_ms: float, max_utilisation: float) -> None:
+    """The target and the headroom, each in range; ValueError naming the option that is not."""
+    if rate <= 0:
+        raise ValueError(f"--rate must be above 0 decisions/s, got {rate:g}")
+    if p99_ms <= 0:
+        raise ValueError(f"--p99 must be above 0 ms, got {p99_ms:g}")
+    if not 0 < max_utilisation <= 1:
+        raise ValueError(f"--max-utilisation must be in (0, 1], got {max_utilisation:g}")
+
+
+def read_sweeps(items: Sequence[str]) -> dict[str, Sweep]:
+    """``--sweep CHIP=RUN`` items → chip → its sweep; ValueError naming ``--sweep`` for an item that is
+    not CHIP=RUN or a run without a readable short-state sweep."""
+    sweeps = {}
+    for item in items:
+        chip, sep, run = item.partition("=")
+        if not sep:
+            raise ValueError(f"--sweep {item!r} is not CHIP=RUN")
+        try:
+            sweeps[chip] = read_sweep(Path(run), chip=chip)
+        except (OSError, ValueError, KeyError) as error:
+            raise ValueError(f"--sweep {item}: {error}") from None
+    return sweeps
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """What ``decide plan`` prints: a plan per measured chip, the chips asked for without a sweep, and
+    Jev's price at the sweeps' median prompt size."""
+
+    plans: tuple[Plan, ...]
+    unmeasured: tuple[str, ...]
+    jev: dict
+    prompt_tokens: float | None
+
+
+def plan_fleet(
+    rate: float,
+    p99_ms: float,
+    *,
+    sweeps: Sequence[str] = (),
+    chips: Sequence[str] = (),
+    prices: Path | None = None,
+    max_utilisation: float = DEFAULT_MAX_UTILISATION,
+) -> FleetPlan:
+    """``decide plan``: every chip in ``chips`` or measured by a ``sweeps`` item (CHIP=RUN) planned
+    for ``rate`` within ``p99_ms``, priced from ``prices`` (default: the shipped table).
+
+    The options are checked before any run is read (ValueError naming the option)."""
+    check_plan_options(rate, p99_ms, max_utilisation)
+    measured = read_sweeps(sweeps)
+    wanted = [name.strip() for name in chips if name.strip()] + [
+        chip for chip in measured if chip not in chips
+    ]
+    price_rows, jev = load_prices(prices)
+    plans = tuple(
+        plan_chip(measured[chip], rate, p99_ms, price_rows, max_utilisation=max_utilisation)
+        for chip in wanted
+        if chip in measured
+    )
+    tokens = next((s.prompt_tokens_median for s in measured.values() if s.prompt_tokens_median), None)
+    return FleetPlan(plans, tuple(c for c in wanted if c not in measured), jev, tokens)
 
 
 def plan_table(

@@ -37,9 +37,9 @@ for KV); ``no``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 GIB = 1024**3
 DTYPE_BYTES = {
@@ -325,25 +325,104 @@ def _gib(value: float | None) -> str:
 
 
 def survey_models(
-    models: list[str],
+    models: Sequence[str],
     *,
-    metadata: Path | None,
-    licences: set[str] | None,
-    measurements: dict[str, Any],
-    **options: Any,
+    chip: str,
+    metadata: Path | None = None,
+    licences: set[str] | None = None,
+    measured: Sequence[str] = (),
+    max_model_len: int = 4096,
+    reserve_gib: float = DEFAULT_RESERVE_GIB,
+    kv_cache_gib: float | None = None,
+    dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
+    memory_utilisation: float | None = None,
 ) -> tuple[list[SurveyRow], list[str]]:
-    """Survey each model (offline from ``metadata``, else from the Hub); models whose licence is not in
-    ``licences`` are left out and named. Raises ValueError for a model ``metadata`` lacks."""
+    """``decide survey``: each model on ``chip`` (offline from ``metadata``, else from the Hub); models
+    whose licence is not in ``licences`` are left out and named. ``measured`` holds ``MODEL=PATH``
+    items (a start-up log, or a run that recorded one) set beside the prediction; ``dtype`` is vLLM's
+    ``--dtype`` (``auto``: the config's).
+
+    Every option is checked before any file is read or the Hub is asked: a ValueError names the
+    command's option (``--chip``, ``--measured``, …), or ``--metadata`` for a model it lacks."""
+    check_survey_options(
+        chip=chip, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, dtype=dtype,
+        kv_cache_dtype=kv_cache_dtype, memory_utilisation=memory_utilisation,
+    )  # fmt: skip
+    measurements = measured_capacities(measured, models=models, chip=chip, max_model_len=max_model_len)
     saved = load_metadata(metadata) if metadata else {}
     rows, skipped = [], []
     for model in models:
         meta = saved.get(model) or (None if metadata else fetch_metadata(model))
         if meta is None:
-            raise ValueError(f"{model} is not in {metadata}")
+            raise ValueError(f"--metadata: {model} is not in {metadata}")
         if licences and meta.get("license") not in licences:
             skipped.append(
                 f"{model} (licence {meta.get('license')}{'; its --measured unused' if model in measurements else ''})"
             )
             continue
-        rows.append(survey_model(model, meta, measured=measurements.get(model), **options))
+        rows.append(
+            survey_model(
+                model,
+                meta,
+                chip=chip,
+                max_model_len=max_model_len,
+                reserve_gib=reserve_gib,
+                kv_cache_gib=kv_cache_gib,
+                dtype=VLLM_DTYPES.get(dtype),
+                kv_cache_dtype=kv_cache_dtype,
+                memory_utilisation=memory_utilisation,
+                measured=measurements.get(model),
+            )  # fmt: skip
+        )
     return rows, skipped
+
+
+def check_survey_options(
+    *,
+    chip: str,
+    max_model_len: int,
+    kv_cache_gib: float | None,
+    dtype: str,
+    kv_cache_dtype: str,
+    memory_utilisation: float | None,
+) -> None:
+    """The survey's options, each against its own range; ValueError naming the first that is not."""
+    if chip not in CHIPS:
+        raise ValueError(f"--chip {chip!r}: choose one of {', '.join(CHIPS)}")
+    if kv_cache_gib is not None and kv_cache_gib <= 0:
+        raise ValueError(f"--kv-cache-gib must be above 0, got {kv_cache_gib:g}")
+    if CHIP_TOTAL_GIB[chip] is None and kv_cache_gib is None:
+        raise ValueError(
+            f"--kv-cache-gib: {chip} has no fixed memory: give the KV pool the server is started with"
+        )
+    if memory_utilisation is not None and not 0 < memory_utilisation <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {memory_utilisation:g}")
+    if dtype != "auto" and dtype not in VLLM_DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: choose one of auto, {', '.join(VLLM_DTYPES)}")
+    if max_model_len <= 0:
+        raise ValueError(f"--max-model-len must be above 0, got {max_model_len}")
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+
+
+def measured_capacities(
+    items: Sequence[str], *, models: Sequence[str], chip: str, max_model_len: int
+) -> dict[str, dict]:
+    """``--measured MODEL=PATH`` items → model → ``eval.kv_log.measured_capacity``'s dict; ValueError
+    naming ``--measured`` for an item that is not MODEL=PATH for a surveyed model, a file without a
+    measurement, or one measured on another chip or ``--max-model-len``."""
+    from eval.kv_log import measured_capacity
+
+    measurements = {}
+    for item in items:
+        model, sep, path = item.partition("=")
+        if not sep or model not in models:
+            raise ValueError(f"--measured {item!r} is not MODEL=PATH for one of the models surveyed")
+        try:
+            measurements[model] = measured_capacity(Path(path))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"--measured {item}: {error}") from None
+        if why := measurement_mismatch(measurements[model], chip=chip, max_model_len=max_model_len):
+            raise ValueError(f"--measured {item}: {why}")
+    return measurements

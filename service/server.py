@@ -63,7 +63,7 @@ def check_engine(options: ServeOptions) -> None:
     if options.engine == "vllm" and not options.engine_url:
         raise ServeRefused("--engine vllm needs --engine-url", option="--engine-url")
     if options.engine_url:
-        from readers.engines.routed import parse_engine_urls
+        from readers.engines.addresses import parse_engine_urls
 
         try:
             parse_engine_urls(options.engine_url)

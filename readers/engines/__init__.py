@@ -15,6 +15,7 @@ from pathlib import Path
 from readers.engines.base import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_VLLM_TOP_K,
     Capabilities,
     Engine,
     EngineReply,
@@ -25,7 +26,6 @@ from readers.engines.base import (
 )
 
 ENGINE_KINDS = ("local", "vllm")
-DEFAULT_VLLM_TOP_K = 32
 
 
 async def open_engine(
@@ -63,7 +63,8 @@ async def open_engine(
             batching=batching or LocalBatching(),
         )
     if kind == "vllm":
-        from readers.engines.routed import RoutedEngine, parse_engine_urls
+        from readers.engines.addresses import parse_engine_urls
+        from readers.engines.routed import RoutedEngine
         from readers.engines.vllm import VLLMEngine
 
         if not url:

@@ -129,6 +129,7 @@ class Engine(Protocol):
 # vLLM engine defaults, here so the command line reads them without importing the HTTP client.
 DEFAULT_MAX_IN_FLIGHT = 16  # reads in flight per vLLM server at once (like its --max-num-seqs)
 DEFAULT_TIMEOUT_S = 30.0  # seconds a vLLM engine waits for a reply
+DEFAULT_VLLM_TOP_K = 32  # log-probs a top-k read asks for: what TPU serving returns at most
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from readers.embedded import model_manifest
 from readers.engines.base import (
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_VLLM_TOP_K,
     Capabilities,
     ClosingEngine,
     EngineReply,
@@ -81,7 +82,7 @@ class VLLMEngine(ClosingEngine):
         cls,
         url: str,
         *,
-        top_k: int = 32,
+        top_k: int = DEFAULT_VLLM_TOP_K,
         tokenizer: str | None = None,
         read_mode: ReadMode | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -77,3 +77,24 @@ async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
     assert json.loads((second / "manifest.json").read_text())["engines"]["a"] == manifest["engines"]["a"]
     assert again[0].n == rows[0].n and (second / "b.jsonl").read_text() != ""
     assert mode_rows(second)[0]["n"] == 6 and mode_rows(second)[0]["read_mode"] == "topk"
+
+
+@pytest.mark.anyio
+async def test_reuse_a_without_out_is_refused_by_name_before_any_engine_opens(tmp_path):
+    from eval.agree import run_agreement
+
+    # An engine spec that cannot open: had anything been opened or read first, that error would win.
+    with pytest.raises(ValueError, match="^--reuse-a needs --out"):
+        await run_agreement("nothing", "local", tasks=["irony"], reuse_a=tmp_path)
+
+
+def test_decide_eval_agree_turns_refusals_into_usage_errors(tmp_path):
+    from typer.testing import CliRunner
+
+    from opendecide.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "agree", "--a", "nothing", "--reuse-a", str(tmp_path)])
+    assert result.exit_code == 2 and "--reuse-a needs --out" in result.output
+    # The engine spec's own error is a usage error too, naming the spec.
+    result = CliRunner().invoke(app, ["eval", "agree", "--a", "nothing", "--tasks", "irony"])
+    assert result.exit_code == 2 and "unknown engine 'nothing'" in result.output

@@ -329,3 +329,18 @@ def test_a_load_run_without_its_summary_is_summarised_from_load_jsonl(tmp_path, 
         ValueError, match=r"has no summary.json or load.jsonl \(decide eval load\) and no latency.json"
     ):
         throughput_of_run(run, label="r", chip="cpu")
+
+
+@pytest.mark.parametrize("utilisation", [0.0, -0.5, 1.01])
+def test_cost_rows_name_utilisation_out_of_range_even_with_nothing_to_cost(utilisation):
+    prices, jev = load_prices()
+    for rows in (
+        lambda: cost_rows([], prices, jev, utilisation=utilisation),
+        lambda: cost_rows(
+            [Throughput("e4b", "v6e", 274, 132, "quoted")], prices, jev, utilisation=utilisation
+        ),
+        lambda: break_even_rows([], prices, utilisation=utilisation),
+    ):
+        with pytest.raises(ValueError, match=r"^--utilisation must be in \(0, 1\]"):
+            rows()
+    assert cost_rows([], prices, jev, utilisation=1.0) == []

@@ -13,6 +13,7 @@ from eval.plan import (
     Sweep,
     closed_loop_p99_ms,
     plan_chip,
+    plan_fleet,
     plan_table,
     predicted_p99_ms,
     read_sweep,
@@ -116,3 +117,35 @@ def test_decide_plan_sizes_a_measured_chip_and_refuses_a_malformed_sweep(tmp_pat
     assert "| l4 | 5 | 5 | 255 |" in result.output and "not sized: v6e" in result.output
     bad = CliRunner().invoke(app, ["plan", "--rate", "1", "--p99", "300", "--sweep", "l4"])
     assert bad.exit_code == 2 and "is not CHIP=RUN" in bad.output
+
+
+@pytest.mark.parametrize(
+    "target, options, named",
+    [
+        ((0, 300), {}, "--rate"),
+        ((10, -1), {}, "--p99"),
+        ((10, 300), {"max_utilisation": 0}, "--max-utilisation"),
+        ((10, 300), {"max_utilisation": 1.2}, "--max-utilisation"),
+        ((10, 300), {"sweeps": ["l4"]}, "--sweep 'l4' is not CHIP=RUN"),
+    ],
+)
+def test_plan_fleet_names_the_option_it_refuses(target, options, named, tmp_path):
+    # A --sweep run that does not exist: range errors come before any run is read.
+    sweeps = options.pop("sweeps", [f"l4={tmp_path / 'absent'}"])
+    with pytest.raises(ValueError) as caught:
+        plan_fleet(*target, sweeps=sweeps, chips=["l4"], **options)
+    assert str(caught.value).startswith(named), caught.value
+
+
+def test_plan_fleet_names_an_unreadable_sweep_and_plans_a_readable_one(tmp_path):
+    with pytest.raises(ValueError, match=r"^--sweep l4=.*absent"):
+        plan_fleet(10, 300, sweeps=[f"l4={tmp_path / 'absent'}"])
+    summary = [
+        {"shape": "short", "concurrency": c, "decisions_per_s": x, "p99_ms": p, "prompt_tokens_median": 60}
+        for c, x, p in [(1, 10.0, 100.0), (8, 40.0, 400.0)]
+    ]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    fleet = plan_fleet(64, 300, sweeps=[f"l4={tmp_path}"], chips=["l4", "v6e"])
+    prices, _ = load_prices()
+    assert fleet.plans == (plan_chip(read_sweep(tmp_path, chip="l4"), 64, 300, prices),)
+    assert fleet.plans[0].chips == 5 and fleet.unmeasured == ("v6e",) and fleet.prompt_tokens == 60

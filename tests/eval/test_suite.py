@@ -7,15 +7,11 @@ import json
 import pytest
 
 from eval.manifest import RunRefused
-from eval.suite import (
-    build_from_tasks,
-    jev_minus_arm,
-    load_suite,
-    run_suite,
-    score_suite,
-    score_suite_with_engine,
-    suite_table,
-)
+from eval.suite import run_suite, score_suite_with_engine
+from eval.suite_records import build_from_tasks, load_suite
+from eval.suite_score import jev_minus_arm, score_suite
+from eval.suite_table import suite_table
+from eval.tasks import TASKS
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +28,19 @@ def test_build_and_verify(tmp_path):
     (tmp_path / "sst2" / "all.jsonl").write_bytes((tmp_path / "sst2" / "all.jsonl").read_bytes() + b"\n")
     with pytest.raises(RunRefused, match="sha256"):
         load_suite(tmp_path)
+
+
+def test_decide_eval_suite_build_from_tasks_prints_each_subsets_sha256(tmp_path):
+    from typer.testing import CliRunner
+
+    from opendecide.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "suite", "build-from-tasks", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    _, checks = load_suite(tmp_path)
+    assert result.output == "".join(f"{subset}: {checks[subset]['sha256']}\n" for subset in TASKS)
+    refused = CliRunner().invoke(app, ["eval", "suite", "--data", str(tmp_path)])
+    assert refused.exit_code == 2 and "give --data and --out" in refused.output
 
 
 def test_jev_minus_arm_hand_computed():

