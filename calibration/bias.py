@@ -16,7 +16,7 @@ question and per prompt version; measuring it (reading the states) is the caller
 model's label probabilities on the caller's own states of the question (examples without gold answers,
 or the decisions already served). In-domain states carry the bias the task's text induces, which content-free
 states can miss (on AG News under decide-prompt/3 the question leaned to one option on real articles,
-not on "N/A"; docs/reads.md).
+not on "N/A"; docs/prompts-and-labels.md).
 It assumes the options are about equally frequent among those states: on a task whose gold answers are
 skewed it pulls answers towards the rare options. Stored in the form ``temperature_bias`` has, with
 T = 1 and b = −log q (centred), so it is applied, listed and refitted like any stored fit.

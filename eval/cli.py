@@ -473,7 +473,8 @@ def eval_calibration_modes(
     ] = "local",
     engine_url: EngineUrlOption = None,
     prior: Annotated[
-        bool, typer.Option("--prior/--no-prior", help="measure and evaluate the label-free prior correction")
+        bool,
+        typer.Option("--prior/--no-prior", help="measure and evaluate the content-free prior correction"),
     ] = True,
     labels: Annotated[int, typer.Option(help="gold answers each split fits on")] = 50,
     held_out: Annotated[int, typer.Option(help="records each split scores")] = 100,

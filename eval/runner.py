@@ -73,7 +73,7 @@ async def run_tasks(
     """Run (or resume) the evidence for ``tasks`` into ``out``; returns the final manifest.
     ``label_styles``: the reader's label-style preference order (default: the layout's);
     ``prompt_version``: the layout to read under (an earlier one only to compare layouts);
-    ``prior_correction``: which questions' answers get the label-free prior, as ``decide serve``'s
+    ``prior_correction``: which questions' answers get the content-free prior, as ``decide serve``'s
     option (rows record the answer and, in ``reading.raw_probabilities``, the model's own read)."""
     out.mkdir(parents=True, exist_ok=True)
     prior_correction = PriorCorrection(prior_correction)

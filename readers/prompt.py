@@ -171,7 +171,7 @@ def build_prompt(
 
     Named options (``words``, ``first_tokens``, ``trie``; yes/no for noul) are not listed: the
     question and "Answer with one word." read best on SmolLM2-135M with the state first
-    (docs/reads.md), and the reads are over the options anyway. Options with descriptions get one
+    (docs/prompts-and-labels.md), and the reads are over the options anyway. Options with descriptions get one
     line each, in canonical order. Codes must be listed to mean anything (caller order); score
     levels are listed in order.
     """
@@ -243,7 +243,7 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
         PromptLayout("decide-prompt/1", build_question_first, (LabelStyle.WORDS, LabelStyle.CODES)),
         PromptLayout("decide-prompt/3", build_prompt),
         # decide-prompt/3's text, the answer read after "Answer:" in the assistant turn: on the
-        # embedded model the lead moved AG News 25.7 → 42.3% and emotion 24.3 → 38.3% (docs/reads.md).
+        # embedded model the lead moved AG News 25.7 → 42.3% and emotion 24.3 → 38.3% (docs/prompts-and-labels.md).
         PromptLayout("decide-prompt/4", build_prompt, answer_lead=ANSWER_LEAD),
     )
 }

@@ -86,9 +86,9 @@ def create_app(
     ``auto_refit_every`` refits a key from its feedback every N gold answers. ``images`` names the
     serving images, reported in every answer's provenance. ``api_keys`` turns authentication on
     (None: off); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
-    prompt tokens in flight and queued. ``retention`` deletes unlabelled decision records older
+    prompt tokens in flight and queued. ``retention`` deletes decision records without gold answers older
     than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
-    that no stored calibration covers get their label-free option prior divided out
+    that no stored calibration covers get their content-free option prior divided out
     (``service/pipeline/prior.py``; default choice questions).
     """
     if auto_refit_every is not None and auto_refit_every < 1:

@@ -119,7 +119,8 @@ def serve(
         int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")
     ] = DEFAULT.admission.request_cost,
     retention_days: Annotated[
-        float | None, typer.Option(help="delete unlabelled decision records older than this (default: keep)")
+        float | None,
+        typer.Option(help="delete decision records without gold answers older than this (default: keep)"),
     ] = None,
     prior_correction: PriorCorrectionOption = DEFAULT.prior_correction,
 ) -> None:

@@ -77,7 +77,7 @@ class ServiceMetrics:
         )
         self.prior_corrected = Counter(
             "decide_prior_corrected_answers",
-            "Answers whose read had the label-free option prior divided out",
+            "Answers whose read had the content-free option prior divided out",
             registry=r,
         )
         self.abstentions = Counter(
@@ -96,7 +96,7 @@ class ServiceMetrics:
             registry=r, multiprocess_mode="max",
         )  # fmt: skip
 
-        # Per engine behind a routed engine (readers/engines/routed.py), labelled by its host:port.
+        # Per engine behind a routed engine (readers/engines/routed.py), one series per host:port.
         self.route_in_flight = Gauge(
             "decide_route_in_flight_reads",
             "Reads in flight per routed engine",

@@ -1,8 +1,8 @@
-"""Retention: decision records older than the retention period, never labelled, are deleted.
+"""Retention: decision records older than the retention period, never given a gold answer, are deleted.
 
 A decision record holds ids, the model, the question type, the option names and the raw
 probabilities; never the state, instructions or descriptions. Records that got feedback stay: they
-are the calibration's labelled data.
+are the calibration's gold answers.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def prune_periodically(
         pruned = await asyncio.to_thread(store.prune_decisions, cutoff)
         if pruned:
             logger.info(
-                "retention: deleted %d unlabelled decision records older than %s",
+                "retention: deleted %d decision records without gold answers older than %s",
                 pruned,
                 cutoff.isoformat(timespec="seconds"),
             )

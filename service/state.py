@@ -5,7 +5,7 @@ engine_error  why the engine is not open yet, for the 503's message
 store         the calibration store, or None (no calibration routes, nothing recorded)
 metrics       the app's ServiceMetrics
 images        the serving images (engine, service), reported in every answer's provenance
-priors        the label-free option priors (service.pipeline.prior.OptionPriors), or None (no prior correction)
+priors        the content-free option priors (service.pipeline.prior.OptionPriors), or None (no prior correction)
 """
 
 from __future__ import annotations

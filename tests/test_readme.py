@@ -270,8 +270,7 @@ def test_a_stale_example_is_caught():
     assert differences({}, {"labels": {"true": " Yes"}}) == [".labels: returned, not shown"]
 
 
-# docs/architecture.md is left out until its links name the renamed docs (prompts-and-labels.md).
-LINKED = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "architecture.md")]
+LINKED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\((?!https?:|mailto:)(?P<target>[^)\s]+)\)")
 
 

@@ -1,4 +1,4 @@
-"""docs/calibration.md's walk-through: 60 SST-2 reviews from eval/data as labelled examples.
+"""docs/calibration.md's walk-through: 60 SST-2 reviews from eval/data as examples with gold answers.
 
     make serve            # in one shell
     .venv/bin/python docs/examples/calibrate_sst2.py [--url http://127.0.0.1:8000]

@@ -47,7 +47,7 @@ async def decide(
 ) -> SystemOneResponse:
     """Read every question of ``request``, apply calibrations, record the decisions, respond.
 
-    With ``priors``, the reads of the questions their policy covers have the label-free prior
+    With ``priors``, the reads of the questions their policy covers have the content-free prior
     divided out before any stored calibration applies."""
     response, decisions = await _decide(
         request, reader, request_id=request_id, store=store, images=images, priors=priors

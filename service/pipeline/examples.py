@@ -1,4 +1,4 @@
-"""Fitting from labelled examples (``POST /v1/calibrations``): read each example, then fit and store.
+"""Fitting from examples with gold answers (``POST /v1/calibrations``): read each example, then fit and store.
 
 Examples carry gold answers, except for ``state_prior``, which fits on the states alone (gold answers
 given with it are used only to report held-out scores).
@@ -76,7 +76,9 @@ async def fit_from_examples(
             ", ".join(f"{k.question_type} with {k.option_count} options: {n}" for k, n in short.items())
             or "none"
         )
-        what = "readable decisions" if request.mode == "state_prior" else "readable labelled decisions"
+        what = (
+            "readable decisions" if request.mode == "state_prior" else "readable decisions with gold answers"
+        )
         raise InvalidQuestion(
             f"each question type and option count needs at least {MIN_GOLD} {what} ({described})",
             loc=("body", "examples"),

@@ -1,4 +1,4 @@
-"""The label-free prior correction, served: each question's option prior, measured once and cached.
+"""The content-free prior correction, served: each question's option prior, measured once and cached.
 
 A question's prior is what the model answers it with on content-free states
 (``calibration.bias.CONTENT_FREE_STATES``), read through the same reader, so the same prompt layout,
@@ -13,7 +13,7 @@ caller picked, and how readily a model writes a name ("Sports" against "Sci/Tech
 the state: on development records (never the shipped samples) the correction lifted the embedded
 model's AG News reads 46.5 → 64.0% and SST-2 63.0 → 67.5%, emotion stayed 46.0 → 45.0%; a yes/no
 question always reads "Yes" against "No", and there dividing the model's lean out cost irony 60.5 →
-46.0% (docs/reads.md, evidence/reads/dev-layouts-200.txt).
+46.0% (docs/prompts-and-labels.md, evidence/reads/dev-layouts-200.txt).
 
 Applied (``decide.py``) before any stored calibration: a fit for a question the policy covers is
 made on corrected reads and applied after the correction (its key's version is marked ``+prior``,
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 
 class PriorCorrection(enum.StrEnum):
-    """Which questions' reads get the label-free prior correction."""
+    """Which questions' reads get the content-free prior correction."""
 
     OFF = "off"
     CHOICE = "choice"  # choice questions: options named by the caller

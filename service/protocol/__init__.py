@@ -23,12 +23,12 @@ from service.protocol.answers import (
 )
 from service.protocol.base import BodyModel, Content, RequestModel, ResponseModel
 from service.protocol.calibrations import (
+    CalibrationExample,
     CalibrationList,
     CalibrationOut,
     CalibrationRequest,
     FeedbackRequest,
     FeedbackResponse,
-    LabelledExample,
     RefitRequest,
 )
 from service.protocol.models import (
@@ -69,6 +69,7 @@ __all__ = [
     "BatchResponse",
     "BatchResult",
     "BodyModel",
+    "CalibrationExample",
     "CalibrationList",
     "CalibrationOut",
     "CalibrationRequest",
@@ -80,7 +81,6 @@ __all__ = [
     "ErrorResponse",
     "FeedbackRequest",
     "FeedbackResponse",
-    "LabelledExample",
     "ModelCard",
     "ModelList",
     "NoulAnswer",

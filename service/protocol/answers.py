@@ -17,7 +17,7 @@ from service.protocol.base import Content, ResponseModel
 
 
 class PriorUsed(ResponseModel):
-    """The label-free prior correction applied to an answer's read (``raw_probabilities`` are before it)."""
+    """The content-free prior correction applied to an answer's read (``raw_probabilities`` are before it)."""
 
     prior: dict[str, float] = Field(
         description="the model's option prior: its mean read of this question on content-free states"
@@ -31,7 +31,7 @@ class CalibrationUsed(ResponseModel):
     one applied (``raw_probabilities`` are before both)."""
 
     mode: Literal["temperature", "temperature_bias", "state_prior"] = Field(
-        description="temperature: softmax(z / T); temperature_bias: softmax(z / T + b); state_prior: softmax(z + b), b fitted on unlabelled states"
+        description="temperature: softmax(z / T); temperature_bias: softmax(z / T + b); state_prior: softmax(z + b), b fitted on states without gold answers"
     )
     id: str = Field(description="the stored calibration's id")
     temperature: float
@@ -72,7 +72,7 @@ class ReadingOut(ResponseModel):
     top_probability: float = Field(description="the most probable option's probability in the answer")
     prior_correction: PriorUsed | None = Field(
         default=None,
-        description="the label-free prior divided out of the read (decide serve --prior-correction; default: choice questions); null when none",
+        description="the content-free prior divided out of the read (decide serve --prior-correction; default: choice questions); null when none",
     )
     calibration: CalibrationUsed | None = None
     prompt_tokens: int

@@ -1,4 +1,4 @@
-"""Calibration routes' bodies (opendecide extension): labelled examples, feedback, refits."""
+"""Calibration routes' bodies (opendecide extension): examples with gold answers, feedback, refits."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from service.protocol.base import BodyModel, Content, RequestModel, ResponseMode
 from service.protocol.questions import MAX_OPTIONS, MIN_OPTIONS, Question
 
 
-class LabelledExample(RequestModel):
+class CalibrationExample(RequestModel):
     """A state, its questions and their gold answers (which mode ``state_prior`` does without)."""
 
     state: Content
@@ -22,7 +22,7 @@ class LabelledExample(RequestModel):
     )
 
     @model_validator(mode="after")
-    def check_gold_names_questions(self) -> LabelledExample:
+    def check_gold_names_questions(self) -> CalibrationExample:
         if self.gold is None:
             return self
         missing = set(self.questions) - set(self.gold)
@@ -42,12 +42,12 @@ MODE_DESCRIPTION = (
 
 
 class CalibrationRequest(BodyModel):
-    """``POST /v1/calibrations``: decisions to fit calibrations on (labelled, but for ``state_prior``)."""
+    """``POST /v1/calibrations``: decisions to fit calibrations on (with gold answers, but for ``state_prior``)."""
 
     model: str | None = None
     mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
     domain: str | None = Field(default=None, max_length=200)
-    examples: list[LabelledExample] = Field(min_length=1, max_length=5000)
+    examples: list[CalibrationExample] = Field(min_length=1, max_length=5000)
     seed: int = Field(default=0, strict=True)
 
 
@@ -94,7 +94,9 @@ class FeedbackRequest(BodyModel):
 class FeedbackResponse(ResponseModel):
     decision_id: str
     recorded: int = Field(description="feedback sequence number: the write is durable")
-    labelled: int = Field(description="labelled decisions now stored for this decision's calibration key")
+    gold_answers: int = Field(
+        description="decisions with gold answers now stored for this decision's calibration key"
+    )
     refit: CalibrationOut | None = None
 
 

@@ -91,7 +91,9 @@ async def feedback(request: Request) -> FeedbackResponse:
         current = store.lookup(key)  # a refit keeps the mode the key was fitted in
         mode = current.mode if current is not None and current.key == key else "temperature"
         refit = calibration_out(await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows))
-    return FeedbackResponse(decision_id=decision.id, recorded=recorded, labelled=len(gold_rows), refit=refit)
+    return FeedbackResponse(
+        decision_id=decision.id, recorded=recorded, gold_answers=len(gold_rows), refit=refit
+    )
 
 
 @router.post(

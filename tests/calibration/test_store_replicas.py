@@ -129,7 +129,9 @@ def test_a_fit_on_one_replica_is_applied_by_the_other_without_a_restart(replicas
 
     ids = a.decide_all([text for text, _ in REVIEWS])
     for i, (decision_id, (_, gold)) in enumerate(zip(ids, REVIEWS)):
-        (a if i % 2 else b).feedback(decision_id, gold)  # decisions served by A, labelled through both
+        (a if i % 2 else b).feedback(
+            decision_id, gold
+        )  # decisions served by A, gold answers given through both
     fitted = a.refit()
     assert fitted["n"] == len(REVIEWS) and fitted["source"] == "feedback"
     print(f"B picked up A's fit after {1000 * picked_up(b, fitted['id']):.0f} ms")

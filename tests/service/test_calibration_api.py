@@ -24,7 +24,7 @@ def examples(n: int) -> list[dict]:
     ]
 
 
-@pytest.mark.slow  # 60 labelled examples read
+@pytest.mark.slow  # 60 examples with gold answers read
 async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engine, tmp_path):
     path = tmp_path / "calibration.sqlite3"
     async with client_factory(local_engine, store=open_store(path)) as client:
@@ -107,7 +107,7 @@ async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, lo
             reply = await client.post("/v1/feedback", json={"decision_id": decision_id, "gold": record.gold})
             assert reply.status_code == 200, reply.text
             replies.append(reply.json())
-        assert [r["labelled"] for r in replies] == list(range(1, 13))
+        assert [r["gold_answers"] for r in replies] == list(range(1, 13))
         assert [r["refit"] is not None for r in replies] == [i == 9 for i in range(12)]
         assert replies[9]["refit"]["source"] == "feedback" and replies[9]["refit"]["n"] == 10
 

@@ -1,5 +1,5 @@
 """Calibration modes on the served route (embedded model, real SQLite): temperature + bias, the
-label-free prior correction, the state prior (fitted on unlabelled states or served decisions), and
+content-free prior correction, the state prior (fitted on states without gold answers or served decisions), and
 fits that stop applying under another prompt version."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ async def ask(client, question=QUESTION) -> dict:
     return response.json()["answers"]["t"]
 
 
-@pytest.mark.slow  # 24 labelled examples read
+@pytest.mark.slow  # 24 examples with gold answers read
 async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_factory, local_engine, tmp_path):
     """Under the default policy a choice fit is made on prior-corrected reads and applied after the correction."""
     async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
@@ -69,8 +69,8 @@ async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_fact
     assert no_count.status_code == 422 and "option_count" in no_count.text
 
 
-@pytest.mark.slow  # 24 states read, unlabelled
-async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_decisions(
+@pytest.mark.slow  # 24 states read, no gold answers
+async def test_a_state_prior_is_fitted_from_states_without_gold_or_from_served_decisions(
     client_factory, local_engine, tmp_path
 ):
     records = spread(load_sample("ag_news"), 24)
@@ -80,14 +80,14 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
         [(await reader.read(spec, r.text)).label_probabilities.probabilities for r in records[:12]]
     )
     store = open_store(tmp_path / "c.sqlite3")
-    unlabelled = [{"state": r.text, "questions": {"topic": QUESTION}} for r in records[:12]]
+    without_gold = [{"state": r.text, "questions": {"topic": QUESTION}} for r in records[:12]]
     async with client_factory(
         local_engine, store=store, prior_correction="off"
     ) as client:  # fits on the model's own reads
         needs_gold = await client.post(
-            "/v1/calibrations", json={"examples": unlabelled, "mode": "temperature"}
+            "/v1/calibrations", json={"examples": without_gold, "mode": "temperature"}
         )
-        fitted = await client.post("/v1/calibrations", json={"examples": unlabelled, "mode": "state_prior"})
+        fitted = await client.post("/v1/calibrations", json={"examples": without_gold, "mode": "state_prior"})
         assert fitted.status_code == 200, fitted.text
         answer = await ask(client)
         await ask(
@@ -131,7 +131,7 @@ async def test_a_state_prior_is_fitted_from_unlabelled_states_or_from_served_dec
             local_engine.info.name, local_engine.info.revision, "choice", 4, read_version=PROMPT_VERSION
         )
     )
-    assert len(recorded) == 14  # every decision served, none labelled
+    assert len(recorded) == 14  # every decision served, none with a gold answer
     same_order = [raw for options, raw in recorded if options == OPTIONS]
     assert (refit.json()["source"], refit.json()["n"]) == ("decisions", 13)  # the reversed question left out
     assert refit.json()["bias"] == pytest.approx(state_prior_bias(same_order).tolist())

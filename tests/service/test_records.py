@@ -1,5 +1,5 @@
 """What is kept: decision records hold ids and raw probabilities, never the state text; retention
-prunes old unlabelled records; API keys never reach the store."""
+prunes old records without gold answers; API keys never reach the store."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ async def test_records_hold_probabilities_and_ids_not_the_request_text(
         assert secret.encode() not in dump and secret.encode() not in path.read_bytes()
 
 
-def test_prune_deletes_old_unlabelled_records_only(tmp_path):
+def test_prune_deletes_old_records_without_gold_only(tmp_path):
     from calibration.store import DecisionRecord
 
     store = open_store(tmp_path / "store.sqlite3")
@@ -57,7 +57,7 @@ def test_prune_deletes_old_unlabelled_records_only(tmp_path):
     assert store.prune_decisions(dt.datetime.now(dt.UTC) - dt.timedelta(days=1)) == 0  # all newer
     assert store.prune_decisions(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)) == 2
     assert store.decision("dec_0") is None and store.decision("dec_2") is None
-    assert store.decision("dec_1") is not None  # labelled: calibration data, kept
+    assert store.decision("dec_1") is not None  # has a gold answer: calibration data, kept
 
 
 async def test_pruning_runs_at_once_and_refuses_zero_retention(tmp_path):
