@@ -66,8 +66,9 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     # Names that say what the columns hold: the version of the read (prompt version, +prior where the
     # prior correction was divided out) and the read before calibration. Renames keep every row, and
     # SQLite (3.25+) carries the index above over to the new name.
-    (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed", (
+    (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed; source 'labels' is 'examples'", (
         "ALTER TABLE calibrations RENAME COLUMN prompt_version TO read_version",
+        "UPDATE calibrations SET source = 'examples' WHERE source = 'labels'",
         "ALTER TABLE decisions RENAME COLUMN prompt_version TO read_version",
         "ALTER TABLE decisions RENAME COLUMN raw_probabilities TO uncalibrated_probabilities",
     )),

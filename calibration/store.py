@@ -89,7 +89,7 @@ class Calibration:
     heldout_n: int | None
     heldout_ece_before: float | None
     heldout_ece_after: float | None
-    source: str
+    source: str  # examples (gold answers given with them), states, decisions or feedback
     fitted_at: str
     read_version: str
     mode: str = "temperature"

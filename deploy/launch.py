@@ -80,7 +80,7 @@ def format_plan(p: Plan) -> str:
     run = p.run
     where = f"{run.project}, {run.zone}" if run.platform == "gcp" else f"AWS {run.aws.region}"
     models = ", ".join(m.id for m in run.models)
-    evaluation = f"eval {run.eval.kind}" if run.eval else "no eval"
+    evaluation = f"eval {run.eval.run}" if run.eval else "no eval"
     out = [
         f"# decide deploy: {run.name}, target {run.target} ({run.provisioning}) in {where}",
         f"# models: {models}; {evaluation}; run directory to {run.bucket}/{run.name}/<UTC start time>/",

@@ -32,7 +32,7 @@ PROVISIONING = {
     "l4-aws": ("on-demand",),
 }
 DEFAULT_ZONE = {"v6e": "europe-west4-a", "v5e": "us-west4-a", "l4-gcp": "us-central1-a"}
-EVAL_KINDS = ("tasks", "suite", "load")
+EVAL_RUNS = ("tasks", "suite", "load")
 # The example run files' service image: a digest of zeros stands for "build and push yours first"
 # (docs/deploy.md). Dry runs render it; a real deploy refuses it.
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
@@ -69,7 +69,7 @@ class Model:
 
 @dataclass(frozen=True)
 class Eval:
-    kind: str  # tasks | suite | load
+    run: str  # tasks | suite | load: the eval command, and the run its manifest names
     data: str | None = None  # suite only: gs:// or s3:// folder copied onto the machine
     args: tuple[str, ...] = ()
 
@@ -239,13 +239,13 @@ def _parse_model(fields: _Fields, max_model_len: int) -> Model:
 
 
 def _parse_eval(fields: _Fields, scheme: str) -> Eval:
-    kind = fields.choice("kind", EVAL_KINDS)
-    data = fields.text("data", default=None) if kind == "suite" else None
-    if kind == "suite" and (data is None or not data.startswith(scheme)):
+    run = fields.choice("run", EVAL_RUNS)
+    data = fields.text("data", default=None) if run == "suite" else None
+    if run == "suite" and (data is None or not data.startswith(scheme)):
         raise RunFileError(
             "eval.data", f"the suite folder as a {scheme} URL (copied onto the machine), got {data!r}"
         )
-    evaluation = Eval(kind=kind, data=data, args=fields.strings("args", default=[]))
+    evaluation = Eval(run=run, data=data, args=fields.strings("args", default=[]))
     fields.done()
     return evaluation
 
@@ -276,14 +276,14 @@ class _Fields:
 
     _MISSING = object()
 
-    def _get(self, key: str, default: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    def _get(self, key: str, default: Any, expected: type | tuple[type, ...], what: str) -> Any:
         self.seen.add(key)
         if key not in self.data:
             if default is self._MISSING:
                 raise RunFileError(self._name(key), "required")
             return default
         value = self.data[key]
-        if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        if not isinstance(value, expected) or isinstance(value, bool) and expected is int:
             raise RunFileError(self._name(key), f"{what}, got {value!r}")
         return value
 

@@ -85,7 +85,7 @@ def settings(run: Run) -> dict[str, str | list[str]]:
         values[f"SERVE_FLAGS_{index}"] = serve_flags(run, model)
     values |= {
         "SERVICE_FLAGS": service_flags(run),
-        "EVAL_KIND": run.eval.kind if run.eval else "",
+        "EVAL_RUN": run.eval.run if run.eval else "",
         "EVAL_DATA": (run.eval.data or "") if run.eval else "",
         "EVAL_ARGS": list(run.eval.args) if run.eval else [],
         "SELF_DELETE": self_delete_command(run),

@@ -23,7 +23,7 @@ MODEL_TAGS=(google_gemma-4-E2B-it)
 # shellcheck disable=SC2034  # read through a nameref in serve_model
 SERVE_FLAGS_0=(--max-model-len 2048 --max-num-seqs 16 --max-logprobs 32 --generation-config vllm --enable-prefix-caching)
 SERVICE_FLAGS=(--host 0.0.0.0 --port 8080 --engine vllm --engine-url http://127.0.0.1:8000)
-EVAL_KIND=
+EVAL_RUN=
 EVAL_DATA=
 EVAL_ARGS=()
 SELF_DELETE=(gcloud compute instances delete example --zone europe-west4-a --quiet)
@@ -166,19 +166,19 @@ start_service() {
 
 run_eval() {
   local model=${MODELS[$1]} tag=${MODEL_TAGS[$1]} start status
-  local out=/out/$tag/eval-$EVAL_KIND
+  local out=/out/$tag/eval-$EVAL_RUN
   local -a images=(--engine-image "$ENGINE_IMAGE" --service-image "$SERVICE_IMAGE")
   local -a command
-  case $EVAL_KIND in
+  case $EVAL_RUN in
     tasks) command=(decide eval tasks --out "$out" --engine "vllm@$ENGINE_URL" --engine-log "/out/$tag/engine.log" "${images[@]}") ;;
     suite) command=(decide eval suite --data /data --out "$out" --engine "vllm@$ENGINE_URL" --engine-log "/out/$tag/engine.log" "${images[@]}") ;;
     load) command=(decide eval load --out "$out" --engine "vllm@$ENGINE_URL") ;;
   esac
-  log "eval $EVAL_KIND on $model"
+  log "eval $EVAL_RUN on $model"
   start=$(date +%s)
   docker exec decide-service "${command[@]}" "${EVAL_ARGS[@]}" > "$RUN_DIR/$tag/eval.log" 2>&1
   status=$?
-  log "eval $EVAL_KIND on $model: exit $status after $(elapsed "$start")s"
+  log "eval $EVAL_RUN on $model: exit $status after $(elapsed "$start")s"
 }
 
 stop_model() {
@@ -228,7 +228,7 @@ if [ -n "$EVAL_DATA" ]; then
   log "copied $EVAL_DATA"
 fi
 for i in "${!MODELS[@]}"; do
-  if serve_model "$i" && start_service "$i" && [ -n "$EVAL_KIND" ]; then
+  if serve_model "$i" && start_service "$i" && [ -n "$EVAL_RUN" ]; then
     run_eval "$i"
   fi
   stop_model "$i"

@@ -246,12 +246,12 @@ async def test_shown_responses_are_what_the_service_returns(path, name, local_en
 async def test_the_calibration_walk_through_is_what_the_service_returns(
     local_engine, client_factory, tmp_path
 ):
-    from calibration.store import CalibrationStore
+    from calibration.open import open_store
 
     path = ROOT / "docs" / "calibration.md"
     blocks = [b for b in marked_blocks(path.read_text()) if b.name == WALK_THROUGH]
     assert {b.part for b in blocks} == {"fit", "answer", "calibration", "feedback"}
-    async with client_factory(local_engine, store=CalibrationStore(tmp_path / "c.sqlite3")) as client:
+    async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
         views = walk_through_views(await walk_through(client))
     for block in blocks:
         found = stale(path, block, views)
@@ -293,14 +293,14 @@ def test_every_link_between_the_docs_resolves(path):
 
 async def regenerate(paths: tuple[Path, ...]) -> None:
     """Rewrite every shown value from what the service returns now."""
-    from calibration.store import CalibrationStore
+    from calibration.open import open_store
     from readers.embedded import prepare_embedded_model
     from readers.engines.local import LocalEngine
     from service.app import create_app
 
     engine = LocalEngine(prepare_embedded_model())
     with tempfile.TemporaryDirectory() as scratch:
-        app = create_app(engine, store=CalibrationStore(Path(scratch) / "c.sqlite3"))
+        app = create_app(engine, store=open_store(Path(scratch) / "c.sqlite3"))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://decide.test", timeout=300

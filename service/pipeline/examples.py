@@ -83,7 +83,7 @@ async def fit_from_examples(
             f"each question type and option count needs at least {MIN_GOLD} {what} ({described})",
             loc=("body", "examples"),
         )
-    source = "states" if request.mode == "state_prior" else "labels"
+    source = "states" if request.mode == "state_prior" else "examples"
     return [
         await asyncio.to_thread(
             fit_and_store, store, key, rows, source=source, seed=request.seed, mode=request.mode

@@ -453,7 +453,7 @@ def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
         (1, "calibrations, decisions, feedback"), (2, "decisions.informative: abstentions are not fitted on (found)"),
         (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias (found)"),
         (4, "decisions by key and time, for state_prior refits; calibration mode state_prior"),
-        (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed"),
+        (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed; source 'labels' is 'examples'"),
     ]  # fmt: skip
 
 
@@ -510,7 +510,7 @@ def at_version_4(location: str) -> None:
             db.execute(
                 "INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, fitted_at, "
                 f"prompt_version, mode, bias, heldout_ece_floor) VALUES ('{id_}', 'smol', 'rev1', 'choice', 3, {mark}, {mark}, 40, "
-                f"'examples', {mark}, {mark}, {mark}, {mark}, {mark})",
+                f"'labels', {mark}, {mark}, {mark}, {mark}, {mark})",  # a fit from examples, as version 4 named it
                 (domain, temperature, fitted_at, PRIOR_VERSION, mode, bias if postgres else json.dumps(bias), floor),
             )  # fmt: skip
         for id_, probabilities, informative, created_at in decisions:
@@ -549,6 +549,7 @@ def test_a_store_at_version_4_keeps_every_row_under_the_new_column_names(new_sto
         assert "read_version" in names and not names & {"prompt_version", "raw_probabilities"}, table
     key = replace(KEY, read_version=PRIOR_VERSION)
     by_domain, by_count = store.calibrations()
+    assert by_domain.source == by_count.source == "examples"
     assert (by_domain.id, by_domain.read_version, by_domain.mode, by_domain.bias, by_domain.temperature, by_domain.heldout_ece_floor) == (
         "cal_bias", PRIOR_VERSION, "temperature_bias", (0.2, -0.1, -0.1), 1.4, 0.03
     )  # fmt: skip

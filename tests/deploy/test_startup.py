@@ -163,8 +163,8 @@ def test_a_boot_runs_every_step_in_order(name, tmp_path):
     assert f"SERVICE READY {model.id} after " in log
 
     # The eval, inside the service container, with the engine log and both images.
-    evaluation = calls[index_of(calls, "docker", "exec", "decide-service", "decide", "eval", run.eval.kind)]
-    if run.eval.kind in ("tasks", "suite"):
+    evaluation = calls[index_of(calls, "docker", "exec", "decide-service", "decide", "eval", run.eval.run)]
+    if run.eval.run in ("tasks", "suite"):
         assert evaluation[evaluation.index("--engine-log") + 1] == f"/out/{model.tag}/engine.log"
         assert evaluation[evaluation.index("--engine-image") + 1] == run.engine_image
         assert evaluation[evaluation.index("--service-image") + 1] == run.service_image

@@ -146,11 +146,11 @@ async def test_the_prior_correction_divides_out_what_the_model_answers_on_conten
         answer = await ask(client)
         yes_no = await ask(client, NOUL)
         raw_fit = store.add_calibration(
-            choice_key(local_engine, corrected=False), temperature=3.0, n=50, source="labels"
+            choice_key(local_engine, corrected=False), temperature=3.0, n=50, source="examples"
         )
         still = await ask(client)
         fitted = store.add_calibration(
-            choice_key(local_engine, corrected=True), temperature=2.0, n=50, source="labels"
+            choice_key(local_engine, corrected=True), temperature=2.0, n=50, source="examples"
         )
         with_fit = await ask(client)
     used = answer["x_reading"]["prior_correction"]
@@ -264,7 +264,7 @@ async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(
     old = CalibrationKey(
         local_engine.info.name, local_engine.info.revision, "choice", 4, read_version=LEGACY_READ_VERSION
     )
-    kept = store.add_calibration(old, temperature=3.0, n=50, source="labels")
+    kept = store.add_calibration(old, temperature=3.0, n=50, source="examples")
     async with client_factory(local_engine, store=store) as client:
         answer = await ask(client)
         listed = (await client.get("/v1/calibrations")).json()["calibrations"]
