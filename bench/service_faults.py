@@ -170,7 +170,7 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.kill_at is not None and args.engine != "vllm":
-        parser.error("--kill-at needs --engine vllm (the embedded engine runs inside the service)")
+        parser.error("--kill-at needs --engine vllm (the local engine runs inside the service)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     (args.out.parent / "command.txt").write_text("python " + " ".join(sys.argv) + "\n")
     print("args:", json.dumps(args_json(args)))
