@@ -98,7 +98,9 @@ def dev_layouts_table(report: dict) -> str:
     lines = [
         f"development records: {report['size']} per task, stratified, seed {report['seed']}, shipped rows excluded; "
         "majority rates " + ", ".join(f"{task} {rate:.1%}" for task, rate in report["majority"].items()),
-        f"| layout | prior correction | {' | '.join(tasks)} | mean over majority | predicted ({', '.join(choice)}) | s |",
+        f"| layout | prior correction | {' | '.join(tasks)} | mean over majority | predicted"
+        + (f" ({', '.join(choice)})" if choice else "")
+        + " | s |",
         "|---|---|" + "---|" * (len(tasks) + 3),
     ]
     for result in report["results"]:
