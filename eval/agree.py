@@ -4,10 +4,11 @@ The local analogue of "the same checkpoint on TPU and L4": per task, how many re
 predicted label, the largest and median absolute probability difference, and every record whose
 label differs, with both margins and whether either read missed labels.
 
-A run directory holds ``a.jsonl`` and ``b.jsonl`` (record rows, written resumably), ``manifest.json``
+A run directory holds ``a.jsonl.gz`` and ``b.jsonl.gz`` (record rows, written resumably, with their
+timings files), ``manifest.json``
 (with ``reads``: where each side's rows are), ``agreement.json`` and ``agreement.md``. Reads of side a
 that an earlier run already made (same engine spec, tasks, limit and variants) are not made again:
-``reuse_a`` points the manifest at that run's ``a.jsonl``, so one set of reads backs several runs.
+``reuse_a`` points the manifest at that run's ``a.jsonl.gz``, so one set of reads backs several runs.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.evidence import RecordRow, RecordWriter, load_rows, read_rows, row_key
+from eval.evidence import ROWS_SUFFIX, RecordRow, RecordWriter, load_rows, read_rows, row_key
 from eval.manifest import MANIFEST, Images, RunRefused, run_manifest, write_json
 from eval.tasks import TASKS, load_sample, spread
 
@@ -169,7 +170,7 @@ async def run_agreement(
         task = TASKS[task_name]
         for variant in task.variants if reversed_variants else ("original",):
             jobs += [task.read_job(record, variant) for record in spread(load_sample(task_name), limit)]
-    reads = {"a": out / "a.jsonl" if out else None, "b": out / "b.jsonl" if out else None}
+    reads = {side: out / f"{side}{ROWS_SUFFIX}" if out else None for side in ("a", "b")}
     described = {}
     if reuse_a is not None:
         reads["a"], described["a"] = _reused(reuse_a, args)

@@ -84,7 +84,7 @@ def eval_agree(
 @eval_app.command("tasks")
 def eval_tasks(
     out: Annotated[
-        Path, typer.Option(help="run directory: records.jsonl + manifest.json (resumed if it exists)")
+        Path, typer.Option(help="run directory: records.jsonl.gz + manifest.json (resumed if it exists)")
     ],
     engine: Annotated[
         str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")
@@ -390,7 +390,7 @@ def eval_gold_curve(
     records: Annotated[
         Path,
         typer.Argument(
-            help="record rows (JSON lines) or a run directory, e.g. a.jsonl from `decide eval agree`"
+            help="a record file (<name>.jsonl.gz) or a run directory, e.g. a.jsonl.gz from `decide eval agree`"
         ),
     ],
     out: Annotated[
@@ -459,7 +459,7 @@ def eval_label_styles(
 @eval_app.command("calibration-modes")
 def eval_calibration_modes(
     run: Annotated[
-        Path, typer.Argument(help="a `decide eval tasks` run directory (records.jsonl, manifest.json)")
+        Path, typer.Argument(help="a `decide eval tasks` run directory (records.jsonl.gz, manifest.json)")
     ],
     out: Annotated[
         Path,
@@ -659,3 +659,64 @@ def eval_debias(
     except ValueError as error:  # a bad setting, named before anything is read
         raise typer.BadParameter(str(error), param_hint="--settings") from None
     typer.echo(debias_table(report))
+
+
+@eval_app.command("pack")
+def eval_pack(
+    directories: Annotated[
+        list[Path], typer.Argument(help="folders searched for plain records.jsonl, a.jsonl and b.jsonl")
+    ],
+) -> None:
+    """Convert run folders made before the compressed format: rows to <name>.jsonl.gz, decision ids and
+    timings to <name>.timings.jsonl.gz, manifests' reads renamed; each plain file removed once read back."""
+    from eval.evidence import pack_plain
+
+    for directory in directories:
+        for written in pack_plain(directory):
+            typer.echo(written)
+
+
+@eval_app.command("prior-figures")
+def eval_prior_figures(
+    run: Annotated[Path, typer.Argument(help="a run read with the default prior correction")],
+    before: Annotated[Path, typer.Option(help="a run of the same reads answered raw")],
+) -> None:
+    """The prior-correction figures docs/reads.md quotes: label mass, Sci/Tech ranks, answer counts, majority rates, raw-read agreement."""
+    from eval.prior_figures import prior_figures
+
+    typer.echo("\n".join(prior_figures(run, before)))
+
+
+@eval_app.command("dev-layouts")
+def eval_dev_layouts(
+    data: Annotated[
+        Path, typer.Argument(help="the upstream files the samples were drawn from, e.g. ../shared/data")
+    ],
+    size: Annotated[int, typer.Option(help="development records per task")] = 200,
+    prompt_versions: Annotated[
+        str, typer.Option(help="comma-separated layouts of the registry to compare (default: every one)")
+    ] = "",
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+    engine_url: EngineUrlOption = None,
+) -> None:
+    """Layouts × prior-correction policies on development records (shipped rows left out), and the one the rule picks."""
+    quiet_loaders()
+    from eval.dev_layouts import dev_layouts_table, evaluate_dev_layouts
+    from readers.prompt import PROMPT_LAYOUTS
+
+    versions = prompt_versions.split(",") if prompt_versions else list(PROMPT_LAYOUTS)
+    try:
+        report = asyncio.run(
+            evaluate_dev_layouts(
+                engine,
+                data,
+                engine_url=engine_url,
+                size=size,
+                prompt_versions=versions,
+                tasks=tasks.split(","),
+            )
+        )
+    except ValueError as error:  # an unknown layout, named before anything is read
+        raise typer.BadParameter(str(error), param_hint="--prompt-versions") from None
+    typer.echo(dev_layouts_table(report), nl=False)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from eval.evidence import RECORDS, load_rows
+
 
 @dataclass(frozen=True)
 class Price:
@@ -101,7 +103,7 @@ def jev_cost_per_million(prompt_tokens: float, usd_per_million_tokens: float) ->
 
 
 # what throughput_of_run reads from a run directory
-MEASUREMENT_FILES = ("summary.json", "load.jsonl", "latency.json", "records.jsonl")
+MEASUREMENT_FILES = ("summary.json", "load.jsonl", "latency.json", RECORDS)
 
 
 def run_chips(manifest: dict) -> tuple[set[str], str] | None:
@@ -179,8 +181,8 @@ def throughput_of_run(run: Path, *, label: str, chip: str, concurrency: int = 8)
     if key not in latency:
         raise ValueError(f"{run}/latency.json has no concurrency-{concurrency} measurement")
     tokens = []
-    if (run / "records.jsonl").is_file():
-        rows = (json.loads(line) for line in (run / "records.jsonl").read_text().splitlines() if line.strip())
+    if (run / RECORDS).is_file():
+        rows = load_rows(run / RECORDS)
         tokens = [row["reading"]["prompt_tokens"] for row in rows if row.get("status") == "ok"]
     return Throughput(
         label,

@@ -2,7 +2,7 @@
 
 For each setting (``none``; ``all`` = k is the option count; ``reverse`` = ``rotate_reverse`` with
 every order; an integer k, capped at the option count) the choice tasks are read in their original and reversed option order into
-``OUT/<setting>/records.jsonl`` (the ``decide eval tasks`` row format, so ``score_task`` scores it),
+``OUT/<setting>/records.jsonl.gz`` (the ``decide eval tasks`` row format, so ``score_task`` scores it),
 through the service's own path (``decide``). The engine is wrapped to count its ``read_many`` calls
 (engine calls) and the reads in them. ``debias.json`` / ``debias.md`` give per setting and task:
 accuracy (original and reversed), reversed-order changes, mean rotation agreement, reads and engine
@@ -137,7 +137,7 @@ def _with_options(job: tuple[dict, dict, str], setting: str) -> tuple[dict, dict
 
 
 def _score_setting(directory: Path, manifest: dict) -> dict:
-    rows = load_rows(directory / RECORDS)
+    rows = load_rows(directory / RECORDS, timings=True)  # score_task reports median latency
     result: dict[str, Any] = {"wall_s": manifest["wall_s"], "tasks": {}}
     for task in manifest["args"]["tasks"]:
         counts = manifest["engine_calls"][task]

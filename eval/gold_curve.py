@@ -5,7 +5,7 @@ two halves, fit a temperature on N records with their gold answers drawn from th
 means T = 1) and score ECE (15 bins) on the whole second half. Report the mean and standard deviation
 over splits, and a reliability diagram per task (held-out half of split 0: raw, and after 50).
 
-Reads come from record rows (``eval.evidence``, e.g. ``a.jsonl`` of ``decide eval agree``), so
+Reads come from record rows (``eval.evidence``, e.g. ``a.jsonl.gz`` of ``decide eval agree``), so
 every figure regenerates offline.
 """
 

@@ -24,7 +24,7 @@ def mode_rows(run: Path) -> list[dict]:
     """One row per task for one agreement run directory."""
     manifest = json.loads((run / MANIFEST).read_text())
     reads = agreement_reads(run)
-    a, b = load_rows(reads["a"]), load_rows(reads["b"])
+    a, b = load_rows(reads["a"], timings=True), load_rows(reads["b"], timings=True)  # median latency
     b_by_key = {(read["task"], read["id"], read["variant"]): read for read in b}
     rows = []
     for task in TASKS:

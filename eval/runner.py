@@ -1,6 +1,7 @@
 """``decide eval tasks``: read the shipped tasks through an engine and write the evidence.
 
-A run directory holds ``records.jsonl`` (one line per record and variant, appended as reads finish)
+A run directory holds ``records.jsonl.gz`` (one line per record and variant, written sorted when the
+reads end; timings apart in ``records.timings.jsonl.gz``, ``eval.evidence``)
 and ``manifest.json`` (what produced them; status ``started`` until the run ends). Scorers read only
 these files. A run is resumable: records already written are skipped, and a directory holding
 another model's (or revision's, or data's) results is refused. Before the full run, a 5-record smoke

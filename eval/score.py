@@ -109,7 +109,7 @@ def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT
 
 def score_run(run: Path, *, seed: int = 0) -> dict:
     manifest = json.loads((run / MANIFEST).read_text())
-    rows = load_rows(run / RECORDS)
+    rows = load_rows(run / RECORDS, timings=True)  # median latency per task
     planned = manifest["args"]["tasks"]
     tasks = sorted(
         {row["task"] for row in rows},

@@ -52,6 +52,7 @@ def test_a_failed_read_is_named_not_compared():
 @pytest.mark.anyio
 async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
     from eval.agree import agreement_reads, run_agreement
+    from eval.evidence import load_rows
     from eval.manifest import RunRefused
     from eval.read_modes import mode_rows
 
@@ -60,9 +61,9 @@ async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
     rows = await run_agreement("local", "local:topk", top_k=2, out=first, **options)
     assert rows[0].n == 6
     manifest = json.loads((first / "manifest.json").read_text())
-    assert manifest["run"] == "agree" and manifest["reads"] == {"a": "a.jsonl", "b": "b.jsonl"}
+    assert manifest["run"] == "agree" and manifest["reads"] == {"a": "a.jsonl.gz", "b": "b.jsonl.gz"}
     assert manifest["images"] == {"engine": None, "service": None}
-    a_rows = [json.loads(line) for line in (first / "a.jsonl").read_text().splitlines()]
+    a_rows = load_rows(first / "a.jsonl.gz")
     assert len(a_rows) == 6 and all(
         row["status"] == "ok" and row["options"] == ["true", "false"] for row in a_rows
     )
@@ -72,10 +73,10 @@ async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
             "local", "local:topk", top_k=2, out=second, reuse_a=first, **{**options, "limit": 5}
         )
     again = await run_agreement("local", "local:topk", top_k=2, out=second, reuse_a=first, **options)
-    assert not (second / "a.jsonl").exists()
-    assert agreement_reads(second)["a"] == (first / "a.jsonl").resolve()
+    assert not (second / "a.jsonl.gz").exists()
+    assert agreement_reads(second)["a"] == (first / "a.jsonl.gz").resolve()
     assert json.loads((second / "manifest.json").read_text())["engines"]["a"] == manifest["engines"]["a"]
-    assert again[0].n == rows[0].n and (second / "b.jsonl").read_text() != ""
+    assert again[0].n == rows[0].n and len(load_rows(second / "b.jsonl.gz")) == 6
     assert mode_rows(second)[0]["n"] == 6 and mode_rows(second)[0]["read_mode"] == "topk"
 
 

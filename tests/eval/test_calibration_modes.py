@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from eval.calibration_modes import PRIORS, calibration_modes, measure_priors
+from eval.evidence import RECORDS, write_rows
 from eval.manifest import write_json
 from eval.tasks import TASKS, load_sample
 from readers.prompt import PROMPT_VERSION
@@ -43,7 +44,7 @@ def leaning_run(path, version: str = PROMPT_VERSION) -> None:
             "args": {"tasks": ["ag_news"]},
         },
     )
-    (path / "records.jsonl").write_text("\n".join(lines) + "\n")
+    write_rows(path / RECORDS, map(json.loads, lines))
 
 
 def measured_prior(out, version: str = PROMPT_VERSION) -> None:

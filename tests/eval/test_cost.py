@@ -18,6 +18,7 @@ from eval.cost import (
     jev_cost_per_million,
     load_prices,
 )
+from eval.evidence import RECORDS, write_rows
 from eval.kv_log import parse_kv_capacity, parse_memory_statistics, read_engine_log
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -120,8 +121,17 @@ def test_cost_command_on_run_evidence(tmp_path):
             {"machine": {"cpu": "test cpu"}, "c1": {"decisions_per_s": 5.0}, "c8": {"decisions_per_s": 10.0}}
         )
     )
-    rows = [{"status": "ok", "reading": {"prompt_tokens": n}} for n in (80, 100, 120)]
-    (run / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = [
+        {
+            "task": "sst2",
+            "id": f"sst2-{n}",
+            "variant": "original",
+            "status": "ok",
+            "reading": {"prompt_tokens": n},
+        }
+        for n in (80, 100, 120)
+    ]
+    write_rows(run / RECORDS, rows)
     result = CliRunner().invoke(
         app, ["cost", str(run), "--chip", "cpu", "--price", "cpu-2core=0.36", "--out", str(tmp_path / "out")]
     )

@@ -8,6 +8,7 @@ import numpy as np
 
 from calibration.metrics import ece, reliability_bins
 from calibration.temperature import apply_temperature
+from eval.evidence import write_rows
 from eval.gold_curve import gold_curve, run_gold_curve
 
 
@@ -58,8 +59,8 @@ def test_run_writes_tables_and_figures_from_evidence(tmp_path):
         )
         for i, (p, y) in enumerate(zip(probabilities, gold))
     ]
-    reads = tmp_path / "reads.jsonl"
-    reads.write_text("\n".join(lines) + "\n")
+    reads = tmp_path / "reads.jsonl.gz"
+    write_rows(reads, map(json.loads, lines))
     report = run_gold_curve(reads, tmp_path / "out", splits=5)
     assert set(report["tasks"]) == {"sst2"}
     for name in ("gold-curve.png", "reliability-sst2.png", "gold-curve.json", "gold-curve.md"):

@@ -6,11 +6,12 @@ import json
 
 import pytest
 
+from eval.evidence import write_rows
 from eval.read_modes import mode_rows, read_modes_table, write_read_modes
 
 
 def write(path, reads):
-    path.write_text("".join(json.dumps(read) + "\n" for read in reads))
+    write_rows(path, reads)  # the rows, and their latencies in the timings file beside them
 
 
 def record(id_, gold, p_pos, exact=True, latency=10.0):
@@ -22,16 +23,16 @@ def record(id_, gold, p_pos, exact=True, latency=10.0):
 
 
 def test_rows_from_evidence(tmp_path):
-    write(tmp_path / "a.jsonl", [record("sst2-1", "positive", 0.9), record("sst2-2", "negative", 0.3)])
+    write(tmp_path / "a.jsonl.gz", [record("sst2-1", "positive", 0.9), record("sst2-2", "negative", 0.3)])
     write(
-        tmp_path / "b.jsonl",
+        tmp_path / "b.jsonl.gz",
         [
             record("sst2-2", "negative", 0.6, exact=False, latency=30.0),
             record("sst2-1", "positive", 0.9, latency=20.0),
         ],
     )
     manifest = {
-        "reads": {"a": "a.jsonl", "b": "b.jsonl"},
+        "reads": {"a": "a.jsonl.gz", "b": "b.jsonl.gz"},
         "engines": {
             "a": {"kind": "local", "read_mode": "exact", "top_k": 49152},
             "b": {"kind": "vllm", "read_mode": "topk", "top_k": 32},
@@ -54,14 +55,14 @@ def test_side_a_may_live_in_another_run(tmp_path):
     """An agreement run that reused another's a reads points at them from its manifest."""
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir(), second.mkdir()
-    write(first / "a.jsonl", [record("sst2-1", "positive", 0.9)])
-    write(second / "b.jsonl", [record("sst2-1", "positive", 0.4, exact=False)])
+    write(first / "a.jsonl.gz", [record("sst2-1", "positive", 0.9)])
+    write(second / "b.jsonl.gz", [record("sst2-1", "positive", 0.4, exact=False)])
     engines = {
         "a": {"kind": "local", "read_mode": "exact", "top_k": 49152},
         "b": {"kind": "vllm", "read_mode": "masked", "top_k": 32},
     }
     (second / "manifest.json").write_text(
-        json.dumps({"reads": {"a": "../first/a.jsonl", "b": "b.jsonl"}, "engines": engines})
+        json.dumps({"reads": {"a": "../first/a.jsonl.gz", "b": "b.jsonl.gz"}, "engines": engines})
     )
     (row,) = mode_rows(second)
     assert row["same_label"] == 0 and row["max_abs_dp"] == pytest.approx(0.5)

@@ -11,6 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from eval.evidence import (
+    RECORDS,
+    journal_path,
+    load_rows,
+    read_jsonl_gz,
+    split_timings,
+    write_jsonl_gz,
+    write_rows,
+)
 from eval.manifest import Images, RunRefused
 from eval.runner import run_tasks
 from eval.score import score_run, score_table, write_score
@@ -30,7 +39,7 @@ async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
         images=Images("vllm@sha256:e", "decide@sha256:s"),
         engine_log=server_log,
     )
-    rows = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    rows = load_rows(tmp_path)
     assert len(rows) == manifest["records"] == 6 * 4 + 6 * 3  # three choice tasks also run reversed
     assert {row["task"] for row in rows} == {"sst2", "ag_news", "emotion", "irony"}
     assert {row["variant"] for row in rows if row["task"] == "irony"} == {"original"}
@@ -78,34 +87,37 @@ def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_pa
         "--no-latency",
     ]
     child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    records = out / "records.jsonl"
+    journal = journal_path(out / RECORDS)  # where rows land while reads run
     deadline = time.monotonic() + 120
-    while not (records.is_file() and len(records.read_text().splitlines()) >= 12):
+    while not (journal.is_file() and len(journal.read_text().splitlines()) >= 12):
         assert child.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
         time.sleep(0.05)
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
-    partial = len(records.read_text().splitlines())
-    assert partial < 60
+    partial = len(journal.read_text().splitlines())
+    assert partial < 60 and not (out / RECORDS).exists()
     subprocess.run(
         command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300
     )
-    rows = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    rows = list(read_jsonl_gz(out / RECORDS))
     keys = [(row["id"], row["variant"]) for row in rows]
     assert len(keys) == len(set(keys)) == 20 * 2 + 20  # sst2 original + reversed, irony original
     assert json.loads((out / "manifest.json").read_text())["status"] == "success"
+    assert not journal.exists()
 
 
 async def test_a_torn_last_line_is_redone_not_lost(local_engine, tmp_path):
+    """What a killed writer leaves: the record file of an earlier session and a journal whose last
+    line was cut mid-way. The rows of both are kept; the torn one is read again."""
     await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=8)
-    records = tmp_path / "records.jsonl"
-    data = records.read_bytes()
-    records.write_bytes(
-        data[: data.rstrip(b"\n").rfind(b"\n") + 1] + data.rstrip(b"\n").rsplit(b"\n", 1)[1][:40]
-    )  # last line cut mid-way
+    rows = load_rows(tmp_path, timings=True)
+    write_rows(tmp_path / RECORDS, rows[:5])
+    kept, torn = json.dumps(rows[5]), json.dumps(rows[6])
+    journal_path(tmp_path / RECORDS).write_text(kept + "\n" + torn[:40])
     await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=8)
-    rows = [json.loads(line) for line in records.read_text().splitlines()]
-    assert len(rows) == 8 and len({row["id"] for row in rows}) == 8
+    again = load_rows(tmp_path, timings=True)
+    assert [row["id"] for row in again] == [row["id"] for row in rows]
+    assert again[:6] == rows[:6] and again[6]["reading"]["decision_id"] != rows[6]["reading"]["decision_id"]
     report = score_run(tmp_path)
     assert report["tasks"]["irony"]["n"] == 8 and report["missing_records"] == 0
 
@@ -149,7 +161,9 @@ def test_scores_do_not_depend_on_the_order_records_were_written(tmp_path):
     for run, rows in ((ordered, lines), (shuffled, random.Random(5).sample(lines, len(lines)))):
         run.mkdir()
         write_json(run / "manifest.json", manifest)
-        (run / "records.jsonl").write_text("\n".join(rows) + "\n")
+        write_rows(run / RECORDS, map(json.loads, rows))  # the rows and their timings
+        # then the record file again in this order, as no writer leaves it: scores must not read the order
+        write_jsonl_gz(run / RECORDS, (split_timings(json.loads(row))[0] for row in rows))
     report = score_run(ordered)
     assert all(entry["n"] == 150 and "ece_after_50_mean" in entry for entry in report["tasks"].values())
     assert score_run(shuffled)["tasks"] == report["tasks"]

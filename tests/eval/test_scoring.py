@@ -11,6 +11,7 @@ import pytest
 
 import eval.score
 from eval.compare import ComparisonRefused, compare_runs, mcnemar_exact, paired_bootstrap
+from eval.evidence import RECORDS, write_rows
 from eval.score import at_top_k_bound, wilson_interval
 
 
@@ -88,7 +89,7 @@ def write_run(path, *, correct, gold="positive", images=None, image_digest=None)
         }
         for i, ok in enumerate(correct)
     ]
-    (path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_rows(path / RECORDS, rows)
 
 
 @pytest.mark.parametrize("role", ["engine", "service"])

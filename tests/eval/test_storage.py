@@ -8,6 +8,7 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
+from eval.evidence import RECORDS
 from eval.storage import TransferRefused, download_run, run_files, storage_client, upload_run, verify_run
 from opendecide.cli import app
 from tests.eval.conftest import copy_run
@@ -51,9 +52,9 @@ def test_upload_then_download_gives_the_same_files(bucket, tmp_path, tasks_run):
     client, name = bucket
     run = copy_run(tasks_run, tmp_path)
     # past 8 MiB the client sends a file through a resumable upload session rather than one request
-    records = (run / "records.jsonl").read_bytes()
-    (run / "records.jsonl").write_bytes(records * (8 * 2**20 // len(records) + 1))
-    assert (run / "records.jsonl").stat().st_size > 8 * 2**20
+    records = (run / RECORDS).read_bytes()  # repeated: gzip members one after another, still its rows
+    (run / RECORDS).write_bytes(records * (8 * 2**20 // len(records) + 1))
+    assert (run / RECORDS).stat().st_size > 8 * 2**20
     sent = upload_run(run, f"gs://{name}/runs/a", client=client)
     files = run_files(run)
     assert sent.sent == [f["path"] for f in files] and sent.skipped == [] and sent.manifest_written

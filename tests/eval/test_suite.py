@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from eval.evidence import load_rows, timings_path
 from eval.manifest import RunRefused
 from eval.suite import run_suite, score_suite_with_engine
 from eval.suite_records import build_from_tasks, load_suite
@@ -76,11 +77,13 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     assert "jev_minus_arm" in report["subsets"]["boolq"] and "jev_minus_arm" not in report["subsets"]["irony"]
     assert set(report["question_types"]) == {"choice", "noul"}
     assert "| all | 4 | 48 |" in suite_table(report)
-    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    rows = load_rows(out)
     assert len({row["id"] for row in rows}) == 48
+    timings = timings_path(out / "records.jsonl.gz").read_bytes()
     # what ``decide eval suite`` calls: the engine by spec, the run resumed (nothing left to read), then the report files
     again = await score_suite_with_engine("local", data, out, allow_unverified=True)
-    assert len((out / "records.jsonl").read_text().splitlines()) == 48
+    # nothing read again: a read would have a new decision id in the timings
+    assert timings_path(out / "records.jsonl.gz").read_bytes() == timings and len(load_rows(out)) == 48
     assert json.loads((out / "suite.json").read_text()) == json.loads(json.dumps(again)) and (
         out / "suite.md"
     ).read_text() == suite_table(again)

@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import spearmanr
 
 import eval.scorecard
-from eval.evidence import load_rows, rows_arrays
+from eval.evidence import RECORDS, load_rows, rows_arrays, timings_path
 from eval.manifest import RunRefused
 from eval.scorecard import (
     checksum_status,
@@ -341,6 +341,7 @@ def test_the_command_refuses_a_mismatch_and_scores_with_the_flag(scorecard_run, 
     data, out = scorecard_run
     out = copy_run(out, tmp_path)
     runner = CliRunner()
+    timings = timings_path(out / RECORDS).read_bytes()
     refused = runner.invoke(app, ["eval", "suite", "--data", str(data), "--out", str(out)])
     assert refused.exit_code == 1 and "refused: vitaminc-dev/all.jsonl has sha256" in refused.output
     scored = runner.invoke(
@@ -348,7 +349,8 @@ def test_the_command_refuses_a_mismatch_and_scores_with_the_flag(scorecard_run, 
         ["eval", "suite", "--data", str(data), "--out", str(out), "--allow-mismatch", "--resamples", "50"],
     )
     assert scored.exit_code == 0, scored.output
-    assert len((out / "records.jsonl").read_text().splitlines()) == 24  # resumed: nothing read again
+    # resumed: nothing read again (a read would have a new decision id in the timings)
+    assert timings_path(out / RECORDS).read_bytes() == timings and len(load_rows(out)) == 24
     report = json.loads((out / "suite.json").read_text())
     assert (
         report["bootstrap"]["resamples"] == 50 and report["subsets"]["vitaminc-dev"]["checksum"] == "mismatch"
