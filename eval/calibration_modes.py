@@ -1,14 +1,14 @@
 """``decide eval calibration-modes RUN``: the calibration modes compared on a run's per-record rows.
 
 Per task (original option order, reads that succeeded): ``splits`` seeded random splits, each fitting
-on ``labels`` records with their gold answers and scoring ``held_out`` others, in four modes:
+on ``gold`` records with their gold answers and scoring ``held_out`` others, in four modes:
 
 - ``raw``: the read's probabilities;
-- ``temperature``: T fitted on the labels (``calibration.temperature``);
-- ``temperature_bias``: T and per-option biases fitted on the labels (``calibration.bias``);
-- ``prior``: no labels; the question's option prior, read on content-free states through the engine
+- ``temperature``: T fitted on the gold answers (``calibration.temperature``);
+- ``temperature_bias``: T and per-option biases fitted on the gold answers (``calibration.bias``);
+- ``prior``: no gold answers; the question's option prior, read on content-free states through the engine
   under the run's prompt version, divided out (``service.pipeline.prior``);
-- ``state_prior``: no labels; the mean of the reads of the same ``labels`` records' states divided
+- ``state_prior``: no gold answers; the mean of the reads of the same ``gold`` records' states divided
   out (``calibration.bias.StatePriorScaler``: what ``POST /v1/calibrations`` fits in that mode).
 
 Reported per mode: mean held-out accuracy (and its standard deviation over splits), mean ECE (15
@@ -40,7 +40,8 @@ from eval.manifest import MANIFEST, write_json
 from eval.tasks import TASKS
 from readers.prompt import PROMPT_LAYOUTS, PROMPT_VERSION
 
-MODES = ("raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior")
+# Calibration modes (calibration.store.CALIBRATION_MODES) plus the baselines compared against them.
+EVALUATED_MODES = ("raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior")
 """``prior_temperature``: the prior divided out, then a temperature fitted on the corrected reads (what
 a feedback refit of a choice key gives under the service's default prior correction)."""
 NEEDS_PRIOR = ("prior", "prior_temperature")
@@ -58,25 +59,25 @@ def evaluate_task(
     y: np.ndarray,
     prior: np.ndarray | None,
     *,
-    labels: int = 50,
+    gold: int = 50,
     held_out: int = 100,
     splits: int = 20,
     seed: int = 0,
 ) -> dict:
-    """Accuracy, ECE and ECE floor per mode, over ``splits`` random (labels, held_out) splits."""
-    if len(y) < labels + held_out:
+    """Accuracy, ECE and ECE floor per mode, over ``splits`` random (gold, held_out) splits."""
+    if len(y) < gold + held_out:
         raise ValueError(
-            f"{len(y)} records; {labels} labels and {held_out} held out need {labels + held_out}"
+            f"{len(y)} records; {gold} with gold answers and {held_out} held out need {gold + held_out}"
         )
     logits = as_logits(p)
     rng = np.random.default_rng(seed)
     per_mode: dict[str, list[dict]] = {
-        mode: [] for mode in MODES if mode not in NEEDS_PRIOR or prior is not None
+        mode: [] for mode in EVALUATED_MODES if mode not in NEEDS_PRIOR or prior is not None
     }
     corrected = as_logits(apply_prior(p, prior)) if prior is not None else None
     for split in range(splits):
         order = rng.permutation(len(y))
-        fit, held = order[:labels], order[labels : labels + held_out]
+        fit, held = order[:gold], order[gold : gold + held_out]
         temperature = TemperatureScaler().fit(logits[fit], y[fit]).temperature_
         bias = TemperatureBiasScaler().fit(logits[fit], y[fit])
         calibrated = {
@@ -85,7 +86,7 @@ def evaluate_task(
             "temperature_bias": apply_temperature_bias(logits[held], bias.temperature_, bias.bias_),
             "state_prior": StatePriorScaler()
             .fit(logits[fit])
-            .predict_proba(logits[held]),  # the fit records' states, not their labels
+            .predict_proba(logits[held]),  # the fit records' states, not their gold answers
         }
         if corrected is not None:
             calibrated["prior"] = np.exp(corrected[held])
@@ -152,7 +153,7 @@ async def measure_priors(
 
 
 async def calibration_modes(
-    run: Path, out: Path, *, engine: str | None = "local", engine_url: str | None = None, labels: int = 50, held_out: int = 100,
+    run: Path, out: Path, *, engine: str | None = "local", engine_url: str | None = None, gold: int = 50, held_out: int = 100,
     splits: int = 20, seed: int = 0,
 ) -> dict:  # fmt: skip
     """Evaluate the modes on ``run``'s rows; write modes.json, modes.md (and priors.json) into ``out``."""
@@ -188,7 +189,7 @@ async def calibration_modes(
         )
     report = {
         "run": str(run), "prompt_version": run_version, "model": model["model"], "revision": model["revision"], "n_bins": N_BINS,
-        "labels": labels, "held_out": held_out, "splits": splits, "seed": seed, "prior_note": prior_note, "tasks": {},
+        "gold": gold, "held_out": held_out, "splits": splits, "seed": seed, "prior_note": prior_note, "tasks": {},
     }  # fmt: skip
     for task in tasks:
         ok = task_rows(rows, task)
@@ -198,7 +199,7 @@ async def calibration_modes(
             prior = np.array([priors["tasks"][task]["prior"][option] for option in ok[0]["options"]])
         report["tasks"][task] = {
             "n": len(ok),
-            **evaluate_task(p, y, prior, labels=labels, held_out=held_out, splits=splits, seed=seed),
+            **evaluate_task(p, y, prior, gold=gold, held_out=held_out, splits=splits, seed=seed),
         }
     write_json(out / "modes.json", report)
     (out / "modes.md").write_text(modes_table(report))
@@ -209,7 +210,7 @@ def modes_table(report: dict) -> str:
     lines = [
         (
             f"Model {report['model']} @ {report['revision']}, prompt {report['prompt_version']}; {report['splits']} random splits per task, "
-            f"{report['labels']} gold answers fit, {report['held_out']} held out; ECE over {report['n_bins']} bins, mean over splits; "
+            f"{report['gold']} gold answers fit, {report['held_out']} held out; ECE over {report['n_bins']} bins, mean over splits; "
             "floor = mean over splits of the median ECE of perfectly calibrated draws at the same n (95% range)."
         ),
         "",
@@ -217,7 +218,7 @@ def modes_table(report: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for task, scored in report["tasks"].items():
-        for mode in MODES:
+        for mode in EVALUATED_MODES:
             if mode not in scored:
                 continue
             s = scored[mode]

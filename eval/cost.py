@@ -118,7 +118,7 @@ def run_chips(manifest: dict) -> tuple[set[str], str] | None:
     if manifest.get("chip") in CHIPS:
         return {manifest["chip"]}, f"its manifest names chip {manifest['chip']}"
     if ((manifest.get("engines") or {}).get("run") or {}).get("kind") == "local":
-        return {"cpu"}, "the embedded engine read in process on the host CPU"
+        return {"cpu"}, "the local engine read in process on the host CPU"
     device = (manifest.get("kv_capacity") or {}).get("device")
     if device in LOG_DEVICE_CHIPS:
         return set(LOG_DEVICE_CHIPS[device]), f"its server log's KV line is from a {device} server"

@@ -1,6 +1,6 @@
 """``decide eval score DIR``: per-task figures from a run's evidence files only.
 
-Conventions: accuracy with a Wilson 95% interval; ECE top-label on 15 equal-width bins (see
+Conventions: accuracy with a Wilson 95% interval; ECE of the top class on 15 equal-width bins (see
 ``calibration.metrics``), beside its finite-sample floor (the ECE perfectly calibrated draws show at
 the same n: median and 95% range, ``calibration.metrics.ece_floor``); Brier multiclass; "after 50" = temperature fitted on 50 records (with their gold answers) of
 one random half, ECE of the other half (single split = split 0 of the seeded sequence; the mean is over

@@ -104,7 +104,7 @@ async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
     with pytest.raises(ValueError, match="measured under"):
         await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=2)
     with pytest.raises(ValueError, match="need 250"):
-        await calibration_modes(tmp_path / "run", tmp_path / "other", engine=None, labels=150)
+        await calibration_modes(tmp_path / "run", tmp_path / "other", engine=None, gold=150)
 
 
 async def test_a_prior_is_measured_under_the_runs_own_layout():

@@ -289,7 +289,7 @@ def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path, tasks_run, load_r
     embedded = copy_run(tasks_run, tmp_path, "embedded")
     with pytest.raises(
         ValueError,
-        match=r"was measured on cpu \(the embedded engine read in process on the host CPU\), not --chip v6e",
+        match=r"was measured on cpu \(the local engine read in process on the host CPU\), not --chip v6e",
     ):
         throughput_of_run(embedded, label="e", chip="v6e")
     # a vLLM server's start-up log recorded in the manifest (decide eval tasks --engine-log) names its device
