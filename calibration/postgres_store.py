@@ -179,18 +179,7 @@ class PostgresStore(CalibrationStore):
 
     # -- calibrations -------------------------------------------------------------------------
 
-    def add_calibration(
-        self,
-        key: CalibrationKey,
-        *,
-        temperature: float,
-        n: int,
-        source: str,
-        mode: str = "temperature",
-        bias=None,
-        **metrics: float | int | None,
-    ) -> Calibration:
-        calibration = self._new_calibration(key, temperature, n, source, metrics, mode, bias)
+    def _insert_calibration(self, calibration: Calibration) -> int:
         row = calibration.as_json()
         row["fitted_at"] = dt.datetime.fromisoformat(calibration.fitted_at)
         with self._pool.connection() as db:
@@ -198,8 +187,7 @@ class PostgresStore(CalibrationStore):
                 f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))}) RETURNING seq",
                 list(row.values()),
             ).fetchone()[0]
-        self._remember([(stored, calibration)])
-        return calibration
+        return stored
 
     def _reload(self, db: psycopg.Connection | None = None) -> None:
         """Reload the cache if the table changed since the last look: (count, max seq) both grow on

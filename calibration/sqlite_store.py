@@ -144,18 +144,7 @@ class SQLiteStore(CalibrationStore):
 
     # -- calibrations -------------------------------------------------------------------------
 
-    def add_calibration(
-        self,
-        key: CalibrationKey,
-        *,
-        temperature: float,
-        n: int,
-        source: str,
-        mode: str = "temperature",
-        bias=None,
-        **metrics: float | int | None,
-    ) -> Calibration:
-        calibration = self._new_calibration(key, temperature, n, source, metrics, mode, bias)
+    def _insert_calibration(self, calibration: Calibration) -> int:
         row = calibration.as_json()
         row["bias"] = None if row["bias"] is None else json.dumps(row["bias"])
         with self._transaction() as db:
@@ -163,8 +152,7 @@ class SQLiteStore(CalibrationStore):
                 f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                 list(row.values()),
             )
-        self._remember([(cursor.lastrowid, calibration)])
-        return calibration
+        return cursor.lastrowid
 
     def _reload(self) -> None:
         # rowid is the insertion order (rows are never deleted), the same on every connection.

@@ -185,16 +185,18 @@ class CalibrationStore(ABC):
                     return found[1]
         return None
 
-    @staticmethod
-    def _new_calibration(
+    def add_calibration(
+        self,
         key: CalibrationKey,
+        *,
         temperature: float,
         n: int,
         source: str,
-        metrics: dict,
         mode: str = "temperature",
         bias=None,
+        **metrics: float | int | None,
     ) -> Calibration:
+        """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
         if mode not in CALIBRATION_MODES:
             raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")
         if (mode in BIAS_MODES) != (bias is not None):
@@ -203,7 +205,7 @@ class CalibrationStore(ABC):
             raise ValueError(
                 f"a bias has one value per option: {len(bias)} for option count {key.option_count}"
             )
-        return Calibration(
+        calibration = Calibration(
             id=f"cal_{uuid.uuid4().hex[:16]}",
             model=key.model,
             revision=key.revision,
@@ -224,22 +226,14 @@ class CalibrationStore(ABC):
             mode=mode,
             bias=None if bias is None else tuple(float(b) for b in bias),
         )
+        self._remember([(self._insert_calibration(calibration), calibration)])
+        return calibration
 
     # -- the backend's part ---------------------------------------------------------------------
 
     @abstractmethod
-    def add_calibration(
-        self,
-        key: CalibrationKey,
-        *,
-        temperature: float,
-        n: int,
-        source: str,
-        mode: str = "temperature",
-        bias=None,
-        **metrics: float | int | None,
-    ) -> Calibration:
-        """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
+    def _insert_calibration(self, calibration: Calibration) -> int:
+        """Write one fit in one durable transaction; return its insertion order (later fits of a key win)."""
 
     @abstractmethod
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
