@@ -68,6 +68,7 @@ def test_trie_structure():
         Trie([(1,), (1,)])
 
 
+@pytest.mark.slow  # 100 multi-token names, each scored by the trie and by brute force
 async def test_100_multi_token_names_by_the_trie_equal_brute_force(local_engine):
     options = tuple(f"option number {i}" for i in range(100))
     await check_against_brute_force(Reader(local_engine), choice(*options), LabelStyle.TRIE)

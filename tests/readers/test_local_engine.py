@@ -66,6 +66,7 @@ async def test_top_k_at_vocabulary_size_equals_exact(local_engine):
         )
 
 
+@pytest.mark.slow  # many reads, exact and top-2
 async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
     exact = Reader(local_engine)
     top2 = Reader(local_engine.with_top_k(2))

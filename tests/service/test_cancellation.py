@@ -98,6 +98,7 @@ async def timed_answer(url: str) -> float:
 UNBOUNDED = AdmissionLimits(in_flight_cost=10**9, queued_cost=10**9, request_cost=10**9)
 
 
+@pytest.mark.slow  # a flood of long requests; its own engine, loaded again
 @pytest.mark.anyio
 async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
     """The probe: 152 of 200 clients gave up after 5 s, the server still computed every one, and a
