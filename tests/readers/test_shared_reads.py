@@ -66,6 +66,7 @@ def test_prefix_boundaries_at_the_edges_of_the_prompt(local_engine):
     assert max_gap(rows, [ids, ids, ids[:1], ids[:2]], local_engine) < EXACT
 
 
+@pytest.mark.slow  # concurrent requests, each checked against reads alone
 async def test_concurrent_requests_share_forward_passes_and_stay_exact(local_engine):
     reader = Reader(local_engine)
     jobs = [requests_for(reader, QUESTIONS[: 1 + i % 3], STATES[i % 3] + " " * (i // 3)) for i in range(8)]
@@ -81,6 +82,7 @@ async def test_concurrent_requests_share_forward_passes_and_stay_exact(local_eng
                 assert logprob == pytest.approx(float(truth[token_id]), abs=EXACT)
 
 
+@pytest.mark.slow  # every question read twice, shared and alone
 async def test_the_per_question_path_reads_the_same(local_engine):
     reader = Reader(local_engine)
     per_question = Reader(local_engine.with_share_prefix(False))

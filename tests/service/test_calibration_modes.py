@@ -201,6 +201,7 @@ def choice_key(engine, *, corrected: bool) -> CalibrationKey:
     )
 
 
+@pytest.mark.slow  # content-free states read per question type
 async def test_the_prior_correction_policy_names_the_questions_it_covers(client_factory, local_engine):
     prior = await content_free_prior(local_engine, NoulQuestion.model_validate(NOUL).to_spec())
     async with client_factory(local_engine, prior_correction="all") as client:
