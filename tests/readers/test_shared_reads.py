@@ -174,6 +174,7 @@ def test_engine_options_are_checked(embedded_model_dir):
 
 
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: every split is the same")
+@pytest.mark.slow  # two more engines loaded
 async def test_workers_share_the_thread_budget(embedded_model_dir):
     """Default: one batch worker per thread of the budget (at most DEFAULT_MAX_WORKERS), each
     running its forwards on budget // workers threads; a second engine with another split, built

@@ -155,6 +155,7 @@ async def test_top_k_engine_reports_missing_labels(client_factory, local_engine)
     )
 
 
+@pytest.mark.slow  # each state read in a batch and alone
 async def test_batch_answers_each_state_like_a_single_request(client_factory, local_engine):
     states = ["Great phone, love it.", "Broke after a day.", {"review": "It is fine I guess."}]
     question = {"sentiment": QUESTIONS["sentiment"]}
