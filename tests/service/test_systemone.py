@@ -114,6 +114,7 @@ async def test_models_list_in_jev_shape(client_factory, local_engine):
     assert "jev-latest" in card["aliases"]
 
 
+@pytest.mark.slow  # multi-token labels read by the trie
 async def test_labels_that_are_not_one_token_are_read_whole_by_the_trie(client_factory, local_engine):
     body = {
         "state": "NASA delays the rocket launch.",
