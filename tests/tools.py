@@ -36,7 +36,7 @@ def missing_tool(name: str) -> NoReturn:
     """Skip the test, or fail it under CI: ``name`` is not installed."""
     message = f"{name} is not installed; install it from {INSTALL[name]}"
     if under_ci():
-        pytest.fail(f"CI needs {message}", pytrace=False)
+        pytest.fail(f"CI needs it: {message}", pytrace=False)
     pytest.skip(message)
 
 
