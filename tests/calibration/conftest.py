@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from deploy.processes import free_port
+from tests.tools import missing_tool
 
 
 def postgres_bin() -> Path | None:
@@ -91,11 +92,7 @@ class PostgresServer:
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL is not installed; .ci/run installs Debian's postgresql package")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    bin_dir = postgres_bin() or missing_tool("postgresql")
     root = Path(
         tempfile.mkdtemp(prefix="opendecide-pg-")
     )  # not under pytest's root-only tmp: postgres must reach it

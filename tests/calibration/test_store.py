@@ -366,6 +366,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # three writer processes, killed
 def test_every_acknowledged_feedback_survives_a_kill(location):
     """Three writer processes at once; one is killed mid-stream, then the others."""
     names = ["w0", "w1", "w2"]

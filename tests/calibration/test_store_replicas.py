@@ -204,6 +204,7 @@ def test_feedback_from_both_replicas_survives_killing_one(replicas, postgres_url
     )
 
 
+@pytest.mark.integration  # a `decide serve` process
 def test_serve_names_the_store_it_cannot_open_without_its_password():
     command = [
         sys.executable,

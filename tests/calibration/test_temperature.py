@@ -23,6 +23,7 @@ def test_recovers_a_known_temperature(temperature):
     assert fitted == pytest.approx(temperature, rel=0.12)
 
 
+@pytest.mark.slow  # a fine grid search over temperatures
 def test_never_worse_than_t1_and_matches_a_grid_search():
     for seed in range(5):
         logits, gold = draws(2.0, 80, 3, seed=seed)

@@ -4,7 +4,6 @@ the installed gcloud, streaming its output and stopping at the first failure."""
 from __future__ import annotations
 
 import shlex
-import shutil
 import tempfile
 import tomllib
 
@@ -14,6 +13,7 @@ from typer.testing import CliRunner
 from deploy.launch import format_plan, plan
 from deploy.targets import self_delete_command
 from opendecide.cli import app
+from tests.tools import require_tool
 
 from .conftest import EXAMPLES, PLACEHOLDER_PROJECT, ROOT, example
 
@@ -45,8 +45,9 @@ def test_a_real_run_refuses_the_placeholder_service_digest():
     assert result.exit_code == 1 and "placeholder digest" in result.output
 
 
-@pytest.mark.skipif(shutil.which("gcloud") is None, reason="gcloud is not installed")
+@pytest.mark.integration  # the run's steps start the gcloud CLI
 def test_a_real_run_streams_gcloud_and_stops_at_the_first_failure(tmp_path, monkeypatch, capfd):
+    require_tool("gcloud")  # the run calls it by name, from PATH
     monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
     monkeypatch.setenv("CLOUDSDK_CORE_DISABLE_PROMPTS", "1")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -9,25 +9,20 @@ locate credentials". Neither reaches the network here.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from deploy.launch import plan
 from deploy.targets import self_delete_command
+from tests.tools import require_tool
 
 from .conftest import PLACEHOLDER_PROJECT, example
 
+pytestmark = pytest.mark.integration  # runs the gcloud and aws CLIs
+
 GCLOUD_ACCEPTED = "You do not currently have an active account selected"
 AWS_ACCEPTED = "Unable to locate credentials"
-
-
-def aws_cli() -> str | None:
-    beside = Path(sys.executable).with_name("aws")  # the test extra installs awscli into the venv
-    return str(beside) if beside.exists() else shutil.which("aws")
 
 
 @pytest.fixture
@@ -58,11 +53,8 @@ def cli_env(tmp_path) -> dict[str, str]:
 
 def parse(argv: list[str], env: dict[str, str]) -> tuple[bool, str]:
     """(accepted, output) for one command; only gcloud and aws commands are checked."""
-    program = {"gcloud": shutil.which("gcloud"), "aws": aws_cli()}[argv[0]]
-    if program is None:
-        pytest.skip(f"{argv[0]} is not installed")
     result = subprocess.run(
-        [program, *argv[1:]], check=False, env=env, capture_output=True, text=True, timeout=120
+        [require_tool(argv[0]), *argv[1:]], check=False, env=env, capture_output=True, text=True, timeout=120
     )
     output = result.stdout + result.stderr
     accepted = (GCLOUD_ACCEPTED if argv[0] == "gcloud" else AWS_ACCEPTED) in output

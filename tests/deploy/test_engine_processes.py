@@ -19,6 +19,8 @@ import pytest
 from deploy.processes import free_port
 from deploy.vllm_cpu import ServerSpec, session_members, start, state_file, status, stop
 
+pytestmark = pytest.mark.integration  # real server and worker processes
+
 API_SERVER = textwrap.dedent(
     """
     import http.server, json, subprocess, sys

@@ -13,7 +13,6 @@ import copy
 import functools
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -22,10 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(
-    KUBECTL is None, reason="kubectl (with built-in kustomize) is not installed; CI has it"
-)
+from tests.tools import require_tool
+
+pytestmark = pytest.mark.integration  # every test reads what the kubectl CLI renders
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.32"
@@ -86,7 +84,7 @@ PINNED = re.compile(r"^[a-z0-9][a-z0-9._/-]*@sha256:[0-9a-f]{64}$")
 @functools.cache
 def render(target: str) -> tuple[dict, ...]:
     """``kubectl kustomize`` of a folder under deploy/k8s, as parsed objects."""
-    command = [KUBECTL, "kustomize", str(K8S / target)]
+    command = [require_tool("kubectl"), "kustomize", str(K8S / target)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"kubectl kustomize {target} failed:\n{result.stderr}"
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)

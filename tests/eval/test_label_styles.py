@@ -14,6 +14,7 @@ from readers.prompt import PROMPT_VERSION
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow  # a run of two style sets over the task's records
 async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
     rows = await run_label_styles(
         local_engine, tmp_path, style_sets=["words", "trie"], tasks=["ag_news"], limit=3
@@ -40,6 +41,7 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
     assert f"| trie | {PROMPT_VERSION} | choice | ag_news | 3 |" in table and "of 3" in table
 
 
+@pytest.mark.slow  # runs with and without the prior correction
 async def test_rows_hold_the_answer_and_the_raw_read_beside_it(local_engine, tmp_path):
     """Runs answer as the service does (choice questions prior-corrected by default); the raw read's
     accuracy is counted from the same rows, and a run without the correction answers raw."""
@@ -91,6 +93,7 @@ async def test_unknown_style_set_is_named(local_engine, tmp_path):
         await run_label_styles(local_engine, tmp_path, style_sets=["letters"])
 
 
+@pytest.mark.slow  # a run per layout
 async def test_layouts_side_by_side_in_one_run(local_engine, tmp_path):
     """The before/after comparison of a prompt change: each layout with its own default reads."""
     rows = await run_label_styles(

@@ -63,6 +63,7 @@ async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
     assert "| sst2 | 6 |" in score_table(report)
 
 
+@pytest.mark.slow  # a run, then another engine loaded
 async def test_a_directory_of_another_model_is_refused(local_engine, tmp_path):
     await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=5)
     with pytest.raises(RunRefused, match="read mode .exact., not .topk."):
@@ -122,6 +123,7 @@ async def test_a_torn_last_line_is_redone_not_lost(local_engine, tmp_path):
     assert report["tasks"]["irony"]["n"] == 8 and report["missing_records"] == 0
 
 
+@pytest.mark.slow  # a run, then a refused resume
 async def test_resuming_with_other_tasks_is_refused(local_engine, tmp_path):
     await run_tasks(local_engine, tmp_path, tasks=["irony"], limit=3)
     with pytest.raises(RunRefused, match="tasks"):

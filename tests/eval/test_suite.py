@@ -89,6 +89,7 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     ).read_text() == suite_table(again)
 
 
+@pytest.mark.slow  # two suite runs
 async def test_subsets_sharing_ids_are_kept_apart_and_resume_is_guarded(local_engine, tmp_path):
     data = tmp_path / "suite"
     build_from_tasks(data)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration  # pip downloads the wheel and installs the plugin; a harness process
+
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).with_name("qwen2_harness.py")
 WHEEL = "tpu_inference-0.32.0-py3-none-any.whl"

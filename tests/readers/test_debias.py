@@ -70,6 +70,7 @@ def test_rotate_moves_descriptions_with_their_options():
         rotate(QuestionSpec("score", None, ("0", "1"), ("bad", "good")), 1)
 
 
+@pytest.mark.slow  # every rotation read
 async def test_averaged_reading_is_the_softmax_of_mean_log_probabilities(local_engine):
     reader = coded(local_engine)
     (reading,) = await read_many_rotated(reader, [TOPIC], STATE, rotations=[4])
@@ -103,6 +104,7 @@ async def test_two_options_read_both_ways_give_one_answer(local_engine):
     assert not isinstance(plain, RotatedReading)
 
 
+@pytest.mark.slow  # every rotation and its reverse read
 async def test_rotations_with_their_reverses_read_the_reversed_order_alike(local_engine):
     """rotate_reverse with all 2n orders: the asked order and its reverse read the same orders, so one answer."""
     assert len(set(rotation_orders(4, 8, ROTATE_REVERSE))) == 8
@@ -115,6 +117,7 @@ async def test_rotations_with_their_reverses_read_the_reversed_order_alike(local
     assert asked.rotations == 8 and max(abs(p[o] - q[o]) for o in p) < EXACT
 
 
+@pytest.mark.slow  # every rotation of every question read
 async def test_every_rotation_of_every_question_goes_in_one_engine_call(local_engine):
     counting = CountingEngine(local_engine)
     readings = await read_many_rotated(coded(counting), [TOPIC, SENTIMENT, TOPIC], STATE, rotations=[4, 1, 2])
@@ -143,6 +146,7 @@ async def test_combined_bounds_hold_the_probabilities_when_labels_are_missing(lo
         assert lo - 1e-12 <= p <= hi + 1e-12 and 0 <= lo <= hi <= 1
 
 
+@pytest.mark.slow  # every order read
 async def test_named_options_are_one_prompt_in_every_order_and_are_read_once(local_engine):
     reader = Reader(local_engine)  # default styles: the options' own words, not listed in the prompt
     assert order_free(reader, TOPIC, STATE) and not order_free(coded(local_engine), TOPIC, STATE)

@@ -68,6 +68,7 @@ def test_trie_structure():
         Trie([(1,), (1,)])
 
 
+@pytest.mark.slow  # 100 multi-token names, each scored by the trie and by brute force
 async def test_100_multi_token_names_by_the_trie_equal_brute_force(local_engine):
     options = tuple(f"option number {i}" for i in range(100))
     await check_against_brute_force(Reader(local_engine), choice(*options), LabelStyle.TRIE)
@@ -107,6 +108,7 @@ async def test_a_name_that_begins_another_is_scored_to_the_end_of_the_answer(loc
     assert max(abs(a - b) for a, b in zip(reading.label_probabilities.probabilities, truth)) < EXACT
 
 
+@pytest.mark.slow  # many options read by first token and alone
 async def test_first_tokens_read_distinct_first_tokens_in_one_call(local_engine):
     reader = Reader(local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.FIRST_TOKENS, LabelStyle.TRIE))
     question = choice("World", "Sci/Tech", "Sports")
@@ -122,6 +124,7 @@ async def test_first_tokens_read_distinct_first_tokens_in_one_call(local_engine)
         )
 
 
+@pytest.mark.slow  # trie reads exact and top-k
 async def test_top_k_trie_reads_are_floored_and_bounded_around_the_exact_read(local_engine):
     question = choice(
         "Business", "Sci/Tech", "World", "Sports", "Bank stocks", "Interest rates", "Weather forecast"
@@ -141,6 +144,7 @@ async def test_top_k_trie_reads_are_floored_and_bounded_around_the_exact_read(lo
         assert returned or lo == 0.0
 
 
+@pytest.mark.slow  # trie reads together and alone
 async def test_a_trie_question_beside_one_token_questions_reads_as_alone(local_engine):
     reader = Reader(local_engine)
     questions = [

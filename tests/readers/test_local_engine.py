@@ -34,7 +34,13 @@ def direct_label_probabilities(engine, prompt_ids, label_ids) -> list[float]:
     return softmax([float(logprobs[i]) for i in label_ids])
 
 
-@pytest.mark.parametrize("question", QUESTIONS, ids=lambda q: q.question_type + str(len(q.options)))
+@pytest.mark.parametrize(
+    "question",
+    [
+        pytest.param(q, marks=[] if i == 0 else [pytest.mark.slow]) for i, q in enumerate(QUESTIONS)
+    ],  # one in the fast tier
+    ids=lambda q: q.question_type + str(len(q.options)),
+)
 async def test_exact_read_equals_direct_log_softmax(local_engine, question):
     reader = Reader(
         local_engine, label_styles=(LabelStyle.WORDS, LabelStyle.CODES)
@@ -54,6 +60,7 @@ def reading_prompt(reader, question, state):
     return list(slot.prompt_ids)
 
 
+@pytest.mark.slow  # every question read exact and top-k
 async def test_top_k_at_vocabulary_size_equals_exact(local_engine):
     exact = Reader(local_engine)
     full_top_k = Reader(local_engine.with_top_k(local_engine.info.vocab_size))
@@ -66,6 +73,7 @@ async def test_top_k_at_vocabulary_size_equals_exact(local_engine):
         )
 
 
+@pytest.mark.slow  # many reads, exact and top-2
 async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
     exact = Reader(local_engine)
     top2 = Reader(local_engine.with_top_k(2))

@@ -44,6 +44,7 @@ def test_question_first_layout_puts_the_question_before_the_state(local_engine):
     assert old.label_styles == (LabelStyle.WORDS, LabelStyle.CODES)
 
 
+@pytest.mark.slow  # reads under an earlier layout, checked against full passes
 async def test_a_read_under_an_earlier_layout_is_exact(local_engine):
     reader = Reader(local_engine, layout=prompt_layout("decide-prompt/1"))
     slot, _ = reader.prepare(QUESTION, STATE)
@@ -53,6 +54,7 @@ async def test_a_read_under_an_earlier_layout_is_exact(local_engine):
     assert reading.label_probabilities.probabilities == pytest.approx(expected, abs=1e-4)
 
 
+@pytest.mark.slow  # reads under each layout
 async def test_the_current_layout_reads_the_answer_after_its_lead(local_engine):
     """decide-prompt/4 is decide-prompt/3's text with "Answer:" opening the assistant turn: the
     prompts differ only there, the labels are read as the next word (" World"), and the read is the

@@ -81,6 +81,7 @@ def test_caller_text_never_forges_a_turn(reader, special_ids, question, state):
 
 
 @given(question=questions(), state=text)
+@pytest.mark.slow  # 15 generated questions and states read
 @settings(
     max_examples=15, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
 )

@@ -240,6 +240,7 @@ async def test_a_bad_routing_is_refused_before_any_engine_is_contacted(fleet):
 # -- reads over fake servers -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # each engine loading the tokenizer
 async def test_questions_of_a_request_and_repeated_states_land_on_one_engine(fleet):
     hosts = ["e1.test:8000", "e2.test:8000", "e3.test:8000"]
     for host in hosts:
@@ -261,6 +262,7 @@ async def test_questions_of_a_request_and_repeated_states_land_on_one_engine(fle
         )
 
 
+@pytest.mark.slow  # each engine loading the tokenizer
 async def test_read_many_keeps_a_request_on_one_engine_and_round_robin_spreads_it(fleet):
     hosts = ["e1.test:8000", "e2.test:8000"]
     for host in hosts:
@@ -280,6 +282,7 @@ async def test_read_many_keeps_a_request_on_one_engine_and_round_robin_spreads_i
         )
 
 
+@pytest.mark.slow  # each engine loading the tokenizer
 async def test_a_busy_favourite_spills_to_the_keys_next_choice_only_past_the_bound(fleet):
     hosts = ["e1.test:8000", "e2.test:8000", "e3.test:8000"]
     for host in hosts:
@@ -316,6 +319,7 @@ async def test_a_busy_favourite_spills_to_the_keys_next_choice_only_past_the_bou
         await asyncio.gather(*busy)
 
 
+@pytest.mark.slow  # a second of timed probes, each engine loading the tokenizer
 async def test_a_failed_engine_is_ejected_its_reads_retried_and_probed_back(fleet):
     hosts = ["e1.test:8000", "e2.test:8000"]
     for host in hosts:
@@ -361,6 +365,7 @@ async def test_timeouts_eject_and_with_every_engine_out_reads_get_unavailable(fl
         assert 1 <= caught.value.retry_after_s <= 5
 
 
+@pytest.mark.slow  # fleets opened again and again, each engine loading the tokenizer
 async def test_engines_must_serve_one_model_and_read_in_the_mode_all_support(fleet):
     fleet.add("e1.test:8000")
     fleet.add("e2.test:8000", exact=False)
@@ -395,6 +400,7 @@ async def test_an_engine_down_at_start_joins_when_it_answers(fleet):
         await route(fleet, ["e1.test:8000", "e2.test:8000"])
 
 
+@pytest.mark.slow  # each engine loading the tokenizer
 async def test_a_names_addresses_are_followed_without_dropping_reads_in_flight(fleet):
     addresses = ["10.0.0.1", "10.0.0.2"]
     for n in (1, 2, 3, 4):

@@ -42,6 +42,7 @@ def max_gap(rows, prompts, engine) -> float:
     return max(float((row - engine.next_token_logprobs(ids)).abs().max()) for row, ids in zip(rows, prompts))
 
 
+@pytest.mark.slow  # every request read batched, cached, padded and alone
 def test_batched_cached_and_padded_reads_equal_the_single_sequence(local_engine):
     reader = Reader(local_engine)
     requests = [request for state in STATES for request in requests_for(reader, QUESTIONS, state)]
@@ -58,12 +59,14 @@ def test_batched_cached_and_padded_reads_equal_the_single_sequence(local_engine)
         assert max_gap(rows, prompts, local_engine) < EXACT
 
 
+@pytest.mark.slow  # full-vocabulary rows at every prefix edge, each checked against a fresh pass
 def test_prefix_boundaries_at_the_edges_of_the_prompt(local_engine):
     ids = requests_for(Reader(local_engine), QUESTIONS[:1], STATES[0])[0].prompt_ids
     rows = local_engine.batch_logprobs([ids, ids, ids[:1], ids[:2]], [len(ids), 1, 1, 1])
     assert max_gap(rows, [ids, ids, ids[:1], ids[:2]], local_engine) < EXACT
 
 
+@pytest.mark.slow  # concurrent requests, each checked against reads alone
 async def test_concurrent_requests_share_forward_passes_and_stay_exact(local_engine):
     reader = Reader(local_engine)
     jobs = [requests_for(reader, QUESTIONS[: 1 + i % 3], STATES[i % 3] + " " * (i // 3)) for i in range(8)]
@@ -79,6 +82,7 @@ async def test_concurrent_requests_share_forward_passes_and_stay_exact(local_eng
                 assert logprob == pytest.approx(float(truth[token_id]), abs=EXACT)
 
 
+@pytest.mark.slow  # every question read twice, shared and alone
 async def test_the_per_question_path_reads_the_same(local_engine):
     reader = Reader(local_engine)
     per_question = Reader(local_engine.with_share_prefix(False))
@@ -90,6 +94,7 @@ async def test_the_per_question_path_reads_the_same(local_engine):
         )
 
 
+@pytest.mark.slow  # every question alone, together and reordered, on every state
 async def test_readings_do_not_depend_on_the_other_questions_or_their_order(local_engine):
     """Prompt ids exactly, probabilities to float rounding, on the batched engine."""
     seen: list[ReadRequest] = []
@@ -169,6 +174,7 @@ def test_engine_options_are_checked(embedded_model_dir):
 
 
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: every split is the same")
+@pytest.mark.slow  # two more engines loaded
 async def test_workers_share_the_thread_budget(embedded_model_dir):
     """Default: one batch worker per thread of the budget (at most DEFAULT_MAX_WORKERS), each
     running its forwards on budget // workers threads; a second engine with another split, built

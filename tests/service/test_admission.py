@@ -132,6 +132,7 @@ async def test_over_the_queue_is_a_529_with_retry_after_and_never_a_500(client_f
     assert detail["error_type"] == "request_too_large" and f"at most {10 * cost}" in detail["message"]
 
 
+@pytest.mark.slow  # 200 concurrent requests
 async def test_a_flood_is_refused_fast_not_queued_for_seconds(client_factory, local_engine):
     """The probe: 200 concurrent one-question requests all queued (p99 24 s, never a 429/503).
     With admission, what does not fit is refused at once and the rest are answered."""

@@ -202,6 +202,7 @@ def choice_key(engine, *, corrected: bool) -> CalibrationKey:
     )
 
 
+@pytest.mark.slow  # content-free states read per question type
 async def test_the_prior_correction_policy_names_the_questions_it_covers(client_factory, local_engine):
     prior = await content_free_prior(local_engine, NoulQuestion.model_validate(NOUL).to_spec())
     async with client_factory(local_engine, prior_correction="all") as client:
@@ -217,6 +218,7 @@ async def test_the_prior_correction_policy_names_the_questions_it_covers(client_
     assert off[1]["probabilities"] == off[1]["x_reading"]["raw_probabilities"]
 
 
+@pytest.mark.slow  # every rotation read
 async def test_a_read_averaged_over_rotations_is_not_prior_corrected(local_engine):
     """Letter codes are listed in order, so rotations are real reads; their average has the position
     bias out already, and a prior read in the asked order would put it back."""
@@ -237,6 +239,7 @@ async def test_a_read_averaged_over_rotations_is_not_prior_corrected(local_engin
     assert (rotated["rotations"], rotated["prior_correction"]) == (4, None)
 
 
+@pytest.mark.slow  # content-free states read per question set
 async def test_the_prior_cache_keeps_the_latest_questions_only(local_engine):
     reader = Reader(local_engine)
     priors = OptionPriors(PriorCorrection.ALL, limit=2)

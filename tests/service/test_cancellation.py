@@ -98,6 +98,7 @@ async def timed_answer(url: str) -> float:
 UNBOUNDED = AdmissionLimits(in_flight_cost=10**9, queued_cost=10**9, request_cost=10**9)
 
 
+@pytest.mark.slow  # a flood of long requests; its own engine, loaded again
 @pytest.mark.anyio
 async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
     """The probe: 152 of 200 clients gave up after 5 s, the server still computed every one, and a
@@ -131,6 +132,7 @@ async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
 
 
 @pytest.mark.anyio
+@pytest.mark.slow  # its own engine, loaded again, and long reads
 async def test_an_abandoned_long_request_does_not_hold_the_worker(counting_engine):
     """The probe: one ~7,000-token state with 4 questions, abandoned, blocked both workers and made
     the next small request wait 81 s. Now its questions share the state's KV and run as one job: if

@@ -19,6 +19,7 @@ from opendecide.cli import app
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # decide ask loads its own engine
 def test_ask_prints_a_jev_answer(embedded_model_dir):
     result = CliRunner().invoke(
         app,

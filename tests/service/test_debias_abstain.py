@@ -22,6 +22,7 @@ def body(**extensions) -> dict:
     return {"state": STATE, "questions": {"topic": {**TOPIC, **extensions}}}
 
 
+@pytest.mark.slow  # every rotation setting read
 async def test_named_options_are_read_once_whatever_the_rotations_asked(client_factory, local_engine):
     """Since decide-prompt/3 named options are not listed in the prompt, so every order is the same
     prompt: x_debias reads it once and says so (rotations 1). Rotated reads of listed options (letter
@@ -74,6 +75,7 @@ async def test_bad_read_options_are_a_422_naming_the_field(
     assert error["loc"][-1] == field and message in error["msg"]
 
 
+@pytest.mark.slow  # three requests read at each threshold
 async def test_below_the_minimum_confidence_the_answer_abstains_and_keeps_its_fields(
     client_factory, local_engine
 ):

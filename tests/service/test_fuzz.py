@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import time
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
@@ -41,6 +42,7 @@ def error_shape(ctx, response, case) -> bool | None:
     return True
 
 
+@pytest.mark.slow  # over 1,000 generated requests through the whole HTTP stack
 def test_generated_requests_never_get_a_5xx(local_engine, tmp_path):
     engine = function_engine(local_engine, favour_first, ReadMode.EXACT)
     app = create_app(engine, store=open_store(tmp_path / "fuzz.sqlite3"), api_keys=[KEY])

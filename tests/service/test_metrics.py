@@ -98,6 +98,7 @@ async def test_one_json_access_line_per_request(client_factory, local_engine, ca
     )
 
 
+@pytest.mark.integration  # three worker processes
 def test_several_worker_processes_aggregate(tmp_path):
     """prometheus-client's multiprocess mode: two workers count, a third serves the sum."""
     import os

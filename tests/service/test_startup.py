@@ -12,6 +12,7 @@ from service.app import create_app
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.slow  # the engine opened after refused attempts, then decisions read
 async def test_requests_get_503_until_the_engine_opens(local_engine):
     attempts = []
 

@@ -114,6 +114,7 @@ async def test_models_list_in_jev_shape(client_factory, local_engine):
     assert "jev-latest" in card["aliases"]
 
 
+@pytest.mark.slow  # multi-token labels read by the trie
 async def test_labels_that_are_not_one_token_are_read_whole_by_the_trie(client_factory, local_engine):
     body = {
         "state": "NASA delays the rocket launch.",
@@ -155,6 +156,7 @@ async def test_top_k_engine_reports_missing_labels(client_factory, local_engine)
     )
 
 
+@pytest.mark.slow  # each state read in a batch and alone
 async def test_batch_answers_each_state_like_a_single_request(client_factory, local_engine):
     states = ["Great phone, love it.", "Broke after a day.", {"review": "It is fine I guess."}]
     question = {"sentiment": QUESTIONS["sentiment"]}
