@@ -25,15 +25,19 @@ def machine_info() -> dict:
     """The machine a measurement ran on, for every benchmark and load report."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    system = os.uname()
     cpu = next(
-        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-        platform.processor(),
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), system.machine
     )
+    # platform.platform() and platform.processor() run `uname -p` in a child process; os.uname and the
+    # C library's version give the same description without one.
+    libc, version = platform.libc_ver()
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
         "python": platform.python_version(),
-        "platform": platform.platform(),
+        "platform": f"{system.sysname}-{system.release}-{system.machine}"
+        + (f"-with-{libc}{version}" if libc else ""),
     }
 
 

@@ -8,6 +8,7 @@ serving images (``images: {engine, service}``, references as given, or null) and
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import subprocess
 from dataclasses import asdict, dataclass
@@ -42,7 +43,10 @@ def images_of(manifest: dict[str, Any]) -> Images:
     return Images(engine=manifest.get("image_digest"))
 
 
+@functools.cache
 def git_revision() -> dict[str, Any]:
+    """The commit this process's code came from, and whether the tree differed from it. Asked once per
+    process: the code a process runs is what it imported, whatever the tree becomes afterwards."""
     root = Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(
@@ -93,7 +97,7 @@ def run_manifest(
         "run": run,
         "status": status,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git": git_revision(),
+        "git": dict(git_revision()),  # a copy: the cached answer stays as git gave it
         "prompt_version": prompt_version,
         "data_sha256": {task: entry["sample_sha256"] for task, entry in tasks.items()},
         "engines": {name: describe_engine(engine) for name, engine in engines.items()},

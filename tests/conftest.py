@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eval.manifest import git_revision
 from readers.embedded import prepare_embedded_model
 from readers.engines.base import Engine
 from readers.engines.local import LocalEngine
@@ -31,40 +32,17 @@ def pytest_configure(config):
     config.pluginmanager.register(TierGuard(), "tier-guard")
 
 
+def pytest_sessionstart(session):
+    # Every eval run's manifest records the commit, which git tells (two processes). A process asks it
+    # once (eval.manifest.git_revision is cached); asked here, before any test runs, the fast tier's
+    # runs start no process and record the real commit and dirty flag.
+    git_revision()
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.is_relative_to(INTEGRATION_DIR):
             item.add_marker(pytest.mark.integration)
-
-
-def head_commit(root: Path) -> str | None:
-    """HEAD's commit, read from the repository's files in this process (what ``git rev-parse HEAD`` prints)."""
-    git = root / ".git"
-    if git.is_file():  # a linked worktree: "gitdir: <its folder under the main .git>"
-        git = root / git.read_text().removeprefix("gitdir:").strip()
-    common = (git / (git / "commondir").read_text().strip()) if (git / "commondir").exists() else git
-    head = (git / "HEAD").read_text().strip()
-    if not head.startswith("ref: "):
-        return head  # detached
-    ref = head.removeprefix("ref: ")
-    for folder in (git, common):
-        if (folder / ref).is_file():
-            return (folder / ref).read_text().strip()
-    packed = common / "packed-refs"
-    lines = packed.read_text().splitlines() if packed.exists() else []
-    return next((line.split()[0] for line in lines if line.endswith(f" {ref}")), None)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def git_revision_in_process():
-    """Every eval run's manifest records the commit; ``git rev-parse`` and ``git status`` would start two
-    processes per run in the fast tier. The session reads HEAD from .git instead and leaves ``dirty``
-    unknown; tests/test_tiers.py checks the reading against the real git (integration), and runs of the
-    ``decide eval`` process in the integration tier call git as always."""
-    revision = {"commit": head_commit(ROOT), "dirty": None}
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("eval.manifest.git_revision", lambda: dict(revision))
-        yield
 
 
 @pytest.fixture(scope="session")

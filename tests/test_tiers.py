@@ -12,8 +12,6 @@ import socket
 
 import pytest
 
-from eval.manifest import git_revision  # bound at import: the real one, not the session's stand-in
-from tests.conftest import ROOT, head_commit
 from tests.tiers import violation
 from tests.tools import missing_tool, require_tool
 
@@ -148,9 +146,3 @@ def test_a_tool_in_the_venv_is_found_before_path(monkeypatch, tmp_path):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI needs it: hadolint is not installed"):
         require_tool("hadolint")
-
-
-@pytest.mark.integration  # runs git
-def test_the_fast_tiers_commit_is_what_git_says():
-    """The fast tier's manifests take head_commit (tests/conftest.py) in place of git_revision."""
-    assert head_commit(ROOT) == git_revision()["commit"]

@@ -279,7 +279,7 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path, task
     assert edited.exit_code == 2 and "summary.json: 3 bytes, the manifest lists" in edited.output
 
 
-@pytest.mark.integration  # eval's machine_info runs `uname -p` (platform.platform); fast again once it does not
+@pytest.mark.slow  # a load sweep through the service on the embedded model (the session's load_run)
 def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path, tasks_run, load_run):
     import json
 
@@ -322,7 +322,7 @@ def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path, tasks_run, load_r
         throughput_of_run(served, label="s", chip="v6e")
 
 
-@pytest.mark.integration  # eval's machine_info runs `uname -p` (platform.platform); fast again once it does not
+@pytest.mark.slow  # the session's load_run: a load sweep on the embedded model
 def test_a_load_run_without_its_summary_is_summarised_from_load_jsonl(tmp_path, load_run):
     from eval.cost import throughput_of_run
     from tests.eval.conftest import copy_run

@@ -77,7 +77,7 @@ def test_bounds_contain_the_true_probabilities_of_a_top_k_read():
             assert lo - 1e-12 <= p <= hi + 1e-12
 
 
-def test_no_label_returned_is_an_abstention():
+def test_no_label_returned_is_an_uninformative_read():
     read = label_probabilities(reply({1: -0.1, 2: -2.5}), [7, 8, 9])
     assert not read.informative and read.labels_returned == 0
     assert read.bounds == ((0.0, 1.0),) * 3

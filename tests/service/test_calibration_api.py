@@ -91,7 +91,7 @@ async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_p
     assert reading["calibration"] is None and reading["decision_id"].startswith("dec_")
 
 
-async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, local_engine, tmp_path):
+async def test_feedback_is_recorded_and_refits_every_n_gold_answers(client_factory, local_engine, tmp_path):
     records = spread(load_sample("sst2"), 12)
     async with client_factory(
         local_engine, store=open_store(tmp_path / "c.sqlite3"), auto_refit_every=10
@@ -126,7 +126,7 @@ async def test_feedback_is_recorded_and_refits_every_n_labels(client_factory, lo
         assert answer["x_reading"]["calibration"]["id"] == refit.json()["id"]
 
 
-async def test_too_few_labels_are_refused(client_factory, local_engine, tmp_path):
+async def test_too_few_gold_answers_are_refused(client_factory, local_engine, tmp_path):
     async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
         response = await client.post("/v1/calibrations", json={"examples": examples(4)})
         bad_gold = await client.post(
