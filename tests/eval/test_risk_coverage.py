@@ -27,6 +27,7 @@ def test_hand_computed_points_with_ties():
         risk_coverage([0.1, 0.2], [True])
 
 
+@pytest.mark.slow  # the session's tasks_run: records of every task read through the embedded model
 def test_score_draws_a_curve_per_task_from_real_reads(tasks_run):
     """The session's real sst2 run, scored by `write_score`: its curve ends at full coverage with the run's accuracy."""
     curves = json.loads((tasks_run / "risk-coverage.json").read_text())["tasks"]

@@ -107,6 +107,7 @@ def test_a_killed_run_resumes_without_duplicating_ids(embedded_model_dir, tmp_pa
     assert not journal.exists()
 
 
+@pytest.mark.slow  # two runs over the shipped tasks: the fast tier keeps the score-order run
 async def test_a_torn_last_line_is_redone_not_lost(local_engine, tmp_path):
     """What a killed writer leaves: the record file of an earlier session and a journal whose last
     line was cut mid-way. The rows of both are kept; the torn one is read again."""

@@ -44,6 +44,7 @@ async def test_sweep_rows_summary_figure_and_cost_input(local_engine, tmp_path):
     assert throughput.decisions_per_s == short8["decisions_per_s"]
 
 
+@pytest.mark.slow  # a load sweep through the service on the embedded model
 async def test_load_sweep_opens_the_engine_and_writes_the_report(tmp_path):
     """What ``decide eval load`` calls: engine by spec, sweep, then summary.json, load.md and load.png."""
     import json

@@ -91,6 +91,7 @@ async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_p
     assert reading["calibration"] is None and reading["decision_id"].startswith("dec_")
 
 
+@pytest.mark.slow  # 12 decisions read, then refits: the fast tier keeps the prior correction's real reads
 async def test_feedback_is_recorded_and_refits_every_n_gold_answers(client_factory, local_engine, tmp_path):
     records = spread(load_sample("sst2"), 12)
     async with client_factory(
