@@ -76,7 +76,8 @@ def eventually(check, timeout_s: float = 10.0):
     return result
 
 
-def decision(id_: str, key: CalibrationKey = KEY) -> DecisionRecord:
+def decision(id_: str, key: CalibrationKey = KEY, *, informative: bool = True) -> DecisionRecord:
+    """A recorded decision of ``key``; an uninformative one carries the floor's tie, as served."""
     return DecisionRecord(
         id_,
         key.model,
@@ -85,7 +86,8 @@ def decision(id_: str, key: CalibrationKey = KEY) -> DecisionRecord:
         key.option_count,
         key.domain,
         ["a", "b", "c"],
-        [0.5, 0.3, 0.2],
+        [0.5, 0.3, 0.2] if informative else [1 / 3] * 3,
+        informative=informative,
         read_version=VERSION,
     )
 
@@ -124,7 +126,7 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(new_store, l
     store = new_store()
     fitted = store.add_calibration(KEY, temperature=1.7, n=60, source="examples", heldout_ece_after=0.05)
     store.add_decisions([decision("d1"), decision("d2")])
-    abstained = DecisionRecord(
+    uninformative = DecisionRecord(
         "d3",
         KEY.model,
         KEY.revision,
@@ -136,12 +138,12 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(new_store, l
         informative=False,
         read_version=VERSION,
     )
-    store.add_decisions([abstained])
+    store.add_decisions([uninformative])
     assert store.add_feedback("d1", "b") < store.add_feedback("d2", "c")
     store.close()
     reopened = new_store()
     assert reopened.lookup(KEY) == fitted and reopened.calibrations() == [fitted]
-    assert reopened.decision("d1") == decision("d1") and reopened.decision("d3") == abstained
+    assert reopened.decision("d1") == decision("d1") and reopened.decision("d3") == uninformative
     assert reopened.decision("nope") is None
     assert reopened.gold_rows(KEY) == [([0.5, 0.3, 0.2], 1), ([0.5, 0.3, 0.2], 2)]
 
@@ -273,21 +275,10 @@ def test_a_listener_that_lost_its_connection_reconnects_and_catches_up(postgres_
         other.close()
 
 
-def test_abstentions_are_not_fitted_on(new_store):
+def test_uninformative_reads_are_not_fitted_on(new_store):
     store = new_store()
-    abstained = DecisionRecord(
-        "d0",
-        KEY.model,
-        KEY.revision,
-        KEY.question_type,
-        KEY.option_count,
-        KEY.domain,
-        ["a", "b", "c"],
-        [1 / 3] * 3,
-        informative=False,
-        read_version=VERSION,
-    )
-    store.add_decisions([abstained, decision("d1")])
+    uninformative = decision("d0", informative=False)
+    store.add_decisions([uninformative, decision("d1")])
     store.add_feedback("d0", "a")
     store.add_feedback("d1", "a")
     assert store.gold_rows(KEY) == [([0.5, 0.3, 0.2], 0)]
@@ -598,19 +589,8 @@ def test_committed_calibrations_survive_the_prompt_version_migration_and_stop_ap
 def test_recorded_gives_the_latest_informative_decisions_of_a_key_with_or_without_feedback(new_store):
     store = new_store()
     other = CalibrationKey("smol", "rev1", "choice", 3, "elsewhere", read_version=VERSION)
-    abstained = DecisionRecord(
-        "d0",
-        KEY.model,
-        KEY.revision,
-        KEY.question_type,
-        KEY.option_count,
-        KEY.domain,
-        ["a", "b", "c"],
-        [1 / 3] * 3,
-        informative=False,
-        read_version=VERSION,
-    )
-    store.add_decisions([abstained, decision("d1"), decision("x", other)])
+    uninformative = decision("d0", informative=False)
+    store.add_decisions([uninformative, decision("d1"), decision("x", other)])
     later = DecisionRecord(
         "d2",
         KEY.model,
