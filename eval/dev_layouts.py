@@ -26,11 +26,16 @@ from eval.tasks import TASKS
 from readers.engines.base import Engine
 from readers.prompt import prompt_layout
 from readers.reader import Reader
-from service.pipeline.prior import measure_prior
+from service.pipeline.prior import PriorCorrection, measure_prior
 from service.protocol import SystemOneRequest
 
 DEV_SEED = SEED + 1
-POLICIES = ("no prior", "prior on choice", "prior on every question")
+# The policies as the tables name them: decide serve's --prior-correction off, choice, all.
+POLICIES = {
+    "no prior": PriorCorrection.OFF,
+    "prior on choice": PriorCorrection.CHOICE,
+    "prior on every question": PriorCorrection.ALL,
+}
 
 
 def dev_records(data: Path, task: str, size: int) -> list[tuple[str, str]]:
@@ -73,10 +78,8 @@ async def dev_layouts(
             corrected = apply_prior(raw, prior.prior) if prior is not None else raw
             gold = np.array([question.options.index(answer) for _, answer in dev[task]])
             for policy in POLICIES:
-                applies = policy == "prior on every question" or (
-                    policy == "prior on choice" and question.question_type == "choice"
-                )
-                chosen = (corrected if applies else raw).argmax(axis=1)
+                covered = POLICIES[policy].covers(question.question_type)
+                chosen = (corrected if covered else raw).argmax(axis=1)
                 accuracy[policy][task] = float(np.mean(chosen == gold))
                 predicted[policy][task] = np.bincount(chosen, minlength=len(question.options)).tolist()
         seconds = time.monotonic() - started
