@@ -681,7 +681,7 @@ def eval_prior_figures(
     run: Annotated[Path, typer.Argument(help="a run read with the default prior correction")],
     before: Annotated[Path, typer.Option(help="a run of the same reads answered raw")],
 ) -> None:
-    """The prior-correction figures docs/reads.md quotes: label mass, Sci/Tech ranks, answer counts, majority rates, raw-read agreement."""
+    """The prior-correction figures docs/prompts-and-labels.md quotes: label mass, Sci/Tech ranks, answer counts, majority rates, raw-read agreement."""
     from eval.prior_figures import prior_figures
 
     typer.echo("\n".join(prior_figures(run, before)))

@@ -5,7 +5,7 @@ each named layout of the registry (``readers.prompt.PROMPT_LAYOUTS``, the layout
 builds) on *development* records: drawn from the same upstream files as the shipped samples
 (class-stratified, another seed) with every shipped row left out, so no record read here is one the
 evals score. Each layout is scored under three prior-correction policies (the question's option
-prior, read on content-free states, divided out; ``service.prior``): none, choice questions, every
+prior, read on content-free states, divided out; ``service.pipeline.prior``): none, choice questions, every
 question. Selection rule, fixed before a run: the highest mean over the tasks of (accuracy − the
 task's majority rate).
 """

@@ -1,4 +1,4 @@
-"""``decide eval prior-figures``: the figures docs/reads.md quotes about the prior-correction default,
+"""``decide eval prior-figures``: the figures docs/prompts-and-labels.md quotes about the prior-correction default,
 from a run's record rows only.
 
 From the original-order rows of a run read with the default (choice questions prior-corrected):

@@ -5,7 +5,7 @@ open_engine("vllm", url="http://…:8000")  any vLLM server; read mode chosen by
 open_engine("vllm", url="http://a:8000,http://b:8000")
                                           several servers of one model, reads routed by prefix
 open_engine("vllm", url="dns+http://vllm-engine-headless:8000")
-                                          every address of a name, re-resolved (readers/engines/routed.py)
+                                          every address of a name, re-resolved (readers/engines/addresses.py)
 """
 
 from __future__ import annotations

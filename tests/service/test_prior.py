@@ -1,4 +1,4 @@
-"""The prior correction's edges (service/prior.py): floor-bounded top-k reads, content-free reads
+"""The prior correction's edges (service/pipeline/prior.py): floor-bounded top-k reads, content-free reads
 that miss a label, and the policy's reach. Function engines (named as such) return chosen labels;
 the rest reads the embedded model."""
 
