@@ -15,6 +15,9 @@ this tree.
 
 from __future__ import annotations
 
+# Where a bad value sits in the request body, as a 422 names it: ("body", "questions", name, …).
+Loc = tuple[str | int, ...]
+
 
 class DecideError(Exception):
     """Base of every error a decision can end in."""
@@ -34,7 +37,7 @@ class InvalidQuestion(DecideError):
     status_code = 422
     error_type = "invalid_question"
 
-    def __init__(self, message: str, *, loc: tuple[str | int, ...]) -> None:
+    def __init__(self, message: str, *, loc: Loc) -> None:
         super().__init__(message, param=".".join(str(part) for part in loc) or None)
         self.loc = loc
 

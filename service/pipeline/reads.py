@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from readers.debias import ROTATE, read_many_rotated
+from readers.errors import Loc
 from readers.prompt import QuestionSpec
 from readers.reader import Reader, Reading
 from service.protocol import Question
-
-Loc = tuple[str | int, ...]
 
 
 @dataclass(frozen=True)
