@@ -1,31 +1,51 @@
-"""The four shipped tasks as Jev questions, with gold answers named as options.
+"""The shipped tasks as Jev questions, with gold answers named as options.
 
-Each task is one question asked of every record's text. Choice tasks also run with the option order
-reversed (the ``reversed`` variant): a reader that depends on option position shows it there.
+Each task is one question asked of every record's text: three choice tasks, one yes/no task and two
+score tasks (SST-5's five levels, and the same sentences on three). Choice tasks also run with the
+option order reversed (the ``reversed`` variant): a reader that depends on option position shows it
+there; a score's levels have one order.
+
+Every task has two splits, both shipped in ``eval.data``: ``test`` (the sample the evals report,
+``<sample>.jsonl``) and ``dev`` (``<sample>.dev.jsonl``, disjoint from it: what read defaults are
+chosen on, docs/reads.md). ``eval.samples`` builds both from the upstream files.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 SAMPLES_PACKAGE = "eval.data"
+SPLITS = ("test", "dev")
+Split = Literal["test", "dev"]
 
 
 @dataclass(frozen=True)
 class Task:
     name: str
-    question_type: str  # "choice" | "noul"
+    question_type: str  # "choice" | "noul" | "score"
     instructions: str
-    options: dict[str, str | None]  # option (gold answer name) → description; noul: {"true": …, "false": …}
+    options: dict[str, str | None]
+    """Option (gold answer name) → description; noul: {"true": …, "false": …}; score: level ("0", "1",
+    …) → the level's text, the question's criteria in order."""
+    sample: str = ""
+    """The sample file stem the records come from (default: the task's name)."""
+    gold_map: Mapping[str, str] = field(default_factory=dict)
+    """Upstream gold → this task's gold, where the task merges the sample's classes (empty: as is)."""
 
     def question(self, *, reversed_options: bool = False) -> dict[str, Any]:
         """The Jev question for this task (choice options optionally in reverse order)."""
         if self.question_type == "noul":
             return {"type": "noul", "instructions": self.instructions, "criteria": dict(self.options)}
+        if self.question_type == "score":
+            return {
+                "type": "score",
+                "instructions": self.instructions,
+                "criteria": list(self.options.values()),
+            }
         items = list(self.options.items())
         if reversed_options:
             items.reverse()
@@ -54,7 +74,14 @@ class Task:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        return ("original",) if self.question_type == "noul" else ("original", "reversed")
+        return ("original", "reversed") if self.question_type == "choice" else ("original",)
+
+    def records(self, split: Split = "test") -> list[Record]:
+        """This task's records of ``split``: the sample's, with gold answers mapped where the task merges classes."""
+        records = load_sample(self.sample or self.name, split)
+        if not self.gold_map:
+            return records
+        return [Record(r.id, self.name, r.text, self.gold_map[r.gold]) for r in records]
 
 
 TASKS: dict[str, Task] = {
@@ -89,6 +116,21 @@ TASKS: dict[str, Task] = {
             "Is this tweet ironic?",
             {"true": "the tweet is ironic", "false": "the tweet is not ironic"},
         ),
+        Task(
+            "sst5",
+            "score",
+            "How positive is the sentiment of this movie review?",
+            {"0": "very negative", "1": "negative", "2": "neutral", "3": "positive", "4": "very positive"},
+        ),
+        # The same sentences on three levels: SST-5's two negative and two positive levels merged.
+        Task(
+            "sst3",
+            "score",
+            "How positive is the sentiment of this movie review?",
+            {"0": "negative", "1": "neutral", "2": "positive"},
+            sample="sst5",
+            gold_map={"0": "0", "1": "0", "2": "1", "3": "2", "4": "2"},
+        ),
     ]
 }
 
@@ -101,9 +143,20 @@ class Record:
     gold: str
 
 
-def load_sample(task: str) -> list[Record]:
-    """The shipped sample of ``task`` (300 class-stratified records), in file order."""
-    text = resources.files(SAMPLES_PACKAGE).joinpath(f"{task}.jsonl").read_text(encoding="utf-8")
+def sample_file(sample: str, split: Split = "test") -> str:
+    """The file name of a shipped sample's split."""
+    if split not in SPLITS:
+        raise ValueError(f"split is one of {', '.join(SPLITS)}, not {split!r}")
+    return f"{sample}.jsonl" if split == "test" else f"{sample}.{split}.jsonl"
+
+
+def load_sample(task: str, split: Split = "test") -> list[Record]:
+    """The shipped records of ``task`` (a task or sample name) in ``split``, in file order: test
+    holds 300 class-stratified records, dev 200 others (``eval.samples``)."""
+    if task in TASKS and (TASKS[task].sample or task) != task:
+        return TASKS[task].records(split)
+    name = sample_file(task, split)
+    text = resources.files(SAMPLES_PACKAGE).joinpath(name).read_text(encoding="utf-8")
     return [Record(**json.loads(line)) for line in text.splitlines() if line]
 
 

@@ -9,27 +9,56 @@ from pathlib import Path
 
 import pytest
 
-from eval.samples import SAMPLE_SIZE, build_samples
-from eval.tasks import TASKS, load_sample
+from eval.samples import DEV_SIZE, SAMPLE_SIZE, build_samples
+from eval.tasks import TASKS, load_sample, sample_file
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 MANIFEST = json.loads(resources.files("eval.data").joinpath("MANIFEST.json").read_text())
 
 
-@pytest.mark.parametrize("task", list(TASKS))
-def test_shipped_sample_matches_its_manifest(task):
-    payload = resources.files("eval.data").joinpath(f"{task}.jsonl").read_bytes()
-    entry = MANIFEST["tasks"][task]
-    assert hashlib.sha256(payload).hexdigest() == entry["sample_sha256"]
-    records = load_sample(task)
-    assert len(records) == SAMPLE_SIZE == entry["records"]
-    assert len({record.id for record in records}) == SAMPLE_SIZE
-    assert all(
-        record.id.startswith(f"{task}-") and record.text == record.text.strip() and record.text
-        for record in records
-    )
-    assert {record.gold for record in records} == set(TASKS[task].options)
+@pytest.mark.parametrize("sample", list(MANIFEST["tasks"]))
+def test_shipped_samples_match_their_manifest(sample):
+    entry = MANIFEST["tasks"][sample]
+    for split, size, digest in [("test", SAMPLE_SIZE, "sample_sha256"), ("dev", DEV_SIZE, "dev_sha256")]:
+        payload = resources.files("eval.data").joinpath(sample_file(sample, split)).read_bytes()
+        assert hashlib.sha256(payload).hexdigest() == entry[digest]
+        records = load_sample(sample, split)
+        assert len(records) == size == entry["records" if split == "test" else "dev_records"]
+        assert len({record.id for record in records}) == size
+        assert all(
+            record.id.startswith(f"{sample}-") and record.text == record.text.strip() and record.text
+            for record in records
+        )
     assert entry["licence"] and entry["upstream"] and entry["source_sha256"]
+
+
+def test_dev_and_test_never_share_a_record():
+    for sample in MANIFEST["tasks"]:
+        test, dev = load_sample(sample, "test"), load_sample(sample, "dev")
+        assert not {r.id for r in test} & {r.id for r in dev}
+        assert not {r.text for r in test} & {r.text for r in dev}, sample
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_every_task_asks_its_records_gold_answers_as_options(task):
+    for split in ("test", "dev"):
+        records = TASKS[task].records(split)
+        assert {record.gold for record in records} == set(TASKS[task].options)
+        assert all(record.task == task for record in records)
+
+
+def test_the_three_level_task_merges_the_five_levels():
+    five = {r.id: r.gold for r in TASKS["sst5"].records()}
+    three = {r.id: r.gold for r in TASKS["sst3"].records()}
+    assert five.keys() == three.keys()
+    merged = {"0": "0", "1": "0", "2": "1", "3": "2", "4": "2"}
+    assert all(three[i] == merged[five[i]] for i in five)
+    assert TASKS["sst5"].question()["criteria"][0] == "very negative"
+    assert TASKS["sst3"].question() == {
+        "type": "score",
+        "instructions": TASKS["sst5"].instructions,
+        "criteria": ["negative", "neutral", "positive"],
+    }
 
 
 def test_stratification_follows_the_upstream_class_shares():
@@ -37,6 +66,8 @@ def test_stratification_follows_the_upstream_class_shares():
     assert MANIFEST["tasks"]["sst2"]["classes"] == {"negative": 147, "positive": 153}
     assert set(MANIFEST["tasks"]["ag_news"]["classes"].values()) == {75}
     assert MANIFEST["tasks"]["irony"]["classes"] == {"false": 181, "true": 119}
+    # SST-5 test: 279 / 633 / 389 / 510 / 399 of 2,210 per level → 38 / 86 / 53 / 69 / 54 of 300.
+    assert MANIFEST["tasks"]["sst5"]["classes"] == {"0": 38, "1": 86, "2": 53, "3": 69, "4": 54}
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside this checkout")
@@ -46,6 +77,7 @@ def test_samples_rebuild_byte_for_byte_from_shared_data(tmp_path):
             assert hashlib.sha256((SHARED / name).read_bytes()).hexdigest() == digest, name
     rebuilt = build_samples(SHARED, tmp_path)
     assert rebuilt == MANIFEST
-    for task in TASKS:
-        shipped = resources.files("eval.data").joinpath(f"{task}.jsonl").read_bytes()
-        assert (tmp_path / f"{task}.jsonl").read_bytes() == shipped
+    for sample in MANIFEST["tasks"]:
+        for split in ("test", "dev"):
+            name = sample_file(sample, split)
+            assert (tmp_path / name).read_bytes() == resources.files("eval.data").joinpath(name).read_bytes()
