@@ -687,36 +687,86 @@ def eval_prior_figures(
     typer.echo("\n".join(prior_figures(run, before)))
 
 
-@eval_app.command("dev-layouts")
-def eval_dev_layouts(
-    data: Annotated[
-        Path, typer.Argument(help="the upstream files the samples were drawn from, e.g. ../shared/data")
-    ],
-    size: Annotated[int, typer.Option(help="development records per task")] = 200,
+@eval_app.command("dev-reads")
+def eval_dev_reads(
+    out: Annotated[Path, typer.Option(help="run directory: one resumable dev run per layout, report beside")],
     prompt_versions: Annotated[
         str, typer.Option(help="comma-separated layouts of the registry to compare (default: every one)")
     ] = "",
-    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks (default: every one)")] = "",
+    limit: Annotated[int | None, typer.Option(help="dev records per task (default: all 200)")] = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
     engine_url: EngineUrlOption = None,
 ) -> None:
-    """Layouts × prior-correction policies on development records (shipped rows left out), and the one the rule picks."""
+    """Layouts × prior correction per question type on the dev split, and the read the rule picks (eval/dev_reads.py)."""
     quiet_loaders()
-    from eval.dev_layouts import dev_layouts_table, evaluate_dev_layouts
+    from eval.dev_reads import dev_reads_table, evaluate_dev_reads
+    from eval.manifest import write_json
+    from eval.tasks import TASKS
     from readers.prompt import PROMPT_LAYOUTS
 
     versions = prompt_versions.split(",") if prompt_versions else list(PROMPT_LAYOUTS)
     try:
         report = asyncio.run(
-            evaluate_dev_layouts(
+            evaluate_dev_reads(
                 engine,
-                data,
+                out,
                 engine_url=engine_url,
-                size=size,
                 prompt_versions=versions,
-                tasks=tasks.split(","),
+                tasks=tasks.split(",") if tasks else list(TASKS),
+                limit=limit,
+                concurrency=concurrency,
             )
         )
     except ValueError as error:  # an unknown layout, named before anything is read
         raise typer.BadParameter(str(error), param_hint="--prompt-versions") from None
-    typer.echo(dev_layouts_table(report), nl=False)
+    write_json(out / "dev-reads.json", report)
+    (out / "dev-reads.md").write_text(dev_reads_table(report))
+    typer.echo(dev_reads_table(report), nl=False)
+
+
+@eval_app.command("regression")
+def eval_regression(
+    out: Annotated[
+        Path, typer.Option(help="run directory: baseline/ and candidate/ runs, the report beside")
+    ],
+    baseline: Annotated[
+        str, typer.Option(help="LAYOUT:PRIOR read before the change, e.g. decide-prompt/4:choice")
+    ],
+    candidate: Annotated[str, typer.Option(help="LAYOUT:PRIOR proposed as the default")],
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks (default: every one)")] = "",
+    limit: Annotated[
+        int | None, typer.Option(help="records per task (default: the whole test sample)")
+    ] = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+    engine_url: EngineUrlOption = None,
+) -> None:
+    """Two read policies on the shipped test samples, paired per task and question type (eval/regression.py)."""
+    quiet_loaders()
+    from eval.manifest import write_json
+    from eval.regression import ReadPolicy, evaluate_regression, regression_table
+    from eval.tasks import TASKS
+
+    policies = {}
+    for name, text in (("--baseline", baseline), ("--candidate", candidate)):
+        try:
+            policies[name] = ReadPolicy.parse(text)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint=name) from None
+    report = asyncio.run(
+        evaluate_regression(
+            engine,
+            out,
+            engine_url=engine_url,
+            baseline=policies["--baseline"],
+            candidate=policies["--candidate"],
+            tasks=tasks.split(",") if tasks else list(TASKS),
+            limit=limit,
+            concurrency=concurrency,
+        )
+    )
+    write_json(out / "regression.json", report)
+    (out / "regression.md").write_text(regression_table(report))
+    typer.echo(regression_table(report), nl=False)

@@ -100,6 +100,7 @@ def run_manifest(
         "git": dict(git_revision()),  # a copy: the cached answer stays as git gave it
         "prompt_version": prompt_version,
         "data_sha256": {task: entry["sample_sha256"] for task, entry in tasks.items()},
+        "dev_data_sha256": {task: entry["dev_sha256"] for task, entry in tasks.items()},
         "engines": {name: describe_engine(engine) for name, engine in engines.items()},
         "images": asdict(images or Images()),
         "args": args,
@@ -108,6 +109,17 @@ def run_manifest(
 
 def write_json(path: Path, payload: Any) -> None:
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _read_data(manifest: dict) -> dict[str, str | None]:
+    """The checksums of the samples a run reads: its split's, for its tasks' samples."""
+    from eval.tasks import TASKS
+
+    args = manifest["args"]
+    split = args.get("split", "test")
+    checksums = manifest["data_sha256" if split == "test" else "dev_data_sha256"]
+    samples = {(TASKS[task].sample or task) if task in TASKS else task for task in args.get("tasks") or checksums}
+    return {sample: checksums.get(sample) for sample in sorted(samples)} | {"split": split}
 
 
 def check_directory(out: Path, manifest: dict) -> None:
@@ -123,7 +135,8 @@ def check_directory(out: Path, manifest: dict) -> None:
         ("read mode", mine["read_mode"], theirs["read_mode"]),
         ("top-k", mine["top_k"], theirs["top_k"]),
         ("prompt version", manifest["prompt_version"], existing["prompt_version"]),
-        ("data", manifest["data_sha256"], existing["data_sha256"]),
+        # The samples the run reads (a sample added later does not make an old run another one's).
+        ("data", _read_data(manifest), _read_data(existing)),
         ("tasks", manifest["args"].get("tasks"), existing["args"].get("tasks")),
         ("limit", manifest["args"].get("limit"), existing["args"].get("limit")),
         # Runs from before the option answered raw.

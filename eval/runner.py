@@ -22,7 +22,7 @@ from typing import Any
 
 from eval.evidence import RECORDS, RecordWriter, read_row
 from eval.manifest import MANIFEST, Images, RunRefused, check_directory, run_manifest, write_json
-from eval.tasks import TASKS, Record, Task, load_sample, spread
+from eval.tasks import TASKS, Record, Split, Task, load_sample, spread
 from readers.engines.base import Engine
 from readers.prompt import PROMPT_VERSION, LabelStyle, prompt_layout
 from readers.reader import Reader
@@ -45,13 +45,17 @@ class Job:
         return self.task.read_job(self.record, self.variant)
 
 
-def plan(tasks: Sequence[str], limit: int | None) -> list[Job]:
-    """Every (record, variant) of the tasks, in a fixed order; ``limit`` records per task."""
+def plan(
+    tasks: Sequence[str], limit: int | None, *, split: Split = "test", reversed_order: bool = True
+) -> list[Job]:
+    """Every (record, variant) of the tasks' ``split``, in a fixed order; ``limit`` records per task;
+    without ``reversed_order``, the original option order only."""
     jobs = []
     for name in tasks:
         task = TASKS[name]
-        records = spread(load_sample(name), limit)
-        jobs += [Job(task, record, variant) for variant in task.variants for record in records]
+        records = spread(task.records(split), limit)
+        variants = task.variants if reversed_order else ("original",)
+        jobs += [Job(task, record, variant) for variant in variants for record in records]
     return jobs
 
 
@@ -70,15 +74,21 @@ async def run_tasks(
     label_styles: Sequence[str] | None = None,
     prompt_version: str = PROMPT_VERSION,
     prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
+    split: Split = "test",
+    reversed_order: bool = True,
 ) -> dict:
     """Run (or resume) the evidence for ``tasks`` into ``out``; returns the final manifest.
     ``label_styles``: the reader's label-style preference order (default: the layout's);
     ``prompt_version``: the layout to read under (an earlier one only to compare layouts);
     ``prior_correction``: which questions' answers get the content-free prior, as ``decide serve``'s
-    option (rows record the answer and, in ``reading.raw_probabilities``, the model's own read)."""
+    option (rows record the answer and, in ``reading.raw_probabilities``, the model's own read);
+    ``split``: the shipped test samples or the dev records defaults are chosen on
+    (``eval.tasks``); ``reversed_order``: also read choice tasks with their options reversed."""
     out.mkdir(parents=True, exist_ok=True)
     prior_correction = PriorCorrection(prior_correction)
     args = {"tasks": list(tasks), "limit": limit, "concurrency": concurrency, "seed": seed}
+    if split != "test" or not reversed_order:  # the keys old manifests lack mean test, both orders
+        args |= {"split": split, "reversed_order": reversed_order}
     styles = None if label_styles is None else [LabelStyle(style) for style in label_styles]
     reader = Reader(engine, label_styles=styles, layout=prompt_layout(prompt_version))
     priors = None if prior_correction is PriorCorrection.OFF else OptionPriors(prior_correction)
@@ -102,7 +112,7 @@ async def run_tasks(
     previous_wall_s = (
         json.loads((out / MANIFEST).read_text()).get("wall_s", 0.0) if (out / MANIFEST).is_file() else 0.0
     )
-    jobs = plan(tasks, limit)
+    jobs = plan(tasks, limit, split=split, reversed_order=reversed_order)
     started = time.monotonic()
     async with RecordWriter(out / RECORDS) as sink:
         if not sink.done:

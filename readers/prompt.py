@@ -67,7 +67,16 @@ class LabelStyle(enum.StrEnum):
 
 
 DEFAULT_LABEL_STYLES = (LabelStyle.WORDS, LabelStyle.TRIE, LabelStyle.CODES, LabelStyle.CODE_TRIE)
-"""Preference order for noul and choice questions (score questions always read digits)."""
+"""Preference order for noul and choice questions."""
+
+DIGIT_SCORES = (LabelStyle.DIGITS,)
+"""Score levels read as their numbers 0 … n−1 (every layout before decide-prompt/5)."""
+WORDED_SCORES = (LabelStyle.WORDS, LabelStyle.TRIE, LabelStyle.DIGITS)
+"""Score levels read by their own words where every level is a short name (``level_words``), else
+as numbers."""
+MAX_LEVEL_WORDS = 4
+"""The longest level text (in words) read by its words: a rubric line is a description to list, not
+an answer to write, and each of its tokens would cost the trie one more engine call."""
 
 MASKED_LABEL_STYLES = (LabelStyle.WORDS, LabelStyle.FIRST_TOKENS, LabelStyle.CODES, LabelStyle.CODE_TRIE)
 """The order on masked engines. A masked read renormalises over the tokens the grammar allows, so
@@ -113,17 +122,35 @@ def letter_codes() -> list[str]:
     return list(letters) + [first + second for first in letters for second in letters]
 
 
+def level_words(question: QuestionSpec) -> tuple[str, ...] | None:
+    """A score's levels as answers to write: their texts, where each is a short name (at most
+    ``MAX_LEVEL_WORDS`` words, one line) and no two are the same name; else None (read as digits)."""
+    texts = tuple((description or "").strip() for description in question.descriptions)
+    if not all(texts) or any(len(text.split()) > MAX_LEVEL_WORDS or "\n" in text for text in texts):
+        return None
+    if len({text.casefold() for text in texts}) < len(texts):
+        return None
+    return texts
+
+
 def label_candidates(
-    question: QuestionSpec, styles: Sequence[LabelStyle] = DEFAULT_LABEL_STYLES
+    question: QuestionSpec,
+    styles: Sequence[LabelStyle] = DEFAULT_LABEL_STYLES,
+    score_styles: Sequence[LabelStyle] = DIGIT_SCORES,
 ) -> Iterator[tuple[LabelStyle, tuple[str, ...]]]:
-    """Label sets to try for a question, in the order of ``styles``.
+    """Label sets to try for a question, in the order of ``styles`` (``score_styles`` for a score:
+    ``digits``, or a style that names options, which reads the levels' own words, ``level_words``).
 
     For ``codes`` and ``code_trie`` the set is the pool of candidates, minus the options' own names
     (option "B" must not be read from code "B" of another option); the reader keeps the first ones
     that are single tokens (``codes``) or the first ``n`` (``code_trie``).
     """
     if question.question_type == "score":
-        yield LabelStyle.DIGITS, tuple(str(level) for level in range(len(question.options)))
+        for style in score_styles:
+            if style is LabelStyle.DIGITS:
+                yield style, tuple(str(level) for level in range(len(question.options)))
+            elif style.names_options and (words := level_words(question)) is not None:
+                yield style, words
         return
     words = (
         ("Yes", "No") if question.question_type == "noul" else question.options
@@ -176,7 +203,9 @@ def build_prompt(
     levels are listed in order.
     """
     lines = [f"Question: {question.instructions}"] if question.instructions else []
-    if question.question_type == "noul" or (question.question_type == "choice" and style.names_options):
+    if question.question_type == "score" and style.names_options:
+        lines += [f"From lowest to highest: {', '.join(labels)}.", "Answer with one of them."]
+    elif question.question_type == "noul" or (question.question_type == "choice" and style.names_options):
         lines += [
             f"{labels[i]}: {question.descriptions[i]}"
             for i in canonical_order(labels)
@@ -217,14 +246,31 @@ def build_question_first(
 @dataclass(frozen=True)
 class PromptLayout:
     """One prompt version: how a question about a state becomes text, the label styles its reads
-    prefer (on exact and top-k engines; masked engines read ``MASKED_LABEL_STYLES``), and the
+    prefer (on exact and top-k engines; masked engines read ``MASKED_LABEL_STYLES``), the
     ``answer_lead``: text the assistant turn starts with before the answer slot ("" = the slot opens
-    the turn; how labels follow it: ``slot_forms``)."""
+    the turn; how labels follow it: ``slot_forms``), and how score levels are named
+    (``score_label_styles``: digits, or the levels' own words where they are short names)."""
 
     version: str
     build: Callable[[QuestionSpec, str, tuple[str, ...], LabelStyle], PromptText]
     label_styles: tuple[LabelStyle, ...] = DEFAULT_LABEL_STYLES
     answer_lead: str = ""
+    score_label_styles: tuple[LabelStyle, ...] = DIGIT_SCORES
+    shares_state: bool = True
+    """Every question's prompt opens with the state, so a request's questions share it (False: the
+    question comes first, nothing is shared)."""
+    by_type: tuple[tuple[QuestionType, PromptLayout], ...] = ()
+    """Question types read under another layout's text, lead and labels (a layout composed per
+    type, each part chosen on development records; the parts must share the state-first prefix)."""
+
+    def __post_init__(self) -> None:
+        # One preference order of noul/choice styles per reader (a caller may override it for all).
+        if any(part.label_styles != self.label_styles for _, part in self.by_type):
+            raise ValueError(f"{self.version}: its parts must read noul/choice labels in its own style order")
+
+    def for_question(self, question_type: str) -> PromptLayout:
+        """The layout a question of ``question_type`` is read under: its part, else this one."""
+        return dict(self.by_type).get(question_type, self)
 
     def slot_forms(self) -> tuple[tuple[str, str], ...]:
         """(assistant text before the slot, text before each label) to try, in order. After a lead
@@ -240,11 +286,17 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
     layout.version: layout
     for layout in (
         # Its reads: one-token names, else one-token codes (multi-token names did not exist yet).
-        PromptLayout("decide-prompt/1", build_question_first, (LabelStyle.WORDS, LabelStyle.CODES)),
+        PromptLayout(
+            "decide-prompt/1", build_question_first, (LabelStyle.WORDS, LabelStyle.CODES), shares_state=False
+        ),
         PromptLayout("decide-prompt/3", build_prompt),
         # decide-prompt/3's text, the answer read after "Answer:" in the assistant turn: on the
         # embedded model the lead moved AG News 25.7 → 42.3% and emotion 24.3 → 38.3% (docs/prompts-and-labels.md).
         PromptLayout("decide-prompt/4", build_prompt, answer_lead=ANSWER_LEAD),
+        # decide-prompt/4 with score levels read by their own words (noul and choice text unchanged).
+        PromptLayout(
+            "decide-prompt/5", build_prompt, answer_lead=ANSWER_LEAD, score_label_styles=WORDED_SCORES
+        ),
     )
 }
 CURRENT_LAYOUT = PROMPT_LAYOUTS[PROMPT_VERSION]

@@ -18,6 +18,7 @@ from readers.probabilities import (
 )
 from readers.prompt import (
     CURRENT_LAYOUT,
+    DIGIT_SCORES,
     MASKED_LABEL_STYLES,
     LabelStyle,
     PromptLayout,
@@ -60,9 +61,11 @@ class Reader:
     ) -> None:
         """``label_styles``: the noul and choice label styles to try, preferred first (default: by
         the engine's read mode, the layout's own or on masked engines ``MASKED_LABEL_STYLES``).
-        ``layout``: the prompt version to read under (the service reads only the current one)."""
+        ``layout``: the prompt version to read under (the service reads only the current one); its
+        ``score_label_styles`` name score levels (on masked engines, digits: a level's words read
+        through a trie have the masked chain rule's bias toward long names)."""
+        masked = engine.capabilities.read_mode is ReadMode.MASKED
         if label_styles is None:
-            masked = engine.capabilities.read_mode is ReadMode.MASKED
             label_styles = MASKED_LABEL_STYLES if masked else layout.label_styles
         if not label_styles or LabelStyle.DIGITS in label_styles:
             raise ValueError(
@@ -73,6 +76,7 @@ class Reader:
         self.template = ChatTemplate(engine.tokenizer)
         self.floor_offset = floor_offset
         self.label_styles = tuple(LabelStyle(style) for style in label_styles)
+        self.score_label_styles = DIGIT_SCORES if masked else layout.for_question("score").score_label_styles
 
     def prepare(
         self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()
@@ -81,9 +85,10 @@ class Reader:
         self._check_length_bound(question, state, loc)
         failures = []
         n = len(question.options)
-        for style, candidates in label_candidates(question, self.label_styles):
+        layout = self.layout.for_question(question.question_type)
+        for style, candidates in label_candidates(question, self.label_styles, self.score_label_styles):
             deferred = None
-            for lead, separator in self.layout.slot_forms():
+            for lead, separator in layout.slot_forms():
                 name = f"{style} after {lead!r}" if lead else str(style)
                 labels = candidates
                 if style is LabelStyle.CODES:
@@ -96,7 +101,7 @@ class Reader:
                         failures.append(f"{name}: only {len(labels)} letter codes")
                         break  # the same count in every form
                     labels = labels[:n]
-                prompt = self.layout.build(question, state, labels, style)
+                prompt = layout.build(question, state, labels, style)
                 try:
                     slot = self.template.slot(
                         prompt.system,
