@@ -1,5 +1,5 @@
 """Record files on disk: compressed, deterministic on rerun, timings apart; the conversion of plain
-files; and the commands that read committed records (prior-figures) or lay out candidates (dev-layouts)."""
+files; and the commands that read committed records (prior-figures)."""
 
 from __future__ import annotations
 
@@ -135,55 +135,3 @@ def test_prior_figures_from_a_run(twice):
     assert float(difference) < 1e-12
 
 
-def write_upstream_sst2(data: Path, extra: int) -> None:
-    """An upstream SST-2 file as eval.samples reads it: the shipped records' texts and as many more rows."""
-    from eval.tasks import load_sample
-
-    shipped = load_sample("sst2")
-    texts = [(record.text, record.gold) for record in shipped] + [
-        (f"{shipped[i].text} (again)", shipped[i].gold) for i in range(extra)
-    ]
-    (data / "sst2").mkdir(parents=True)
-    lines = ["sentence\tlabel"] + [f"{text}\t{('negative', 'positive').index(gold)}" for text, gold in texts]
-    (data / "sst2" / "dev.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def test_development_records_leave_the_shipped_rows_out(tmp_path):
-    from eval.dev_layouts import dev_records
-    from eval.samples import READERS, SAMPLE_SIZE, SEED, stratified_rows
-
-    write_upstream_sst2(tmp_path, extra=40)
-    rows = READERS["sst2"](tmp_path)
-    shipped = {rows[i][0].strip() for i in stratified_rows([label for _, label in rows], SAMPLE_SIZE, SEED)}
-    dev = dev_records(tmp_path, "sst2", 10)
-    assert len(dev) == len(set(dev)) == 10 and not {text for text, _ in dev} & shipped
-    assert {gold for _, gold in dev} == {"negative", "positive"}  # stratified
-
-
-@pytest.mark.slow  # 8 reads and two prior measurements on the embedded model
-def test_dev_layouts_reads_each_registered_layout(tmp_path, local_engine):
-    from eval.dev_layouts import POLICIES, dev_layouts, dev_layouts_table
-
-    write_upstream_sst2(tmp_path, extra=12)
-    versions = ["decide-prompt/3", "decide-prompt/4"]
-    report = asyncio.run(
-        dev_layouts(local_engine, tmp_path, size=4, prompt_versions=versions, tasks=["sst2"])
-    )
-    assert [(r["layout"], r["policy"]) for r in report["results"]] == [
-        (v, p) for v in versions for p in POLICIES
-    ]
-    for result in report["results"]:
-        assert result["accuracy"]["sst2"] * 4 == round(result["accuracy"]["sst2"] * 4)
-        assert sum(result["predicted"]["sst2"]) == 4
-    # each layout is the one its name says: "Answer:" before the slot moves the label mass
-    # (the old scripts patched a function the reader no longer calls and read one layout under every name)
-    mass = {r["layout"]: r["label_mass"]["sst2"] for r in report["results"]}
-    assert mass["decide-prompt/3"] != mass["decide-prompt/4"]
-    table = dev_layouts_table(report)
-    assert "| decide-prompt/4 | prior on choice |" in table and table.splitlines()[-1].startswith(
-        "chosen by the rule: "
-    )
-    with pytest.raises(ValueError, match="unknown prompt version 'decide-prompt/9'"):
-        asyncio.run(
-            dev_layouts(local_engine, tmp_path, size=4, prompt_versions=["decide-prompt/9"], tasks=["sst2"])
-        )
