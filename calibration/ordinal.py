@@ -16,8 +16,8 @@ level (it orders reads by first-order stochastic dominance: every cut j of the s
 the read's ordering information. The log-odds between the upper and lower halves of the scale sees
 one cut only: mass moving from level 3 to 4, or from 0 to 1, leaves it unchanged, and the middle
 level of an odd scale belongs to neither half. The expected level is also bounded (0 to k−1), so a
-read's far tail (log-probs of 1e-9 against 1e-5 for a level it rules out) barely moves it, where every
-log-odds score is dominated by that tail. What one number drops is the read's spread: two reads with
+read's far tail (a probability of 1e-9 or 1e-5 on a level it rules out) barely moves it, where the
+log-odds of a sure read is set by that tail (the half it rules out holds nothing else). What one number drops is the read's spread: two reads with
 the same expected level get the same calibrated distribution, whose spread the fit learns from the
 gold levels.
 
@@ -30,7 +30,7 @@ keeps the fit finite where the likelihood has no optimum. Degenerate inputs, wha
   it (that level gets a small, non-zero probability); in the middle its two thresholds close up
   (exp(d) → 0: that level's probability goes to about 0). Nothing raises.
 - every read at one expected level (s constant): a and the thresholds cannot be told apart; the prior
-  picks the smallest, and the fit returns the gold levels' frequencies (smoothed) for every read.
+  settles them (a ≈ 0), and the fit returns about the gold levels' frequencies for every read.
 - one gold level throughout: the probability of that level approaches 1 for every read, held back by
   the prior.
 
