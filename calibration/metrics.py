@@ -3,7 +3,7 @@
 scikit-learn computes Brier, NLL and AUROC; only ECE (and the one-line accuracy) is written here,
 because scikit-learn has no top-class ECE (``calibration_curve`` bins one class's probability).
 
-- ``*_score`` is higher-better; ``*_loss`` and ``ece`` are lower-better. Logs are natural.
+- ``*_score`` is higher-better; ``*_loss``, ``*_error`` and ``ece`` are lower-better. Logs are natural.
 - Inputs: ``probabilities`` is an (n, k) array whose rows sum to 1; ``gold`` holds the index of the
   true class per row (the gold answer's option index).
 - **ECE** is top-class expected calibration error (the literature's "top-label" ECE) on ``n_bins``
@@ -15,9 +15,16 @@ because scikit-learn has no top-class ECE (``calibration_curve`` bins one class'
 - **NLL** is the mean of −log p(true class): scikit-learn's ``log_loss``, which clips p to
   [eps, 1 − eps] with eps the float64 machine epsilon (≈2.2e-16).
 - **AUROC** (noul) is scikit-learn's ``roc_auc_score`` of P(true) against the true answers.
+- Score questions (levels 0…k−1 in order, ``gold`` the gold level): the **expected level** is
+  Σᵢ i·pᵢ (the ``score`` a Jev answer carries); **level MAE** is the mean |expected level − gold level|;
+  **level Spearman** is the rank correlation of the expected level with the gold level (scipy's
+  ``spearmanr``: Pearson's r of the ranks, tied values sharing their average rank). It is undefined
+  where either side is constant (all reads at one expected level, or one gold level throughout, or a
+  single row): it is then ``nan``, never 0, so an average over splits must skip it. Accuracy of the
+  most probable level is :func:`accuracy_score`; ECE stays the top-class ECE above.
 
-scikit-learn is imported inside the functions that use it: importing ``sklearn.metrics`` takes
-seconds, and the service imports this module at start-up for ECE only."""
+scikit-learn (and ``scipy.stats``) is imported inside the functions that use it: importing
+``sklearn.metrics`` takes seconds, and the service imports this module at start-up for ECE only."""
 
 from __future__ import annotations
 
@@ -114,6 +121,65 @@ def nll_loss(probabilities, gold) -> float:
 
     p, y = _check(probabilities, gold)
     return float(log_loss(y, p, labels=np.arange(p.shape[1])))
+
+
+def expected_level(probabilities) -> np.ndarray:
+    """Σᵢ i·pᵢ per row of an (n, k) array of level probabilities, levels counted from 0.
+
+    >>> expected_level([[0.5, 0.0, 0.5], [0.1, 0.2, 0.7]]).round(6).tolist()
+    [1.0, 1.6]
+    """
+    p = np.asarray(probabilities, dtype=float)
+    if p.ndim != 2:
+        raise ValueError("probabilities must be (n, k)")
+    return p @ np.arange(p.shape[1])
+
+
+def level_absolute_error(probabilities, gold) -> float:
+    """Mean |expected level − gold level| (the level MAE; lower is better).
+
+    >>> round(level_absolute_error([[0.5, 0.0, 0.5], [0.1, 0.2, 0.7]], [2, 1]), 4)
+    0.8
+    """
+    p, y = _check(probabilities, gold)
+    return float(np.mean(np.abs(expected_level(p) - y)))
+
+
+def level_spearman_score(probabilities, gold) -> float:
+    """Spearman rank correlation of the expected level with the gold level; ``nan`` where either
+    side is constant (no ranking to correlate).
+
+    Expected levels 1.6, 1.0, 0.2 rank 3, 2, 1; gold levels 2, 1, 1 rank 3, 1.5, 1.5 (the tie
+    shares its average rank); Pearson's r of those ranks is √3/2:
+
+    >>> round(level_spearman_score([[0.1, 0.2, 0.7], [0.5, 0.0, 0.5], [0.8, 0.2, 0.0]], [2, 1, 1]), 4)
+    0.866
+    >>> level_spearman_score([[0.1, 0.9], [0.9, 0.1]], [1, 1])
+    nan
+    """
+    from scipy.stats import spearmanr
+
+    p, y = _check(probabilities, gold)
+    predicted = expected_level(p)
+    # spearmanr warns and returns nan on a constant side; the check says so without the warning.
+    if np.ptp(predicted) == 0 or np.ptp(y) == 0:
+        return float("nan")
+    return float(spearmanr(predicted, y).statistic)
+
+
+def median_level_error(gold) -> float:
+    """The level MAE of the best constant answer: always the median gold level (the constant that
+    minimises a mean absolute error; with two middle levels any value between them gives this MAE).
+    It is the ordinal counterpart of the majority baseline (the constant that maximises accuracy),
+    taken, like it, on the scored records themselves.
+
+    >>> median_level_error([0, 1, 1, 4])
+    1.0
+    """
+    y = np.asarray(gold, dtype=float)
+    if y.ndim != 1 or not len(y):
+        raise ValueError("gold must be (n,), n ≥ 1")
+    return float(np.mean(np.abs(y - np.median(y))))
 
 
 FLOOR_DRAWS = 200

@@ -6,6 +6,9 @@ on ``gold`` records with their gold answers and scoring ``held_out`` others, in 
 - ``raw``: the read's probabilities;
 - ``temperature``: T fitted on the gold answers (``calibration.temperature``);
 - ``temperature_bias``: T and per-option biases fitted on the gold answers (``calibration.bias``);
+- ``cumulative_logit`` (score tasks only): ordered thresholds and a slope on the read's expected level,
+  fitted on the gold levels (``calibration.ordinal``); not a service mode (yet): it is evaluated here
+  so a dev run can choose it;
 - ``prior``: no gold answers; the question's option prior, read on content-free states through the engine
   under the run's prompt version, divided out (``service.pipeline.prior``);
 - ``state_prior``: no gold answers; the mean of the reads of the same ``gold`` records' states divided
@@ -14,7 +17,9 @@ on ``gold`` records with their gold answers and scoring ``held_out`` others, in 
 Reported per mode: mean held-out accuracy (and its standard deviation over splits), mean ECE (15
 bins) and, beside it, the mean over splits of the ECE floor of that mode's held-out probabilities
 (``calibration.metrics.ece_floor``: median and 95% range of the ECE perfectly calibrated draws
-show at the same n and bins). The prior needs reads the run does not hold: they are made once (12
+show at the same n and bins). Score tasks also get the held-out MAE of the expected level and its
+Spearman correlation with the gold level, each the mean over splits (Spearman over the splits where it
+is defined; None where none is); other tasks show "—" there, and on the ``cumulative_logit`` row. The prior needs reads the run does not hold: they are made once (12
 reads for the four tasks) and kept in ``priors.json`` beside the report; they are made only when the
 run's prompt version is this code's, since a prior measured under another layout does not apply.
 """
@@ -33,18 +38,30 @@ from calibration.bias import (
     apply_prior,
     apply_temperature_bias,
 )
-from calibration.metrics import N_BINS, ece, ece_floor
+from calibration.metrics import N_BINS, ece, ece_floor, level_absolute_error, level_spearman_score
+from calibration.ordinal import CumulativeLogitScaler
 from calibration.temperature import TemperatureScaler, apply_temperature, as_logits
 from eval.evidence import RECORDS, load_rows, raw_probabilities, rows_arrays
 from eval.manifest import MANIFEST, write_json
 from eval.tasks import TASKS
 from readers.prompt import PROMPT_LAYOUTS, PROMPT_VERSION
 
-# Calibration modes (calibration.store.CALIBRATION_MODES) plus the baselines compared against them.
-EVALUATED_MODES = ("raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior")
+# Calibration modes (calibration.store.CALIBRATION_MODES), the baselines compared against them, and
+# cumulative_logit, a candidate the service does not offer.
+EVALUATED_MODES = (
+    "raw",
+    "temperature",
+    "temperature_bias",
+    "cumulative_logit",
+    "prior",
+    "prior_temperature",
+    "state_prior",
+)
 """``prior_temperature``: the prior divided out, then a temperature fitted on the corrected reads (what
 a feedback refit of a choice key gives under the service's default prior correction)."""
 NEEDS_PRIOR = ("prior", "prior_temperature")
+SCORE_ONLY = ("cumulative_logit",)
+"""Modes that use the order of a score's levels: no figures for choice and noul tasks."""
 PRIORS = "priors.json"
 
 
@@ -63,16 +80,21 @@ def evaluate_task(
     held_out: int = 100,
     splits: int = 20,
     seed: int = 0,
+    question_type: str = "choice",
 ) -> dict:
-    """Accuracy, ECE and ECE floor per mode, over ``splits`` random (gold, held_out) splits."""
+    """Accuracy, ECE and ECE floor per mode, over ``splits`` random (gold, held_out) splits; for a
+    ``score`` question also the expected level's MAE and Spearman, and the ``cumulative_logit`` mode."""
     if len(y) < gold + held_out:
         raise ValueError(
             f"{len(y)} records; {gold} with gold answers and {held_out} held out need {gold + held_out}"
         )
     logits = as_logits(p)
     rng = np.random.default_rng(seed)
+    ordinal = question_type == "score"
     per_mode: dict[str, list[dict]] = {
-        mode: [] for mode in EVALUATED_MODES if mode not in NEEDS_PRIOR or prior is not None
+        mode: []
+        for mode in EVALUATED_MODES
+        if (mode not in NEEDS_PRIOR or prior is not None) and (mode not in SCORE_ONLY or ordinal)
     }
     corrected = as_logits(apply_prior(p, prior)) if prior is not None else None
     for split in range(splits):
@@ -88,6 +110,9 @@ def evaluate_task(
             .fit(logits[fit])
             .predict_proba(logits[held]),  # the fit records' states, not their gold answers
         }
+        if ordinal:
+            cumulative = CumulativeLogitScaler().fit(logits[fit], y[fit])
+            calibrated["cumulative_logit"] = cumulative.predict_proba(logits[held])
         if corrected is not None:
             calibrated["prior"] = np.exp(corrected[held])
             on_corrected = TemperatureScaler().fit(corrected[fit], y[fit]).temperature_
@@ -99,10 +124,19 @@ def evaluate_task(
                     "accuracy": float(np.mean(q.argmax(axis=1) == y[held])),
                     "ece": ece(q, y[held], N_BINS),
                     "floor": floor,
+                    **(
+                        {
+                            "mae": level_absolute_error(q, y[held]),
+                            "spearman": level_spearman_score(q, y[held]),
+                        }
+                        if ordinal
+                        else {}
+                    ),
                 }
             )
     return {
         mode: {
+            **(_ordinal_means(scored) if ordinal else {}),
             "accuracy": float(np.mean([s["accuracy"] for s in scored])),
             "accuracy_sd": float(np.std([s["accuracy"] for s in scored])),
             "ece": float(np.mean([s["ece"] for s in scored])),
@@ -114,6 +148,15 @@ def evaluate_task(
             "splits_above_floor_range": int(sum(s["ece"] > s["floor"]["hi"] for s in scored)),
         }
         for mode, scored in per_mode.items()
+    }
+
+
+def _ordinal_means(scored: list[dict]) -> dict:
+    """Mean held-out MAE over the splits, and mean Spearman over those where it is defined (None if none)."""
+    spearman = [s["spearman"] for s in scored if not np.isnan(s["spearman"])]
+    return {
+        "mae_expected_level": float(np.mean([s["mae"] for s in scored])),
+        "spearman": float(np.mean(spearman)) if spearman else None,
     }
 
 
@@ -199,7 +242,16 @@ async def calibration_modes(
             prior = np.array([priors["tasks"][task]["prior"][option] for option in ok[0]["options"]])
         report["tasks"][task] = {
             "n": len(ok),
-            **evaluate_task(p, y, prior, gold=gold, held_out=held_out, splits=splits, seed=seed),
+            **evaluate_task(
+                p,
+                y,
+                prior,
+                gold=gold,
+                held_out=held_out,
+                splits=splits,
+                seed=seed,
+                question_type=TASKS[task].question_type,
+            ),
         }
     write_json(out / "modes.json", report)
     (out / "modes.md").write_text(modes_table(report))
@@ -214,18 +266,22 @@ def modes_table(report: dict) -> str:
             "floor = mean over splits of the median ECE of perfectly calibrated draws at the same n (95% range)."
         ),
         "",
-        "| task | n | mode | accuracy (sd) | ECE | ECE floor (95% range) | splits above the range |",
-        "|---|---|---|---|---|---|---|",
+        "| task | n | mode | accuracy (sd) | ECE | ECE floor (95% range) | splits above the range | MAE, expected level | Spearman |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for task, scored in report["tasks"].items():
         for mode in EVALUATED_MODES:
             if mode not in scored:
+                if mode in SCORE_ONLY:  # said, not left out: the mode exists, this task has no levels
+                    lines.append(f"| {task} | {scored['n']} | {mode} |" + " — |" * 6)
                 continue
             s = scored[mode]
             lo, hi = s["ece_floor_range"]
+            mae = f"{s['mae_expected_level']:.3f}" if "mae_expected_level" in s else "—"
+            spearman = "—" if s.get("spearman") is None else f"{s['spearman']:.3f}"
             lines.append(
                 f"| {task} | {scored['n']} | {mode} | {s['accuracy']:.1%} ({s['accuracy_sd']:.1%}) | {s['ece']:.3f} | "
-                f"{s['ece_floor']:.3f} ({lo:.3f}–{hi:.3f}) | {s['splits_above_floor_range']} of {report['splits']} |"
+                f"{s['ece_floor']:.3f} ({lo:.3f}–{hi:.3f}) | {s['splits_above_floor_range']} of {report['splits']} | {mae} | {spearman} |"
             )
     if report["prior_note"]:
         lines += ["", f"Prior correction not evaluated: {report['prior_note']}."]

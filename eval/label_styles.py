@@ -7,17 +7,22 @@ so one run can compare layouts as well as styles. The table reads only those rec
 task, the answers' accuracy (read as ``decide serve`` answers, the run's ``--prior-correction``
 included) on the original and reversed option order with 95% Wilson intervals, how many records
 change their predicted option when the order is reversed, and the raw read's accuracy (the
-model's own probabilities, before any correction) beside it.
+model's own probabilities, before any correction) beside it. Score tasks also get the answers' level
+figures on the original order: the MAE of the expected level against the gold level and their Spearman
+correlation (``calibration.metrics``; "—" for other tasks, and for a Spearman a constant side leaves
+undefined).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from eval.evidence import RECORDS, load_rows, raw_probabilities
+from calibration.metrics import level_absolute_error, level_spearman_score
+from eval.evidence import RECORDS, load_rows, raw_probabilities, rows_arrays
 from eval.manifest import MANIFEST, write_json
 from eval.runner import run_tasks
 from eval.score import wilson_interval
@@ -111,6 +116,7 @@ def style_rows(run: Path, name: str) -> list[dict]:
             "correct": raw_correct,
             "accuracy": raw_correct / len(original) if original else None,
         }
+        result["levels"] = level_figures(list(original)) if TASKS[task].question_type == "score" else None
         result["corrected"] = sum(
             row["reading"].get("prior_correction") is not None for row in ok
         )  # absent before the option
@@ -125,10 +131,23 @@ def style_rows(run: Path, name: str) -> list[dict]:
     return rows
 
 
+def level_figures(rows: list[dict]) -> dict | None:
+    """The answers' expected-level MAE and Spearman (None where undefined) over a score task's rows;
+    None without rows. Columns are the levels in order (``eval.score.ordinal_scores``)."""
+    if not rows:
+        return None
+    p, y = rows_arrays(rows)
+    spearman = level_spearman_score(p, y)
+    return {
+        "mae_expected_level": level_absolute_error(p, y),
+        "spearman": None if math.isnan(spearman) else spearman,
+    }
+
+
 def label_styles_table(rows: Sequence[dict]) -> str:
     lines = [
-        "| style set | prompt | prior correction | task | n | accuracy original (95%) | accuracy reversed (95%) | reversed changes | raw read, original | label styles used |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| style set | prompt | prior correction | task | n | accuracy original (95%) | accuracy reversed (95%) | reversed changes | raw read, original | MAE, expected level | Spearman | label styles used |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(result: dict | None) -> str:
@@ -145,9 +164,12 @@ def label_styles_table(rows: Sequence[dict]) -> str:
         )
         used = ", ".join(f"{style} {count}" for style, count in row["label_styles_used"].items())
         raw = f"{row['raw']['accuracy']:.1%}" if row["raw"]["n"] else "—"
+        found = row.get("levels")  # absent in rows written before score tasks
+        mae = f"{found['mae_expected_level']:.3f}" if found else "—"
+        spearman = f"{found['spearman']:.3f}" if found and found["spearman"] is not None else "—"
         lines.append(
             f"| {row['style_set']} | {row['prompt_version']} | {row['prior_correction']} | {row['task']} | {row['original']['n']} | {cell(row['original'])} "
-            f"| {cell(row.get('reversed'))} | {changes} | {raw} | {used} |"
+            f"| {cell(row.get('reversed'))} | {changes} | {raw} | {mae} | {spearman} | {used} |"
         )
     return "\n".join(lines) + "\n"
 

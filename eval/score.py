@@ -6,6 +6,12 @@ the same n: median and 95% range, ``calibration.metrics.ece_floor``); Brier mult
 one random half, ECE of the other half (single split = split 0 of the seeded sequence; the mean is over
 20 splits). Records whose read failed are counted on their own line and excluded from every metric;
 the last row written for a record wins (a resumed run may retry a failed one).
+
+Score tasks (levels in order) also get ordinal figures, in a second table: the MAE of the expected
+level against the gold level, its baseline (always the median gold level of the scored records: the
+constant answer with the least MAE, as the majority is the one with the best accuracy) and the
+Spearman rank correlation of expected and gold level (``calibration.metrics``; null/"—" where a side
+is constant). Choice and noul tasks report as before.
 """
 
 from __future__ import annotations
@@ -18,12 +24,21 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.metrics import N_BINS, brier_loss, ece, ece_floor
+from calibration.metrics import (
+    N_BINS,
+    brier_loss,
+    ece,
+    ece_floor,
+    level_absolute_error,
+    level_spearman_score,
+    median_level_error,
+)
 from calibration.temperature import as_logits
 from eval.evidence import RECORDS, load_rows, rows_arrays
 from eval.gold_curve import gold_curve
 from eval.manifest import MANIFEST, write_json
 from eval.risk_coverage import write_risk_coverage
+from eval.tasks import TASKS
 from readers.probabilities import DEFAULT_FLOOR_OFFSET, softmax
 
 Z95 = 1.959963984540054
@@ -69,6 +84,27 @@ def after_50(p: np.ndarray, y: np.ndarray, *, seed: int = 0) -> dict:
     }
 
 
+def is_score_task(rows: list[dict]) -> bool:
+    """Whether rows are a score question's: the row's ``question_type`` where written (the suite's),
+    else its task's; a task this code does not ship is not."""
+    row = rows[0]
+    task = TASKS.get(row["task"])
+    return (row.get("question_type") or (task.question_type if task else None)) == "score"
+
+
+def ordinal_scores(p: np.ndarray, y: np.ndarray) -> dict:
+    """A score task's level figures: expected-level MAE, the median-level baseline's, Spearman (None where undefined).
+
+    ``p``'s columns follow the rows' options, a score task's levels "0", "1", … in order
+    (``eval.tasks``), so a column index and a gold index are levels."""
+    spearman = level_spearman_score(p, y)
+    return {
+        "mae_expected_level": level_absolute_error(p, y),
+        "median_level_mae": median_level_error(y),
+        "spearman": None if math.isnan(spearman) else spearman,
+    }
+
+
 def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT_FLOOR_OFFSET) -> dict:
     rows = sorted(rows, key=lambda row: (row["id"], row["variant"]))
     original = [row for row in rows if row["variant"] == "original"]
@@ -98,6 +134,7 @@ def score_task(rows: list[dict], *, seed: int = 0, floor_offset: float = DEFAULT
         else None,
         "median_latency_ms": statistics.median(row["latency_ms"] for row in ok),
         "abstentions": int(sum(not row["reading"]["informative"] for row in ok)),
+        **(ordinal_scores(p, y) if is_score_task(ok) else {}),
     }
     reversed_rows = {row["id"]: row for row in rows if row["variant"] == "reversed" and row["status"] == "ok"}
     if reversed_rows:
@@ -173,11 +210,32 @@ def score_table(report: dict) -> str:
             f"{after} | {t50} | {changes} | {s['all_labels_returned']:.1%} | {s['ece_at_top_k_bound']:.3f} / {bound_after} | "
             f"{s['median_latency_ms']:.0f} | {s['errors']} |"
         )
+    lines += ordinal_table(report)
     if "latency" in report:
         lat = report["latency"]
         lines += ["", f"Latency at concurrency 1: median {lat['c1']['p50_ms']:.0f} ms, p90 {lat['c1']['p90_ms']:.0f} ms; "
                   f"decisions/s at concurrency 8: {lat['c8']['decisions_per_s']:.2f} ({lat['machine']['cpu']}, {lat['machine']['cores']} cores)."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def ordinal_table(report: dict) -> list[str]:
+    """The score tasks' level figures as lines of a second table (none when no score task was scored)."""
+    scored = {task: s for task, s in report["tasks"].items() if "mae_expected_level" in s}
+    if not scored:
+        return []
+    lines = [
+        "",
+        "Score tasks: expected level Σ i·pᵢ against the gold level; baseline: always the median gold level.",
+        "",
+        "| score task | n | accuracy of the most probable level | MAE of the expected level | MAE, median level | Spearman |",
+        "|---|---|---|---|---|---|",
+    ]
+    for task, s in scored.items():
+        spearman = "—" if s["spearman"] is None else f"{s['spearman']:.3f}"
+        lines.append(
+            f"| {task} | {s['n']} | {s['accuracy']:.1%} | {s['mae_expected_level']:.3f} | {s['median_level_mae']:.3f} | {spearman} |"
+        )
+    return lines
 
 
 def write_figures(run: Path, report: dict) -> None:

@@ -105,3 +105,46 @@ def test_the_ece_floor_is_what_calibrated_draws_show():
     assert ece_floor(p, 15, seed=0) == ece_floor(p, 15, seed=0)  # fixed seed: reproducible
     with pytest.raises(ValueError):
         ece_floor(p, 15, draws=0)
+
+
+def test_level_metrics_by_hand():
+    from calibration.metrics import expected_level, level_absolute_error, median_level_error
+
+    p = [[0.0, 0.0, 1.0], [0.5, 0.5, 0.0], [0.2, 0.2, 0.6], [1.0, 0.0, 0.0]]
+    gold = [2, 0, 1, 1]
+    assert expected_level(p) == pytest.approx([2.0, 0.5, 1.4, 0.0])
+    # errors 0, 0.5, 0.4, 1.0
+    assert level_absolute_error(p, gold) == pytest.approx(1.9 / 4)
+    assert accuracy_score(p, gold) == 0.5  # the most probable level: 2 and 0 right, 2 and 0 wrong
+    # gold 0, 1, 1, 2 has median 1: errors 1, 0, 0, 1. On 0, 0, 1, 3, 4 the median 1 errs by
+    # 1 + 1 + 0 + 2 + 3 = 7 over five; the mode 0 would err by 8.
+    assert median_level_error(gold) == pytest.approx(0.5)
+    assert median_level_error([0, 0, 1, 3, 4]) == pytest.approx(7 / 5)
+
+
+def test_level_spearman_averages_tied_ranks():
+    from calibration.metrics import level_spearman_score
+
+    p = [[0.0, 0.0, 1.0], [0.5, 0.5, 0.0], [0.2, 0.2, 0.6], [1.0, 0.0, 0.0]]
+    # expected levels 2.0, 0.5, 1.4, 0.0 rank 4, 2, 3, 1; gold 2, 0, 1, 1 ranks 4, 1, 2.5, 2.5
+    by_hand = np.corrcoef([4, 2, 3, 1.0], [4, 1, 2.5, 2.5])[0, 1]
+    assert level_spearman_score(p, [2, 0, 1, 1]) == pytest.approx(by_hand)
+    assert level_spearman_score(p, [0, 2, 1, 3]) == pytest.approx(-1.0)  # 4 levels: gold reversed
+
+
+@pytest.mark.parametrize(
+    ("p", "gold"),
+    [
+        ([[0.2, 0.8], [0.6, 0.4]], [1, 1]),  # one gold level
+        ([[0.5, 0.5], [0.5, 0.5]], [0, 1]),  # one expected level
+        ([[0.3, 0.7]], [1]),  # one row
+    ],
+)
+def test_level_spearman_is_nan_where_a_side_is_constant(p, gold):
+    import warnings
+
+    from calibration.metrics import level_spearman_score
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nan by the stated rule, not by a scipy warning
+        assert math.isnan(level_spearman_score(p, gold))

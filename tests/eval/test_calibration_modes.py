@@ -88,8 +88,11 @@ async def test_bias_and_prior_undo_a_lean_and_every_ece_has_its_floor(tmp_path):
     for mode in ("raw", "temperature", "temperature_bias", "prior", "prior_temperature", "state_prior"):
         lo, hi = scored[mode]["ece_floor_range"]
         assert 0 <= lo < scored[mode]["ece_floor"] < hi
-    assert "| ag_news | 200 | prior |" in (tmp_path / "out" / "modes.md").read_text()
-    assert "| ag_news | 200 | state_prior |" in (tmp_path / "out" / "modes.md").read_text()
+    table = (tmp_path / "out" / "modes.md").read_text()
+    assert "| ag_news | 200 | prior |" in table and "| ag_news | 200 | state_prior |" in table
+    # a choice task has no levels: no cumulative fit, no MAE or Spearman, and the table says so
+    assert "| ag_news | 200 | cumulative_logit | — | — | — | — | — | — |" in table
+    assert all("mae_expected_level" not in scored[mode] for mode in scored if mode != "n")
 
 
 async def test_a_prior_is_never_applied_across_prompt_versions(tmp_path):
@@ -116,3 +119,48 @@ async def test_a_prior_is_measured_under_the_runs_own_layout():
     new = await measure_priors("local", ["sst2"])
     assert (old["prompt_version"], new["prompt_version"]) == ("decide-prompt/1", PROMPT_VERSION)
     assert old["tasks"]["sst2"]["prior"] != pytest.approx(new["tasks"]["sst2"]["prior"], abs=1e-3)
+
+
+def score_run(path) -> None:
+    """200 sst5 records read one level too high and too sure: 0.85 on the level above a noisy
+    reading of the gold level (the top level stays put), the rest spread evenly."""
+    rng = np.random.default_rng(5)
+    options = list(TASKS["sst5"].options)
+    rows = []
+    for record in load_sample("sst5")[:200]:
+        seen = int(np.clip(np.round(int(record.gold) + rng.normal(0, 0.4)) + 1, 0, 4))
+        p = np.full(5, 0.15 / 4)
+        p[seen] = 0.85
+        probabilities = dict(zip(options, p.tolist()))
+        rows.append({"id": record.id, "task": "sst5", "variant": "original", "gold": record.gold, "options": options,
+                     "status": "ok", "probabilities": probabilities, "reading": {"raw_probabilities": probabilities},
+                     "latency_ms": 1.0, "predicted": max(probabilities, key=probabilities.get)})  # fmt: skip
+    path.mkdir()
+    run = {"kind": "local", "model": "m", "revision": "r"}
+    manifest = {
+        "engines": {"run": run},
+        "prompt_version": PROMPT_VERSION,
+        "status": "success",
+        "args": {"tasks": ["sst5"]},
+    }
+    write_json(path / "manifest.json", manifest)
+    write_rows(path / RECORDS, rows)
+
+
+async def test_score_tasks_get_the_cumulative_fit_and_level_figures_per_mode(tmp_path):
+    score_run(tmp_path / "run")
+    report = await calibration_modes(tmp_path / "run", tmp_path / "out", engine=None, splits=5)
+    scored = report["tasks"]["sst5"]
+    assert set(scored) == {"n", "raw", "temperature", "temperature_bias", "cumulative_logit", "state_prior"}
+    raw, cumulative = scored["raw"], scored["cumulative_logit"]
+    # the lean undone: the fitted thresholds move every read down a level
+    assert cumulative["mae_expected_level"] < 0.75 * raw["mae_expected_level"]
+    assert cumulative["accuracy"] > raw["accuracy"] + 0.15 and cumulative["ece"] < raw["ece"] / 2
+    for mode in ("raw", "temperature", "temperature_bias", "cumulative_logit", "state_prior"):
+        assert 0 < scored[mode]["spearman"] <= 1 and scored[mode]["mae_expected_level"] > 0
+    line = next(
+        line
+        for line in (tmp_path / "out" / "modes.md").read_text().splitlines()
+        if "| cumulative_logit |" in line
+    )
+    assert line.endswith(f"| {cumulative['mae_expected_level']:.3f} | {cumulative['spearman']:.3f} |")

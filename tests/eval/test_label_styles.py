@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from eval.evidence import RECORDS, load_rows
@@ -125,3 +126,34 @@ async def test_unknown_prompt_version_is_refused_before_reading(local_engine, tm
             local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/9"]
         )
     assert not any(tmp_path.iterdir())
+
+
+def test_score_tasks_get_the_answers_level_figures(tmp_path):
+    """Rows written here (no engine): sst3's answers get MAE and Spearman, sst2's a dash."""
+    from eval.evidence import write_rows
+    from eval.label_styles import style_rows
+    from eval.manifest import write_json
+
+    def row(task, i, probabilities, gold, variant="original"):
+        reading = {"raw_probabilities": probabilities, "prior_correction": None, "label_style": "words"}
+        return {"id": f"{task}-{i}", "task": task, "variant": variant, "gold": gold, "options": list(probabilities), "status": "ok",
+                "probabilities": probabilities, "reading": reading, "predicted": max(probabilities, key=probabilities.get)}  # fmt: skip
+
+    # expected levels 2.0, 0.5, 1.4, 0.0 against gold 2, 0, 1, 1: errors 0, 0.5, 0.4, 1.0
+    sst3 = [([0, 0, 1], "2"), ([0.5, 0.5, 0], "0"), ([0.2, 0.2, 0.6], "1"), ([1, 0, 0], "1")]
+    rows = [row("sst3", i, dict(zip("012", p)), gold) for i, (p, gold) in enumerate(sst3)]
+    sst2 = {"negative": 0.8, "positive": 0.2}
+    rows += [row("sst2", 0, sst2, "negative"), row("sst2", 0, sst2, "negative", "reversed")]
+    run = tmp_path / "run"
+    run.mkdir()
+    write_json(run / "manifest.json", {"prompt_version": PROMPT_VERSION, "args": {"prior_correction": "off"}})
+    write_rows(run / RECORDS, rows)
+    by_task = {result["task"]: result for result in style_rows(run, "words")}
+    assert by_task["sst2"]["levels"] is None
+    figures = by_task["sst3"]["levels"]
+    assert figures["mae_expected_level"] == pytest.approx(1.9 / 4)
+    # ranks: expected (4, 2, 3, 1), gold (4, 1, 2.5, 2.5)
+    assert figures["spearman"] == pytest.approx(np.corrcoef([4, 2, 3, 1.0], [4, 1, 2.5, 2.5])[0, 1])
+    table = label_styles_table(list(by_task.values()))
+    assert f"| 0.475 | {figures['spearman']:.3f} | words 4 |" in table
+    assert "| 0 of 1 (0%) | 100.0% | — | — | words 2 |" in table  # sst2: no levels

@@ -128,3 +128,64 @@ def test_compare_command_refuses_with_exit_code_2(tmp_path):
         app, ["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--allow-different-image"]
     )
     assert allowed.exit_code == 0 and "| sst2 | 2 of 2 |" in allowed.stdout
+
+
+def write_scored_run(path, tasks: dict[str, list[tuple[dict, str]]]) -> None:
+    """A run's evidence made here: per task, (probabilities, gold) per record, reads all succeeded."""
+    from eval.manifest import write_json
+
+    path.mkdir()
+    rows = []
+    for task, records in tasks.items():
+        for i, (probabilities, gold) in enumerate(records):
+            rows.append({"id": f"{task}-{i}", "task": task, "variant": "original", "gold": gold, "options": list(probabilities),
+                         "status": "ok", "probabilities": probabilities, "latency_ms": 10.0,
+                         "reading": {"floor_logprob": None, "exact": True, "informative": True},
+                         "predicted": max(probabilities, key=probabilities.get)})  # fmt: skip
+    engine = {"kind": "local", "read_mode": "exact", "top_k": None, "model": "m", "revision": "r"}
+    write_json(path / "manifest.json", {"engines": {"run": engine}, "status": "success", "args": {"tasks": list(tasks)}, "records": len(rows)})  # fmt: skip
+    write_rows(path / RECORDS, rows)
+
+
+def levels(*p: float) -> dict:
+    return {str(level): value for level, value in enumerate(p)}
+
+
+SST2 = [({"negative": 0.8, "positive": 0.2}, "negative"), ({"negative": 0.3, "positive": 0.7}, "negative")]
+# expected levels 2.0, 0.5, 1.4, 0.0 (errors 0, 0.5, 0.4, 1.0); gold median 1 (errors 1, 1, 0, 0)
+SST3 = [
+    (levels(0, 0, 1), "2"),
+    (levels(0.5, 0.5, 0), "0"),
+    (levels(0.2, 0.2, 0.6), "1"),
+    (levels(1, 0, 0), "1"),
+]
+
+
+def test_score_tasks_get_level_figures_and_other_tasks_report_as_before(tmp_path):
+    from eval.score import score_run, score_table
+
+    write_scored_run(tmp_path / "both", {"sst2": SST2, "sst3": SST3})
+    write_scored_run(tmp_path / "choice", {"sst2": SST2})
+    both, choice = score_run(tmp_path / "both"), score_run(tmp_path / "choice")
+    sst3 = both["tasks"]["sst3"]
+    assert sst3["mae_expected_level"] == pytest.approx(1.9 / 4) and sst3["median_level_mae"] == 0.5
+    # ranks: expected (4, 2, 3, 1), gold (4, 1, 2.5, 2.5)
+    assert sst3["spearman"] == pytest.approx(np.corrcoef([4, 2, 3, 1.0], [4, 1, 2.5, 2.5])[0, 1])
+    assert both["tasks"]["sst2"] == choice["tasks"]["sst2"]
+    assert not {"mae_expected_level", "median_level_mae", "spearman"} & set(choice["tasks"]["sst2"])
+    table = score_table(both)
+    assert f"| sst3 | 4 | 50.0% | 0.475 | 0.500 | {sst3['spearman']:.3f} |" in table
+    # the choice task's lines are the same: the score task adds its row and a second table after them
+    choice_lines = score_table(choice).splitlines()
+    kept = [line for line in table.splitlines() if not line.startswith("| sst3 |")]
+    assert kept[: len(choice_lines)] == choice_lines and kept[len(choice_lines) + 1].startswith("Score tasks")
+    assert "Score tasks" not in score_table(choice)
+
+
+def test_a_constant_side_leaves_spearman_undefined_not_zero(tmp_path):
+    from eval.score import score_run, score_table
+
+    write_scored_run(tmp_path / "run", {"sst3": [(levels(0.2, 0.3, 0.5), "1"), (levels(0.6, 0.3, 0.1), "1")]})
+    report = score_run(tmp_path / "run")
+    assert report["tasks"]["sst3"]["spearman"] is None and report["tasks"]["sst3"]["median_level_mae"] == 0.0
+    assert score_table(report).rstrip().endswith("| — |")
