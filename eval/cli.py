@@ -91,9 +91,14 @@ def eval_tasks(
     ] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
-    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
+    tasks: Annotated[
+        str, typer.Option(help="comma-separated shipped tasks")
+    ] = "sst2,ag_news,emotion,irony,sst5,sst3",
     limit: Annotated[int | None, typer.Option(help="records per task (default all 300)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    split: Annotated[
+        str, typer.Option(help="test (the shipped samples evals report) or dev (what defaults are chosen on)")
+    ] = "test",
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
     latency: Annotated[
@@ -113,9 +118,17 @@ def eval_tasks(
 
     from eval.manifest import Images
     from eval.runner import evaluate_tasks
+    from eval.tasks import SPLITS, TASKS
 
+    if split not in SPLITS:
+        raise typer.BadParameter(f"one of {', '.join(SPLITS)}, not {split!r}", param_hint="--split")
+    unknown = [task for task in tasks.split(",") if task not in TASKS]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown task(s) {unknown}; shipped: {', '.join(TASKS)}", param_hint="--tasks"
+        )
     passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency,
-              "prior_correction": prior_correction.value}  # fmt: skip
+              "prior_correction": prior_correction.value, "split": split}  # fmt: skip
     with Progress(
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
     ) as bar:
@@ -123,7 +136,7 @@ def eval_tasks(
         manifest = asyncio.run(
             evaluate_tasks(
                 engine, out, engine_url=engine_url, top_k=top_k, latency=latency, tasks=tasks.split(","), limit=limit, concurrency=concurrency,
-                images=Images(engine_image, service_image), seed=seed, args_passed=passed, prior_correction=prior_correction,
+                images=Images(engine_image, service_image), seed=seed, args_passed=passed, prior_correction=prior_correction, split=split,
                 progress=lambda done, total: bar.update(job, completed=done, total=total),
                 engine_log=engine_log.read_text(errors="replace") if engine_log else None,
             )
