@@ -135,7 +135,8 @@ def dev_reads_report(out: Path, prompt_versions: Sequence[str], current: str = P
             continue
         _, version, setting, lift, brier = max(
             # Brier to 4 places: the same reads in two runs differ by batch-padding noise (~1e-7).
-            mine, key=lambda c: (round(c[3], 6), -round(c[4], 4), c[1] == current, c[2] == "raw")
+            mine,
+            key=lambda c: (round(c[3], 6), -round(c[4], 4), c[1] == current, c[2] == "raw"),
         )
         chosen[question_type] = {"layout": version, "prior": setting == "prior", "lift": lift, "brier": brier,
                                  "beats_majority": lift > 0}  # fmt: skip

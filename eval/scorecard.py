@@ -23,36 +23,15 @@ from importlib import resources
 
 import numpy as np
 
+from calibration.metrics import level_spearman_score
+
 VERIFIED, MISMATCH, UNKNOWN = "verified", "mismatch", "unknown"
 
 
-def expected_level(probabilities) -> np.ndarray:
-    """Σ_k k·p_k per row (levels counted from 0).
-
-    >>> expected_level([[0.5, 0.0, 0.5], [0.0, 1.0, 0.0]]).tolist()
-    [1.0, 1.0]
-    """
-    p = np.asarray(probabilities, dtype=float)
-    return p @ np.arange(p.shape[1])
-
-
-def level_mae(probabilities, gold_levels) -> float:
-    """Mean absolute error of the expected level against the gold level.
-
-    >>> level_mae([[0.5, 0.0, 0.5], [0.0, 0.0, 1.0]], [0, 2])
-    0.5
-    """
-    return float(np.mean(np.abs(expected_level(probabilities) - np.asarray(gold_levels, dtype=float))))
-
-
 def level_spearman(probabilities, gold_levels) -> float | None:
-    """Spearman rank correlation of the expected level with the gold level; None when either is constant."""
-    from scipy.stats import spearmanr
-
-    predicted, gold = expected_level(probabilities), np.asarray(gold_levels, dtype=float)
-    if np.ptp(predicted) == 0 or np.ptp(gold) == 0:
-        return None
-    return float(spearmanr(predicted, gold).statistic)
+    """``calibration.metrics.level_spearman_score``, None (JSON null) where it is undefined."""
+    value = level_spearman_score(probabilities, gold_levels)
+    return None if np.isnan(value) else value
 
 
 def js_divergence_bits(p, q) -> np.ndarray:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.metrics import SUITE_N_BINS, brier_loss, ece
+from calibration.metrics import SUITE_N_BINS, brier_loss, ece, level_absolute_error
 from calibration.temperature import as_logits
 from eval.evidence import RECORDS, load_rows, rows_arrays
 from eval.gold_curve import gold_curve
@@ -28,7 +28,6 @@ from eval.scorecard import (
     families_complete,
     family_bootstrap,
     js_divergence_bits,
-    level_mae,
     level_spearman,
     total_variation,
 )
@@ -191,7 +190,7 @@ def _scorecard_statistic(per_subset: dict[str, tuple[list[dict], np.ndarray, np.
             values[("subset", name, "ece")] = ece(p[local], y[local], SUITE_N_BINS)
             values[("subset", name, "brier")] = float(np.mean(brier[i][local]))
             if types[name] == "score":
-                values[("subset", name, "mae")] = level_mae(p[local], y[local])
+                values[("subset", name, "mae")] = level_absolute_error(p[local], y[local])
                 values[("subset", name, "spearman")] = level_spearman(p[local], y[local])
             if i in distances:
                 for metric, per_record in zip(("js_divergence_bits", "total_variation"), distances[i]):

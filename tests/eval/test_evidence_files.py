@@ -133,5 +133,3 @@ def test_prior_figures_from_a_run(twice):
     head, _, difference = lines[-1].rpartition(": ")
     assert head == f"largest raw-read difference from {second} (all 14 rows, both orders)"
     assert float(difference) < 1e-12
-
-

@@ -40,14 +40,18 @@ async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
         engine_log=server_log,
     )
     rows = load_rows(tmp_path)
-    assert len(rows) == manifest["records"] == 6 * 4 + 6 * 3  # three choice tasks also run reversed
-    assert {row["task"] for row in rows} == {"sst2", "ag_news", "emotion", "irony"}
-    assert {row["variant"] for row in rows if row["task"] == "irony"} == {"original"}
+    assert len(rows) == manifest["records"] == 6 * 6 + 6 * 3  # three choice tasks also run reversed
+    assert {row["task"] for row in rows} == {"sst2", "ag_news", "emotion", "irony", "sst5", "sst3"}
+    assert {row["variant"] for row in rows if row["task"] in ("irony", "sst5", "sst3")} == {"original"}
     assert all(row["status"] == "ok" and row["reading"]["read_mode"] == "exact" for row in rows)
     assert manifest["status"] == "success" and manifest["run"] == "tasks"
     assert manifest["images"] == {"engine": "vllm@sha256:e", "service": "decide@sha256:s"}
     assert manifest["engines"]["run"]["revision"] == local_engine.info.revision
-    assert set(manifest["data_sha256"]) == {"sst2", "ag_news", "emotion", "irony"}
+    assert (
+        set(manifest["data_sha256"])
+        == set(manifest["dev_data_sha256"])
+        == {"sst2", "ag_news", "emotion", "irony", "sst5"}
+    )
     assert manifest["git"]["commit"] and manifest["prompt_version"]
     assert manifest["kv_capacity"]["kv_cache_tokens"] == 23296 and manifest["memory_statistics"] is None
 
