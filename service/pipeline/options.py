@@ -47,7 +47,7 @@ PriorCorrectionOption = Annotated[
     typer.Option(
         "--prior-correction",
         help="which questions' reads get their option prior (read on content-free states) divided out, where no stored calibration applies: "
-        "choice (options the caller named), all, or off (raw reads)",
+        "the question types, joined by + (e.g. choice+score), all, or off (raw reads); docs/reads.md says which the default covers and why",
     ),
 ]
 TokenizerOption = Annotated[

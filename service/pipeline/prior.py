@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,14 +46,28 @@ if TYPE_CHECKING:
 
 
 class PriorCorrection(enum.StrEnum):
-    """Which questions' reads get the content-free prior correction."""
+    """Which question types' reads get the content-free prior correction: none, every one, or the
+    types named (joined by ``+``), each type chosen on development records (docs/reads.md)."""
 
     OFF = "off"
+    NOUL = "noul"
     CHOICE = "choice"  # choice questions: options named by the caller
+    SCORE = "score"
+    NOUL_CHOICE = "noul+choice"
+    NOUL_SCORE = "noul+score"
+    CHOICE_SCORE = "choice+score"
     ALL = "all"  # every question: choice, yes/no and score
 
     def covers(self, question_type: str) -> bool:
-        return self is PriorCorrection.ALL or (self is PriorCorrection.CHOICE and question_type == "choice")
+        return self is PriorCorrection.ALL or question_type in self.value.split("+")
+
+    @classmethod
+    def of_types(cls, question_types: Iterable[str]) -> PriorCorrection:
+        """The policy that covers exactly ``question_types``."""
+        named = [t for t in ("noul", "choice", "score") if t in set(question_types)]
+        if len(named) == 3:
+            return cls.ALL
+        return cls("+".join(named) or "off")
 
 
 DEFAULT_PRIOR_CORRECTION = PriorCorrection.CHOICE

@@ -84,3 +84,14 @@ async def test_a_prior_cache_is_bounded_and_needs_a_policy():
         and not PriorCorrection.CHOICE.covers("noul")
         and PriorCorrection.ALL.covers("score")
     )
+
+
+def test_a_policy_covers_exactly_the_types_it_names():
+    for policy in PriorCorrection:
+        covered = {t for t in ("noul", "choice", "score") if policy.covers(t)}
+        assert PriorCorrection.of_types(covered) is policy
+    assert PriorCorrection.CHOICE_SCORE.covers("score") and not PriorCorrection.CHOICE_SCORE.covers("noul")
+    assert (
+        not PriorCorrection.OFF.covers("choice")
+        and PriorCorrection("choice+score") is PriorCorrection.CHOICE_SCORE
+    )
