@@ -143,6 +143,21 @@ async def test_gemma_reads_exactly_after_the_model_turn_opener(gemma_engine):
     )
 
 
+@pytest.mark.slow  # a 1,000-token prompt through Gemma, three ways
+def test_gemma_reads_past_its_sliding_window_equal_a_plain_forward(gemma_engine):
+    # Five of every six Gemma 3 layers attend to the last 512 tokens only: a state longer than that
+    # must be read with that window on the shared-prefix path too.
+    reader = Reader(gemma_engine)
+    state = "The committee met on Tuesday and discussed the budget, the roads and the school. " * 60
+    slot, _ = reader.prepare(GEMMA_QUESTIONS[0], state)
+    assert len(slot.prompt_ids) > gemma_engine.model.config.sliding_window + 400
+    labels = list(slot.label_ids)
+    reference = gemma_engine.next_token_logprobs(slot.prompt_ids)[labels]
+    shared, whole = gemma_engine.batch_logprobs([slot.prompt_ids] * 2, [slot.prefix_tokens, 0])
+    assert torch.allclose(shared[labels], reference, atol=1e-3)
+    assert torch.allclose(whole[labels], reference, atol=1e-4)
+
+
 @pytest.mark.slow
 async def test_gemma_caller_text_cannot_open_a_turn(gemma_engine):
     reader = Reader(gemma_engine)
