@@ -55,3 +55,31 @@ def test_a_model_without_a_chat_template_is_refused_until_one_is_given(embedded_
     )
     assert unreadable.returncode == 2 and "absent.jinja" in unreadable.stderr
     assert json.loads((embedded_model_dir / "config.json").read_text())  # the source folder is untouched
+
+
+def test_serve_gemma_answers_as_gemma(tmp_path):
+    import httpx
+
+    from deploy.processes import wait_for_models
+    from readers.embedded import prepare_embedded_model
+
+    prepare_embedded_model(name="gemma3-270m")  # once per machine; the server then only loads it
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "opendecide", "serve", "--port", str(port), "--model", "gemma3-270m"]
+    server = subprocess.Popen(command, cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for_models(url, process=server, log=log)
+        body = {
+            "state": "The soup was cold.",
+            "questions": {"q": {"type": "noul", "instructions": "A complaint?"}},
+        }
+        reply = httpx.post(f"{url}/v1/systemone", json=body, timeout=120).json()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert reply["model"] == "gemma3-270m", reply
+    answer = reply["answers"]["q"]
+    assert answer["type"] == "noul" and answer["x_reading"]["read_mode"] == "exact", answer
+    assert reply["x_provenance"]["model_revision"] == "gguf-sha256:a5fd3b62230a", reply["x_provenance"]
