@@ -104,7 +104,6 @@ GEMMA3_270M = EmbeddedModel(
 
 EMBEDDED_MODELS = {model.name: model for model in (SMOLLM2, GEMMA3_270M)}
 DEFAULT_EMBEDDED = SMOLLM2.name
-EMBEDDED_NAME = DEFAULT_EMBEDDED  # the name before there were several
 
 
 def embedded_model(name: str) -> EmbeddedModel:

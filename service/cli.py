@@ -180,6 +180,8 @@ def ask(
         body = {"state": json.loads(state) if json_state else state, "questions": {"answer": question}}
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    if model is not None and model_dir is not None:
+        raise typer.BadParameter("give --model (an embedded model) or --model-dir (a folder), not both")
     try:
         template = chat_template.read_text() if chat_template else None
     except (OSError, UnicodeDecodeError) as error:

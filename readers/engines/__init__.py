@@ -57,8 +57,8 @@ async def open_engine(
     first use: the local engine runs it, and a vLLM engine (serving it from ``decide engine start --model``)
     reads its tokenizer from the prepared folder. ``chat_template`` (jinja text, as vLLM's
     ``--chat-template``) replaces the tokenizer's template; an engine left with none is refused."""
-    folder = model_folder(model, model_dir)
     if kind == "local":
+        folder = model_folder(model, model_dir)
         from readers.engines.local import LocalEngine
 
         if read_mode not in (None, ReadMode.EXACT if top_k is None else ReadMode.TOPK):
@@ -85,7 +85,7 @@ async def open_engine(
         urls, by_name = parse_engine_urls(url)
         options = dict(
             top_k=top_k or DEFAULT_VLLM_TOP_K,
-            tokenizer=tokenizer or (str(folder) if model or model_dir else None),
+            tokenizer=tokenizer or (str(model_folder(model, model_dir)) if model or model_dir else None),
             read_mode=read_mode,
             max_in_flight=max_in_flight,
             timeout_s=timeout_s,
