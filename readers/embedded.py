@@ -106,12 +106,16 @@ EMBEDDED_MODELS = {model.name: model for model in (SMOLLM2, GEMMA3_270M)}
 DEFAULT_EMBEDDED = SMOLLM2.name
 
 
+class UnknownModel(ModelUnavailable):
+    """A name no registry entry has: the caller's mistake, not the machine's."""
+
+
 def embedded_model(name: str) -> EmbeddedModel:
-    """The registry entry ``name``, or ``ModelUnavailable`` listing the names there are."""
+    """The registry entry ``name``, or ``UnknownModel`` listing the names there are."""
     try:
         return EMBEDDED_MODELS[name]
     except KeyError:
-        raise ModelUnavailable(
+        raise UnknownModel(
             f"unknown embedded model {name!r}; choose one of {', '.join(EMBEDDED_MODELS)} "
             "(or pass --model-dir for any Hugging Face folder)"
         ) from None

@@ -95,22 +95,19 @@ def resolve_model(options: ServeOptions) -> Path | None:
     """The model folder the engine reads: ``--model-dir``, or the embedded model (prepared here, before
     binding, on first use) for the local engine or a vLLM engine given ``--model``; None: the vLLM
     server's own tokenizer."""
-    from readers.embedded import DEFAULT_EMBEDDED, MANIFEST, ModelUnavailable, embedded_model, prepared_path
+    from readers.embedded import DEFAULT_EMBEDDED, MANIFEST, ModelUnavailable, UnknownModel, prepared_path
     from readers.engines import model_folder
 
     if options.engine != "local" and options.model is None:
         return options.model_dir
-    if options.model is not None:
-        try:
-            embedded_model(options.model)
-        except ModelUnavailable as error:
-            raise ServeRefused(str(error), option="--model") from None
-    if options.model_dir is None:
-        name = options.model or DEFAULT_EMBEDDED
-        if not (prepared_path(name) / MANIFEST).is_file():
-            logger.info("preparing the embedded model %s from its GGUF (first use only; minutes)", name)
     try:
+        if options.model_dir is None:
+            name = options.model or DEFAULT_EMBEDDED
+            if not (prepared_path(name) / MANIFEST).is_file():
+                logger.info("preparing the embedded model %s from its GGUF (first use only; minutes)", name)
         return model_folder(options.model, options.model_dir)
+    except UnknownModel as error:
+        raise ServeRefused(str(error), option="--model") from None
     except ModelUnavailable as error:  # its packages are missing: nothing to fix on the command line
         raise ServeRefused(str(error)) from None
 
@@ -134,7 +131,10 @@ def open_local_engine(options: ServeOptions, folder: Path, chat_template: str | 
     # Anything else opening a folder raises (a missing config, weights that do not load, a tokenizer
     # transformers cannot read, each library with its own exception) means the same: it is not a model.
     except Exception as error:
-        raise ServeRefused(f"{folder} cannot be opened as a model: {error}", option="--model-dir") from None
+        option = (
+            "--model-dir" if options.model_dir is not None else "--model"
+        )  # else a damaged prepared folder
+        raise ServeRefused(f"{folder} cannot be opened as a model: {error}", option=option) from None
 
 
 def run_server(options: ServeOptions) -> None:
