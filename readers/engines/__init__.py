@@ -63,19 +63,14 @@ async def open_engine(
 
         if read_mode not in (None, ReadMode.EXACT if top_k is None else ReadMode.TOPK):
             raise ValueError("the local engine reads exact, or top-k with --top-k")
-        engine = LocalEngine(
+        engine: Engine = LocalEngine(
             folder,
             top_k=top_k,
             workers=workers,
             share_prefix=share_prefix,
             batching=batching or LocalBatching(),
         )
-        try:
-            return with_chat_template(engine, chat_template)
-        except NoChatTemplate:
-            await engine.aclose()
-            raise
-    if kind == "vllm":
+    elif kind == "vllm":
         from readers.engines.addresses import parse_engine_urls
         from readers.engines.routed import RoutedEngine
         from readers.engines.vllm import VLLMEngine
@@ -98,12 +93,13 @@ async def open_engine(
             engine = await RoutedEngine.connect(urls, **options)
         else:
             engine = await VLLMEngine.connect(urls[0], **options)
-        try:
-            return with_chat_template(engine, chat_template)
-        except NoChatTemplate:
-            await engine.aclose()
-            raise
-    raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+    else:
+        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+    try:
+        return with_chat_template(engine, chat_template)
+    except NoChatTemplate:
+        await engine.aclose()
+        raise
 
 
 def model_folder(model: str | None, model_dir: Path | None) -> Path:
