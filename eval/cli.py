@@ -11,7 +11,14 @@ from typing import Annotated
 import typer
 
 from readers.prompt import PROMPT_VERSION
-from service.pipeline.options import EngineUrlOption, PriorCorrectionOption, TopKOption, quiet_loaders
+from service.pipeline.options import (
+    ChatTemplateOption,
+    EngineUrlOption,
+    ModelOption,
+    PriorCorrectionOption,
+    TopKOption,
+    quiet_loaders,
+)
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION
 
 app = typer.Typer()
@@ -91,6 +98,8 @@ def eval_tasks(
     ] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
+    model: ModelOption = None,
+    chat_template: ChatTemplateOption = None,
     tasks: Annotated[
         str, typer.Option(help="comma-separated shipped tasks")
     ] = "sst2,ag_news,emotion,irony,sst5,sst3",
@@ -127,15 +136,17 @@ def eval_tasks(
         raise typer.BadParameter(
             f"unknown task(s) {unknown}; shipped: {', '.join(TASKS)}", param_hint="--tasks"
         )
-    passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "tasks": tasks, "limit": limit, "concurrency": concurrency,
-              "prior_correction": prior_correction.value, "split": split}  # fmt: skip
+    passed = {"engine": engine, "engine_url": engine_url, "top_k": top_k, "model": model,
+              "chat_template": str(chat_template) if chat_template else None, "tasks": tasks, "limit": limit,
+              "concurrency": concurrency, "prior_correction": prior_correction.value, "split": split}  # fmt: skip
     with Progress(
         "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn()
     ) as bar:
         job = bar.add_task(engine, total=None)
         manifest = asyncio.run(
             evaluate_tasks(
-                engine, out, engine_url=engine_url, top_k=top_k, latency=latency, tasks=tasks.split(","), limit=limit, concurrency=concurrency,
+                engine, out, engine_url=engine_url, top_k=top_k, latency=latency, model=model,
+                chat_template=chat_template.read_text() if chat_template else None, tasks=tasks.split(","), limit=limit, concurrency=concurrency,
                 images=Images(engine_image, service_image), seed=seed, args_passed=passed, prior_correction=prior_correction, split=split,
                 progress=lambda done, total: bar.update(job, completed=done, total=total),
                 engine_log=engine_log.read_text(errors="replace") if engine_log else None,

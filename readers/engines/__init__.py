@@ -1,6 +1,7 @@
 """Engines behind the reader: ``local`` (the embedded model, in process) and ``vllm`` (HTTP).
 
 open_engine("local")                      the local engine: the embedded SmolLM2, prepared on first use
+open_engine("local", model="gemma3-270m") another embedded model (readers/embedded.py lists them)
 open_engine("vllm", url="http://…:8000")  any vLLM server; read mode chosen by a start-up probe
 open_engine("vllm", url="http://a:8000,http://b:8000")
                                           several servers of one model, reads routed by prefix
@@ -42,27 +43,34 @@ async def open_engine(
     share_prefix: bool = True,
     batching: LocalBatching | None = None,
     prefill_first: bool = False,
+    model: str | None = None,
+    chat_template: str | None = None,
 ) -> Engine:
     """Build the engine ``kind``; the vLLM engine probes the server before it is returned.
 
     ``share_prefix=False`` is the per-question path (no KV shared between a request's reads), kept
     to measure what sharing the state gains. ``batching`` sets the local engine's micro-batching and
     prefix cache (defaults: ``LocalBatching()``); vLLM schedules its own batches, and
-    ``prefill_first`` reads a request's first question before the others (``VLLMEngine.read_many``)."""
+    ``prefill_first`` reads a request's first question before the others (``VLLMEngine.read_many``).
+
+    ``model`` names an embedded model (``readers.embedded.EMBEDDED_MODELS``; default SmolLM2), prepared on
+    first use: the local engine runs it, and a vLLM engine (serving it from ``decide engine start --model``)
+    reads its tokenizer from the prepared folder. ``chat_template`` (jinja text, as vLLM's
+    ``--chat-template``) replaces the tokenizer's template; an engine left with none is refused."""
     if kind == "local":
-        from readers.embedded import prepare_embedded_model
+        folder = model_folder(model, model_dir)
         from readers.engines.local import LocalEngine
 
         if read_mode not in (None, ReadMode.EXACT if top_k is None else ReadMode.TOPK):
             raise ValueError("the local engine reads exact, or top-k with --top-k")
-        return LocalEngine(
-            model_dir or prepare_embedded_model(),
+        engine: Engine = LocalEngine(
+            folder,
             top_k=top_k,
             workers=workers,
             share_prefix=share_prefix,
             batching=batching or LocalBatching(),
         )
-    if kind == "vllm":
+    elif kind == "vllm":
         from readers.engines.addresses import parse_engine_urls
         from readers.engines.routed import RoutedEngine
         from readers.engines.vllm import VLLMEngine
@@ -72,7 +80,7 @@ async def open_engine(
         urls, by_name = parse_engine_urls(url)
         options = dict(
             top_k=top_k or DEFAULT_VLLM_TOP_K,
-            tokenizer=tokenizer or (str(model_dir) if model_dir else None),
+            tokenizer=tokenizer or (str(model_folder(model, model_dir)) if model or model_dir else None),
             read_mode=read_mode,
             max_in_flight=max_in_flight,
             timeout_s=timeout_s,
@@ -80,11 +88,65 @@ async def open_engine(
             prefill_first=prefill_first,
         )
         if by_name:
-            return await RoutedEngine.connect_name(urls[0], **options)
-        if len(urls) > 1:
-            return await RoutedEngine.connect(urls, **options)
-        return await VLLMEngine.connect(urls[0], **options)
-    raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+            engine = await RoutedEngine.connect_name(urls[0], **options)
+        elif len(urls) > 1:
+            engine = await RoutedEngine.connect(urls, **options)
+        else:
+            engine = await VLLMEngine.connect(urls[0], **options)
+    else:
+        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+    try:
+        return with_chat_template(engine, chat_template)
+    except NoChatTemplate:
+        await engine.aclose()
+        raise
+
+
+def model_folder(model: str | None, model_dir: Path | None) -> Path:
+    """The folder ``--model NAME`` (prepared on first use) or ``--model-dir`` names; default the embedded
+    SmolLM2. ``readers.embedded.ModelUnavailable`` when the name is unknown or its packages are missing."""
+    from readers.embedded import DEFAULT_EMBEDDED, prepare_embedded_model
+
+    if model is not None and model_dir is not None:
+        raise ValueError("give --model (an embedded model) or --model-dir (a folder), not both")
+    if model_dir is not None:
+        return Path(model_dir)
+    return prepare_embedded_model(name=model or DEFAULT_EMBEDDED)
+
+
+class NoChatTemplate(ValueError):
+    """The engine's tokenizer has no chat template, or one that cannot render the reader's turns."""
+
+
+# The turns every read renders (readers/labels.py ChatTemplate): a system, a user and an assistant message.
+_PROBE_TURNS = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+]
+
+
+def with_chat_template(engine: Engine, chat_template: str | None) -> Engine:
+    """``engine`` with ``chat_template`` as its tokenizer's template; ``NoChatTemplate`` when it then has
+    none or the template cannot render a system, user and assistant turn.
+
+    Checked at opening because every read renders the template: a base model's folder (no template)
+    would otherwise fail each request instead of the start-up."""
+    tokenizer = engine.tokenizer
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    if not getattr(tokenizer, "chat_template", None):
+        raise NoChatTemplate(
+            f"{engine.info.name} has no chat template (a base model?): pass --chat-template FILE, a jinja "
+            "template that renders the system, user and assistant turns"
+        )
+    try:
+        tokenizer.apply_chat_template(_PROBE_TURNS, tokenize=False)
+    except Exception as error:  # jinja's syntax and undefined errors, the template's raise_exception
+        raise NoChatTemplate(
+            f"{engine.info.name}'s chat template cannot render a system, user and assistant turn: {error}"
+        ) from None
+    return engine
 
 
 __all__ = [
@@ -95,6 +157,7 @@ __all__ = [
     "EngineReply",
     "LocalBatching",
     "ModelInfo",
+    "NoChatTemplate",
     "ReadMode",
     "ReadRequest",
     "open_engine",

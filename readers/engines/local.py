@@ -167,6 +167,11 @@ class LocalEngine(ClosingEngine):
         self._decoder = self.model.get_decoder()
         self._head = self.model.get_output_embeddings()
         config = self.model.config
+        # Gemma 3's sliding layers see only the last `sliding_window` keys. The decoder takes the 4-D
+        # masks built below as they are, for every layer, so those layers get their own (``_layer_masks``).
+        sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+        self._window = int(config.sliding_window) if sliding and config.sliding_window else None
+        self._softcap = getattr(config, "final_logit_softcapping", None)
         vocab_size = int(config.vocab_size)
         manifest = model_manifest(model_dir)
         self.info = ModelInfo(
@@ -389,7 +394,10 @@ class LocalEngine(ClosingEngine):
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        self._decoder(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        masks = self._layer_masks(mask, positions, positions)
+        self._decoder(
+            input_ids=ids, attention_mask=masks, position_ids=positions, cache=cache, use_cache=True
+        )
         return [
             [
                 (
@@ -440,12 +448,30 @@ class LocalEngine(ClosingEngine):
                         batch_values[row, :, : len(prefix)] = kv[prefix][layer][1][0]
                 layers.append((batch_keys, batch_values))
             cache = DynamicCache(layers)
+        # Key positions: the padded past holds each prefix's tokens at their own positions (padding is masked).
+        key_positions = torch.cat([torch.arange(past).expand(count, past), positions], dim=1)
         hidden = self._decoder(
-            input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True
+            input_ids=ids,
+            attention_mask=self._layer_masks(mask, positions, key_positions),
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
         ).last_hidden_state
         last = hidden[torch.arange(count), torch.tensor([len(suffix) - 1 for _, suffix in rows])]
-        logprobs = torch.log_softmax(self._head(last).float(), dim=-1)
-        return list(logprobs)
+        logits = self._head(last).float()
+        if self._softcap:  # as the model's own forward does after its head (Gemma 2)
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return list(torch.log_softmax(logits, dim=-1))
+
+    def _layer_masks(
+        self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """``mask`` for every layer, or with a sliding window, per layer type: sliding layers also
+        hide keys ``sliding_window`` or more positions before the query (as transformers' own masks)."""
+        if self._window is None:
+            return mask
+        near = (query_positions[:, :, None] - key_positions[:, None, :]) < self._window
+        return {"full_attention": mask, "sliding_attention": mask & near[:, None]}
 
 
 def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -> dict[int, float]:

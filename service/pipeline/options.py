@@ -53,3 +53,21 @@ PriorCorrectionOption = Annotated[
 TokenizerOption = Annotated[
     str | None, typer.Option("--tokenizer", help="tokenizer folder or hub id of the vLLM-served model")
 ]
+# Which model the local engine runs: --model picks an embedded one, --model-dir any folder, and
+# --chat-template replaces its tokenizer's template (as vLLM's option of that name).
+ModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="an embedded model, prepared on first use: smollm2-135m-instruct (default) or gemma3-270m "
+        "(docs/models.md); with --engine vllm, the tokenizer of the model the server serves",
+    ),
+]
+ChatTemplateOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--chat-template",
+        help="a jinja chat template file replacing the model's own (needed for a model without one)",
+        dir_okay=False,
+    ),
+]
