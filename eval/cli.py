@@ -722,6 +722,7 @@ def eval_dev_reads(
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
     engine_url: EngineUrlOption = None,
+    model: ModelOption = None,
 ) -> None:
     """Layouts × prior correction per question type on the dev split, and the read the rule picks (eval/dev_reads.py)."""
     quiet_loaders()
@@ -737,6 +738,7 @@ def eval_dev_reads(
                 engine,
                 out,
                 engine_url=engine_url,
+                model=model,
                 prompt_versions=versions,
                 tasks=tasks.split(",") if tasks else list(TASKS),
                 limit=limit,
@@ -766,6 +768,7 @@ def eval_regression(
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
     engine_url: EngineUrlOption = None,
+    model: ModelOption = None,
 ) -> None:
     """Two read policies on the shipped test samples, paired per task and question type (eval/regression.py)."""
     quiet_loaders()
@@ -784,6 +787,7 @@ def eval_regression(
             engine,
             out,
             engine_url=engine_url,
+            model=model,
             baseline=policies["--baseline"],
             candidate=policies["--candidate"],
             tasks=tasks.split(",") if tasks else list(TASKS),

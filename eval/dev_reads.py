@@ -195,10 +195,10 @@ def dev_reads_table(report: dict) -> str:
 
 
 async def evaluate_dev_reads(
-    engine_spec: str, out: Path, *, engine_url: str | None = None, **options
+    engine_spec: str, out: Path, *, engine_url: str | None = None, model: str | None = None, **options
 ) -> dict:
-    """Open the engine ``engine_spec`` names and :func:`run_dev_reads` through it."""
+    """Open the engine ``engine_spec`` names (``model``: an embedded model's name) and :func:`run_dev_reads` through it."""
     from readers.engines import open_engine_spec
 
-    async with await open_engine_spec(engine_spec, engine_url=engine_url) as engine:
+    async with await open_engine_spec(engine_spec, engine_url=engine_url, model=model) as engine:
         return await run_dev_reads(engine, out, **options)
