@@ -86,6 +86,7 @@ async def open_engine(
             timeout_s=timeout_s,
             share_prefix=share_prefix,
             prefill_first=prefill_first,
+            chat_template=chat_template,
         )
         if by_name:
             engine = await RoutedEngine.connect_name(urls[0], **options)

@@ -102,6 +102,7 @@ class RoutedEngine(ClosingEngine):
         transport: httpx.AsyncBaseTransport | None = None,
         share_prefix: bool = True,
         prefill_first: bool = False,
+        chat_template: str | None = None,
     ) -> RoutedEngine:
         """Connect every address that answers; all must serve one model (served name, model, revision).
 
@@ -114,7 +115,7 @@ class RoutedEngine(ClosingEngine):
             # Each engine probes on its own (its best mode); the membership then sets the common one.
             return await VLLMEngine.connect(
                 url, top_k=top_k, tokenizer=tokenizer, timeout_s=timeout_s, max_in_flight=max_in_flight, transport=transport,
-                share_prefix=share_prefix, prefill_first=prefill_first,
+                share_prefix=share_prefix, prefill_first=prefill_first, chat_template=chat_template,
             )  # fmt: skip
 
         members, capabilities = await connect_members(

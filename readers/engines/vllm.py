@@ -90,11 +90,13 @@ class VLLMEngine(ClosingEngine):
         transport: httpx.AsyncBaseTransport | None = None,
         share_prefix: bool = True,
         prefill_first: bool = False,
+        chat_template: str | None = None,
     ) -> VLLMEngine:
         """Find the served model, load its tokenizer locally, and probe which read mode works.
 
         ``read_mode`` forces a read mode the probe found supported (to compare read modes on one
-        server); by default the best supported one is used.
+        server); by default the best supported one is used. ``chat_template`` (jinja text) replaces
+        the tokenizer's before the probe renders it (a base model's tokenizer has none).
         """
         limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
         client = httpx.AsyncClient(
@@ -104,6 +106,8 @@ class VLLMEngine(ClosingEngine):
             models = await _call(client, "GET", "/v1/models")
             served = _first_model(models)
             loaded_tokenizer, source = load_tokenizer(served, tokenizer)
+            if chat_template is not None:
+                loaded_tokenizer.chat_template = chat_template
             info = _model_info(served, loaded_tokenizer, source)
             capabilities = await probe(client, served["id"], loaded_tokenizer, top_k=top_k)
             if read_mode is not None:

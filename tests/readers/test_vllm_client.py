@@ -8,6 +8,7 @@ real server is exercised by the vLLM integration tests.
 from __future__ import annotations
 
 import json
+import shutil
 
 import httpx
 import pytest
@@ -172,5 +173,19 @@ async def test_engine_timeouts_and_busy_replies_map_to_504_and_503(embedded_mode
                 await engine.read(ReadRequest(tuple(range(40)), (10407, 4607), ("yes", "no")))
             if error is EngineUnavailable and "busy" in raised.value.message:
                 assert raised.value.retry_after_s == 9
+    finally:
+        await engine.aclose()
+
+
+async def test_a_chat_template_given_replaces_a_missing_one_before_the_probe(embedded_model_dir, tmp_path):
+    # A served base model: its folder has a tokenizer but no chat template.
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "opendecide-model.json"):
+        shutil.copy(embedded_model_dir / name, tmp_path / name)
+    template = (embedded_model_dir / "chat_template.jinja").read_text()
+    with pytest.raises(Exception, match="chat.template"):
+        await connect(FakeVLLM(str(tmp_path), exact=True, masked=True))
+    engine = await connect(FakeVLLM(str(tmp_path), exact=True, masked=True), chat_template=template)
+    try:
+        assert engine.tokenizer.chat_template == template and engine.capabilities.read_mode is ReadMode.EXACT
     finally:
         await engine.aclose()
