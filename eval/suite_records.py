@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from calibration.fit import gold_index
 from eval.manifest import RunRefused, write_json
 from eval.scorecard import MISMATCH, checksum_status, published_checksums
-from eval.tasks import TASKS, load_sample
+from eval.tasks import TASKS
 from service.protocol import SystemOneRequest
 
 # Human distributions are written as decimals (civil_comments: toxicity and 1 - toxicity).
@@ -58,6 +58,13 @@ def write_subset(out: Path, subset: str, records: list[dict], **manifest_fields:
     return digest
 
 
+def _target(question_type: str, gold: str) -> bool | int | str:
+    """A task's gold answer as the suite writes its targets: a boolean, a level number or an option name."""
+    if question_type == "noul":
+        return gold == "true"
+    return int(gold) if question_type == "score" else gold
+
+
 def build_from_tasks(out: Path) -> dict[str, str]:
     """A Nimble-format suite from the shipped task samples (one subset per task); returns sha256s."""
     digests = {}
@@ -66,9 +73,9 @@ def build_from_tasks(out: Path) -> dict[str, str]:
             {
                 "id": record.id, "split": "test", "domain": name, "family": record.id, "source_family": name,
                 "input": {"state": record.text, "questions": {"answer": task.question()}},
-                "reference": {"target": record.gold == "true" if task.question_type == "noul" else record.gold},
+                "reference": {"target": _target(task.question_type, record.gold)},
             }
-            for record in load_sample(name)
+            for record in task.records()
         ]  # fmt: skip
         digests[name] = write_subset(
             out,

@@ -20,10 +20,14 @@ pytestmark = pytest.mark.anyio
 def test_build_and_verify(tmp_path):
     digests = build_from_tasks(tmp_path)
     records, checks = load_suite(tmp_path)
-    assert {subset: check["sha256"] for subset, check in checks.items()} == digests and len(records) == 1200
+    assert {subset: check["sha256"] for subset, check in checks.items()} == digests and len(
+        records
+    ) == 300 * len(TASKS)
     assert {check["status"] for check in checks.values()} == {
         "unknown"
     }  # no published checksum for the task samples
+    sst3 = [r for r in records if r.subset == "sst3"]
+    assert {r.gold for r in sst3} == {"0", "1", "2"} and sst3[0].question_type == "score"
     irony = [r for r in records if r.subset == "irony"]
     assert {r.gold for r in irony} == {"true", "false"} and irony[0].question_type == "noul"
     (tmp_path / "sst2" / "all.jsonl").write_bytes((tmp_path / "sst2" / "all.jsonl").read_bytes() + b"\n")
