@@ -217,6 +217,19 @@ def build_prompt(
     return PromptText(SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(lines), labels, style)
 
 
+def build_unlisted_levels(
+    question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle
+) -> PromptText:
+    """decide-prompt/6: :func:`build_prompt`, but a score read by its levels' words is asked like a
+    choice of named options: the levels are not listed (a listed scale drew SmolLM2-135M to its last
+    level), and the read is over them anyway."""
+    if question.question_type == "score" and style.names_options:
+        lines = [f"Question: {question.instructions}"] if question.instructions else []
+        lines.append("Answer in a word or two.")
+        return PromptText(SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(lines), labels, style)
+    return build_prompt(question, state, labels, style)
+
+
 def build_question_first(
     question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle
 ) -> PromptText:
@@ -296,6 +309,13 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
         # decide-prompt/4 with score levels read by their own words (noul and choice text unchanged).
         PromptLayout(
             "decide-prompt/5", build_prompt, answer_lead=ANSWER_LEAD, score_label_styles=WORDED_SCORES
+        ),
+        # decide-prompt/5 with the levels unlisted (added after its dev run: docs/reads.md).
+        PromptLayout(
+            "decide-prompt/6",
+            build_unlisted_levels,
+            answer_lead=ANSWER_LEAD,
+            score_label_styles=WORDED_SCORES,
         ),
     )
 }
