@@ -4,7 +4,8 @@ Layout (what a request's questions share first, so an engine computes it once pe
 
 - system: one fixed line, the same for every state and question;
 - user: the state, a blank line, then the question, option descriptions (named options, in
-  canonical order) or the coded/levelled option list, and the answer format;
+  canonical order) or the coded/levelled option list, and the answer format (score levels read by
+  their own words are not listed, as named options are not);
 - assistant: ``ANSWER_LEAD`` ("Answer:"), then the answer slot, where the label's tokens go (read
   as the next word, " World" or " A"; ``PromptLayout.slot_forms``).
 
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-PROMPT_VERSION = "decide-prompt/4"
+PROMPT_VERSION = "decide-prompt/6"
 SYSTEM_PROMPT = "Answer the question that follows the text."
 STATE_SEPARATOR = "\n\n"
 ANSWER_LEAD = "Answer:"
@@ -310,7 +311,8 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
         PromptLayout(
             "decide-prompt/5", build_prompt, answer_lead=ANSWER_LEAD, score_label_styles=WORDED_SCORES
         ),
-        # decide-prompt/5 with the levels unlisted (added after its dev run: docs/reads.md).
+        # decide-prompt/5 with the levels unlisted (added after its dev run): the current layout,
+        # chosen per question type on dev records (docs/reads.md, evidence/reads/dev-reads/).
         PromptLayout(
             "decide-prompt/6",
             build_unlisted_levels,
@@ -319,6 +321,15 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
         ),
     )
 }
+# Composed per question type (PromptLayout.by_type): the reads gemma3-270m's own dev run chose, yes/no
+# questions under decide-prompt/3's text (no lead), choice under /4's, scores under /6's.
+PROMPT_LAYOUTS["decide-prompt/7"] = PromptLayout(
+    "decide-prompt/7",
+    build_unlisted_levels,
+    answer_lead=ANSWER_LEAD,
+    score_label_styles=WORDED_SCORES,
+    by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
+)
 CURRENT_LAYOUT = PROMPT_LAYOUTS[PROMPT_VERSION]
 
 
