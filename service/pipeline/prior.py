@@ -7,13 +7,15 @@ as real reads. It depends on the model, its revision, the prompt version and the
 restart with new code) or another model measures afresh. Nothing is stored: the measurement costs
 one read per content-free state, once per question per process.
 
-Which questions get it is the service's ``PriorCorrection`` policy; the default, ``choice``, corrects
-choice questions and leaves yes/no and score questions raw. A choice question's options are names the
-caller picked, and how readily a model writes a name ("Sports" against "Sci/Tech") says nothing about
-the state: on development records (never the shipped samples) the correction lifted the embedded
-model's AG News reads 46.5 → 64.0% and SST-2 63.0 → 67.5%, emotion stayed 46.0 → 45.0%; a yes/no
-question always reads "Yes" against "No", and there dividing the model's lean out cost irony 60.5 →
-46.0% (docs/prompts-and-labels.md, evidence/reads/dev-layouts-200.txt).
+Which questions get it is the service's ``PriorCorrection`` policy, chosen per question type on
+development records (never the test samples; docs/reads.md, evidence/reads/dev-reads/): the default,
+``choice+score``, corrects choice and score questions and leaves yes/no questions raw. A choice
+question's options and a score's level names are words the caller picked, and how readily a model
+writes one ("Sports" against "Sci/Tech", "positive" against "neutral") says nothing about the state:
+on the dev records the correction lifted the embedded model's AG News reads 46.5 → 64.0%, SST-2 63.0
+→ 67.5% (emotion 46.0 → 45.0%), and its three-level sentiment scores 42.5 → 53.0% (five levels 26.5 →
+28.5%); a yes/no question always reads "Yes" against "No", and there dividing the model's lean out
+cost irony 60.5 → 46.0%.
 
 Applied (``decide.py``) before any stored calibration: a fit for a question the policy covers is
 made on corrected reads and applied after the correction (its key's version is marked ``+prior``,
@@ -70,7 +72,7 @@ class PriorCorrection(enum.StrEnum):
         return cls("+".join(named) or "off")
 
 
-DEFAULT_PRIOR_CORRECTION = PriorCorrection.CHOICE
+DEFAULT_PRIOR_CORRECTION = PriorCorrection.CHOICE_SCORE
 PRIOR_MARK = "+prior"
 MAX_PRIORS = 4096
 """Questions whose priors a process keeps (least recently used dropped first): callers choose the

@@ -82,7 +82,9 @@ async def test_the_current_layout_reads_the_answer_after_its_lead(local_engine):
 def test_where_the_tokenizer_splits_the_space_off_the_label_the_space_joins_the_lead(local_engine):
     """SmolLM2 encodes " 3" as " " and "3": score levels are read after "Answer: " as single digits,
     while words keep their space (" World" is one token)."""
-    levels = QuestionSpec("score", "How positive is this review?", ("0", "1", "2"), ("bad", "mixed", "good"))
+    # levels without short names read as digits (a rubric line is not an answer to write)
+    long = tuple(f"the review is {word} on the whole" for word in ("bad", "mixed", "good"))
+    levels = QuestionSpec("score", "How positive is this review?", ("0", "1", "2"), long)
     slot, style = Reader(local_engine).prepare(levels, STATE)
     assert style is LabelStyle.DIGITS and slot.labels == ("0", "1", "2")
     assert local_engine.tokenizer.decode(list(slot.prompt_ids)).endswith("assistant\nAnswer: ")
