@@ -6,7 +6,7 @@ choice and score questions) and the prior-correction policy, written ``LAYOUT:PR
 ``decide eval tasks`` does (resumable runs ``<out>/baseline`` and ``<out>/candidate``); the table
 pairs them record by record (``eval.compare``: paired bootstrap of the accuracy difference, exact
 McNemar) per task and per question type (its tasks' records pooled), beside each side's Wilson 95%
-interval and the majority rate.
+interval and the majority rate (pooled: each task answered with its own majority answer).
 
 A candidate **regresses** a row when its accuracy lies below the baseline's Wilson 95% interval; such
 a candidate is not a default (docs/reads.md).
@@ -128,9 +128,11 @@ def regression_report(out: Path) -> dict:
     for question_type in QUESTION_TYPES:
         mine = [key for key in keys if TASKS[key[0]].question_type == question_type]
         if mine:
-            types[question_type] = {
-                "tasks": [t for t in tasks if TASKS[t].question_type == question_type]
-            } | _compare([baseline[k] for k in mine], [candidate[k] for k in mine])
+            typed = [t for t in tasks if TASKS[t].question_type == question_type]
+            pooled = _compare([baseline[k] for k in mine], [candidate[k] for k in mine])
+            # Each task's own majority answer, weighted by its records (pooled tasks share no classes).
+            pooled["majority"] = sum(rows[t]["majority"] * rows[t]["n"] for t in typed) / pooled["n"]
+            types[question_type] = {"tasks": typed} | pooled
     return {
         "policies": {
             name: f"{m['prompt_version']}:{m['args'].get('prior_correction', 'off')}"

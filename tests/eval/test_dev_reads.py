@@ -100,5 +100,8 @@ def test_regression_pairs_two_policies_per_task_and_type(tmp_path, local_engine)
         row = report["tasks"][task]
         assert row["baseline"] == row["candidate"] and row["difference"] == 0 and not row["regresses"]
     assert set(report["types"]) == {"noul", "choice", "score"} and report["types"]["score"]["n"] == 4
+    # a pooled type's majority is each task answered with its own majority answer
+    choice = report["types"]["choice"]
+    assert choice["majority"] == report["tasks"]["sst2"]["majority"] and choice["tasks"] == ["sst2"]
     table = regression_table(report)
     assert "| sst3 | score | 4 |" in table and "| all score (sst3) | score | 4 |" in table
