@@ -180,3 +180,46 @@ async def evaluate_regression(
 
     async with await open_engine_spec(engine_spec, engine_url=engine_url, model=model) as engine:
         return await run_regression(engine, out, **options)
+
+
+def side_by_side_table(runs: dict[str, Path]) -> str:
+    """Runs of different models (or reads) over records they share, per task: accuracy (Wilson 95%)
+    beside the majority rate, each run's median latency, and each run's mean lift over the majority
+    rate per question type and over the types (each type counted once: the model rule in docs/reads.md)."""
+    outcomes = {name: {key: row for key, row in _outcomes(run).items()} for name, run in runs.items()}
+    timings = {
+        name: {(r["task"], r["id"]): r.get("latency_ms") for r in load_rows(run / RECORDS, timings=True)}
+        for name, run in runs.items()
+    }
+    keys = sorted(set.intersection(*(set(rows) for rows in outcomes.values())))
+    names = list(runs)
+    lines = [
+        f"| task | type | n | majority | {' | '.join(f'{n} (95% CI)' for n in names)} | median ms {' / '.join(names)} |",
+        "|---|---|---|---|" + "---|" * len(names) + "---|",
+    ]
+    lifts: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    for task in TASKS:
+        mine = [key for key in keys if key[0] == task]
+        if not mine:
+            continue
+        n = len(mine)
+        first = outcomes[names[0]]
+        majority = Counter(first[k]["gold"] for k in mine).most_common(1)[0][1] / n
+        cells, medians = [], []
+        for name in names:
+            right = sum(outcomes[name][k]["predicted"] == outcomes[name][k]["gold"] for k in mine)
+            lo, hi = wilson_interval(right, n)
+            cells.append(f"{right / n:.1%} ({lo:.1%}–{hi:.1%})")
+            lifts[name].setdefault(TASKS[task].question_type, []).append(right / n - majority)
+            medians.append(f"{float(np.median([timings[name][k] for k in mine])):.0f}")
+        lines.append(
+            f"| {task} | {TASKS[task].question_type} | {n} | {majority:.1%} | {' | '.join(cells)} | {' / '.join(medians)} |"
+        )
+    lines.append("")
+    for name in names:
+        per_type = {t: float(np.mean(v)) for t, v in lifts[name].items()}
+        cells = ", ".join(f"{t} {v * 100:+.1f}" for t, v in per_type.items())
+        lines.append(
+            f"{name}: lift over the majority rate, points: {cells}; mean over types {np.mean(list(per_type.values())) * 100:+.1f}"
+        )
+    return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from eval.dev_reads import dev_reads_report, dev_reads_table, run_dev_reads
 from eval.evidence import load_rows
-from eval.regression import ReadPolicy, regression_table, run_regression
+from eval.regression import ReadPolicy, regression_table, run_regression, side_by_side_table
 from eval.tasks import TASKS
 from opendecide.cli import app
 from service.pipeline.prior import PriorCorrection
@@ -105,3 +105,10 @@ def test_regression_pairs_two_policies_per_task_and_type(tmp_path, local_engine)
     assert choice["majority"] == report["tasks"]["sst2"]["majority"] and choice["tasks"] == ["sst2"]
     table = regression_table(report)
     assert "| sst3 | score | 4 |" in table and "| all score (sst3) | score | 4 |" in table
+    side = side_by_side_table({"a": tmp_path / "baseline", "b": tmp_path / "candidate"}).splitlines()
+    assert side[2].startswith("| sst2 | choice | 4 |") and len(side) == 2 + 3 + 1 + 2
+    lift = report["types"]["choice"]["baseline"] - report["types"]["choice"]["majority"]
+    assert (
+        side[-2].startswith("a: lift over the majority rate, points: ")
+        and f"choice {lift * 100:+.1f}" in side[-2]
+    )
