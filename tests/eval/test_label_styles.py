@@ -11,6 +11,7 @@ import pytest
 from eval.evidence import RECORDS, load_rows
 from eval.label_styles import label_styles_table, run_dir, run_label_styles
 from readers.prompt import PROMPT_VERSION
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION
 
 pytestmark = pytest.mark.anyio
 
@@ -39,7 +40,9 @@ async def test_style_sets_run_and_tabulate(local_engine, tmp_path):
         )
     assert json.loads((tmp_path / "label-styles.json").read_text()) == json.loads(json.dumps(rows))
     table = label_styles_table(rows)
-    assert f"| trie | {PROMPT_VERSION} | choice | ag_news | 3 |" in table and "of 3" in table
+    assert (
+        f"| trie | {PROMPT_VERSION} | {DEFAULT_PRIOR_CORRECTION} | ag_news | 3 |" in table and "of 3" in table
+    )
 
 
 @pytest.mark.slow  # runs with and without the prior correction
@@ -115,8 +118,8 @@ async def test_layouts_side_by_side_in_one_run(local_engine, tmp_path):
         assert manifest["prompt_version"] == version
     table = label_styles_table(rows)
     assert (
-        "| default | decide-prompt/1 | choice | ag_news | 2 |" in table
-        and f"| default | {PROMPT_VERSION} | choice | ag_news | 2 |" in table
+        f"| default | decide-prompt/1 | {DEFAULT_PRIOR_CORRECTION} | ag_news | 2 |" in table
+        and f"| default | {PROMPT_VERSION} | {DEFAULT_PRIOR_CORRECTION} | ag_news | 2 |" in table
     )
 
 
