@@ -60,13 +60,8 @@ def test_jev_minus_arm_hand_computed():
 async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     data = tmp_path / "suite"
     build_from_tasks(data)
-    for subset in (
-        "sst2",
-        "ag_news",
-        "emotion",
-        "irony",
-    ):  # keep 12 records of each subset (manifests dropped)
-        lines = (data / subset / "all.jsonl").read_text().splitlines()[:12]
+    for subset in TASKS:  # keep 8 records of each subset (manifests dropped)
+        lines = (data / subset / "all.jsonl").read_text().splitlines()[:8]
         (data / subset / "all.jsonl").write_text("\n".join(lines) + "\n")
         (data / subset / "manifest.json").unlink()
     # one subset named as a published one, so "Jev minus arm" is computed against its published figure
@@ -79,10 +74,11 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     report = score_suite(out)
     assert report["overall"]["n"] == 48 and report["errors"] == 0
     assert "jev_minus_arm" in report["subsets"]["boolq"] and "jev_minus_arm" not in report["subsets"]["irony"]
-    assert set(report["question_types"]) == {"choice", "noul"}
-    assert "| all | 4 | 48 |" in suite_table(report)
+    assert set(report["question_types"]) == {"choice", "noul", "score"}
+    assert report["subsets"]["sst5"]["n"] == 8
+    assert "| all | 6 | 48 |" in suite_table(report)
     rows = load_rows(out)
-    assert len({row["id"] for row in rows}) == 48
+    assert len({(row["task"], row["id"]) for row in rows}) == 48  # sst5 and sst3 share their ids
     timings = timings_path(out / "records.jsonl.gz").read_bytes()
     # what ``decide eval suite`` calls: the engine by spec, the run resumed (nothing left to read), then the report files
     again = await score_suite_with_engine("local", data, out, allow_unverified=True)
@@ -97,7 +93,7 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
 async def test_subsets_sharing_ids_are_kept_apart_and_resume_is_guarded(local_engine, tmp_path):
     data = tmp_path / "suite"
     build_from_tasks(data)
-    for subset in ("sst2", "ag_news", "emotion", "irony"):
+    for subset in TASKS:
         if subset in ("sst2", "irony"):
             lines = (data / subset / "all.jsonl").read_text().splitlines()[:4]
             (data / subset / "all.jsonl").write_text("\n".join(lines) + "\n")
