@@ -85,6 +85,13 @@ only differences within one node are the model's: a trie node with one child rea
 rule over such nodes favours long names. First tokens are one node, so they stay exact there."""
 
 
+def masked_score_styles(styles: Sequence[LabelStyle]) -> tuple[LabelStyle, ...]:
+    """A layout's score styles on a masked engine: first tokens where it would read a trie (for the
+    reason ``MASKED_LABEL_STYLES`` gives), so one-token and distinct-first-token levels still read
+    as on exact engines, and the rest by digits."""
+    return tuple(LabelStyle.FIRST_TOKENS if style is LabelStyle.TRIE else style for style in styles)
+
+
 @dataclass(frozen=True)
 class QuestionSpec:
     """A question as the reader sees it: options in order, descriptions rendered to text."""

@@ -18,12 +18,12 @@ from readers.probabilities import (
 )
 from readers.prompt import (
     CURRENT_LAYOUT,
-    DIGIT_SCORES,
     MASKED_LABEL_STYLES,
     LabelStyle,
     PromptLayout,
     QuestionSpec,
     label_candidates,
+    masked_score_styles,
 )
 from readers.trie import Trie
 
@@ -58,12 +58,13 @@ class Reader:
         floor_offset: float = DEFAULT_FLOOR_OFFSET,
         label_styles: Sequence[LabelStyle] | None = None,
         layout: PromptLayout = CURRENT_LAYOUT,
+        score_label_styles: Sequence[LabelStyle] | None = None,
     ) -> None:
         """``label_styles``: the noul and choice label styles to try, preferred first (default: by
         the engine's read mode, the layout's own or on masked engines ``MASKED_LABEL_STYLES``).
         ``layout``: the prompt version to read under (the service reads only the current one); its
-        ``score_label_styles`` name score levels (on masked engines, digits: a level's words read
-        through a trie have the masked chain rule's bias toward long names)."""
+        ``score_label_styles`` name score levels (default: the layout's; on masked engines with first
+        tokens for the trie, ``masked_score_styles``)."""
         masked = engine.capabilities.read_mode is ReadMode.MASKED
         if label_styles is None:
             label_styles = MASKED_LABEL_STYLES if masked else layout.label_styles
@@ -76,7 +77,11 @@ class Reader:
         self.template = ChatTemplate(engine.tokenizer)
         self.floor_offset = floor_offset
         self.label_styles = tuple(LabelStyle(style) for style in label_styles)
-        self.score_label_styles = DIGIT_SCORES if masked else layout.for_question("score").score_label_styles
+        if score_label_styles is None:
+            score_label_styles = layout.for_question("score").score_label_styles
+            if masked:
+                score_label_styles = masked_score_styles(score_label_styles)
+        self.score_label_styles = tuple(LabelStyle(style) for style in score_label_styles)
 
     def prepare(
         self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()

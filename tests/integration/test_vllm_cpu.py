@@ -13,7 +13,7 @@ from eval.evidence import read_rows
 from eval.tasks import TASKS, load_sample, spread
 from readers.engines.base import ReadMode
 from readers.engines.vllm import VLLMEngine
-from readers.prompt import DEFAULT_LABEL_STYLES, MASKED_LABEL_STYLES
+from readers.prompt import CURRENT_LAYOUT, DEFAULT_LABEL_STYLES, MASKED_LABEL_STYLES, masked_score_styles
 from readers.reader import Reader
 
 pytestmark = pytest.mark.anyio
@@ -36,10 +36,17 @@ async def read_all(reader: Reader) -> dict[str, list]:
 @pytest.fixture(scope="module")
 async def embedded_reads(local_engine):
     """In-process exact reads with each engine's default label styles (masked engines read first
-    tokens where the others read whole names: readers/prompt.py MASKED_LABEL_STYLES)."""
+    tokens where the others read whole names: readers/prompt.py MASKED_LABEL_STYLES and
+    masked_score_styles)."""
     return {
         ReadMode.EXACT: await read_all(Reader(local_engine, label_styles=DEFAULT_LABEL_STYLES)),
-        ReadMode.MASKED: await read_all(Reader(local_engine, label_styles=MASKED_LABEL_STYLES)),
+        ReadMode.MASKED: await read_all(
+            Reader(
+                local_engine,
+                label_styles=MASKED_LABEL_STYLES,
+                score_label_styles=masked_score_styles(CURRENT_LAYOUT.score_label_styles),
+            )
+        ),
     }
 
 

@@ -17,6 +17,7 @@ from readers.prompt import (
     build_prompt,
     label_candidates,
     level_words,
+    masked_score_styles,
     prompt_layout,
 )
 from readers.reader import Reader
@@ -95,3 +96,12 @@ def test_a_composed_layout_reads_each_type_under_its_part(local_engine):
         PromptLayout("bad", words.build, by_type=(("noul", prompt_layout("decide-prompt/1")),))
     assert prompt_layout("decide-prompt/1").shares_state is False and words.shares_state
     assert DIGIT_SCORES == prompt_layout("decide-prompt/4").score_label_styles
+
+
+def test_masked_engines_read_levels_by_first_tokens_where_exact_ones_read_a_trie():
+    assert masked_score_styles(WORDED_SCORES) == (
+        LabelStyle.WORDS,
+        LabelStyle.FIRST_TOKENS,
+        LabelStyle.DIGITS,
+    )
+    assert masked_score_styles(DIGIT_SCORES) == DIGIT_SCORES
