@@ -2,7 +2,7 @@
 # make test:  a venv with the test extras, then the whole test suite, both tiers (what CI runs).
 # make test-fast: the inner loop, without the slow and integration tiers: one process, loopback only, no
 #   external tool (tests/tiers.py fails a test that breaks this), the real embedded model. Measured:
-#   520 tests in 177 s (pytest; 191 s with start-up) on 2 otherwise idle cores (2026-12-02); the budget
+#   558 tests in 172 s (pytest) on 2 otherwise idle cores (2026-12-02, after issue 24); the budget
 #   is 3 minutes.
 PYTHON ?= python3
 VENV ?= .venv
