@@ -32,9 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
-from calibration.metrics import brier_loss
+from calibration.metrics import brier_loss, level_absolute_error, level_spearman_score
 from eval.evidence import RECORDS, load_rows, raw_probabilities, rows_arrays
 from eval.runner import run_tasks
 from eval.tasks import TASKS
@@ -93,9 +92,8 @@ def task_figures(rows: list[dict]) -> dict:
             "predicted": np.bincount(chosen, minlength=p.shape[1]).tolist(),
         }
         if task.question_type == "score":
-            expected = p @ np.arange(p.shape[1])
-            entry["mae"] = float(np.mean(np.abs(expected - y)))
-            entry["spearman"] = float(spearmanr(expected, y).statistic)
+            entry["mae"] = level_absolute_error(p, y)
+            entry["spearman"] = level_spearman_score(p, y)
         figures[setting] = entry
     return figures
 

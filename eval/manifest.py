@@ -118,9 +118,7 @@ def _read_data(manifest: dict) -> dict[str, str | None]:
     args = manifest["args"]
     split = args.get("split", "test")
     checksums = manifest["data_sha256" if split == "test" else "dev_data_sha256"]
-    samples = {
-        (TASKS[task].sample or task) if task in TASKS else task for task in args.get("tasks") or checksums
-    }
+    samples = {TASKS[task].sample_name if task in TASKS else task for task in args.get("tasks") or checksums}
     return {sample: checksums.get(sample) for sample in sorted(samples)} | {"split": split}
 
 

@@ -76,9 +76,14 @@ class Task:
     def variants(self) -> tuple[str, ...]:
         return ("original", "reversed") if self.question_type == "choice" else ("original",)
 
+    @property
+    def sample_name(self) -> str:
+        """The shipped sample this task's records come from."""
+        return self.sample or self.name
+
     def records(self, split: Split = "test") -> list[Record]:
         """This task's records of ``split``: the sample's, with gold answers mapped where the task merges classes."""
-        records = load_sample(self.sample or self.name, split)
+        records = read_sample(self.sample_name, split)
         if not self.gold_map:
             return records
         return [Record(r.id, self.name, r.text, self.gold_map[r.gold]) for r in records]
@@ -150,14 +155,16 @@ def sample_file(sample: str, split: Split = "test") -> str:
     return f"{sample}.jsonl" if split == "test" else f"{sample}.{split}.jsonl"
 
 
-def load_sample(task: str, split: Split = "test") -> list[Record]:
-    """The shipped records of ``task`` (a task or sample name) in ``split``, in file order: test
-    holds 300 class-stratified records, dev 200 others (``eval.samples``)."""
-    if task in TASKS and (TASKS[task].sample or task) != task:
-        return TASKS[task].records(split)
-    name = sample_file(task, split)
-    text = resources.files(SAMPLES_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+def read_sample(sample: str, split: Split = "test") -> list[Record]:
+    """A shipped sample's records of ``split``, in file order: test holds 300 class-stratified
+    records, dev 200 others (``eval.samples``)."""
+    text = resources.files(SAMPLES_PACKAGE).joinpath(sample_file(sample, split)).read_text(encoding="utf-8")
     return [Record(**json.loads(line)) for line in text.splitlines() if line]
+
+
+def load_sample(task: str, split: Split = "test") -> list[Record]:
+    """The records of ``task`` in ``split`` (``Task.records``); a name that is only a sample's, its records."""
+    return TASKS[task].records(split) if task in TASKS else read_sample(task, split)
 
 
 def spread(records: Sequence, limit: int | None) -> list:

@@ -291,7 +291,8 @@ class PromptLayout:
 
     def for_question(self, question_type: str) -> PromptLayout:
         """The layout a question of ``question_type`` is read under: its part, else this one."""
-        return dict(self.by_type).get(question_type, self)
+        # A scan, not a dict: it runs for every question read, and there are at most three parts.
+        return next((part for kind, part in self.by_type if kind == question_type), self)
 
     def slot_forms(self) -> tuple[tuple[str, str], ...]:
         """(assistant text before the slot, text before each label) to try, in order. After a lead
