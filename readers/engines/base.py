@@ -84,6 +84,13 @@ class EngineReply:
     normalised_over_labels: bool = False
     queued_ms: float = 0.0
     """Time the read waited for a free engine slot before ``latency_ms`` began."""
+    computed_tokens: int | None = None
+    """Prompt tokens whose keys and values this read computed; None where the engine does not say.
+    A token shared by several reads of one batch is counted once, on the first read that needs it,
+    so the reads' sum is what the engine computed."""
+    cached_tokens: int | None = None
+    """Prompt tokens whose keys and values came from the engine's prefix cache (or from another read
+    of the same batch); ``computed_tokens + cached_tokens == prompt_tokens`` where both are known."""
 
 
 class ClosingEngine:
