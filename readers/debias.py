@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from readers.probabilities import LabelProbabilities, softmax
 from readers.prompt import QuestionSpec
-from readers.reader import Reader, Reading
+from readers.reader import Reader, Reading, total_or_none
 
 ROTATE = "rotate"
 ROTATE_REVERSE = "rotate_reverse"
@@ -204,6 +204,8 @@ def combine(question: QuestionSpec, readings: Sequence[Reading]) -> RotatedReadi
         label_probabilities=label_probabilities,
         read_mode=first.read_mode,
         prompt_tokens=sum(r.prompt_tokens for r in readings),
+        tokens_computed=total_or_none(r.tokens_computed for r in readings),
+        tokens_reused=total_or_none(r.tokens_reused for r in readings),
         engine_latency_ms=max(r.engine_latency_ms for r in readings),
         latency_ms=max(r.latency_ms for r in readings),
         queued_ms=max(r.queued_ms for r in readings),

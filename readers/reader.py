@@ -46,6 +46,12 @@ class Reading:
     """Per label, its in-context token ids (multi-token label styles only)."""
     engine_calls: int = 1
     """Engine calls this reading took part in: 1, or a trie's depth (one call per depth level)."""
+    tokens_computed: int | None = None
+    """Prompt tokens the engine computed for this question's reads (every trie level); None where the
+    engine does not say."""
+    tokens_reused: int | None = None
+    """Prompt tokens of those reads whose keys and values the engine had (its cache, or another read
+    of the same batch): ``tokens_computed + tokens_reused`` is the reads' prompt tokens together."""
 
 
 class Reader:
@@ -239,6 +245,8 @@ class Reader:
                     latency_ms=latency_ms,
                     label_sequences=slot.label_sequences,
                     engine_calls=calls,
+                    tokens_computed=total_or_none(reply.computed_tokens for reply in nodes.values()),
+                    tokens_reused=total_or_none(reply.cached_tokens for reply in nodes.values()),
                 )
             )
         return readings
@@ -277,6 +285,12 @@ class Reader:
         return chain_probabilities(
             reads, paths, floor_offset=self.floor_offset, normalised_over_labels=normalised
         )
+
+
+def total_or_none(counts) -> int | None:
+    """The sum of per-read counts, or None when some engine read did not report one."""
+    counts = list(counts)
+    return None if any(count is None for count in counts) else sum(counts)
 
 
 def _param(loc: tuple[str | int, ...]) -> str | None:

@@ -106,18 +106,24 @@ class Admission:
 
 
 def request_cost(reader: Reader, states: list[str], questions: list[QuestionSpec]) -> int | None:
-    """Prompt tokens over every read: Σ over states and questions of (state tokens + question tokens).
+    """Prompt tokens over every read: Σ over states and questions of (state tokens + question tokens
+    + option tokens).
 
-    Counted with the served tokenizer, without the chat template's few fixed tokens. None when some
-    state cannot fit the context whatever its tokens (the reader then refuses it with 413 without
-    tokenizing, so there is nothing to admit)."""
+    Option names count twice, as the engine computes them: once listed in the question, once more
+    as the answer slot's token-trie reads (a read per trie node). Counted with the served tokenizer, without the chat template's few fixed
+    tokens. None when some state cannot fit the context whatever its tokens (the reader then refuses
+    it with 413 without tokenizing, so there is nothing to admit)."""
     template = (
         reader.template
     )  # its caller-text encoder: locked, and special-token text stays text as in the read
     longest = template.max_token_chars
     if any(len(state) // longest >= reader.engine.info.context_length for state in states):
         return None
-    question_tokens = sum(len(template.encode_text(_question_text(spec))) for spec in questions)
+    question_tokens = sum(
+        len(template.encode_text(_question_text(spec)))
+        + sum(len(template.encode_text(" " + option)) for option in spec.options)
+        for spec in questions
+    )
     state_tokens = sum(len(template.encode_text(state)) for state in states)
     return state_tokens * len(questions) + question_tokens * len(states)
 

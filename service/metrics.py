@@ -87,6 +87,13 @@ class ServiceMetrics:
             ["reason"],
             registry=r,
         )
+        self.prompt_tokens = Counter(
+            "decide_prompt_tokens",
+            "Prompt tokens of answered questions' engine reads, by whether the engine computed them "
+            "or reused their keys and values (computed ÷ all is what reuse saves)",
+            ["kind"],
+            registry=r,
+        )
         self.engine_errors = Counter("decide_engine_errors", "Engine failures by kind", ["kind"], registry=r)
         self.in_flight = Gauge(
             "decide_in_flight_requests", "Requests being served", registry=r, multiprocess_mode="livesum"
@@ -124,6 +131,8 @@ class ServiceMetrics:
             self.answers.labels(calibrated)
         for reason in ABSTENTION_REASONS:
             self.abstentions.labels(reason)
+        for kind in ("computed", "reused"):
+            self.prompt_tokens.labels(kind)
 
     def set_engine(self, engine) -> None:
         self.engine_info.labels(
@@ -160,6 +169,9 @@ class ServiceMetrics:
         self.answers.labels("true" if reading.calibration else "false").inc()
         if reading.prior_correction is not None:
             self.prior_corrected.inc()
+        if reading.tokens_computed is not None and reading.tokens_reused is not None:
+            self.prompt_tokens.labels("computed").inc(reading.tokens_computed)
+            self.prompt_tokens.labels("reused").inc(reading.tokens_reused)
         if not reading.informative:
             self.abstentions.labels("uninformative_read").inc()
         elif reading.abstained:  # an informative read, so the question's minimum confidence abstained it

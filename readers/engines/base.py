@@ -142,13 +142,19 @@ DEFAULT_VLLM_TOP_K = 32  # log-probs a top-k read asks for: what TPU serving ret
 @dataclass(frozen=True)
 class LocalBatching:
     """The local engine's batching: how long a batch waits for company (ms), how many reads one
-    forward holds, and how many MiB of prefix KV it keeps for states seen again (0: no cache).
+    batch holds, how many MiB of prompt keys and values it keeps for tokens seen again (0: none kept
+    between batches), and how much one forward computes at most.
 
     256 MiB holds about 5,800 tokens of SmolLM2-135M's float32 KV (46,080 bytes per token)."""
 
     batch_window_ms: float = 2.0
     max_batch: int = 16
     prefix_cache_mib: float = 256.0
+    chunk_tokens: int = 512
+    """Prompt tokens computed in one forward at most (a long prompt goes through in chunks)."""
+    chunk_scores: int = 2**22
+    """Query × key attention scores per head one forward may hold: with SmolLM2's 9 heads in float32,
+    4M scores take 151 MiB."""
 
     def __post_init__(self) -> None:
         if self.batch_window_ms < 0:
@@ -157,3 +163,7 @@ class LocalBatching:
             raise ValueError("max_batch must be at least 1")
         if self.prefix_cache_mib < 0:
             raise ValueError("prefix_cache_mib must be 0 (off) or positive")
+        if self.chunk_tokens < 1:
+            raise ValueError("chunk_tokens must be at least 1")
+        if self.chunk_scores < self.chunk_tokens:
+            raise ValueError("chunk_scores must be at least chunk_tokens")

@@ -7,16 +7,22 @@ How a batch of reads is computed (``share_prefix=True``, the default):
 
 1. Reads arriving within ``batch_window_ms`` of each other, up to ``max_batch`` reads, form one
    batch (micro-batching: concurrent requests share forward passes).
-2. Each read's prompt splits at ``ReadRequest.prefix_tokens`` into a prefix (system prompt and
-   state) and a suffix (its question). Distinct prefixes not in the prefix cache are computed in one
-   right-padded forward; their keys and values go into a bounded LRU cache keyed by token ids, so a
-   state repeated across requests is not recomputed.
-3. All suffixes are read in one forward against their prefixes' keys and values: the past is padded
-   to the longest prefix, the suffixes right-padded, and a 4-D mask hides the padding; positions
-   continue from each read's own prefix length, so every read sees exactly what it would alone.
+2. Every distinct prompt token of the batch is computed once, and none whose keys and values the
+   engine keeps from earlier batches (``readers/engines/kvtree.py``, a radix tree of prompt tokens
+   bounded by ``prefix_cache_mib``): the state shared by a request's questions, the question above a
+   token trie's deeper reads, a content-free prior read's text, a request seen before.
+3. The tokens to compute go through the model in chunks, in one sequence per chunk: a mask lets
+   each token see exactly the tokens before it in its own prompt, positions are its own prompt's,
+   so every read equals the same prompt read alone (to float rounding). A chunk holds at most
+   ``chunk_tokens`` tokens and a bounded number of attention scores, so a read of many options
+   works in bounded memory.
+4. The thread budget follows the work: one batch in flight computes on every thread, concurrent
+   batches split them.
 
-``share_prefix=False`` is the per-question path: every read's whole prompt is computed (still
-micro-batched), no prefix cache. It is kept to measure what sharing gains.
+``share_prefix=False`` is the per-question path: every read's whole prompt is computed on its own
+(still micro-batched), nothing kept. It is kept to measure what reuse gains.
+
+Each reply says how many of its prompt tokens the read computed and how many it reused.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import asyncio
 import atexit
 import concurrent.futures
 import copy
+import ctypes
+import ctypes.util
+import itertools
 import queue
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,63 +53,13 @@ from readers.engines.base import (
     ReadMode,
     ReadRequest,
 )
+from readers.engines.kvtree import KV_TOKEN_DIM, Chunk, KVTree, Plan
 
-KV = list[
-    tuple[torch.Tensor, torch.Tensor]
-]  # per layer: keys, values of one sequence, [1, heads, tokens, dim]
-
-
-class PrefixCache:
-    """Keys and values of prompt prefixes, keyed by token ids, least recently used evicted first.
-
-    Bounded by bytes: SmolLM2-135M in float32 holds 46,080 bytes per token (30 layers × keys and
-    values × 3 heads × 64 dims × 4 bytes), so 256 MiB keep about 5,800 prefix tokens.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError("prefix_cache_mib must be 0 (off) or positive")
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._entries: OrderedDict[tuple[int, ...], tuple[KV, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, prefix: tuple[int, ...]) -> KV | None:
-        if not self.max_bytes:
-            return None
-        with self._lock:
-            entry = self._entries.get(prefix)
-            if entry is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(prefix)
-            self.hits += 1
-            return entry[0]
-
-    def put(self, prefix: tuple[int, ...], kv: KV) -> None:
-        size = sum(k.nbytes + v.nbytes for k, v in kv)
-        if size > self.max_bytes:  # also the "off" case, max_bytes 0
-            return
-        with self._lock:
-            if prefix in self._entries:
-                return
-            self._entries[prefix] = (kv, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, evicted) = self._entries.popitem(last=False)
-                self.bytes -= evicted
-
-    def stats(self) -> dict[str, int]:
-        with self._lock:
-            return {
-                "entries": len(self._entries),
-                "bytes": self.bytes,
-                "max_bytes": self.max_bytes,
-                "hits": self.hits,
-                "misses": self.misses,
-            }
+TRIM_ABOVE_BYTES = 64 * 2**20
+"""A batch whose chunks worked in more memory than this returns what it freed to the system."""
+PICK_ROWS = 64
+"""Full-vocabulary rows turned into label log-probs at once: Gemma's 262,144-token rows take 1 MiB
+each in float32, so a 255-option trie level is never held whole."""
 
 
 @dataclass
@@ -113,6 +71,16 @@ class _Job:
     share_prefix: bool
     submitted: float
     future: concurrent.futures.Future
+
+
+@dataclass
+class Computed:
+    """A batch's reads: the final hidden state of each prompt and the plan that computed them."""
+
+    hidden: list[torch.Tensor]
+    plan: Plan
+    peak_bytes: int
+    """The largest chunk's past and new keys and values plus its attention scores (an estimate)."""
 
 
 # Read once, at import: a thread that has not used torch yet reports the count the last worker set.
@@ -129,14 +97,12 @@ def thread_budget() -> int:
 
 
 class LocalEngine(ClosingEngine):
-    """Batches run on ``workers`` threads (torch releases the GIL during the forward), each with
-    ``thread_budget() // workers`` intra-op threads (at least one).
+    """Batches run on ``workers`` threads (torch releases the GIL during the forward). The thread
+    budget is shared by the batches in flight: a batch alone computes on all of it, two at once on
+    half each (each chunk takes its share when it starts).
 
-    The default is one worker per thread of the budget, at most ``DEFAULT_MAX_WORKERS``, for a
-    server's concurrent load: on two cores, 10-question requests at concurrency 4 read 14.0 decisions/s against 11.4
-    with one worker on both threads, and one-question requests at concurrency 8 read alike (2.92 and
-    2.85). ``workers=1`` suits one client at a time: a lone request, or one large batch, has every
-    thread (N=1 490 ms against 677; evidence/multi-question-4 and its embedded-workers-1/)."""
+    The default is one worker per thread of the budget, at most ``DEFAULT_MAX_WORKERS``, so that a
+    second request's batch need not wait for the first one's to end."""
 
     kind = "local"
 
@@ -156,7 +122,7 @@ class LocalEngine(ClosingEngine):
         workers = min(budget, DEFAULT_MAX_WORKERS) if workers is None else workers
         if workers < 1:
             raise ValueError("workers must be at least 1")
-        self.threads = max(1, budget // workers)
+        self.thread_budget = budget
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # sdpa takes the boolean 4-D masks built below as they are.
@@ -186,14 +152,21 @@ class LocalEngine(ClosingEngine):
         self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
         self.batched_reads = 0
         self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
+        self.forwards = 0  # chunks run
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
-        self.prefix_cache = PrefixCache(int(batching.prefix_cache_mib * 2**20))
-        self._pad_id = int(
-            self.tokenizer.pad_token_id
-            if self.tokenizer.pad_token_id is not None
-            else self.tokenizer.eos_token_id or 0
-        )
+        self.chunk_tokens = batching.chunk_tokens
+        self.chunk_scores = batching.chunk_scores
+        self.prefix_cache = KVTree(int(batching.prefix_cache_mib * 2**20))
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        bytes_per = torch.finfo(getattr(torch, dtype)).bits // 8
+        self.kv_bytes_per_token = int(config.num_hidden_layers) * 2 * kv_heads * head_dim * bytes_per
+        self._score_bytes = heads * 4  # float32 scores per query × key pair, over the heads
+        self._in_flight = 0  # batches being computed: they share the thread budget
+        self._in_flight_lock = threading.Lock()
+        self._threads = threading.local()
         self._probe = {
             "engine": "local",
             "model_dir": str(model_dir),
@@ -202,8 +175,10 @@ class LocalEngine(ClosingEngine):
             "batch_window_ms": batching.batch_window_ms,
             "max_batch": batching.max_batch,
             "prefix_cache_mib": batching.prefix_cache_mib,
+            "chunk_tokens": batching.chunk_tokens,
+            "chunk_scores": batching.chunk_scores,
             "workers": workers,
-            "threads_per_worker": self.threads,
+            "thread_budget": budget,
         }
         self._set_top_k(top_k)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -272,8 +247,10 @@ class LocalEngine(ClosingEngine):
                 prompt_tokens=len(request.prompt_ids),
                 latency_ms=latency_ms,
                 queued_ms=queued_ms,
+                computed_tokens=computed,
+                cached_tokens=cached,
             )
-            for request, logprobs in zip(requests, results)
+            for request, (logprobs, computed, cached) in zip(requests, results)
         ]
 
     async def aclose(self) -> None:
@@ -283,11 +260,10 @@ class LocalEngine(ClosingEngine):
     # Worker side ------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        # Per worker thread: the calling thread (and so the caller's own torch work) keeps its count.
         # torch's per-thread setup runs on a thread's first torch call and reloads the process-wide
-        # count, which any other thread may have set since: run it first, then set this worker's.
+        # count, which any other thread may have set since: run it first (``_use_threads`` then sets
+        # this worker's own count before each chunk).
         torch.get_num_threads()
-        torch.set_num_threads(self.threads)
         while True:
             job = self._jobs.get()
             if job is None:
@@ -320,148 +296,132 @@ class LocalEngine(ClosingEngine):
 
     def _run(self, jobs: list[_Job]) -> None:
         started = time.monotonic()
+        requests = [(job, request) for job in jobs for request in job.requests]
+        with self._in_flight_lock:
+            self._in_flight += 1
         try:
-            rows = self.batch_logprobs(
-                [request.prompt_ids for job in jobs for request in job.requests],
-                [
-                    request.prefix_tokens if job.share_prefix else 0
-                    for job in jobs
-                    for request in job.requests
-                ],
+            computed = self.compute(
+                [request.prompt_ids for _, request in requests], [job.share_prefix for job, _ in requests]
             )
+            picks: list[dict[int, float]] = []
+            for start in range(0, len(requests), PICK_ROWS):
+                rows = self._logprobs(computed.hidden[start : start + PICK_ROWS])
+                picks += [
+                    _pick(row, request.label_ids, job.top_k)
+                    for row, (job, request) in zip(rows, requests[start : start + PICK_ROWS])
+                ]
         except BaseException as error:
             for job in jobs:
                 job.future.set_exception(error)
             return
+        finally:
+            with self._in_flight_lock:
+                self._in_flight -= 1
+        if computed.peak_bytes > TRIM_ABOVE_BYTES:
+            _return_freed_memory()
         latency_ms = (time.monotonic() - started) * 1000
         self.batches += 1
-        self.batched_reads += len(rows)
+        self.batched_reads += len(requests)
+        plan = computed.plan
+        results = list(zip(picks, plan.computed_tokens, plan.cached_tokens))
         at = 0
         for job in jobs:
-            results = [
-                _pick(rows[at + i], request.label_ids, job.top_k) for i, request in enumerate(job.requests)
-            ]
-            at += len(job.requests)
             # A running future cannot be cancelled (set_running_or_notify_cancel above), so this always lands.
-            job.future.set_result((results, (started - job.submitted) * 1000, latency_ms))
+            job.future.set_result(
+                (results[at : at + len(job.requests)], (started - job.submitted) * 1000, latency_ms)
+            )
+            at += len(job.requests)
 
     def batch_logprobs(
-        self, prompts: Sequence[Sequence[int]], prefix_tokens: Sequence[int]
+        self, prompts: Sequence[Sequence[int]], reuse: bool | Sequence[bool] = True
     ) -> list[torch.Tensor]:
-        """Full-vocabulary log-softmax after each prompt, computed as described in the module docstring;
-        a prompt with ``prefix_tokens`` 0 is computed whole."""
+        """Full-vocabulary log-softmax after each prompt, computed as described in the module
+        docstring; a prompt with ``reuse`` False is computed whole, on its own."""
+        return list(self._logprobs(self.compute(prompts, reuse).hidden))
+
+    def compute(self, prompts: Sequence[Sequence[int]], reuse: bool | Sequence[bool] = True) -> Computed:
+        """The final hidden state of each prompt, every distinct token computed once (module docstring)."""
+        if isinstance(reuse, bool):
+            reuse = [reuse] * len(prompts)
         with torch.inference_mode():
-            splits = [self._split(tuple(ids), n) for ids, n in zip(prompts, prefix_tokens)]
-            kv: dict[tuple[int, ...], KV] = {}
-            missing = []
-            for prefix in dict.fromkeys(prefix for prefix, _ in splits if prefix):
-                cached = self.prefix_cache.get(prefix)
-                if cached is None:
-                    missing.append(prefix)
-                else:
-                    kv[prefix] = cached
-            for start in range(0, len(missing), self.max_batch):
-                for prefix, prefix_kv in zip(
-                    missing[start : start + self.max_batch],
-                    self._prefill(missing[start : start + self.max_batch]),
-                ):
-                    kv[prefix] = prefix_kv
-                    self.prefix_cache.put(prefix, prefix_kv)
-            out: list[torch.Tensor] = []
-            for start in range(0, len(splits), self.max_batch):
-                out += self._suffixes(splits[start : start + self.max_batch], kv)
-            return out
+            plan = self.prefix_cache.plan(prompts, reuse)
+            try:
+                wanted = {(id(segment), offset) for segment, offset in plan.outputs}
+                hidden: dict[tuple[int, int], torch.Tensor] = {}
+                peak = 0
+                for queries in plan.chunks(self.chunk_tokens, self.chunk_scores):
+                    chunk = plan.chunk_keys(queries)
+                    peak = max(peak, self.chunk_bytes(chunk))
+                    new_kv, states = self._forward(chunk)
+                    at = 0
+                    for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
+                        n = sum(1 for _ in group)
+                        segment.pieces.append(new_kv[:, :, :, at : at + n])
+                        at += n
+                    for row, (segment, offset) in enumerate(queries):
+                        if (id(segment), offset) in wanted:
+                            hidden[(id(segment), offset)] = states[row].clone()
+                self.prefix_cache.finish(plan)
+            except BaseException:
+                self.prefix_cache.abandon(plan)
+                raise
+            return Computed([hidden[(id(segment), offset)] for segment, offset in plan.outputs], plan, peak)
 
-    def _split(self, ids: tuple[int, ...], prefix_tokens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        if not ids:
-            raise ValueError("a read needs at least one prompt token")
-        cut = min(prefix_tokens, len(ids) - 1)  # the suffix keeps the last token
-        return ids[:cut], ids[cut:]
+    def chunk_bytes(self, chunk: Chunk) -> int:
+        """A chunk's working memory, estimated: its past and new keys and values, held twice (the
+        past is assembled, then each layer's cache concatenates the new keys to it), and the attention
+        scores of one layer."""
+        keys = chunk.key_tokens + len(chunk.queries)
+        return 2 * keys * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
 
-    def _prefill(self, prefixes: list[tuple[int, ...]]) -> list[KV]:
-        """Keys and values of each prefix, from one right-padded forward (padding sits after the
-        real tokens, so no real token attends to it and no query row is fully masked)."""
-        lengths = [len(prefix) for prefix in prefixes]
-        width = max(lengths)
-        ids = torch.full((len(prefixes), width), self._pad_id, dtype=torch.long)
-        real = torch.zeros((len(prefixes), width), dtype=torch.bool)
-        for row, prefix in enumerate(prefixes):
-            ids[row, : len(prefix)] = torch.tensor(prefix)
-            real[row, : len(prefix)] = True
-        causal = torch.ones((width, width), dtype=torch.bool).tril()
-        mask = (causal[None] & real[:, None, :])[:, None]
-        positions = torch.arange(width).expand(len(prefixes), width)
+    def _forward(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk through the decoder against its past keys: the chunk's own keys and values
+        [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
         from transformers import DynamicCache
 
+        self._use_threads()
+        past_tokens = chunk.key_tokens
         cache = DynamicCache()
-        masks = self._layer_masks(mask, positions, positions)
-        self._decoder(
-            input_ids=ids, attention_mask=masks, position_ids=positions, cache=cache, use_cache=True
-        )
-        return [
-            [
-                (
-                    layer.keys[row : row + 1, :, :length].clone(),
-                    layer.values[row : row + 1, :, :length].clone(),
-                )
-                for layer in cache.layers
-            ]
-            for row, length in enumerate(lengths)
-        ]
-
-    def _suffixes(
-        self, rows: list[tuple[tuple[int, ...], tuple[int, ...]]], kv: dict[tuple[int, ...], KV]
-    ) -> list[torch.Tensor]:
-        """Log-softmax after each suffix, read in one forward against its prefix's keys and values."""
-        from transformers import DynamicCache
-
-        count = len(rows)
-        past = max(len(prefix) for prefix, _ in rows)
-        width = max(len(suffix) for _, suffix in rows)
-        ids = torch.full((count, width), self._pad_id, dtype=torch.long)
-        real = torch.zeros((count, past + width), dtype=torch.bool)
-        positions = torch.zeros((count, width), dtype=torch.long)
-        for row, (prefix, suffix) in enumerate(rows):
-            ids[row, : len(suffix)] = torch.tensor(suffix)
-            real[row, : len(prefix)] = True
-            real[row, past : past + len(suffix)] = True
-            positions[row] = torch.arange(len(prefix), len(prefix) + width)
-        # Query i (at key index past + i) sees every past key and the suffix keys up to itself.
-        causal = torch.cat(
-            [
-                torch.ones((width, past), dtype=torch.bool),
-                torch.ones((width, width), dtype=torch.bool).tril(),
-            ],
-            dim=1,
-        )
-        mask = (causal[None] & real[:, None, :])[:, None]
-        cache = DynamicCache()
-        if past:
-            template = next(kv[prefix] for prefix, _ in rows if prefix)
-            layers = []
-            for layer, (keys, values) in enumerate(template):
-                batch_keys = keys.new_zeros((count, keys.shape[1], past, keys.shape[3]))
-                batch_values = values.new_zeros((count, values.shape[1], past, values.shape[3]))
-                for row, (prefix, _) in enumerate(rows):
-                    if prefix:
-                        batch_keys[row, :, : len(prefix)] = kv[prefix][layer][0][0]
-                        batch_values[row, :, : len(prefix)] = kv[prefix][layer][1][0]
-                layers.append((batch_keys, batch_values))
-            cache = DynamicCache(layers)
-        # Key positions: the padded past holds each prefix's tokens at their own positions (padding is masked).
-        key_positions = torch.cat([torch.arange(past).expand(count, past), positions], dim=1)
+        if past_tokens:
+            past = torch.cat([kv for _, kv in chunk.keys], dim=KV_TOKEN_DIM)
+            cache = DynamicCache([(layer[0][None], layer[1][None]) for layer in past])
+        queries, keys = chunk.positions()
+        ids = torch.tensor([[segment.tokens[offset] for segment, offset in chunk.queries]])
+        mask = chunk.visible()[None, None]
+        self.forwards += 1
         hidden = self._decoder(
             input_ids=ids,
-            attention_mask=self._layer_masks(mask, positions, key_positions),
-            position_ids=positions,
+            attention_mask=self._layer_masks(mask, queries[None], keys[None]),
+            position_ids=queries[None],
             cache=cache,
             use_cache=True,
-        ).last_hidden_state
-        last = hidden[torch.arange(count), torch.tensor([len(suffix) - 1 for _, suffix in rows])]
-        logits = self._head(last).float()
-        if self._softcap:  # as the model's own forward does after its head (Gemma 2)
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        return list(torch.log_softmax(logits, dim=-1))
+        ).last_hidden_state[0]
+        new_kv = torch.stack(
+            [
+                torch.stack((layer.keys[0, :, past_tokens:], layer.values[0, :, past_tokens:]))
+                for layer in cache.layers
+            ]
+        )
+        return new_kv, hidden
+
+    def _use_threads(self) -> None:
+        """This worker's share of the thread budget for its next chunk: all of it when its batch is
+        the only one in flight."""
+        with self._in_flight_lock:
+            share = max(1, self.thread_budget // max(1, self._in_flight))
+        if getattr(self._threads, "count", None) != share:
+            torch.set_num_threads(share)
+            self._threads.count = share
+
+    def _logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Full-vocabulary log-softmax rows from final hidden states."""
+        if not hidden:
+            return torch.empty(0, self.info.vocab_size)
+        with torch.inference_mode():
+            logits = self._head(torch.stack(list(hidden))).float()
+            if self._softcap:  # as the model's own forward does after its head (Gemma 2)
+                logits = torch.tanh(logits / self._softcap) * self._softcap
+            return torch.log_softmax(logits, dim=-1)
 
     def _layer_masks(
         self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
@@ -479,6 +439,25 @@ def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -
         return {token_id: float(logprobs[token_id]) for token_id in label_ids}
     values, ids = torch.topk(logprobs, top_k)
     return dict(zip(ids.tolist(), values.tolist()))
+
+
+def _load_malloc_trim():
+    library = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(library).malloc_trim if library else None
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def _return_freed_memory() -> None:
+    """Hands a batch's freed working memory back to the system. glibc keeps freed blocks below its
+    (adaptive) mmap threshold in its arenas, so after one large read the process would stay as large
+    as that read's peak; ``malloc_trim`` releases them (measured in bench/latency.py: retained RSS)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def _stop_workers(jobs: queue.Queue, workers: list[threading.Thread]) -> None:

@@ -237,6 +237,8 @@ def build_reading(
         rotations=reading.rotations if rotated else 1,
         rotation_agreement=reading.rotation_agreement if rotated else None,
         engine_calls=reading.engine_calls,
+        tokens_computed=reading.tokens_computed,
+        tokens_reused=reading.tokens_reused,
     )
 
 

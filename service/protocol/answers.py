@@ -90,6 +90,14 @@ class ReadingOut(ResponseModel):
     engine_calls: int | None = Field(
         default=None, description="engine calls the read took: 1, or the token trie's depth"
     )
+    tokens_computed: int | None = Field(
+        default=None,
+        description="prompt tokens the engine computed for this question's reads (every trie level); null where the engine does not report it",
+    )
+    tokens_reused: int | None = Field(
+        default=None,
+        description="prompt tokens of those reads the engine did not compute again (its prefix cache, or another read of the request)",
+    )
 
 
 class NoulAnswer(ResponseModel):

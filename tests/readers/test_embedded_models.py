@@ -134,9 +134,9 @@ async def test_gemma_reads_exactly_after_the_model_turn_opener(gemma_engine):
         last_turn = len(slot.prompt_ids) - 1 - list(reversed(slot.prompt_ids)).index(turn)
         assert tokenizer.decode(slot.prompt_ids[last_turn:]) in openings
         assert slot.prompt_ids[0] == tokenizer.bos_token_id
-        # The batched, prefix-shared read equals one plain forward of the whole prompt.
+        # The batched, token-shared read equals one plain forward of the whole prompt.
         reference = gemma_engine.next_token_logprobs(slot.prompt_ids)
-        batched = gemma_engine.batch_logprobs([slot.prompt_ids], [slot.prefix_tokens])[0]
+        batched = gemma_engine.batch_logprobs([slot.prompt_ids])[0]
         assert torch.allclose(batched[list(slot.label_ids)], reference[list(slot.label_ids)], atol=1e-4)
     assert (
         gemma_engine.info.name == "gemma3-270m" and gemma_engine.info.revision == "gguf-sha256:a5fd3b62230a"
@@ -153,7 +153,7 @@ def test_gemma_reads_past_its_sliding_window_equal_a_plain_forward(gemma_engine)
     assert len(slot.prompt_ids) > gemma_engine.model.config.sliding_window + 400
     labels = list(slot.label_ids)
     reference = gemma_engine.next_token_logprobs(slot.prompt_ids)[labels]
-    shared, whole = gemma_engine.batch_logprobs([slot.prompt_ids] * 2, [slot.prefix_tokens, 0])
+    shared, whole = gemma_engine.batch_logprobs([slot.prompt_ids] * 2, [True, False])
     assert torch.allclose(shared[labels], reference, atol=1e-3)
     assert torch.allclose(whole[labels], reference, atol=1e-4)
 

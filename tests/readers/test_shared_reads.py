@@ -4,14 +4,15 @@ single-sequence log-softmax, and readings that do not depend on the other questi
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 
 import pytest
 import torch
 
-from readers.engines.base import EngineReply, ReadRequest
+from readers.engines.base import EngineReply, LocalBatching, ReadRequest
 from readers.engines.function import FunctionEngine
-from readers.engines.local import PrefixCache
+from readers.engines.kvtree import KVTree
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
 
@@ -42,28 +43,78 @@ def max_gap(rows, prompts, engine) -> float:
     return max(float((row - engine.next_token_logprobs(ids)).abs().max()) for row, ids in zip(rows, prompts))
 
 
-@pytest.mark.slow  # every request read batched, cached, padded and alone
-def test_batched_cached_and_padded_reads_equal_the_single_sequence(local_engine):
+def distinct_tokens(prompts) -> int:
+    """The nodes of the token trie of ``prompts``."""
+    return len({tuple(ids[: n + 1]) for ids in prompts for n in range(len(ids))})
+
+
+@pytest.mark.slow  # every request read computed, from the tree, alone and in small chunks
+def test_shared_cached_alone_and_chunked_reads_equal_the_single_sequence(local_engine):
     reader = Reader(local_engine)
     requests = [request for state in STATES for request in requests_for(reader, QUESTIONS, state)]
     prompts = [request.prompt_ids for request in requests]
-    prefixes = [request.prefix_tokens for request in requests]
-    assert len({len(ids) for ids in prompts}) > 1 and len({n for n in prefixes}) > 1  # padding on both sides
-    local_engine.prefix_cache = PrefixCache(local_engine.prefix_cache.max_bytes)
-    computed = local_engine.batch_logprobs(prompts, prefixes)  # prefixes computed in this batch
-    assert local_engine.prefix_cache.stats()["misses"] == len(STATES)
-    cached = local_engine.batch_logprobs(prompts, prefixes)  # every prefix from the cache
-    assert local_engine.prefix_cache.stats()["hits"] == len(STATES)
-    whole = local_engine.batch_logprobs(prompts, [0] * len(prompts))  # the per-question path: padded, no past
-    for rows in (computed, cached, whole):
-        assert max_gap(rows, prompts, local_engine) < EXACT
+    engine = copy.copy(local_engine)  # the same model with its own tree
+    engine.prefix_cache = KVTree(local_engine.prefix_cache.max_bytes)
+    computed = engine.batch_logprobs(prompts)  # every distinct token computed in this batch
+    assert engine.prefix_cache.stats()["computed_tokens"] == distinct_tokens(prompts)
+    cached = engine.batch_logprobs(prompts)  # every prompt in the tree: only last tokens read again
+    stats = engine.prefix_cache.stats()
+    assert stats["computed_tokens"] == distinct_tokens(prompts) + len(prompts)
+    assert stats["reused_tokens"] == 2 * sum(map(len, prompts)) - stats["computed_tokens"]
+    whole = engine.batch_logprobs(prompts, reuse=False)  # the per-question path: each prompt alone
+    engine.prefix_cache = KVTree(0)
+    engine.chunk_tokens, engine.chunk_scores = 16, 16 * 200  # many chunks, segments cut inside
+    chunked = engine.batch_logprobs(prompts[: len(QUESTIONS)])  # one state's questions
+    truth = [local_engine.next_token_logprobs(ids) for ids in prompts]
+    for rows in (computed, cached, whole, chunked):
+        assert max(float((row - true).abs().max()) for row, true in zip(rows, truth)) < EXACT
 
 
-@pytest.mark.slow  # full-vocabulary rows at every prefix edge, each checked against a fresh pass
-def test_prefix_boundaries_at_the_edges_of_the_prompt(local_engine):
+@pytest.mark.slow  # full-vocabulary rows of prompts that are prefixes of each other
+def test_prompts_that_are_prefixes_of_each_other(local_engine):
     ids = requests_for(Reader(local_engine), QUESTIONS[:1], STATES[0])[0].prompt_ids
-    rows = local_engine.batch_logprobs([ids, ids, ids[:1], ids[:2]], [len(ids), 1, 1, 1])
-    assert max_gap(rows, [ids, ids, ids[:1], ids[:2]], local_engine) < EXACT
+    prompts = [ids, ids, ids[:1], ids[:2], ids[:-1]]
+    rows = local_engine.batch_logprobs(prompts)
+    assert max_gap(rows, prompts, local_engine) < EXACT
+
+
+class Recording:
+    """An engine that passes reads on to the local engine and keeps each request and reply."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.kind, self.info, self.capabilities = engine.kind, engine.info, engine.capabilities
+        self.tokenizer = engine.tokenizer
+        self.seen: list[tuple[ReadRequest, EngineReply]] = []
+
+    async def read_many(self, requests):
+        replies = await self.engine.read_many(requests)
+        self.seen.extend(zip(requests, replies))
+        return replies
+
+
+@pytest.mark.slow  # a token trie's reads, every level checked against a fresh pass
+async def test_trie_reads_compute_each_node_token_once(local_engine):
+    """Options read by a token trie: every deeper read adds only its node's tokens, and the request
+    computes each distinct token of its prompts once."""
+    engine = Recording(local_engine)
+    question = QuestionSpec(
+        "choice",
+        "Which drink would the writer order next?",
+        ("espresso", "espresso macchiato", "cappuccino", "caffe latte", "flat white", "americano"),
+        (None,) * 6,
+    )
+    reading = await Reader(engine).read(question, STATES[0] + " Coffee?")
+    assert reading.engine_calls > 1
+    prompts = [request.prompt_ids for request, _ in engine.seen]
+    # The first read computes what the tree lacks of the prompt; each deeper read, its node's last token.
+    assert [reply.computed_tokens for _, reply in engine.seen[1:]] == [1] * (len(prompts) - 1)
+    assert sum(reply.computed_tokens for _, reply in engine.seen) <= distinct_tokens(prompts)
+    for request, reply in engine.seen:
+        assert reply.computed_tokens + reply.cached_tokens == reply.prompt_tokens == len(request.prompt_ids)
+        truth = local_engine.next_token_logprobs(request.prompt_ids)
+        for token_id, logprob in reply.logprobs.items():
+            assert logprob == pytest.approx(float(truth[token_id]), abs=EXACT)
 
 
 @pytest.mark.slow  # concurrent requests, each checked against reads alone
@@ -142,31 +193,16 @@ async def test_readings_do_not_depend_on_the_other_questions_or_their_order(loca
             assert reading.label_probabilities.probabilities == pytest.approx(alone[question][0], abs=EXACT)
 
 
-def test_the_prefix_cache_is_bounded_and_evicts_the_least_recently_used():
-    layer = (torch.zeros(1, 3, 10, 64), torch.zeros(1, 3, 10, 64))  # 15,360 bytes per entry
-    cache = PrefixCache(max_bytes=3 * 15_360)
-    for n in range(3):
-        cache.put((n,), [layer])
-    assert cache.get((0,)) is not None  # 0 is now the most recently used
-    cache.put((3,), [layer])
-    assert cache.get((1,)) is None and cache.get((0,)) is not None and cache.get((3,)) is not None
-    assert cache.stats()["bytes"] == 3 * 15_360 and cache.stats()["entries"] == 3
-    cache.put(
-        (4,), [(torch.zeros(1, 3, 100, 64), torch.zeros(1, 3, 100, 64))]
-    )  # larger than the cap: not kept
-    assert cache.get((4,)) is None and cache.stats()["entries"] == 3
-    off = PrefixCache(0)
-    off.put((0,), [layer])
-    assert off.get((0,)) is None
-    with pytest.raises(ValueError, match="prefix_cache_mib"):
-        PrefixCache(-1)
-
-
 def test_engine_options_are_checked(embedded_model_dir):
-    from readers.engines.base import LocalBatching
     from readers.engines.local import LocalEngine
 
-    for option, value in (("max_batch", 0), ("batch_window_ms", -1), ("prefix_cache_mib", -1)):
+    for option, value in (
+        ("max_batch", 0),
+        ("batch_window_ms", -1),
+        ("prefix_cache_mib", -1),
+        ("chunk_tokens", 0),
+        ("chunk_scores", 1),
+    ):
         with pytest.raises(ValueError, match=option):
             LocalBatching(**{option: value})
     with pytest.raises(ValueError, match="workers"):
@@ -174,29 +210,29 @@ def test_engine_options_are_checked(embedded_model_dir):
 
 
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: every split is the same")
-@pytest.mark.slow  # two more engines loaded
-async def test_workers_share_the_thread_budget(embedded_model_dir):
-    """Default: one batch worker per thread of the budget (at most DEFAULT_MAX_WORKERS), each
-    running its forwards on budget // workers threads; a second engine with another split, built
-    and used afterwards, does not change the first one's workers."""
+@pytest.mark.slow  # another engine loaded
+async def test_a_lone_batch_takes_every_thread_and_concurrent_batches_split_them(embedded_model_dir):
+    """One batch in flight computes on the whole thread budget; two at once on half each."""
     from readers.engines.local import DEFAULT_MAX_WORKERS, LocalEngine, thread_budget
 
     class ThreadCounting(LocalEngine):
-        def batch_logprobs(self, prompts, prefix_tokens):
-            self.seen.add(torch.get_num_threads())  # on the worker thread
-            return super().batch_logprobs(prompts, prefix_tokens)
+        def _forward(self, chunk):
+            result = super()._forward(chunk)
+            self.seen.append(torch.get_num_threads())  # on the worker thread, as the chunk ran
+            return result
 
     budget = thread_budget()
-    split = ThreadCounting(embedded_model_dir)
-    whole = ThreadCounting(embedded_model_dir, workers=1)
+    engine = ThreadCounting(
+        embedded_model_dir, batching=LocalBatching(max_batch=1, prefix_cache_mib=0, chunk_tokens=32)
+    )
     try:
-        workers = min(budget, DEFAULT_MAX_WORKERS)
-        assert len(split._workers) == workers and split.threads == budget // workers
-        assert whole.threads == budget and whole.capabilities.probe["threads_per_worker"] == budget
-        for engine in (split, whole, split):
-            engine.seen = set()
-            await asyncio.gather(*(engine.read(ReadRequest((1, 2, 3 + i), (4,), ("x",))) for i in range(4)))
-            assert engine.seen == {engine.threads}
+        assert len(engine._workers) == min(budget, DEFAULT_MAX_WORKERS)
+        engine.seen = []
+        await engine.read(ReadRequest((1, 2, 3), (4,), ("x",)))
+        assert engine.seen == [budget]
+        engine.seen = []
+        long = tuple(range(10, 300))  # in ten chunks: the two batches overlap
+        await asyncio.gather(*(engine.read(ReadRequest(long + (i,), (4,), ("x",))) for i in range(2)))
+        assert min(engine.seen) == budget // 2 and max(engine.seen) <= budget
     finally:
-        await split.aclose()
-        await whole.aclose()
+        await engine.aclose()

@@ -30,10 +30,10 @@ class CountingEngine(LocalEngine):
         self.computed = 0
         self._lock = threading.Lock()
 
-    def batch_logprobs(self, prompts, prefix_tokens):
+    def compute(self, prompts, reuse=True):
         with self._lock:
             self.computed += len(prompts)
-        return super().batch_logprobs(prompts, prefix_tokens)
+        return super().compute(prompts, reuse)
 
 
 BATCH = 2

@@ -38,11 +38,29 @@ def value(found, name, **labels) -> float:
 async def test_counters_and_histograms_move_with_real_decisions(client_factory, local_engine):
     async with client_factory(local_engine) as client:
         before = samples((await client.get("/metrics")).text)
+        readings = []
         for _ in range(3):
-            assert (await client.post("/v1/systemone", json=BODY)).status_code == 200
+            response = await client.post("/v1/systemone", json=BODY)
+            assert response.status_code == 200
+            readings += [answer["x_reading"] for answer in response.json()["answers"].values()]
         assert (await client.post("/decide", json={"state": "x", "questions": {}})).status_code == 422
         after = samples((await client.get("/metrics")).text)
     model = local_engine.info.name
+    # What the engine computed: the same request again reuses all but each question's last token.
+    computed = sum(r["tokens_computed"] for r in readings)
+    reused = sum(r["tokens_reused"] for r in readings)
+    assert [r["tokens_computed"] for r in readings[-2:]] == [1, 1]
+    assert all(r["tokens_computed"] + r["tokens_reused"] == r["prompt_tokens"] for r in readings)
+    assert (
+        value(after, "decide_prompt_tokens_total", kind="computed")
+        - value(before, "decide_prompt_tokens_total", kind="computed")
+        == computed
+    )
+    assert (
+        value(after, "decide_prompt_tokens_total", kind="reused")
+        - value(before, "decide_prompt_tokens_total", kind="reused")
+        == reused
+    )
     assert value(after, "decide_requests_total", route="/v1/systemone", status="200") == 3
     assert value(after, "decide_requests_total", route="/decide", status="422") == 1
     assert value(after, "decide_questions_total", model=model, type="noul", read_mode="exact") == 3

@@ -1,0 +1,430 @@
+"""Token-level prefix reuse: a radix tree of prompt tokens whose nodes keep their tokens' keys and values.
+
+The local engine computes each distinct prompt token of a batch once, and none whose keys and values
+the tree already holds: across the reads of one request (the state, the question above a token
+trie's deeper reads), across its content-free prior reads, and across requests. This module plans
+that work; the engine runs it (``readers/engines/local.py``).
+
+A plan is a forest of *segments*, runs of consecutive prompt tokens: a segment either brings keys and
+values from the tree (a snapshot: later changes to the tree do not touch a running batch) or is to
+be computed. Every prompt is a path from a root; its last token is always computed, since a read
+needs the hidden state there, which the tree does not keep. Segments to compute are visited in
+depth-first order, so a token comes after every token it attends to; the engine computes them in
+chunks, each chunk attending to the keys of its tokens' ancestors (``Chunk.visible``).
+
+Concurrency: plans are made and finished under one lock, computed outside it. A batch whose prompts
+run into tokens another batch is computing waits for that batch to finish, then plans again, so a
+shared state arriving on two workers at once is computed once. A batch that fails takes its
+uncomputed nodes out of the tree.
+
+Memory: the tree keeps at most ``max_bytes`` of keys and values, least recently used leaves evicted
+first once a batch is done; a running batch holds its own snapshot and chunks on top of that.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# A node's or segment's keys and values: [layers, 2 (keys, values), kv heads, tokens, head dim].
+KV_TOKEN_DIM = 3
+
+
+@dataclass(eq=False)
+class _Node:
+    """A run of prompt tokens at positions ``start``… in the tree; ``kv`` is None while a batch
+    (``batch``) computes it."""
+
+    tokens: tuple[int, ...]
+    start: int
+    parent: _Node | None
+    kv: torch.Tensor | None = None
+    batch: object | None = None
+    children: dict[int, _Node] = field(default_factory=dict)
+    used: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass(eq=False)
+class Segment:
+    """Consecutive tokens of a plan: from the tree (``kv``), or computed by this batch (``pieces``
+    gather the keys and values chunk by chunk; ``node`` is the tree node they fill, if any)."""
+
+    tokens: tuple[int, ...]
+    start: int
+    parent: Segment | None
+    kv: torch.Tensor | None = None
+    node: _Node | None = None
+    owner: int = -1
+    """The read charged with computing it (the first of the batch that needs it); -1: from the tree."""
+    pieces: list[torch.Tensor] = field(default_factory=list)
+    order: int = 0  # depth-first position in the plan
+    last: int = 0  # the last depth-first position in its subtree
+
+    @property
+    def computed(self) -> bool:
+        return self.kv is None
+
+    def keys_so_far(self) -> torch.Tensor | None:
+        """Its keys and values available now: all of a tree segment's, the computed part of the others'."""
+        if self.kv is not None:
+            return self.kv
+        if not self.pieces:
+            return None
+        if len(self.pieces) > 1:
+            self.pieces = [torch.cat(self.pieces, dim=KV_TOKEN_DIM)]
+        return self.pieces[0]
+
+
+@dataclass
+class Chunk:
+    """Tokens computed in one forward: ``queries`` (segment, offset) in depth-first order, against
+    ``keys`` — the keys and values (segment, first offset, tensor) already known of their ancestors
+    and of their own segments."""
+
+    queries: list[tuple[Segment, int]]
+    keys: list[tuple[Segment, torch.Tensor]]
+
+    @property
+    def key_tokens(self) -> int:
+        return sum(kv.shape[KV_TOKEN_DIM] for _, kv in self.keys)
+
+    def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query positions and key positions (past keys, then the queries' own)."""
+        queries = torch.tensor([segment.start + offset for segment, offset in self.queries])
+        past = [torch.arange(s.start, s.start + kv.shape[KV_TOKEN_DIM]) for s, kv in self.keys]
+        return queries, torch.cat([*past, queries])
+
+    def visible(self) -> torch.Tensor:
+        """[queries, past keys + queries]: a query sees a key of an ancestor segment, and the keys of
+        its own segment up to itself — exactly the tokens before it in its own prompt."""
+        key_order, key_last, key_offset = [], [], []
+        for segment, kv in self.keys:
+            n = kv.shape[KV_TOKEN_DIM]
+            key_order += [segment.order] * n
+            key_last += [segment.last] * n
+            key_offset += range(n)
+        for segment, offset in self.queries:
+            key_order.append(segment.order)
+            key_last.append(segment.last)
+            key_offset.append(offset)
+        k_order, k_last, k_offset = map(torch.tensor, (key_order, key_last, key_offset))
+        q_order = k_order[-len(self.queries) :, None]
+        q_offset = k_offset[-len(self.queries) :, None]
+        ancestor = (k_order[None] <= q_order) & (q_order <= k_last[None])
+        return ancestor & ((k_order[None] != q_order) | (k_offset[None] <= q_offset))
+
+
+@dataclass
+class Plan:
+    """One batch's work: its segments in depth-first order, where each prompt's last token is, and
+    what each read computed and reused."""
+
+    segments: list[Segment]
+    outputs: list[tuple[Segment, int]]
+    computed_tokens: list[int]
+    cached_tokens: list[int]
+    batch: object
+
+    @property
+    def tokens_to_compute(self) -> int:
+        return sum(len(s.tokens) for s in self.segments if s.computed)
+
+    def chunks(self, max_queries: int, max_scores: int) -> list[list[tuple[Segment, int]]]:
+        """The tokens to compute, depth first, cut so that no forward holds more than ``max_queries``
+        tokens, nor more than ``max_scores`` query × key scores per head (bounded working memory;
+        the keys are counted from above: every ancestor's tokens and the computed part of its own)."""
+        chunks: list[list[tuple[Segment, int]]] = []
+        chunk: list[tuple[Segment, int]] = []
+        ancestors: set[int] = set()
+        members: set[int] = set()
+        keys = 0
+        for segment in self.segments:
+            if not segment.computed:
+                continue
+            chain = _strict_ancestors(segment)
+            for offset in range(len(segment.tokens)):
+                added = 0
+                if id(segment) not in members:
+                    added = sum(len(a.tokens) for a in chain if id(a) not in ancestors) + offset
+                if chunk and (
+                    len(chunk) >= max_queries or (len(chunk) + 1) * (keys + added + 1) > max_scores
+                ):
+                    chunks.append(chunk)
+                    chunk, ancestors, members, keys = [], set(), set(), 0
+                    added = sum(len(a.tokens) for a in chain) + offset
+                if id(segment) not in members:
+                    members.add(id(segment))
+                    ancestors.update(id(a) for a in chain)
+                    keys += added
+                chunk.append((segment, offset))
+                keys += 1
+        if chunk:
+            chunks.append(chunk)
+        return chunks
+
+    def chunk_keys(self, queries: list[tuple[Segment, int]]) -> Chunk:
+        """The keys ``queries`` attend to that earlier chunks or the tree hold."""
+        keys: dict[int, tuple[Segment, torch.Tensor]] = {}
+        for segment, _ in queries:
+            for ancestor in (*_strict_ancestors(segment), segment):
+                if id(ancestor) in keys:
+                    continue
+                kv = ancestor.keys_so_far()
+                if kv is not None:
+                    keys[id(ancestor)] = (ancestor, kv)
+        ordered = sorted(keys.values(), key=lambda item: item[0].order)
+        return Chunk(queries, ordered)
+
+
+def _strict_ancestors(segment: Segment) -> list[Segment]:
+    chain = []
+    parent = segment.parent
+    while parent is not None:
+        chain.append(parent)
+        parent = parent.parent
+    return chain[::-1]
+
+
+class KVTree:
+    """Prompt tokens' keys and values in a radix tree, at most ``max_bytes`` of them (0: keep none;
+    tokens are still shared between the reads of one batch)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError("prefix_cache_mib must be 0 (off) or positive")
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.reused_tokens = 0  # prompt tokens whose keys and values were not computed again
+        self.computed_tokens = 0
+        self.evicted_nodes = 0
+        self._root = _Node((), 0, None)
+        self._clock = itertools.count(1)
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+
+    # Planning ---------------------------------------------------------------------------------
+
+    def plan(self, prompts: Sequence[Sequence[int]], reuse: Sequence[bool]) -> Plan:
+        """The work of reading ``prompts``; a prompt with ``reuse`` False is computed whole, on its
+        own (the per-question path, kept to measure what reuse gains)."""
+        prompts = [tuple(ids) for ids in prompts]
+        if any(not ids for ids in prompts):
+            raise ValueError("a read needs at least one prompt token")
+        batch = object()
+        with self._lock:
+            while any(self._blocked(ids) for ids, shared in zip(prompts, reuse) if shared):
+                self._done.wait()
+            for ids, shared in zip(prompts, reuse):
+                if shared:
+                    self._insert(ids, batch)
+            plan = self._segments(prompts, reuse, batch)
+        return plan
+
+    def _blocked(self, ids: tuple[int, ...]) -> bool:
+        """Whether ``ids`` runs into tokens another batch is computing."""
+        node, at = self._root, 0
+        while at < len(ids):
+            child = node.children.get(ids[at])
+            if child is None:
+                return False
+            if child.kv is None:
+                return True
+            matched = _common(child.tokens, ids, at)
+            if matched < len(child.tokens):
+                return False
+            node, at = child, at + matched
+        return False
+
+    def _insert(self, ids: tuple[int, ...], batch: object) -> None:
+        """Makes ``ids`` a path of the tree: splits a node where ``ids`` leaves it, adds the rest as
+        a node this batch computes."""
+        node, at = self._root, 0
+        tick = next(self._clock)
+        while at < len(ids):
+            child = node.children.get(ids[at])
+            if child is None:
+                node.children[ids[at]] = _Node(ids[at:], at, node, batch=batch, used=tick)
+                return
+            child.used = tick
+            matched = _common(child.tokens, ids, at)
+            if matched < len(child.tokens) and at + matched < len(ids):
+                self._split(child, matched)
+            node, at = child, at + matched
+
+    def _split(self, node: _Node, at: int) -> None:
+        """``node`` keeps its first ``at`` tokens; a new child takes the rest and the children."""
+        tail = _Node(node.tokens[at:], node.start + at, node, batch=node.batch, used=node.used)
+        tail.children, node.children = node.children, {tail.tokens[0]: tail}
+        for child in tail.children.values():
+            child.parent = tail
+        node.tokens = node.tokens[:at]
+        if node.kv is not None:
+            # Copies, not views: each node then owns exactly the bytes it is charged for.
+            tail.kv = node.kv[:, :, :, at:].clone()
+            node.kv = node.kv[:, :, :, :at].clone()
+
+    def _segments(self, prompts: list[tuple[int, ...]], reuse: Sequence[bool], batch: object) -> Plan:
+        by_key: dict[object, Segment] = {}
+        children: dict[int, list[Segment]] = {}
+        roots: list[Segment] = []
+        outputs: list[tuple[Segment, int]] = []
+        computed = [0] * len(prompts)
+
+        def segment(key: object, **fields) -> Segment:
+            """The plan's one segment for ``key``, made from ``fields`` the first time."""
+            found = by_key.get(key)
+            if found is None:
+                found = by_key[key] = Segment(**fields)
+                (roots if found.parent is None else children.setdefault(id(found.parent), [])).append(found)
+                if found.computed:
+                    computed[found.owner] += len(found.tokens)
+            return found
+
+        for i, (ids, shared) in enumerate(zip(prompts, reuse)):
+            if not shared:
+                whole = segment(("alone", i), tokens=ids, start=0, parent=None, owner=i)
+                outputs.append((whole, len(ids) - 1))
+                continue
+            parent: Segment | None = None
+            node, at = self._root, 0
+            while at < len(ids):
+                node = node.children[ids[at]]
+                used = min(len(node.tokens), len(ids) - at)
+                at += used
+                if node.kv is None:  # this batch's own node (others' were waited for)
+                    parent = segment(
+                        id(node), tokens=node.tokens, start=node.start, parent=parent, node=node, owner=i
+                    )
+                    if at == len(ids):
+                        outputs.append((parent, used - 1))
+                elif at < len(ids):
+                    parent = segment(
+                        id(node), tokens=node.tokens, start=node.start, parent=parent, kv=node.kv
+                    )
+                else:  # the prompt ends in tokens the tree holds: its last token is read again
+                    if used > 1:
+                        parent = segment(
+                            (id(node), used - 1),
+                            tokens=node.tokens[: used - 1],
+                            start=node.start,
+                            parent=parent,
+                            kv=node.kv[:, :, :, : used - 1],
+                        )
+                    again = segment(
+                        ("again", id(parent), ids[-1]),
+                        tokens=(ids[-1],),
+                        start=len(ids) - 1,
+                        parent=parent,
+                        owner=i,
+                    )
+                    outputs.append((again, 0))
+        # Depth first (iteratively: a path may pass through many nodes), numbering each segment and
+        # the last number in its subtree: the ancestor test of ``Chunk.visible``.
+        ordered: list[Segment] = []
+        stack: list[tuple[Segment, bool]] = [(root, False) for root in reversed(roots)]
+        while stack:
+            current, leaving = stack.pop()
+            if leaving:
+                current.last = len(ordered) - 1
+                continue
+            current.order = len(ordered)
+            ordered.append(current)
+            stack.append((current, True))
+            stack.extend((child, False) for child in reversed(children.get(id(current), ())))
+        cached = [len(ids) - n for ids, n in zip(prompts, computed)]
+        return Plan(ordered, outputs, computed, cached, batch)
+
+    # Finishing --------------------------------------------------------------------------------
+
+    def finish(self, plan: Plan) -> None:
+        """Keeps what ``plan`` computed, then evicts down to the bound."""
+        with self._lock:
+            for s in plan.segments:
+                if s.node is not None:
+                    kv = s.keys_so_far()
+                    assert kv is not None and kv.shape[KV_TOKEN_DIM] == len(s.tokens), "segment not computed"
+                    # A slice of a chunk's tensor would keep the whole chunk alive: own the bytes.
+                    s.node.kv = kv if kv._base is None else kv.clone()
+                    s.node.batch = None
+                    self.bytes += s.node.kv.nbytes
+            self.computed_tokens += sum(plan.computed_tokens)
+            self.reused_tokens += sum(plan.cached_tokens)
+            self._evict()
+            self._done.notify_all()
+
+    def abandon(self, plan: Plan) -> None:
+        """Takes the nodes ``plan`` was to compute out of the tree (its batch failed)."""
+        with self._lock:
+            for s in plan.segments:
+                node = s.node
+                if node is not None and node.kv is None and node.parent is not None:
+                    if node.parent.children.get(node.tokens[0]) is node:
+                        del node.parent.children[node.tokens[0]]
+            self._done.notify_all()
+
+    def _evict(self) -> None:
+        """Least recently used leaves first, until the tree holds at most ``max_bytes``. A node being
+        computed is never a candidate, nor an ancestor of one (it is not a leaf)."""
+        if self.bytes <= self.max_bytes:
+            return
+        heap = [(node.used, id(node), node) for node in self._leaves()]
+        heapq.heapify(heap)
+        while heap and self.bytes > self.max_bytes:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            if parent is None or node.children or node.kv is None:
+                continue
+            del parent.children[node.tokens[0]]
+            self.bytes -= node.kv.nbytes
+            node.kv = None
+            self.evicted_nodes += 1
+            if parent is not self._root and not parent.children and parent.kv is not None:
+                heapq.heappush(heap, (parent.used, id(parent), parent))
+
+    def _leaves(self):
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node.kv is not None:
+                yield node
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            nodes = tokens = 0
+            stack = list(self._root.children.values())
+            while stack:
+                node = stack.pop()
+                stack.extend(node.children.values())
+                if node.kv is not None:
+                    nodes += 1
+                    tokens += len(node.tokens)
+            return {
+                "nodes": nodes,
+                "tokens": tokens,
+                "bytes": self.bytes,
+                "max_bytes": self.max_bytes,
+                "computed_tokens": self.computed_tokens,
+                "reused_tokens": self.reused_tokens,
+                "evicted_nodes": self.evicted_nodes,
+            }
+
+
+def _common(tokens: tuple[int, ...], ids: tuple[int, ...], at: int) -> int:
+    """How many of ``tokens`` match ``ids`` from ``at`` on."""
+    n = 0
+    for token, other in zip(tokens, ids[at : at + len(tokens)]):
+        if token != other:
+            break
+        n += 1
+    return n

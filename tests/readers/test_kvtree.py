@@ -1,0 +1,159 @@
+"""The radix tree of prompt tokens on its own: what a batch computes, what it reuses, what the tree keeps.
+
+Keys and values here are stand-ins (a tensor per token holding its position), so the plans and the
+eviction are checked without a model; tests/readers/test_shared_reads.py checks the reads against the
+model's own single-sequence forward.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from readers.engines.kvtree import KV_TOKEN_DIM, KVTree, Plan
+
+TOKEN_BYTES = 1 * 2 * 1 * 1 * 4  # [layers, 2, heads, tokens, dim] float32 with one of each
+
+
+def run(tree: KVTree, prompts, reuse=True, *, max_queries=512, max_scores=2**22) -> Plan:
+    """Plans and "computes" ``prompts``: each token's stand-in keys hold its position."""
+    reuse = [reuse] * len(prompts) if isinstance(reuse, bool) else reuse
+    plan = tree.plan(prompts, reuse)
+    for queries in plan.chunks(max_queries, max_scores):
+        chunk = plan.chunk_keys(queries)
+        visible = chunk.visible()
+        assert visible.shape == (len(queries), chunk.key_tokens + len(queries))
+        for segment, offset in queries:
+            kv = torch.full((1, 2, 1, 1, 1), float(segment.start + offset))
+            segment.pieces.append(kv)
+    tree.finish(plan)
+    return plan
+
+
+def distinct_tokens(prompts) -> int:
+    return len({tuple(ids[: n + 1]) for ids in prompts for n in range(len(ids))})
+
+
+def test_every_distinct_token_of_a_batch_is_computed_once_and_charged_to_one_read():
+    tree = KVTree(2**20)
+    state = tuple(range(100, 140))
+    prompts = [state + (1, 2, 3), state + (1, 2, 4), state + (5,), state + (1, 2, 3)]
+    plan = run(tree, prompts)
+    assert sum(plan.computed_tokens) == distinct_tokens(prompts)
+    assert plan.computed_tokens == [len(prompts[0]), 1, 1, 0]  # the repeat shares every token
+    assert [p + c for p, c in zip(plan.computed_tokens, plan.cached_tokens)] == [len(ids) for ids in prompts]
+    again = run(tree, prompts)  # all in the tree: each prompt's last token is read again, once
+    assert again.computed_tokens == [1, 1, 1, 0]
+    assert sum(again.cached_tokens) == sum(map(len, prompts)) - sum(again.computed_tokens)
+
+
+def test_a_query_sees_exactly_the_tokens_before_it_in_its_own_prompt():
+    tree = KVTree(2**20)
+    run(tree, [(1, 2, 3, 4, 5)])  # in the tree now
+    plan = tree.plan([(1, 2, 3, 7, 8), (1, 2, 9), (1, 2, 3, 4, 5)], [True] * 3)
+    for queries in plan.chunks(2, 2**22):  # two tokens per forward: segments split across chunks
+        chunk = plan.chunk_keys(queries)
+        visible = chunk.visible()
+        _, key_positions = chunk.positions()
+        owners = [segment for segment, _ in chunk.keys for _ in range(segment_length(segment, chunk))]
+        owners += [segment for segment, _ in queries]
+        for row, (segment, offset) in enumerate(queries):
+            prompt = path_tokens(segment)[: segment.start + offset + 1]
+            seen = [
+                (path_tokens(owner)[position], position)
+                for owner, position, on in zip(owners, key_positions.tolist(), visible[row].tolist())
+                if on
+            ]
+            assert seen == [(token, n) for n, token in enumerate(prompt)], (segment.tokens, offset)
+        for segment, _ in queries:
+            segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+    tree.finish(plan)
+
+
+def segment_length(segment, chunk) -> int:
+    return next(kv.shape[KV_TOKEN_DIM] for s, kv in chunk.keys if s is segment)
+
+
+def path_tokens(segment) -> tuple[int, ...]:
+    chain = []
+    while segment is not None:
+        chain.append(segment.tokens)
+        segment = segment.parent
+    return tuple(token for tokens in reversed(chain) for token in tokens)
+
+
+def test_chunks_hold_bounded_queries_and_scores_and_keep_depth_first_order():
+    tree = KVTree(2**20)
+    question = tuple(range(1000, 1300))
+    prompts = [question + (n,) for n in range(50)]
+    plan = tree.plan(prompts, [True] * len(prompts))
+    chunks = plan.chunks(64, 64 * 400)
+    assert all(len(chunk) <= 64 for chunk in chunks)
+    for chunk in chunks:
+        keys = plan.chunk_keys(chunk).key_tokens + len(chunk)
+        assert len(chunk) == 1 or len(chunk) * keys <= 64 * 400
+        for segment, _ in chunk:
+            segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+    flat = [query for chunk in chunks for query in chunk]
+    assert len(flat) == distinct_tokens(prompts)
+    tree.finish(plan)
+
+
+def test_the_per_question_path_computes_every_prompt_whole_and_keeps_nothing():
+    tree = KVTree(2**20)
+    prompts = [(1, 2, 3), (1, 2, 3)]
+    plan = run(tree, prompts, reuse=False)
+    assert plan.computed_tokens == [3, 3] and plan.cached_tokens == [0, 0]
+    assert tree.stats()["tokens"] == 0
+
+
+def test_the_tree_is_bounded_and_evicts_the_least_recently_used_leaves():
+    tree = KVTree(max_bytes=30 * TOKEN_BYTES)
+    first, second, third = tuple(range(10)), tuple(range(100, 110)), tuple(range(200, 210))
+    run(tree, [first])
+    run(tree, [second])
+    run(tree, [first + (7,)])  # uses first again: second is now the least recently used
+    run(tree, [third])
+    stats = tree.stats()
+    assert stats["bytes"] <= 30 * TOKEN_BYTES and stats["evicted_nodes"] >= 1
+    assert sum(run(tree, [first + (8,)]).computed_tokens) == 1  # first is kept
+    assert sum(run(tree, [second + (9,)]).computed_tokens) == 11  # second was evicted
+    off = KVTree(0)
+    run(off, [first])
+    assert off.stats() | {"computed_tokens": 0, "reused_tokens": 0} == {
+        "nodes": 0,
+        "tokens": 0,
+        "bytes": 0,
+        "max_bytes": 0,
+        "computed_tokens": 0,
+        "reused_tokens": 0,
+        "evicted_nodes": 1,
+    }
+    with pytest.raises(ValueError, match="prefix_cache_mib"):
+        KVTree(-1)
+
+
+def test_a_failed_batch_leaves_nothing_half_computed():
+    tree = KVTree(2**20)
+    plan = tree.plan([(1, 2, 3)], [True])
+    tree.abandon(plan)
+    assert sum(run(tree, [(1, 2, 3, 4)]).computed_tokens) == 4  # nothing of (1, 2, 3) was kept
+
+
+def test_a_batch_waits_for_tokens_another_batch_is_computing_then_reuses_them():
+    tree = KVTree(2**20)
+    state = tuple(range(50))
+    first = tree.plan([state + (1,)], [True])
+    planned: list[Plan] = []
+    second = threading.Thread(target=lambda: planned.append(tree.plan([state + (2,)], [True])))
+    second.start()
+    second.join(timeout=0.2)
+    assert second.is_alive()  # waiting: the state is being computed by the first batch
+    for queries in first.chunks(512, 2**22):
+        for segment, _ in queries:
+            segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+    tree.finish(first)
+    second.join(timeout=5)
+    assert planned and planned[0].computed_tokens == [1]  # only its own question token
