@@ -45,7 +45,8 @@ class Reading:
     label_sequences: tuple[tuple[int, ...], ...] = ()
     """Per label, its in-context token ids (multi-token label styles only)."""
     engine_calls: int = 1
-    """Engine calls this reading took part in: 1, or a trie's depth (one call per depth level)."""
+    """Engine calls this reading took part in: 1, or a trie's depth (one call per depth level) on an
+    engine that does not share a call's tokens (``Capabilities.shares_tokens_in_call``)."""
     tokens_computed: int | None = None
     """Prompt tokens the engine computed for this question's reads (every trie level); None where the
     engine does not say."""
@@ -205,12 +206,21 @@ class Reader:
             else Trie(tuple((token,) for token in slot.label_ids))
             for slot, style in prepared
         ]
-        # One engine call per trie depth, every question's nodes of that depth together: a question
-        # with one-token labels is done after the first call.
+        # Every question's trie nodes of one depth together, one engine call per depth (a question
+        # with one-token labels is done after the first), or every depth in one call where the engine
+        # computes each distinct token of a call once. The nodes are known before any is read.
         replies: list[dict[tuple[int, ...], EngineReply]] = [{} for _ in prepared]
+        call_of: list[dict[tuple[int, ...], int]] = [{} for _ in prepared]
         engine_calls = [0] * len(prepared)
-        for depth in range(max(trie.depth for trie in tries)):
-            level = [(i, node) for i, trie in enumerate(tries) for node in trie.nodes_at(depth)]
+        depths = range(max(trie.depth for trie in tries))
+        calls = [list(depths)] if self.engine.capabilities.shares_tokens_in_call else [[d] for d in depths]
+        for call, call_depths in enumerate(calls):
+            level = [
+                (i, node)
+                for depth in call_depths
+                for i, trie in enumerate(tries)
+                for node in trie.nodes_at(depth)
+            ]
             requests = [
                 ReadRequest(
                     prepared[i][0].prompt_ids + node,
@@ -222,11 +232,12 @@ class Reader:
             ]
             for (i, node), reply in zip(level, await self.engine.read_many(requests)):
                 replies[i][node] = reply
-                engine_calls[i] = depth + 1
+                call_of[i][node] = call
+                engine_calls[i] = call + 1
         latency_ms = (time.monotonic() - started) * 1000
         readings = []
-        for question, (slot, style), trie, nodes, calls in zip(
-            questions, prepared, tries, replies, engine_calls
+        for question, (slot, style), trie, nodes, calls, node_calls in zip(
+            questions, prepared, tries, replies, engine_calls, call_of
         ):
             root = nodes[()]
             readings.append(
@@ -239,7 +250,8 @@ class Reader:
                     read_mode=root.read_mode.value,
                     prompt_tokens=len(slot.prompt_ids),
                     engine_latency_ms=sum(
-                        max(r.latency_ms for node, r in nodes.items() if len(node) == d) for d in range(calls)
+                        max(r.latency_ms for node, r in nodes.items() if node_calls[node] == c)
+                        for c in range(calls)
                     ),
                     queued_ms=root.queued_ms,
                     latency_ms=latency_ms,

@@ -50,6 +50,10 @@ class Capabilities:
     max_logprobs: int
     top_k: int
     probe: dict[str, Any] = field(default_factory=dict)
+    shares_tokens_in_call: bool = False
+    """The engine computes each distinct prompt token of one ``read_many`` call once (the local
+    engine's token tree), so a token trie's levels can all go in one call. Otherwise (vLLM) a level's
+    prompts reuse the level above only once it is computed: one call per level."""
 
 
 @dataclass(frozen=True)

@@ -203,6 +203,7 @@ class LocalEngine(ClosingEngine):
             max_logprobs=vocab_size,
             top_k=top_k or vocab_size,
             probe={**self._probe, "top_k": top_k},
+            shares_tokens_in_call=self.share_prefix,
         )
 
     def with_top_k(self, top_k: int | None) -> LocalEngine:

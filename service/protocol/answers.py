@@ -88,7 +88,8 @@ class ReadingOut(ResponseModel):
         description="share of rotations whose most probable option is this answer's; null for 1 rotation"
     )
     engine_calls: int | None = Field(
-        default=None, description="engine calls the read took: 1, or the token trie's depth"
+        default=None,
+        description="engine calls the read took: 1, or the token trie's depth on an engine that reads one trie level per call (vLLM)",
     )
     tokens_computed: int | None = Field(
         default=None,

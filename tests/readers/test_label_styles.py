@@ -52,7 +52,8 @@ async def check_against_brute_force(reader: Reader, question: QuestionSpec, styl
     truth = softmax(sequence_logprobs(reader.engine, slot.prompt_ids, reading.label_sequences))
     assert max(abs(a - b) for a, b in zip(reading.label_probabilities.probabilities, truth)) < EXACT
     assert math.isclose(sum(reading.label_probabilities.probabilities), 1.0, abs_tol=1e-9)
-    assert reading.engine_calls == Trie(reading.label_sequences).depth
+    depth = Trie(reading.label_sequences).depth
+    assert reading.engine_calls == (1 if reader.engine.capabilities.shares_tokens_in_call else depth)
     assert reading.label_probabilities.exact and reading.label_probabilities.label_mass is not None
 
 
@@ -153,7 +154,8 @@ async def test_a_trie_question_beside_one_token_questions_reads_as_alone(local_e
         QuestionSpec("noul", "Up?", ("true", "false"), (None, None)),
     ]
     together = await reader.read_many(questions, STATE)
-    assert [r.engine_calls for r in together] == [1, Trie(together[1].label_sequences).depth, 1]
+    assert Trie(together[1].label_sequences).depth > 1
+    assert [r.engine_calls for r in together] == [1, 1, 1]  # the local engine reads every level at once
     for question, reading in zip(questions, together):
         alone = await reader.read(question, STATE)
         assert (

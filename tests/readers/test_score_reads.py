@@ -21,6 +21,7 @@ from readers.prompt import (
     prompt_layout,
 )
 from readers.reader import Reader
+from readers.trie import Trie
 
 pytestmark = pytest.mark.anyio
 
@@ -65,7 +66,7 @@ async def test_levels_are_read_by_their_words_and_answer_in_level_order(local_en
     assert reader.score_label_styles == WORDED_SCORES
     reading = await reader.read(FIVE, STATE)
     # "negative" and "very negative" are distinct names: the trie reads each to its end
-    assert reading.label_style is LabelStyle.TRIE and reading.engine_calls == 2
+    assert reading.label_style is LabelStyle.TRIE and Trie(reading.label_sequences).depth == 2
     assert [label.strip() for label in reading.labels] == list(FIVE.descriptions)
     probabilities = reading.label_probabilities.probabilities
     assert math.isclose(sum(probabilities), 1.0, abs_tol=1e-6) and reading.label_probabilities.exact
