@@ -40,6 +40,7 @@ def serve_flags(run: Run, model: Model) -> list[str]:
         "--generation-config",
         "vllm",
         "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
     ]
     if model.modalities:  # a multimodal checkpoint read as text only: no encoder memory reserved
         flags += [

@@ -17,6 +17,11 @@ The reads of one request go out concurrently: vLLM's prefix cache (``--enable-pr
 serves the state's full KV blocks to every question after the first. ``share_prefix=False`` (the
 per-question path, kept to measure what sharing gains) salts each read's cache key with a fresh
 ``cache_salt``, so no read reuses another's KV.
+
+A server started with ``--enable-prompt-tokens-details`` (``decide engine start`` and the deploy
+manifests do) reports how many prompt tokens its prefix cache served
+(``usage.prompt_tokens_details.cached_tokens``); each reply carries it as ``cached_tokens``, and the
+rest of the prompt as ``computed_tokens``. Without the flag both stay None.
 """
 
 from __future__ import annotations
@@ -153,6 +158,7 @@ class VLLMEngine(ClosingEngine):
             started = time.monotonic()
             reply = await _call(self._client, "POST", "/v1/completions", json=body)
         logprobs, prompt_tokens = parse_completion(reply)
+        cached = cached_prompt_tokens(reply, len(request.prompt_ids))
         outside = [token for token in logprobs if token >= self.info.vocab_size]
         if outside:
             raise EngineBadReply(
@@ -169,6 +175,8 @@ class VLLMEngine(ClosingEngine):
             latency_ms=(time.monotonic() - started) * 1000,
             queued_ms=(started - waiting) * 1000,
             normalised_over_labels=read_mode is ReadMode.MASKED,
+            computed_tokens=None if cached is None else len(request.prompt_ids) - cached,
+            cached_tokens=cached,
         )
 
     async def aclose(self) -> None:
@@ -210,6 +218,22 @@ def parse_completion(reply: Any) -> tuple[dict[int, float], int | None]:
     usage = reply.get("usage") if isinstance(reply, dict) else None
     prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     return logprobs, prompt_tokens if isinstance(prompt_tokens, int) else None
+
+
+def cached_prompt_tokens(reply: Any, prompt_tokens: int) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens``: prompt tokens the server's prefix cache served.
+
+    None when the server does not say (started without ``--enable-prompt-tokens-details``, or a
+    prefix-cache-less server, which sends ``prompt_tokens_details: null``), and when the count is not
+    a whole number of the prompt's tokens: it only describes the read, whose log-probs are still good,
+    so an odd count is dropped rather than failing the read.
+    """
+    usage = reply.get("usage") if isinstance(reply, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, bool) or not isinstance(cached, int) or not 0 <= cached <= prompt_tokens:
+        return None
+    return cached
 
 
 async def _call(client: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> Any:

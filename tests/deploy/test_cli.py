@@ -88,6 +88,7 @@ def test_dry_run_shows_the_pins_flags_teardown_and_upload(example_name):
         "--max-logprobs 32",
         "--generation-config vllm",
         "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
         """--limit-mm-per-prompt '{"image":0,"audio":0}'""",
     ):
         assert flag in serve, flag

