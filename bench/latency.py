@@ -55,6 +55,7 @@ commit, args) and the machine; the markdown beside it is the printed report.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import random
 import secrets
@@ -277,16 +278,21 @@ async def raw_limit(kind: str, engine: Any, engine_client: httpx.AsyncClient | N
 
         # Every thread of this process, and one: on cores where other work also runs, all threads can
         # be the slower (OpenMP threads wait on each other), and a limit below what one thread reaches
-        # would not be a limit. The faster is the limit; both are kept. This thread's count only: the
-        # engine's workers keep their own.
-        own = torch.get_num_threads()
-        by_threads = {}
-        try:
-            for threads in dict.fromkeys((len(os.sched_getaffinity(0)), 1)):
+        # would not be a limit. The faster is the limit; both are kept. Each count on a fresh thread of
+        # its own, as the engine's workers run (the main thread's OpenMP team, after the engine's
+        # workers ran, measured up to 10x slower at two threads on this machine).
+        def on_own_thread(threads: int) -> list[float]:
+            def run() -> list[float]:
+                torch.get_num_threads()  # torch's per-thread setup first, then this thread's count
                 torch.set_num_threads(threads)
-                by_threads[threads] = forwards(repeats)
-        finally:
-            torch.set_num_threads(own)
+                return forwards(repeats)
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                return pool.submit(run).result()
+
+        by_threads = {
+            threads: on_own_thread(threads) for threads in dict.fromkeys((len(os.sched_getaffinity(0)), 1))
+        }
     else:
         from readers.engines.vllm import completion_body
 
