@@ -130,11 +130,18 @@ async def test_a_suite_is_read_under_the_layout_it_names(local_engine, tmp_path)
     assert manifest["prompt_version"] == "decide-prompt/3" and manifest["records"] == 3
     with pytest.raises(RunRefused, match="prompt version"):
         await run_suite(local_engine, data, out, allow_unverified=True, prior_correction="off")
-    await run_suite(local_engine, data, tmp_path / "current", allow_unverified=True, prior_correction="off")
-    # decide-prompt/3 has no "Answer:" lead: each of its prompts is shorter than the current layout's
+    await run_suite(
+        local_engine,
+        data,
+        tmp_path / "lead",
+        allow_unverified=True,
+        prior_correction="off",
+        prompt_version="decide-prompt/6",
+    )
+    # decide-prompt/3 reads yes/no questions with no "Answer:" lead: each prompt is shorter than /6's
     tokens = [
         {row["id"]: row["reading"]["prompt_tokens"] for row in load_rows(run) if row["status"] == "ok"}
-        for run in (out, tmp_path / "current")
+        for run in (out, tmp_path / "lead")
     ]
     assert len(tokens[0]) == 3 and all(tokens[0][i] < tokens[1][i] for i in tokens[0])
     with pytest.raises(ValueError, match="unknown prompt version"):
