@@ -375,6 +375,9 @@ def eval_suite(
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,
     prior_correction: PriorCorrectionOption = DEFAULT_PRIOR_CORRECTION,
+    prompt_version: Annotated[
+        str, typer.Option(help="the layout to read under (an earlier one only to compare layouts)")
+    ] = PROMPT_VERSION,
 ) -> None:
     """Run the suite at --data through an engine into --out, then score it (suite.json, suite.md)."""
     if context.invoked_subcommand is not None:
@@ -384,12 +387,18 @@ def eval_suite(
     from eval.manifest import Images, RunRefused
     from eval.suite import score_suite_with_engine
     from eval.suite_table import suite_table
+    from readers.prompt import prompt_layout
 
+    try:
+        prompt_layout(prompt_version)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--prompt-version") from None
     try:
         report = asyncio.run(
             score_suite_with_engine(
                 engine, data, out, engine_url=engine_url, top_k=top_k, concurrency=concurrency, allow_unverified=allow_unverified,
                 allow_mismatch=allow_mismatch, resamples=resamples, images=Images(engine_image, service_image), prior_correction=prior_correction,
+                prompt_version=prompt_version,
             )
         )  # fmt: skip
     except RunRefused as error:
@@ -401,11 +410,26 @@ def eval_suite(
 @suite_app.command("build-from-tasks")
 def eval_suite_build(
     out: Annotated[Path, typer.Option(help="directory to write <task>/all.jsonl and manifest.json")],
+    tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks (default: every one)")] = "",
+    unsampled: Annotated[
+        Path | None,
+        typer.Option(
+            help="upstream data directory (../shared/data): write each task's rows in neither shipped "
+            "split instead, as <task>-unsampled"
+        ),
+    ] = None,
 ) -> None:
-    """Write the shipped task samples as a Nimble-format suite (one subset per task)."""
+    """Write the shipped task samples (or the upstream rows they leave) as a Nimble-format suite, one subset per task."""
     from eval.suite_records import build_from_tasks
+    from eval.tasks import TASKS
 
-    for subset, digest in build_from_tasks(out).items():
+    names = tasks.split(",") if tasks else list(TASKS)
+    unknown = [name for name in names if name not in TASKS]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown task(s) {unknown}; shipped: {', '.join(TASKS)}", param_hint="--tasks"
+        )
+    for subset, digest in build_from_tasks(out, tasks=names, unsampled=unsampled).items():
         typer.echo(f"{subset}: {digest}")
 
 

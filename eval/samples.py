@@ -142,6 +142,22 @@ def dev_rows(data: Path, sample: str) -> tuple[str, list[tuple[str, str]], list[
     return sample, rows, [rest[i] for i in picked]
 
 
+def unsampled_records(data: Path, sample: str) -> list[Record]:
+    """The upstream rows of ``sample`` that neither shipped split holds, in upstream order, ids and
+    texts as the samples write them: records no read default was chosen on or reported on (irony:
+    284 of TweetEval's 784 test rows). SST-5's dev records come from another split, so its rest is
+    every test row outside the test sample."""
+    rows = READERS[sample](data)
+    held = set(stratified_rows([label for _, label in rows], SAMPLE_SIZE, SEED))
+    if sample not in DEV_READERS:
+        held |= set(dev_rows(data, sample)[2])
+    return [
+        Record(id=f"{sample}-{row}", task=sample, text=text.strip(), gold=gold)
+        for row, (text, gold) in enumerate(rows)
+        if row not in held
+    ]
+
+
 def _write(records: list[Record], path: Path) -> bytes:
     payload = "".join(json.dumps(record.__dict__, ensure_ascii=False) + "\n" for record in records).encode()
     path.write_bytes(payload)

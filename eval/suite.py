@@ -16,6 +16,7 @@ from eval.suite_records import SuiteRecord, load_suite
 from eval.suite_score import RESAMPLES, score_suite
 from eval.suite_table import suite_table
 from readers.engines.base import Engine
+from readers.prompt import PROMPT_VERSION, prompt_layout
 from readers.reader import Reader
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 
@@ -30,15 +31,24 @@ async def run_suite(
     allow_mismatch: bool = False,
     images: Images | None = None,
     prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
+    prompt_version: str = PROMPT_VERSION,
 ) -> dict:
     """Read (or resume) every suite record at ``data`` into ``out``, answered as ``decide serve``
-    answers with ``prior_correction``; returns the final manifest (with each subset's checksum check
-    under ``checksums``)."""
+    answers with ``prior_correction``, under the layout ``prompt_version`` (an earlier one only to
+    compare layouts); returns the final manifest (with each subset's checksum check under ``checksums``)."""
+    layout = prompt_layout(prompt_version)  # an unknown layout is refused before anything is read
     records, checks = load_suite(data, allow_unverified=allow_unverified, allow_mismatch=allow_mismatch)
     prior_correction = PriorCorrection(prior_correction)
     out.mkdir(parents=True, exist_ok=True)
     args = {"data": str(data), "concurrency": concurrency, "prior_correction": prior_correction.value}
-    manifest = run_manifest("suite", engines={"run": engine}, args=args, images=images, status="started")
+    manifest = run_manifest(
+        "suite",
+        engines={"run": engine},
+        args=args,
+        images=images,
+        status="started",
+        prompt_version=prompt_version,
+    )
     manifest["data_sha256"] = {subset: check["sha256"] for subset, check in checks.items()}
     manifest["checksums"] = checks
     check_directory(out, manifest)
@@ -57,7 +67,7 @@ async def run_suite(
     async with RecordWriter(out / RECORDS) as sink:
         priors = None if prior_correction is PriorCorrection.OFF else OptionPriors(prior_correction)
         await sink.read_all(
-            Reader(engine),
+            Reader(engine, layout=layout),
             [(base(r), r.body, r.question) for r in records],
             concurrency=concurrency,
             priors=priors,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ from pydantic import ValidationError
 
 from calibration.fit import gold_index
 from eval.manifest import RunRefused, write_json
+from eval.samples import SOURCES, unsampled_records
 from eval.scorecard import MISMATCH, checksum_status, published_checksums
-from eval.tasks import TASKS
+from eval.tasks import TASKS, Record
 from service.protocol import SystemOneRequest
 
 # Human distributions are written as decimals (civil_comments: toxicity and 1 - toxicity).
@@ -65,25 +67,34 @@ def _target(question_type: str, gold: str) -> bool | int | str:
     return int(gold) if question_type == "score" else gold
 
 
-def build_from_tasks(out: Path) -> dict[str, str]:
-    """A Nimble-format suite from the shipped task samples (one subset per task); returns sha256s."""
+def build_from_tasks(
+    out: Path, *, tasks: Sequence[str] = tuple(TASKS), unsampled: Path | None = None
+) -> dict[str, str]:
+    """A Nimble-format suite from the shipped task samples (one subset per task); returns sha256s.
+    With ``unsampled`` (the upstream data directory, ``../shared/data``): subset ``<task>-unsampled``
+    holds the task's upstream rows in neither shipped split instead (``eval.samples.unsampled_records``),
+    records to confirm a read chosen on the others."""
     digests = {}
-    for name, task in TASKS.items():
+    for name in tasks:
+        task = TASKS[name]
+        if unsampled is None:
+            subset, source, rows = name, "opendecide shipped task sample (eval/data)", task.records()
+        else:
+            subset = f"{name}-unsampled"
+            source = f"upstream rows in neither shipped sample: {SOURCES[task.sample_name]['upstream']}"
+            rows = [
+                Record(r.id, name, r.text, task.gold_map.get(r.gold, r.gold))
+                for r in unsampled_records(unsampled, task.sample_name)
+            ]
         records = [
             {
                 "id": record.id, "split": "test", "domain": name, "family": record.id, "source_family": name,
                 "input": {"state": record.text, "questions": {"answer": task.question()}},
                 "reference": {"target": _target(task.question_type, record.gold)},
             }
-            for record in task.records()
+            for record in rows
         ]  # fmt: skip
-        digests[name] = write_subset(
-            out,
-            name,
-            records,
-            source="opendecide shipped task sample (eval/data)",
-            types=[task.question_type],
-        )
+        digests[subset] = write_subset(out, subset, records, source=source, types=[task.question_type])
     return digests
 
 

@@ -7,7 +7,8 @@ Layout (what a request's questions share first, so an engine computes it once pe
   canonical order) or the coded/levelled option list, and the answer format (score levels read by
   their own words are not listed, as named options are not);
 - assistant: ``ANSWER_LEAD`` ("Answer:"), then the answer slot, where the label's tokens go (read
-  as the next word, " World" or " A"; ``PromptLayout.slot_forms``).
+  as the next word, " World" or " A"; ``PromptLayout.slot_forms``); a layout composed per question
+  type may read a type without the lead (the current one: yes/no questions, ``PromptLayout.by_type``).
 
 Everything up to and including the blank line after the state is the shared prefix; a question's
 text never reaches into it, so a read's prompt does not depend on the other questions beside it.
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-PROMPT_VERSION = "decide-prompt/6"
+PROMPT_VERSION = "decide-prompt/7"
 SYSTEM_PROMPT = "Answer the question that follows the text."
 STATE_SEPARATOR = "\n\n"
 ANSWER_LEAD = "Answer:"
@@ -319,8 +320,8 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
         PromptLayout(
             "decide-prompt/5", build_prompt, answer_lead=ANSWER_LEAD, score_label_styles=WORDED_SCORES
         ),
-        # decide-prompt/5 with the levels unlisted (added after its dev run): the current layout,
-        # chosen per question type on dev records (docs/reads.md, evidence/reads/dev-reads/).
+        # decide-prompt/5 with the levels unlisted (added after its dev run): the score part of the
+        # current layout, chosen on dev records (docs/reads.md, evidence/reads/dev-reads/).
         PromptLayout(
             "decide-prompt/6",
             build_unlisted_levels,
@@ -329,8 +330,10 @@ PROMPT_LAYOUTS: dict[str, PromptLayout] = {
         ),
     )
 }
-# Composed per question type (PromptLayout.by_type): the reads gemma3-270m's own dev run chose, yes/no
-# questions under decide-prompt/3's text (no lead), choice under /4's, scores under /6's.
+# Composed per question type (PromptLayout.by_type): yes/no questions under decide-prompt/3's text (no
+# lead), choice under /4's, scores under /6's. The current layout: the dev rule's reads for SmolLM2-135M,
+# yes/no by the Brier score, confirmed on irony rows neither sample holds (docs/reads.md,
+# evidence/reads/noul-fresh/); gemma3-270m's own dev run chose the same parts.
 PROMPT_LAYOUTS["decide-prompt/7"] = PromptLayout(
     "decide-prompt/7",
     build_unlisted_levels,

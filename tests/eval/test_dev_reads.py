@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from typer.testing import CliRunner
 
-from eval.dev_reads import dev_reads_report, dev_reads_table, run_dev_reads
+from eval.dev_reads import NOUL_LIFT_MARGIN, choose, dev_reads_report, dev_reads_table, run_dev_reads
 from eval.evidence import load_rows
 from eval.regression import ReadPolicy, regression_table, run_regression, side_by_side_table
 from eval.tasks import TASKS
@@ -46,13 +46,52 @@ def test_dev_reads_chooses_per_question_type_from_dev_records_only(tmp_path, loc
             for v in versions
             for s in ("raw", "prior")
         ]
-        assert pick["lift"] == pytest.approx(max(lifts))
+        if question_type == "noul":  # the Brier score, among the lifts near the best
+            assert pick["lift"] >= max(lifts) - NOUL_LIFT_MARGIN - 1e-9 and pick["rule"].startswith(
+                "lowest Brier"
+            )
+        else:
+            assert pick["lift"] == pytest.approx(max(lifts)) and pick["rule"] == "highest lift"
     # the noul and choice reads tie: the rule keeps the current layout
     assert chosen["noul"]["layout"] == chosen["choice"]["layout"] == "decide-prompt/4"
     table = dev_reads_table(report)
     assert "| decide-prompt/5 | sst3 | score | 4 |" in table and "chosen for score: " in table
     # the report is a function of the run files alone
     assert dev_reads_report(tmp_path, versions) == report
+
+
+def test_yes_no_reads_are_chosen_by_brier_near_the_best_lift_and_the_others_by_lift():
+    # (type, layout, prior setting, mean lift, mean Brier): the committed dev figures of irony's reads
+    noul = [
+        ("noul", "decide-prompt/3", "raw", -0.010, 0.4922),
+        ("noul", "decide-prompt/3", "prior", -0.135, 0.4801),  # best Brier, but far below the best lift
+        ("noul", "decide-prompt/4", "raw", 0.000, 0.5545),
+        ("noul", "decide-prompt/4", "prior", -0.145, 0.5012),
+    ]
+    pick = choose(noul, "noul", "decide-prompt/4")
+    assert (pick["layout"], pick["prior"], pick["rule"]) == (
+        "decide-prompt/3",
+        False,
+        "lowest Brier within 2 points of the best lift",
+    )
+    # more than the margin below the best lift: out of the running, whatever its Brier
+    assert choose([noul[2], ("noul", "decide-prompt/3", "raw", -0.021, 0.40)], "noul", "")["layout"] == (
+        "decide-prompt/4"
+    )
+    # equal Brier to 4 places: the higher lift, then the current layout, then the raw read
+    tied = [("noul", "a", "raw", -0.01, 0.50001), ("noul", "b", "raw", 0.0, 0.50004)]
+    assert choose(tied, "noul", "a")["layout"] == "b"
+    same = [
+        ("noul", "a", "prior", 0.0, 0.5),
+        ("noul", "b", "prior", 0.0, 0.5),
+        ("noul", "b", "raw", 0.0, 0.5),
+    ]
+    assert (choose(same, "noul", "b")["layout"], choose(same, "noul", "b")["prior"]) == ("b", False)
+    # choice and score keep the lift rule: the best lift, though another read's Brier is lower
+    choice = [("choice", "x", "raw", 0.15, 0.40), ("choice", "y", "prior", 0.22, 0.53)]
+    assert choose(choice, "choice", "x") | {"lift": 0, "brier": 0} == {
+        "layout": "y", "prior": True, "lift": 0, "brier": 0, "beats_majority": True, "rule": "highest lift",
+    }  # fmt: skip
 
 
 def test_read_policies_are_parsed_and_bad_ones_named():

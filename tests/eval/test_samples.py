@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.samples import DEV_SIZE, SAMPLE_SIZE, build_samples
+from eval.samples import DEV_SIZE, SAMPLE_SIZE, build_samples, dev_rows, stratified_rows, unsampled_records
 from eval.tasks import TASKS, load_sample, sample_file
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
@@ -81,3 +81,29 @@ def test_samples_rebuild_byte_for_byte_from_shared_data(tmp_path):
         for split in ("test", "dev"):
             name = sample_file(sample, split)
             assert (tmp_path / name).read_bytes() == resources.files("eval.data").joinpath(name).read_bytes()
+
+
+def fake_irony(data: Path, rows: int = 620) -> None:
+    """An upstream irony split of ``rows`` tweets, two in five ironic, in TweetEval's file layout."""
+    (data / "irony").mkdir(parents=True)
+    (data / "irony" / "test_text.txt").write_text("".join(f"tweet {row} \n" for row in range(rows)))
+    (data / "irony" / "test_labels.txt").write_text("".join(f"{int(row % 5 < 2)}\n" for row in range(rows)))
+
+
+def test_unsampled_records_are_the_upstream_rows_neither_split_holds(tmp_path):
+    fake_irony(tmp_path)
+    rest = unsampled_records(tmp_path, "irony")
+    labels = [("false", "true")[row % 5 < 2] for row in range(620)]
+    test = set(stratified_rows(labels, SAMPLE_SIZE, 20260924))
+    dev = set(dev_rows(tmp_path, "irony")[2])
+    rows = [int(record.id.removeprefix("irony-")) for record in rest]
+    assert len(rest) == 620 - SAMPLE_SIZE - DEV_SIZE and rows == sorted(rows)
+    assert set(rows) == set(range(620)) - test - dev
+    assert all(r.text == f"tweet {row}" and r.gold == labels[row] for r, row in zip(rest, rows))
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside this checkout")
+def test_irony_leaves_284_rows_outside_both_shipped_samples():
+    rest = unsampled_records(SHARED, "irony")
+    shipped = {r.id for split in ("test", "dev") for r in load_sample("irony", split)}
+    assert len(rest) == 784 - 500 == 284 and not {r.id for r in rest} & shipped

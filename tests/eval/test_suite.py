@@ -48,6 +48,28 @@ def test_decide_eval_suite_build_from_tasks_prints_each_subsets_sha256(tmp_path)
     assert refused.exit_code == 2 and "give --data and --out" in refused.output
 
 
+def test_build_from_tasks_writes_the_rows_both_samples_leave(tmp_path):
+    from typer.testing import CliRunner
+
+    from eval.samples import unsampled_records
+    from opendecide.cli import app
+    from tests.eval.test_samples import fake_irony
+
+    fake_irony(tmp_path / "upstream")
+    args = ["eval", "suite", "build-from-tasks", "--out", str(tmp_path / "suite"), "--tasks", "irony"]
+    result = CliRunner().invoke(app, [*args, "--unsampled", str(tmp_path / "upstream")])
+    assert result.exit_code == 0, result.output
+    records, checks = load_suite(tmp_path / "suite")
+    assert result.output == f"irony-unsampled: {checks['irony-unsampled']['sha256']}\n"
+    rest = unsampled_records(tmp_path / "upstream", "irony")
+    assert [r.id for r in records] == [r.id for r in rest] and len(rest) == 120
+    assert {r.gold for r in records} == {"true", "false"} and records[0].question_type == "noul"
+    manifest = json.loads((tmp_path / "suite" / "irony-unsampled" / "manifest.json").read_text())
+    assert manifest["source"].startswith("upstream rows in neither shipped sample: cardiffnlp/tweeteval")
+    bad = CliRunner().invoke(app, [*args[:-1], "irony,nope"])
+    assert bad.exit_code == 2 and "nope" in bad.output
+
+
 def test_jev_minus_arm_hand_computed():
     difference, lo, hi = jev_minus_arm(0.8, 400, 0.7, 300)
     se = (0.8 * 0.2 / 400 + 0.7 * 0.3 / 300) ** 0.5
@@ -87,6 +109,43 @@ async def test_run_and_score_a_small_suite(local_engine, tmp_path):
     assert json.loads((out / "suite.json").read_text()) == json.loads(json.dumps(again)) and (
         out / "suite.md"
     ).read_text() == suite_table(again)
+
+
+@pytest.mark.slow  # 6 reads under two layouts, and a resume refused
+async def test_a_suite_is_read_under_the_layout_it_names(local_engine, tmp_path):
+    data = tmp_path / "suite"
+    build_from_tasks(data, tasks=["irony"])
+    lines = (data / "irony" / "all.jsonl").read_text().splitlines()[:3]
+    (data / "irony" / "all.jsonl").write_text("\n".join(lines) + "\n")
+    (data / "irony" / "manifest.json").unlink()
+    out = tmp_path / "run"
+    manifest = await run_suite(
+        local_engine,
+        data,
+        out,
+        allow_unverified=True,
+        prior_correction="off",
+        prompt_version="decide-prompt/3",
+    )
+    assert manifest["prompt_version"] == "decide-prompt/3" and manifest["records"] == 3
+    with pytest.raises(RunRefused, match="prompt version"):
+        await run_suite(local_engine, data, out, allow_unverified=True, prior_correction="off")
+    await run_suite(
+        local_engine,
+        data,
+        tmp_path / "lead",
+        allow_unverified=True,
+        prior_correction="off",
+        prompt_version="decide-prompt/6",
+    )
+    # decide-prompt/3 reads yes/no questions with no "Answer:" lead: each prompt is shorter than /6's
+    tokens = [
+        {row["id"]: row["reading"]["prompt_tokens"] for row in load_rows(run) if row["status"] == "ok"}
+        for run in (out, tmp_path / "lead")
+    ]
+    assert len(tokens[0]) == 3 and all(tokens[0][i] < tokens[1][i] for i in tokens[0])
+    with pytest.raises(ValueError, match="unknown prompt version"):
+        await run_suite(local_engine, data, tmp_path / "other", prompt_version="decide-prompt/99")
 
 
 @pytest.mark.slow  # two suite runs

@@ -123,9 +123,11 @@ async def test_gemma_reads_exactly_after_the_model_turn_opener(gemma_engine):
     reader = Reader(gemma_engine)
     tokenizer = gemma_engine.tokenizer
     turn = tokenizer.convert_tokens_to_ids("<start_of_turn>")
-    # What the model's turn holds before the slot: the layout's lead ("Answer:"), a space kept or not.
-    openings = {"<start_of_turn>model\n" + lead for lead, _ in CURRENT_LAYOUT.slot_forms()}
     for question in GEMMA_QUESTIONS:
+        # What the model's turn holds before the slot: the lead of the layout the question's type is
+        # read under ("Answer:", a space kept or not; none for yes/no questions), nothing else.
+        slot_forms = CURRENT_LAYOUT.for_question(question.question_type).slot_forms()
+        openings = {"<start_of_turn>model\n" + lead for lead, _ in slot_forms}
         reading = await reader.read(question, STATE)
         assert reading.read_mode == "exact" and reading.label_probabilities.exact
         assert sum(reading.label_probabilities.probabilities) == pytest.approx(1.0, abs=1e-12)
@@ -198,7 +200,8 @@ async def test_chat_template_replaces_the_models_own(embedded_model_dir, tmp_pat
         slot, _ = reader.prepare(GEMMA_QUESTIONS[0], STATE)
         prompt = engine.tokenizer.decode(slot.prompt_ids)
         assert prompt.startswith("[system]")
-        assert any(prompt.endswith("\n[assistant]" + lead) for lead, _ in CURRENT_LAYOUT.slot_forms())
+        layout = CURRENT_LAYOUT.for_question(GEMMA_QUESTIONS[0].question_type)
+        assert any(prompt.endswith("\n[assistant]" + lead) for lead, _ in layout.slot_forms())
         reading = await reader.read(GEMMA_QUESTIONS[0], STATE)
         assert sum(reading.label_probabilities.probabilities) == pytest.approx(1.0, abs=1e-12)
 
