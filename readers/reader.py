@@ -175,9 +175,11 @@ class Reader:
                 param=_param(loc),
             )
 
-    async def read(self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()) -> Reading:
+    async def read(
+        self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = (), keep: bool = True
+    ) -> Reading:
         """One question about ``state``: the same prompt as that question in ``read_many``."""
-        return (await self.read_many([question], state, locs=[loc]))[0]
+        return (await self.read_many([question], state, locs=[loc], keep=keep))[0]
 
     async def read_many(
         self,
@@ -185,12 +187,14 @@ class Reader:
         state: str,
         *,
         locs: Sequence[tuple[str | int, ...]] | None = None,
+        keep: bool = True,
     ) -> list[Reading]:
         """Every question about ``state`` in one engine call, readings in question order.
 
         Each question's prompt is built on its own (state first, then the question), so a reading
         never depends on which other questions came with it; the engine may compute their shared
-        prefix, the state, once.
+        prefix, the state, once. ``keep`` False: the engine need not keep these prompts' keys and
+        values for later requests (``ReadRequest.keep``).
         """
         started = time.monotonic()
         locs = list(locs) if locs is not None else [()] * len(questions)
@@ -227,6 +231,7 @@ class Reader:
                     tries[i].children(node),
                     self._node_texts(prepared[i][0], node),
                     self._prefix_tokens(prepared[i][0], tries[i]),
+                    keep,
                 )
                 for i, node in level
             ]

@@ -69,6 +69,11 @@ class ReadRequest:
     label_ids: tuple[int, ...]
     label_texts: tuple[str, ...]
     prefix_tokens: int = 0
+    keep: bool = True
+    """Whether an engine that keeps prompts' keys and values for later requests should keep this
+    one's. A content-free prior read is read once per question (the service keeps the prior it
+    gives): kept, its thousands of tokens for a long option list would evict the question itself.
+    A hint: the read's result never depends on it."""
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class _Node:
     batch: object | None = None
     children: dict[int, _Node] = field(default_factory=dict)
     used: int = 0
+    keep: bool = True  # False while only reads that need not be kept (ReadRequest.keep) pass through it
 
     @property
     def end(self) -> int:
@@ -213,19 +214,23 @@ class KVTree:
 
     # Planning ---------------------------------------------------------------------------------
 
-    def plan(self, prompts: Sequence[Sequence[int]], reuse: Sequence[bool]) -> Plan:
+    def plan(
+        self, prompts: Sequence[Sequence[int]], reuse: Sequence[bool], keep: Sequence[bool] | None = None
+    ) -> Plan:
         """The work of reading ``prompts``; a prompt with ``reuse`` False is computed whole, on its
-        own (the per-question path, kept to measure what reuse gains)."""
+        own (the per-question path, kept to measure what reuse gains). Tokens only prompts with
+        ``keep`` False compute leave the tree when the batch is done (they are still shared in it)."""
         prompts = [tuple(ids) for ids in prompts]
         if any(not ids for ids in prompts):
             raise ValueError("a read needs at least one prompt token")
+        keep = [True] * len(prompts) if keep is None else list(keep)
         batch = object()
         with self._lock:
             while any(self._blocked(ids) for ids, shared in zip(prompts, reuse) if shared):
                 self._done.wait()
-            for ids, shared in zip(prompts, reuse):
+            for ids, shared, kept in zip(prompts, reuse, keep):
                 if shared:
-                    self._insert(ids, batch)
+                    self._insert(ids, batch, kept)
             plan = self._segments(prompts, reuse, batch)
         return plan
 
@@ -244,7 +249,7 @@ class KVTree:
             node, at = child, at + matched
         return False
 
-    def _insert(self, ids: tuple[int, ...], batch: object) -> None:
+    def _insert(self, ids: tuple[int, ...], batch: object, keep: bool) -> None:
         """Makes ``ids`` a path of the tree: splits a node where ``ids`` leaves it, adds the rest as
         a node this batch computes."""
         node, at = self._root, 0
@@ -252,17 +257,21 @@ class KVTree:
         while at < len(ids):
             child = node.children.get(ids[at])
             if child is None:
-                node.children[ids[at]] = _Node(ids[at:], at, node, batch=batch, used=tick)
+                node.children[ids[at]] = _Node(ids[at:], at, node, batch=batch, used=tick, keep=keep)
                 return
             child.used = tick
             matched = _common(child.tokens, ids, at)
             if matched < len(child.tokens) and at + matched < len(ids):
                 self._split(child, matched)
+            if keep:
+                child.keep = True
             node, at = child, at + matched
 
     def _split(self, node: _Node, at: int) -> None:
         """``node`` keeps its first ``at`` tokens; a new child takes the rest and the children."""
-        tail = _Node(node.tokens[at:], node.start + at, node, batch=node.batch, used=node.used)
+        tail = _Node(
+            node.tokens[at:], node.start + at, node, batch=node.batch, used=node.used, keep=node.keep
+        )
         tail.children, node.children = node.children, {tail.tokens[0]: tail}
         for child in tail.children.values():
             child.parent = tail
@@ -352,10 +361,18 @@ class KVTree:
                 if s.node is not None:
                     kv = s.keys_so_far()
                     assert kv is not None and kv.shape[KV_TOKEN_DIM] == len(s.tokens), "segment not computed"
+                    s.node.batch = None
+                    if not s.node.keep:
+                        continue
                     # A slice of a chunk's tensor would keep the whole chunk alive: own the bytes.
                     s.node.kv = kv if kv._base is None else kv.clone()
-                    s.node.batch = None
                     self.bytes += s.node.kv.nbytes
+            # Not to keep: leave the tree, deepest first (a node's descendants are not kept either).
+            for s in reversed(plan.segments):
+                node = s.node
+                if node is not None and not node.keep and node.parent is not None:
+                    if node.parent.children.get(node.tokens[0]) is node:
+                        del node.parent.children[node.tokens[0]]
             self.computed_tokens += sum(plan.computed_tokens)
             self.reused_tokens += sum(plan.cached_tokens)
             self._evict()

@@ -302,7 +302,9 @@ class LocalEngine(ClosingEngine):
             self._in_flight += 1
         try:
             computed = self.compute(
-                [request.prompt_ids for _, request in requests], [job.share_prefix for job, _ in requests]
+                [request.prompt_ids for _, request in requests],
+                [job.share_prefix for job, _ in requests],
+                keep=[request.keep for _, request in requests],
             )
             picks: list[dict[int, float]] = []
             for start in range(0, len(requests), PICK_ROWS):
@@ -340,12 +342,19 @@ class LocalEngine(ClosingEngine):
         docstring; a prompt with ``reuse`` False is computed whole, on its own."""
         return list(self._logprobs(self.compute(prompts, reuse).hidden))
 
-    def compute(self, prompts: Sequence[Sequence[int]], reuse: bool | Sequence[bool] = True) -> Computed:
-        """The final hidden state of each prompt, every distinct token computed once (module docstring)."""
+    def compute(
+        self,
+        prompts: Sequence[Sequence[int]],
+        reuse: bool | Sequence[bool] = True,
+        *,
+        keep: Sequence[bool] | None = None,
+    ) -> Computed:
+        """The final hidden state of each prompt, every distinct token computed once (module
+        docstring); ``keep`` False: that prompt's new tokens are not kept after the batch."""
         if isinstance(reuse, bool):
             reuse = [reuse] * len(prompts)
         with torch.inference_mode():
-            plan = self.prefix_cache.plan(prompts, reuse)
+            plan = self.prefix_cache.plan(prompts, reuse, keep)
             try:
                 wanted = {(id(segment), offset) for segment, offset in plan.outputs}
                 hidden: dict[tuple[int, int], torch.Tensor] = {}

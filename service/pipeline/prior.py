@@ -106,7 +106,8 @@ async def measure_prior(
     from calibration.bias import CONTENT_FREE_STATES, option_prior
 
     states = CONTENT_FREE_STATES if states is None else states
-    readings = await asyncio.gather(*(reader.read(question, state) for state in states))
+    # Read once per question: the engine need not keep these prompts (ReadRequest.keep).
+    readings = await asyncio.gather(*(reader.read(question, state, keep=False) for state in states))
     # Every label returned: a floored label's value is that read's floor, not the model's prior.
     used = [
         (state, r.label_probabilities.probabilities)

@@ -17,10 +17,10 @@ from readers.engines.kvtree import KV_TOKEN_DIM, KVTree, Plan
 TOKEN_BYTES = 1 * 2 * 1 * 1 * 4  # [layers, 2, heads, tokens, dim] float32 with one of each
 
 
-def run(tree: KVTree, prompts, reuse=True, *, max_queries=512, max_scores=2**22) -> Plan:
+def run(tree: KVTree, prompts, reuse=True, *, keep=None, max_queries=512, max_scores=2**22) -> Plan:
     """Plans and "computes" ``prompts``: each token's stand-in keys hold its position."""
     reuse = [reuse] * len(prompts) if isinstance(reuse, bool) else reuse
-    plan = tree.plan(prompts, reuse)
+    plan = tree.plan(prompts, reuse, keep)
     for queries in plan.chunks(max_queries, max_scores):
         chunk = plan.chunk_keys(queries)
         visible = chunk.visible()
@@ -157,3 +157,16 @@ def test_a_batch_waits_for_tokens_another_batch_is_computing_then_reuses_them():
     tree.finish(first)
     second.join(timeout=5)
     assert planned and planned[0].computed_tokens == [1]  # only its own question token
+
+
+def test_reads_not_to_keep_share_a_batch_and_leave_the_tree_after_it():
+    """Content-free prior reads (ReadRequest.keep False) must not evict the question they serve."""
+    tree = KVTree(2**20)
+    system = tuple(range(20))
+    question = system + tuple(range(100, 130))
+    prior_reads = [system + (n,) + tuple(range(100, 130)) for n in (7, 8, 9)]
+    plan = run(tree, [question, *prior_reads], keep=[True, False, False, False])
+    assert sum(plan.computed_tokens) == distinct_tokens([question, *prior_reads])
+    assert tree.stats()["tokens"] == len(question)  # the system line is kept: the question passes through it
+    assert sum(run(tree, [question]).computed_tokens) == 1
+    assert sum(run(tree, [prior_reads[0]]).computed_tokens) == len(prior_reads[0]) - len(system)
