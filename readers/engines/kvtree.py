@@ -388,14 +388,22 @@ class KVTree:
                         del node.parent.children[node.tokens[0]]
             self._done.notify_all()
 
-    def _evict(self) -> None:
-        """Least recently used leaves first, until the tree holds at most ``max_bytes``. A node being
-        computed is never a candidate, nor an ancestor of one (it is not a leaf)."""
-        if self.bytes <= self.max_bytes:
+    def clear(self) -> None:
+        """Forgets every kept token (tokens a batch is computing stay until it is done): the next
+        reads start cold, as after a restart."""
+        with self._lock:
+            self._evict(0)
+
+    def _evict(self, limit: int | None = None) -> None:
+        """Least recently used leaves first, until the tree holds at most ``limit`` bytes (default
+        ``max_bytes``). A node being computed is never a candidate, nor an ancestor of one (it is
+        not a leaf)."""
+        limit = self.max_bytes if limit is None else limit
+        if self.bytes <= limit:
             return
         heap = [(node.used, id(node), node) for node in self._leaves()]
         heapq.heapify(heap)
-        while heap and self.bytes > self.max_bytes:
+        while heap and self.bytes > limit:
             _, _, node = heapq.heappop(heap)
             parent = node.parent
             if parent is None or node.children or node.kv is None:

@@ -120,6 +120,8 @@ def test_the_tree_is_bounded_and_evicts_the_least_recently_used_leaves():
     assert stats["bytes"] <= 30 * TOKEN_BYTES and stats["evicted_nodes"] >= 1
     assert sum(run(tree, [first + (8,)]).computed_tokens) == 1  # first is kept
     assert sum(run(tree, [second + (9,)]).computed_tokens) == 11  # second was evicted
+    tree.clear()
+    assert tree.stats()["bytes"] == 0 and sum(run(tree, [first + (8,)]).computed_tokens) == 11
     off = KVTree(0)
     run(off, [first])
     assert off.stats() | {"computed_tokens": 0, "reused_tokens": 0} == {
