@@ -30,10 +30,10 @@ class CountingEngine(LocalEngine):
         self.computed = 0
         self._lock = threading.Lock()
 
-    def compute(self, prompts, reuse=True):
+    def compute(self, prompts, reuse=True, **options):
         with self._lock:
             self.computed += len(prompts)
-        return super().compute(prompts, reuse)
+        return super().compute(prompts, reuse, **options)
 
 
 BATCH = 2
