@@ -798,3 +798,73 @@ def eval_regression(
     write_json(out / "regression.json", report)
     (out / "regression.md").write_text(regression_table(report))
     typer.echo(regression_table(report), nl=False)
+
+
+@eval_app.command("generate")
+def eval_generate(
+    task: Annotated[str, typer.Option(help="gsm8k or bfcl_simple")],
+    engine_url: Annotated[str, typer.Option("--engine-url", help="an OpenAI-compatible server, e.g. vLLM")],
+    out: Annotated[
+        Path, typer.Option(help="run directory: records.jsonl.gz + manifest.json (resumed if it exists)")
+    ],
+    served_model: Annotated[
+        str | None, typer.Option(help="the served model's name (default: the server's first model)")
+    ] = None,
+    revision: Annotated[
+        str | None, typer.Option(help="the model's revision, recorded in the manifest")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="answer cap in tokens (the study's: 2,048)")] = 2048,
+    limit: Annotated[int | None, typer.Option(help="problems, a seeded subset (default all)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the --limit subset")] = 0,
+    concurrency: Annotated[int, typer.Option(help="requests in flight")] = 4,
+    chat_template_kwargs: Annotated[
+        str,
+        typer.Option(help="JSON passed to the chat template (switches thinking off where it has a switch)"),
+    ] = '{"enable_thinking": false}',
+    tools_in_prompt: Annotated[
+        bool,
+        typer.Option(
+            help="bfcl_simple on a template that ignores tools: also write the function into a system message"
+        ),
+    ] = False,
+    allow_mismatch: Annotated[
+        bool, typer.Option(help="read a shipped dataset whose sha256 differs (recorded in the manifest)")
+    ] = False,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
+) -> None:
+    """Generate GSM8K or BFCL simple answers through /v1/chat/completions (greedy) and score them."""
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from eval.generation import GENERATION_TASKS, ServerRefused, evaluate_generation, summary_table
+    from eval.generation_data import DataMismatch
+    from eval.manifest import Images, RunRefused
+
+    if task not in GENERATION_TASKS:
+        raise typer.BadParameter(f"one of {', '.join(GENERATION_TASKS)}, not {task!r}", param_hint="--task")
+    passed = {"task": task, "engine_url": engine_url, "served_model": served_model, "max_tokens": max_tokens,
+              "limit": limit, "seed": seed, "concurrency": concurrency, "chat_template_kwargs": chat_template_kwargs,
+              "tools_in_prompt": tools_in_prompt, "allow_mismatch": allow_mismatch}  # fmt: skip
+    try:
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+        ) as bar:
+            job = bar.add_task(task, total=None)
+            manifest = asyncio.run(
+                evaluate_generation(
+                    engine_url, task, out, model=served_model, revision=revision, max_tokens=max_tokens, limit=limit,
+                    seed=seed, concurrency=concurrency, chat_template_kwargs=json.loads(chat_template_kwargs),
+                    tools_in_prompt=tools_in_prompt, allow_mismatch=allow_mismatch,
+                    images=Images(engine_image, service_image), args_passed=passed,
+                    progress=lambda done, total: bar.update(job, completed=done, total=total),
+                )
+            )  # fmt: skip
+    except (ServerRefused, RunRefused, DataMismatch) as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(summary_table(manifest))
