@@ -336,10 +336,15 @@ def eval_compare(
         bool, typer.Option(help="compare runs over different data or serving images (engine or service)")
     ] = False,
 ) -> None:
-    """Paired comparison of two runs: same gold answers, accuracy difference (bootstrap CI), McNemar."""
+    """Paired comparison of two runs: same gold answers, accuracy difference (bootstrap CI), McNemar.
+    Two `decide eval generate` runs: RUN_A is the reference, paired by problem."""
     from eval.compare import ComparisonRefused, compare_runs, compare_table
+    from eval.generation_compare import compare_generation, compare_generation_table, is_generation_run
 
     try:
+        if is_generation_run(run_a) or is_generation_run(run_b):
+            typer.echo(compare_generation_table(compare_generation(run_a, run_b)))
+            return
         report = compare_runs(run_a, run_b, allow_different_image=allow_different_image)
     except ComparisonRefused as error:
         typer.echo(f"refused: {error}", err=True)
@@ -868,3 +873,79 @@ def eval_generate(
         typer.echo(f"refused: {error}", err=True)
         raise typer.Exit(code=2) from None
     typer.echo(summary_table(manifest))
+
+
+@eval_app.command("throughput")
+def eval_throughput(
+    engine_url: Annotated[str, typer.Option("--engine-url", help="an OpenAI-compatible server, e.g. vLLM")],
+    out: Annotated[
+        Path, typer.Option(help="directory: throughput.jsonl, manifest.json, summary.json, throughput.md")
+    ],
+    served_model: Annotated[
+        str | None, typer.Option(help="the served model (default: the server's first)")
+    ] = None,
+    concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] = "1,4,16",
+    passes: Annotated[int, typer.Option(help="passes per prompt shape and concurrency")] = 3,
+    waves: Annotated[int, typer.Option(help="requests per pass, in multiples of the concurrency")] = 2,
+    output_tokens: Annotated[
+        int, typer.Option(help="tokens generated per request (end of text ignored)")
+    ] = 256,
+    seed: Annotated[int, typer.Option(help="seed of the prompts' words")] = 0,
+    engine_log: Annotated[
+        Path | None,
+        typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest"),
+    ] = None,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
+) -> None:
+    """Output tokens/s, TTFT and per-token latency at each concurrency, short and ~1,024/3,072-token prompts."""
+    from eval.manifest import Images
+    from eval.throughput import run_throughput, throughput_table
+
+    summary = asyncio.run(
+        run_throughput(
+            engine_url, out, model=served_model, concurrencies=tuple(int(c) for c in concurrency.split(",")),
+            passes=passes, waves=waves, output_tokens=output_tokens, seed=seed,
+            engine_log=engine_log.read_text(errors="replace") if engine_log else None,
+            images=Images(engine_image, service_image),
+        )
+    )  # fmt: skip
+    typer.echo(throughput_table(summary, served_model or "served model"))
+
+
+@eval_app.command("generation-table")
+def eval_generation_table(
+    reference: Annotated[
+        list[Path], typer.Option(help="the reference model's generate runs (one per task); repeat the option")
+    ],
+    run: Annotated[
+        list[Path],
+        typer.Option(help="another model's generate runs, MODEL_RUNS joined by commas; repeat per model"),
+    ],
+    throughput: Annotated[
+        list[Path] | None,
+        typer.Option(help="`decide eval throughput` directories (matched to runs by model)"),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="write sweep.md, sweep.json and sweep.png here")] = None,
+) -> None:
+    """The study's sweep table: accuracy per task, Δ vs the reference (paired 95% CI), speed ratios."""
+    import json
+
+    from eval.compare import ComparisonRefused
+    from eval.generation_compare import plot_sweep_rows, sweep_markdown, sweep_rows
+    from eval.manifest import write_json
+
+    speeds = {json.loads((p / "manifest.json").read_text())["server"]["model"]: p for p in throughput or []}
+    groups = [[Path(part) for part in str(item).split(",")] for item in run]
+    try:
+        rows = sweep_rows(reference, groups, throughput=speeds)
+    except ComparisonRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    table = sweep_markdown(rows)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.md").write_text(table)
+        write_json(out / "sweep.json", rows)
+        plot_sweep_rows(rows, out / "sweep.png")
+    typer.echo(table, nl=False)
