@@ -927,6 +927,12 @@ def eval_generation_table(
         typer.Option(help="`decide eval throughput` directories (matched to runs by model)"),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="write sweep.md, sweep.json and sweep.png here")] = None,
+    quoted: Annotated[
+        bool,
+        typer.Option(
+            help="also print the study's published v6e-1 sweep, labelled quoted, with source and date"
+        ),
+    ] = False,
 ) -> None:
     """The study's sweep table: accuracy per task, Δ vs the reference (paired 95% CI), speed ratios."""
     import json
@@ -943,6 +949,10 @@ def eval_generation_table(
         typer.echo(f"refused: {error}", err=True)
         raise typer.Exit(code=2) from None
     table = sweep_markdown(rows)
+    if quoted:
+        from eval.quoted_sweep import quoted_table
+
+        table += "\n" + quoted_table()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "sweep.md").write_text(table)
