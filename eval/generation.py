@@ -60,7 +60,7 @@ class ChatServer:
     ``httpx.MockTransport``)."""
 
     def __init__(
-        self, url: str, *, model: str | None = None, timeout_s: float = 600.0, transport=None
+        self, url: str, *, model: str | None = None, timeout_s: float = 1800.0, transport=None
     ) -> None:
         self.url = url.rstrip("/")
         self.client = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, transport=transport)
@@ -182,9 +182,12 @@ async def generate_row(server: ChatServer, job: GenerationJob, body: dict[str, A
     latency_ms = (time.monotonic() - started) * 1000
     if response.status_code != 200:
         return {**job.base(), "status": "error", "error": {"type": f"http_{response.status_code}", "message": response.text[:1000]}}  # fmt: skip
-    reply = response.json()
-    choice = reply["choices"][0]
-    message = choice["message"]
+    try:
+        reply = response.json()
+        choice = reply["choices"][0]
+        message = choice["message"]
+    except (ValueError, KeyError, IndexError, TypeError) as error:  # a reply that is no chat completion
+        return {**job.base(), "status": "error", "error": {"type": "bad_reply", "message": f"{error!r}: {response.text[:500]}"}}  # fmt: skip
     truncated = choice.get("finish_reason") == "length"
     score = score_reply(job, message)
     if truncated:

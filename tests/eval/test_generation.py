@@ -30,6 +30,7 @@ class FakeServer:
         self.wrong: set[str] = set()
         self.long: set[str] = set()
         self.failing: set[str] = set()
+        self.garbled: set[str] = set()
         self.requests: list[dict] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -57,6 +58,8 @@ class FakeServer:
         question = body["messages"][-1]["content"]
         if question in self.failing:
             return httpx.Response(500, text="engine died")
+        if question in self.garbled:
+            return httpx.Response(200, text="<html>proxy error</html>")
         gold = GOLD[question]
         if question in self.long:
             return self.reply(f"Let me think step by step about {gold}", finish_reason="length")
@@ -88,10 +91,10 @@ def questions(limit: int, seed: int = 3) -> list[str]:
 async def test_gsm8k_run_counts_right_wrong_truncated_and_errors(tmp_path):
     fake = FakeServer()
     asked = questions(6)
-    fake.wrong, fake.long, fake.failing = {asked[0]}, {asked[1]}, {asked[2]}
+    fake.wrong, fake.long, fake.failing, fake.garbled = {asked[0]}, {asked[1]}, {asked[2]}, {asked[3]}
     manifest = await run_generation(server_for(fake), "gsm8k", tmp_path, limit=6, seed=3, concurrency=2)
     assert manifest["summary"] == {
-        "records": 6, "scored": 5, "correct": 3, "wrong": 1, "truncated": 1, "errors": 1, "accuracy": 0.6,
+        "records": 6, "scored": 4, "correct": 2, "wrong": 1, "truncated": 1, "errors": 2, "accuracy": 0.5,
     }  # fmt: skip
     assert manifest["status"] == "incomplete"
     request = fake.requests[0]
@@ -99,12 +102,13 @@ async def test_gsm8k_run_counts_right_wrong_truncated_and_errors(tmp_path):
     assert request["chat_template_kwargs"] == {"enable_thinking": False} and request["model"] == "fake-model"
     assert manifest["server"]["server_version"] == "0.0-test" and manifest["data_sha256"]
     rows = {row["id"]: row for row in load_rows(tmp_path)}
-    assert sum(row["status"] == "error" for row in rows.values()) == 1
+    errors = {row["id"]: row["error"]["type"] for row in rows.values() if row["status"] == "error"}
+    assert sorted(errors.values()) == ["bad_reply", "http_500"]
 
-    # Resumed: only the failed record is asked again, and it is scored now.
-    fake.failing, fake.requests = set(), []
+    # Resumed: only the failed records are asked again, and they are scored now.
+    fake.failing, fake.garbled, fake.requests = set(), set(), []
     manifest = await run_generation(server_for(fake), "gsm8k", tmp_path, limit=6, seed=3, concurrency=2)
-    assert len(fake.requests) == 1 and fake.requests[0]["messages"][-1]["content"] == asked[2]
+    assert sorted(r["messages"][-1]["content"] for r in fake.requests) == sorted(asked[2:4])
     assert manifest["summary"]["errors"] == 0 and manifest["summary"]["correct"] == 4
     assert manifest["status"] == "success"
 
