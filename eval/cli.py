@@ -899,6 +899,8 @@ def eval_throughput(
     service_image: ServiceImageOption = None,
 ) -> None:
     """Output tokens/s, TTFT and per-token latency at each concurrency, short and ~1,024/3,072-token prompts."""
+    import json
+
     from eval.manifest import Images
     from eval.throughput import run_throughput, throughput_table
 
@@ -910,7 +912,8 @@ def eval_throughput(
             images=Images(engine_image, service_image),
         )
     )  # fmt: skip
-    typer.echo(throughput_table(summary, served_model or "served model"))
+    model = json.loads((out / "manifest.json").read_text())["server"]["model"]
+    typer.echo(throughput_table(summary, model))
 
 
 @eval_app.command("generation-table")

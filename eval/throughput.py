@@ -217,7 +217,7 @@ def throughput_table(summary: dict[str, dict[str, Any]], model: str) -> str:
         ttft = "—" if s["ttft_ms_median"] is None else f"{s['ttft_ms_median']:.0f}"
         per_token = "—" if s["per_token_ms_median"] is None else f"{s['per_token_ms_median']:.1f}"
         lines.append(
-            f"| {s['shape']} | {s['prompt_tokens']} | {s['concurrency']} | {s['output_tokens_per_s']:.1f} ({lo:.1f}–{hi:.1f}) | "
+            f"| {s['shape']} | {s['prompt_tokens']:.0f} | {s['concurrency']} | {s['output_tokens_per_s']:.1f} ({lo:.1f}–{hi:.1f}) | "
             f"{ttft} | {per_token} | {s['requests']} | {s['failed']} |"
         )
     return "\n".join(lines) + "\n"
