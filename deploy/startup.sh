@@ -26,6 +26,9 @@ SERVICE_FLAGS=(--host 0.0.0.0 --port 8080 --engine vllm --engine-url http://127.
 EVAL_RUN=
 EVAL_DATA=
 EVAL_ARGS=()
+GEN_TASKS=()
+GEN_ARGS=()
+GEN_THROUGHPUT=
 SELF_DELETE=(gcloud compute instances delete example --zone europe-west4-a --quiet)
 # --- end settings ---
 
@@ -181,6 +184,30 @@ run_eval() {
   log "eval $EVAL_RUN on $model: exit $status after $(elapsed "$start")s"
 }
 
+# The generation arms: each task through the service container's `decide eval generate` against the
+# engine, then the throughput sweep; one folder each under the model's.
+run_generate() {
+  local model=${MODELS[$1]} tag=${MODEL_TAGS[$1]} task start status
+  local -a images=(--engine-image "$ENGINE_IMAGE" --service-image "$SERVICE_IMAGE")
+  for task in "${GEN_TASKS[@]}"; do
+    log "generate $task on $model"
+    start=$(date +%s)
+    docker exec decide-service decide eval generate --task "$task" --engine-url "$ENGINE_URL" \
+      --out "/out/$tag/generate-$task" "${images[@]}" "${GEN_ARGS[@]}" > "$RUN_DIR/$tag/generate-$task.log" 2>&1
+    status=$?
+    log "generate $task on $model: exit $status after $(elapsed "$start")s"
+  done
+  if [ -n "$GEN_THROUGHPUT" ]; then
+    log "throughput on $model"
+    start=$(date +%s)
+    docker logs vllm > "$RUN_DIR/$tag/engine.log" 2>&1
+    docker exec decide-service decide eval throughput --engine-url "$ENGINE_URL" --out "/out/$tag/throughput" \
+      --engine-log "/out/$tag/engine.log" "${images[@]}" > "$RUN_DIR/$tag/throughput.log" 2>&1
+    status=$?
+    log "throughput on $model: exit $status after $(elapsed "$start")s"
+  fi
+}
+
 stop_model() {
   local tag=${MODEL_TAGS[$1]}
   docker logs vllm > "$RUN_DIR/$tag/engine.log" 2>&1
@@ -228,8 +255,9 @@ if [ -n "$EVAL_DATA" ]; then
   log "copied $EVAL_DATA"
 fi
 for i in "${!MODELS[@]}"; do
-  if serve_model "$i" && start_service "$i" && [ -n "$EVAL_RUN" ]; then
-    run_eval "$i"
+  if serve_model "$i" && start_service "$i"; then
+    if [ -n "$EVAL_RUN" ]; then run_eval "$i"; fi
+    if [ "${#GEN_TASKS[@]}" -gt 0 ] || [ -n "$GEN_THROUGHPUT" ]; then run_generate "$i"; fi
   fi
   stop_model "$i"
 done

@@ -91,8 +91,16 @@ class ServerSpec:
     kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES
     max_num_seqs: int = 16
     block_size: int = DEFAULT_BLOCK_SIZE
+    tool_call_parser: str | None = None
+    """vLLM's tool-call parser (``--enable-auto-tool-choice --tool-call-parser NAME``), for chat
+    requests that offer tools (``decide eval generate --task bfcl_simple``); None: tools refused."""
 
     def command(self, python: Path) -> list[str]:
+        tools = (
+            []
+            if self.tool_call_parser is None
+            else ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        )
         return [
             str(python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model_dir,
@@ -107,6 +115,7 @@ class ServerSpec:
             "--enable-prompt-tokens-details",
             "--block-size", str(self.block_size),
             "--enforce-eager",
+            *tools,
         ]  # fmt: skip
 
     @property

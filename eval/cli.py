@@ -336,10 +336,15 @@ def eval_compare(
         bool, typer.Option(help="compare runs over different data or serving images (engine or service)")
     ] = False,
 ) -> None:
-    """Paired comparison of two runs: same gold answers, accuracy difference (bootstrap CI), McNemar."""
+    """Paired comparison of two runs: same gold answers, accuracy difference (bootstrap CI), McNemar.
+    Two `decide eval generate` runs: RUN_A is the reference, paired by problem."""
     from eval.compare import ComparisonRefused, compare_runs, compare_table
+    from eval.generation_compare import compare_generation, compare_generation_table, is_generation_run
 
     try:
+        if is_generation_run(run_a) or is_generation_run(run_b):
+            typer.echo(compare_generation_table(compare_generation(run_a, run_b)))
+            return
         report = compare_runs(run_a, run_b, allow_different_image=allow_different_image)
     except ComparisonRefused as error:
         typer.echo(f"refused: {error}", err=True)
@@ -822,3 +827,162 @@ def eval_regression(
     write_json(out / "regression.json", report)
     (out / "regression.md").write_text(regression_table(report))
     typer.echo(regression_table(report), nl=False)
+
+
+@eval_app.command("generate")
+def eval_generate(
+    task: Annotated[str, typer.Option(help="gsm8k or bfcl_simple")],
+    engine_url: Annotated[str, typer.Option("--engine-url", help="an OpenAI-compatible server, e.g. vLLM")],
+    out: Annotated[
+        Path, typer.Option(help="run directory: records.jsonl.gz + manifest.json (resumed if it exists)")
+    ],
+    served_model: Annotated[
+        str | None, typer.Option(help="the served model's name (default: the server's first model)")
+    ] = None,
+    revision: Annotated[
+        str | None, typer.Option(help="the model's revision, recorded in the manifest")
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(help="answer cap in tokens (the study's: 2,048)")] = 2048,
+    limit: Annotated[int | None, typer.Option(help="problems, a seeded subset (default all)")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the --limit subset")] = 0,
+    concurrency: Annotated[int, typer.Option(help="requests in flight")] = 4,
+    chat_template_kwargs: Annotated[
+        str,
+        typer.Option(help="JSON passed to the chat template (switches thinking off where it has a switch)"),
+    ] = '{"enable_thinking": false}',
+    tools_in_prompt: Annotated[
+        bool,
+        typer.Option(
+            help="bfcl_simple on a template that ignores tools: also write the function into a system message"
+        ),
+    ] = False,
+    allow_mismatch: Annotated[
+        bool, typer.Option(help="read a shipped dataset whose sha256 differs (recorded in the manifest)")
+    ] = False,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
+) -> None:
+    """Generate GSM8K or BFCL simple answers through /v1/chat/completions (greedy) and score them."""
+    import json
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from eval.generation import GENERATION_TASKS, ServerRefused, evaluate_generation, summary_table
+    from eval.generation_data import DataMismatch
+    from eval.manifest import Images, RunRefused
+
+    if task not in GENERATION_TASKS:
+        raise typer.BadParameter(f"one of {', '.join(GENERATION_TASKS)}, not {task!r}", param_hint="--task")
+    passed = {"task": task, "engine_url": engine_url, "served_model": served_model, "max_tokens": max_tokens,
+              "limit": limit, "seed": seed, "concurrency": concurrency, "chat_template_kwargs": chat_template_kwargs,
+              "tools_in_prompt": tools_in_prompt, "allow_mismatch": allow_mismatch}  # fmt: skip
+    try:
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+        ) as bar:
+            job = bar.add_task(task, total=None)
+            manifest = asyncio.run(
+                evaluate_generation(
+                    engine_url, task, out, model=served_model, revision=revision, max_tokens=max_tokens, limit=limit,
+                    seed=seed, concurrency=concurrency, chat_template_kwargs=json.loads(chat_template_kwargs),
+                    tools_in_prompt=tools_in_prompt, allow_mismatch=allow_mismatch,
+                    images=Images(engine_image, service_image), args_passed=passed,
+                    progress=lambda done, total: bar.update(job, completed=done, total=total),
+                )
+            )  # fmt: skip
+    except (ServerRefused, RunRefused, DataMismatch) as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(summary_table(manifest))
+
+
+@eval_app.command("throughput")
+def eval_throughput(
+    engine_url: Annotated[str, typer.Option("--engine-url", help="an OpenAI-compatible server, e.g. vLLM")],
+    out: Annotated[
+        Path, typer.Option(help="directory: throughput.jsonl, manifest.json, summary.json, throughput.md")
+    ],
+    served_model: Annotated[
+        str | None, typer.Option(help="the served model (default: the server's first)")
+    ] = None,
+    concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] = "1,4,16",
+    passes: Annotated[int, typer.Option(help="passes per prompt shape and concurrency")] = 3,
+    waves: Annotated[int, typer.Option(help="requests per pass, in multiples of the concurrency")] = 2,
+    output_tokens: Annotated[
+        int, typer.Option(help="tokens generated per request (end of text ignored)")
+    ] = 256,
+    seed: Annotated[int, typer.Option(help="seed of the prompts' words")] = 0,
+    engine_log: Annotated[
+        Path | None,
+        typer.Option(help="the vLLM server's start-up log: its KV capacity goes into the manifest"),
+    ] = None,
+    engine_image: EngineImageOption = None,
+    service_image: ServiceImageOption = None,
+) -> None:
+    """Output tokens/s, TTFT and per-token latency at each concurrency, short and ~1,024/3,072-token prompts."""
+    import json
+
+    from eval.manifest import Images
+    from eval.throughput import run_throughput, throughput_table
+
+    summary = asyncio.run(
+        run_throughput(
+            engine_url, out, model=served_model, concurrencies=tuple(int(c) for c in concurrency.split(",")),
+            passes=passes, waves=waves, output_tokens=output_tokens, seed=seed,
+            engine_log=engine_log.read_text(errors="replace") if engine_log else None,
+            images=Images(engine_image, service_image),
+        )
+    )  # fmt: skip
+    model = json.loads((out / "manifest.json").read_text())["server"]["model"]
+    typer.echo(throughput_table(summary, model))
+
+
+@eval_app.command("generation-table")
+def eval_generation_table(
+    reference: Annotated[
+        list[Path], typer.Option(help="the reference model's generate runs (one per task); repeat the option")
+    ],
+    run: Annotated[
+        list[Path],
+        typer.Option(help="another model's generate runs, MODEL_RUNS joined by commas; repeat per model"),
+    ],
+    throughput: Annotated[
+        list[Path] | None,
+        typer.Option(help="`decide eval throughput` directories (matched to runs by model)"),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="write sweep.md, sweep.json and sweep.png here")] = None,
+    quoted: Annotated[
+        bool,
+        typer.Option(
+            help="also print the study's published v6e-1 sweep, labelled quoted, with source and date"
+        ),
+    ] = False,
+) -> None:
+    """The study's sweep table: accuracy per task, Δ vs the reference (paired 95% CI), speed ratios."""
+    import json
+
+    from eval.compare import ComparisonRefused
+    from eval.generation_compare import plot_sweep_rows, sweep_markdown, sweep_rows
+    from eval.manifest import write_json
+
+    speeds = {json.loads((p / "manifest.json").read_text())["server"]["model"]: p for p in throughput or []}
+    groups = [[Path(part) for part in str(item).split(",")] for item in run]
+    try:
+        rows = sweep_rows(reference, groups, throughput=speeds)
+    except ComparisonRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
+    table = sweep_markdown(rows)
+    if quoted:
+        from eval.quoted_sweep import quoted_table
+
+        table += "\n" + quoted_table()
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.md").write_text(table)
+        write_json(out / "sweep.json", rows)
+        plot_sweep_rows(rows, out / "sweep.png")
+    typer.echo(table, nl=False)

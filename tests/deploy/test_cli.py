@@ -83,7 +83,7 @@ def test_dry_run_shows_the_pins_flags_teardown_and_upload(example_name):
     # Every serve flag, on the model's line of the settings block.
     serve = next(line for line in lines if line.startswith("SERVE_FLAGS_0="))
     for flag in (
-        "--max-model-len 2048",
+        f"--max-model-len {run.models[0].max_model_len}",
         "--max-num-seqs 16",
         "--max-logprobs 32",
         "--generation-config vllm",

@@ -20,7 +20,8 @@ def test_example_loads_with_the_study_defaults(example_name):
     run = load_run(ROOT / "deploy" / "runs" / f"{example_name}.toml")
     assert run.max_num_seqs == 16 and run.max_logprobs == 32
     assert run.max_run_duration == "4h" and run.max_run_seconds == 4 * 3600
-    assert run.models and all(m.max_model_len == 2048 for m in run.models)
+    # Generation arms need room for a 2,048-token answer after the prompt.
+    assert run.models and all(m.max_model_len == (4096 if run.generate else 2048) for m in run.models)
     if run.accelerator == "tpu":
         assert run.engine_image == TPU_ENGINE_IMAGE
 
@@ -92,3 +93,39 @@ def test_durations():
     for bad in ("", "4", "h4", "4 h"):
         with pytest.raises(ValueError):
             duration_seconds(bad)
+
+
+def test_generation_arms_reach_the_engine_and_the_script():
+    from deploy.startup import serve_flags, settings
+
+    run = load_run(ROOT / "deploy" / "runs" / "v6e-gen.toml")
+    assert run.generate.gen == ("gsm8k", "bfcl_simple") and run.generate.throughput
+    assert serve_flags(run, run.models[0])[-3:] == [
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "gemma4",
+    ]
+    values = settings(run)
+    assert values["GEN_TASKS"] == ["gsm8k", "bfcl_simple"] and values["GEN_ARGS"] == ["--max-tokens", "2048"]
+    assert values["GEN_THROUGHPUT"] == "1"
+    assert "--enable-auto-tool-choice" not in serve_flags(
+        load_run(ROOT / "deploy" / "runs" / "v6e.toml"), run.models[0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("generate", "field", "words"),
+    [
+        ({"gen": ["mmlu"]}, "generate.gen", "each one of gsm8k, bfcl_simple"),
+        ({"gen": []}, "generate.gen", "at least one"),
+        ({"gen": ["bfcl_simple"]}, "generate.tool_call_parser", "needs vLLM's tool-call parser"),
+        ({"gen": ["gsm8k"], "limit": 0}, "generate.limit", "positive"),
+        ({"gen": ["gsm8k"], "throughput": "yes"}, "generate.throughput", "true or false"),
+        ({"gen": ["gsm8k"], "temperature": 0.7}, "generate.temperature", ""),
+    ],
+)
+def test_generation_arm_mistakes_are_named(generate, field, words):
+    data = good() | {"generate": generate}
+    with pytest.raises(RunFileError) as error:
+        parse_run(data)
+    assert error.value.field == field and words in str(error.value)

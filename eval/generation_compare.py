@@ -1,0 +1,205 @@
+"""Generation runs against a reference run, paired by problem; the sweep table across N runs.
+
+``decide eval compare REF RUN`` on two ``decide eval generate`` runs: per problem, right or wrong in
+each; the accuracy difference RUN − REF with the paired bootstrap 95% interval of
+:func:`eval.compare.paired_bootstrap` (10,000 resamples, fixed seed) and the exact McNemar test. An
+interval that spans zero reads "no measurable difference". Runs of another task, other data
+(sha256), other settings (:data:`eval.generation.SETTINGS`) or other problems are refused, and so is a
+run with failed records (resume it first: a failed record is not a wrong one).
+
+``decide eval generation-table REF RUN…`` lays N runs out as the study's sweep did: per model,
+accuracy per task, Δ against the reference with its interval, and, given throughput runs, the output
+tokens/s ratio to the reference at each concurrency. Markdown and a PNG.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval.compare import RESAMPLES, SEED, ComparisonRefused, mcnemar_exact, paired_bootstrap
+from eval.evidence import load_rows
+from eval.generation import SETTINGS
+from eval.manifest import MANIFEST
+
+
+def is_generation_run(run: Path) -> bool:
+    path = run / MANIFEST
+    return path.is_file() and json.loads(path.read_text()).get("run") == "generate"
+
+
+def _outcomes(run: Path) -> tuple[dict[str, Any], dict[str, bool]]:
+    manifest = json.loads((run / MANIFEST).read_text())
+    rows = load_rows(run)
+    failed = [row["id"] for row in rows if row["status"] != "ok"]
+    if failed:
+        raise ComparisonRefused(f"{run} has {len(failed)} failed records (e.g. {failed[0]}): resume it first")
+    wanted = set(manifest["record_ids"])
+    outcomes = {row["id"]: bool(row["correct"]) for row in rows if row["id"] in wanted}
+    if len(outcomes) != len(wanted):
+        raise ComparisonRefused(
+            f"{run} is unfinished: {len(wanted) - len(outcomes)} problems not yet generated"
+        )
+    return manifest, outcomes
+
+
+def compare_generation(reference: Path, run: Path) -> dict[str, Any]:
+    """``run`` against ``reference``, paired by problem (see the module docstring)."""
+    for path in (reference, run):
+        if not is_generation_run(path):
+            raise ComparisonRefused(f"{path} is not a `decide eval generate` run")
+    ref_manifest, ref = _outcomes(reference)
+    run_manifest, mine = _outcomes(run)
+    for field, a, b in [
+        ("data", ref_manifest["data_sha256"], run_manifest["data_sha256"]),
+        *((name, ref_manifest["args"].get(name), run_manifest["args"].get(name)) for name in SETTINGS),
+    ]:
+        if a != b:
+            raise ComparisonRefused(f"the runs differ in {field} ({a!r} vs {b!r})")
+    if ref.keys() != mine.keys():
+        raise ComparisonRefused(
+            f"the runs read different problems ({len(ref.keys() - mine.keys())} only in the reference, "
+            f"{len(mine.keys() - ref.keys())} only in the run)"
+        )
+    ids = sorted(ref)
+    a = np.array([ref[i] for i in ids])
+    b = np.array([mine[i] for i in ids])
+    difference, lo, hi = paired_bootstrap(a, b)
+    return {
+        "task": run_manifest["args"]["task"],
+        "reference": {"run": str(reference), "model": ref_manifest["server"]["model"]},
+        "run": {"run": str(run), "model": run_manifest["server"]["model"]},
+        "n": len(ids),
+        "accuracy_reference": float(a.mean()),
+        "accuracy": float(b.mean()),
+        "difference": difference,
+        "difference_ci95": [lo, hi],
+        "measurable": not (lo <= 0.0 <= hi),
+        "mcnemar": mcnemar_exact(a, b),
+        "resamples": RESAMPLES,
+        "seed": SEED,
+    }
+
+
+def _points(value: float) -> str:
+    return f"{value * 100:+.1f}"
+
+
+def verdict(report: dict[str, Any]) -> str:
+    lo, hi = report["difference_ci95"]
+    interval = f"{_points(report['difference'])} pts ({_points(lo)} to {_points(hi)})"
+    return interval if report["measurable"] else f"{interval}, no measurable difference"
+
+
+def compare_generation_table(report: dict[str, Any]) -> str:
+    m = report["mcnemar"]
+    return (
+        f"{report['task']}: reference {report['reference']['model']} ({report['reference']['run']}), "
+        f"run {report['run']['model']} ({report['run']['run']}); {report['n']} problems paired, bootstrap "
+        f"({report['resamples']:,} resamples, seed {report['seed']}), exact McNemar.\n\n"
+        "| reference accuracy | run accuracy | run − reference (95% CI) | right in reference only / run only | McNemar p |\n"
+        "|---|---|---|---|---|\n"
+        f"| {report['accuracy_reference']:.1%} | {report['accuracy']:.1%} | {verdict(report)} | "
+        f"{m['only_a_right']} / {m['only_b_right']} | {m['p_value']:.3g} |\n"
+    )
+
+
+def sweep_rows(
+    reference: list[Path], runs: list[list[Path]], *, throughput: dict[str, Path] | None = None
+) -> list[dict[str, Any]]:
+    """One row per model: ``reference`` the reference model's runs (one per task), ``runs`` each
+    other model's runs; ``throughput`` model name → its ``decide eval throughput`` directory."""
+    from eval.throughput import load_summary
+
+    throughput = throughput or {}
+    ref_by_task = {json.loads((r / MANIFEST).read_text())["args"]["task"]: r for r in reference}
+    ref_model = json.loads((reference[0] / MANIFEST).read_text())["server"]["model"]
+    ref_speed = load_summary(throughput[ref_model]) if ref_model in throughput else None
+    rows = []
+    for group in [reference, *runs]:
+        model = json.loads((group[0] / MANIFEST).read_text())["server"]["model"]
+        row: dict[str, Any] = {
+            "model": model,
+            "reference": group is reference,
+            "tasks": {},
+            "speed_ratio": {},
+        }
+        for run in group:
+            task = json.loads((run / MANIFEST).read_text())["args"]["task"]
+            if group is reference:
+                _, outcomes = _outcomes(run)
+                row["tasks"][task] = {"n": len(outcomes), "accuracy": float(np.mean(list(outcomes.values())))}
+            elif task in ref_by_task:
+                report = compare_generation(ref_by_task[task], run)
+                row["tasks"][task] = {"n": report["n"], "accuracy": report["accuracy"], "comparison": report}
+        if ref_speed is not None and model in throughput:
+            speed = load_summary(throughput[model])
+            for key, entry in speed.items():
+                if key in ref_speed and ref_speed[key]["output_tokens_per_s"]:
+                    row["speed_ratio"][key] = (
+                        entry["output_tokens_per_s"] / ref_speed[key]["output_tokens_per_s"]
+                    )
+        rows.append(row)
+    return rows
+
+
+def sweep_markdown(rows: list[dict[str, Any]]) -> str:
+    tasks = sorted({task for row in rows for task in row["tasks"]})
+    speeds = sorted({key for row in rows for key in row["speed_ratio"]}, key=_speed_order)
+    header = ["model"] + [f"{t} accuracy" for t in tasks] + [f"{t} Δ vs reference (95% CI)" for t in tasks]
+    header += [f"speed ×ref {key}" for key in speeds]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["model"] + (" (reference)" if row["reference"] else "")]
+        cells += [
+            f"{row['tasks'][t]['accuracy']:.1%} (n {row['tasks'][t]['n']})" if t in row["tasks"] else "—"
+            for t in tasks
+        ]
+        cells += [
+            "—" if row["reference"] or t not in row["tasks"] else verdict(row["tasks"][t]["comparison"])
+            for t in tasks
+        ]
+        cells += [f"{row['speed_ratio'][k]:.2f}" if k in row["speed_ratio"] else "—" for k in speeds]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _speed_order(key: str) -> tuple[str, int]:
+    shape, _, concurrency = key.rpartition("@c")
+    return (shape, int(concurrency))
+
+
+def plot_sweep_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy per task and model, with each non-reference model's paired 95% interval drawn around
+    its accuracy (the reference accuracy plus the interval of the difference)."""
+    from eval.figures import _save, plt
+
+    tasks = sorted({task for row in rows for task in row["tasks"]})
+    figure, axes = plt.subplots(
+        1, max(1, len(tasks)), figsize=(4.0 * max(1, len(tasks)), 3.6), dpi=120, squeeze=False
+    )
+    for axis, task in zip(axes[0], tasks):
+        names, values, low, high = [], [], [], []
+        for row in rows:
+            if task not in row["tasks"]:
+                continue
+            entry = row["tasks"][task]
+            names.append(row["model"])
+            values.append(entry["accuracy"] * 100)
+            if "comparison" in entry:
+                c = entry["comparison"]
+                lo, hi = (c["accuracy_reference"] + d for d in c["difference_ci95"])
+                low.append(values[-1] - lo * 100)
+                high.append(hi * 100 - values[-1])
+            else:
+                low.append(0.0)
+                high.append(0.0)
+        axis.bar(range(len(names)), values, yerr=[low, high], capsize=4, color="#4c72b0")
+        axis.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+        axis.set_ylabel("accuracy, %")
+        axis.set_title(task, fontsize=9)
+        axis.grid(axis="y", alpha=0.3)
+    _save(figure, path)

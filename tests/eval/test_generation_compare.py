@@ -1,0 +1,164 @@
+"""Paired comparison of stored generation runs, the sweep table, and the throughput summary."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from eval.compare import ComparisonRefused
+from eval.evidence import RECORDS, write_rows
+from eval.generation_compare import compare_generation, plot_sweep_rows, sweep_markdown, sweep_rows
+from eval.manifest import MANIFEST, write_json
+from eval.throughput import run_throughput, summarize
+
+SETTINGS = {"task": "gsm8k", "max_tokens": 2048, "limit": None, "seed": 0,
+            "chat_template_kwargs": {"enable_thinking": False}, "tools_in_prompt": False}  # fmt: skip
+
+
+def stored_run(path, model, outcomes, *, status="ok", **args):
+    """A run directory as ``decide eval generate`` writes it, with ``outcomes`` (right/wrong by problem)."""
+    path.mkdir()
+    ids = [f"gsm8k-{i}" for i in range(len(outcomes))]
+    write_json(path / MANIFEST, {"run": "generate", "server": {"model": model}, "data_sha256": {"gsm8k/test.jsonl": "x"},
+                                 "args": SETTINGS | args, "record_ids": ids})  # fmt: skip
+    rows = [{"task": "gsm8k", "id": i, "variant": "greedy", "status": status, "correct": c, "truncated": False}
+            for i, c in zip(ids, outcomes)]  # fmt: skip
+    write_rows(path / RECORDS, rows)
+    return path
+
+
+def test_two_problems_one_discordant_span_zero(tmp_path):
+    # By hand: resampled differences are 0, 1/2 or 1 with chances 1/4, 1/2, 1/4, so the 2.5th and
+    # 97.5th percentiles are 0 and 1: the interval spans zero.
+    ref = stored_run(tmp_path / "ref", "a", [False, False])
+    run = stored_run(tmp_path / "run", "b", [True, False])
+    report = compare_generation(ref, run)
+    assert report["difference"] == 0.5 and report["difference_ci95"] == [0.0, 1.0]
+    assert not report["measurable"] and report["resamples"] == 10_000
+
+
+def test_ten_of_twenty_better_is_measurable(tmp_path):
+    # By hand: the resampled difference is X/20 with X ~ Binomial(20, 1/2); its 2.5% and 97.5%
+    # quantiles are 6 and 14 (P(X <= 5) = 0.021, P(X <= 6) = 0.058), so about 0.30 to 0.70.
+    ref = stored_run(tmp_path / "ref", "a", [False] * 20)
+    run = stored_run(tmp_path / "run", "b", [True] * 10 + [False] * 10)
+    report = compare_generation(ref, run)
+    lo, hi = report["difference_ci95"]
+    assert report["difference"] == 0.5 and report["measurable"]
+    assert lo == pytest.approx(0.30, abs=0.05) and hi == pytest.approx(0.70, abs=0.05)
+    assert report["mcnemar"] == {"only_a_right": 0, "only_b_right": 10, "p_value": pytest.approx(2 * 0.5**10)}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"max_tokens": 256}, "max_tokens"),
+        ({"seed": 1}, "seed"),
+        ({"chat_template_kwargs": {}}, "chat_template_kwargs"),
+    ],
+)
+def test_runs_of_other_settings_are_refused(tmp_path, change, message):
+    ref = stored_run(tmp_path / "ref", "a", [True, False])
+    run = stored_run(tmp_path / "run", "b", [True, False], **change)
+    with pytest.raises(ComparisonRefused, match=message):
+        compare_generation(ref, run)
+
+
+def test_other_problems_and_failed_records_are_refused(tmp_path):
+    ref = stored_run(tmp_path / "ref", "a", [True, False])
+    with pytest.raises(ComparisonRefused, match="different problems"):
+        compare_generation(ref, stored_run(tmp_path / "three", "b", [True, False, True]))
+    with pytest.raises(ComparisonRefused, match="failed records"):
+        compare_generation(ref, stored_run(tmp_path / "failed", "b", [True, False], status="error"))
+
+
+def test_the_sweep_table_and_figure(tmp_path):
+    ref = stored_run(tmp_path / "ref", "smollm2", [False] * 20)
+    run = stored_run(tmp_path / "run", "gemma3", [True] * 10 + [False] * 10)
+    for name, rate in (("smollm2", 10.0), ("gemma3", 5.0)):
+        (tmp_path / f"speed-{name}").mkdir()
+        summary = {"short@c1": {"output_tokens_per_s": rate}, "short@c16": {"output_tokens_per_s": rate * 4}}
+        write_json(tmp_path / f"speed-{name}" / "summary.json", summary)
+    rows = sweep_rows([ref], [[run]], throughput={m: tmp_path / f"speed-{m}" for m in ("smollm2", "gemma3")})
+    table = sweep_markdown(rows)
+    assert "| smollm2 (reference) | 0.0% (n 20) | — | 1.00 | 1.00 |" in table
+    assert "| gemma3 | 50.0% (n 20) | +50.0 pts (+30.0 to +70.0) |" in table and table.rstrip().endswith(
+        "| 0.50 | 0.50 |"
+    )
+    plot_sweep_rows(rows, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_the_throughput_summary_takes_medians_over_passes():
+    rows = [
+        {"shape": "short", "concurrency": 4, "pass": p, "pass_wall_s": wall, "ok": True, "prompt_tokens": 32,
+         "output_tokens": 256, "ttft_ms": ttft, "per_token_ms": 10.0}
+        for p, wall, ttft in ((0, 1.0, 50.0), (1, 2.0, 70.0), (2, 4.0, 60.0))
+    ] + [{"shape": "short", "concurrency": 4, "pass": 2, "pass_wall_s": 4.0, "ok": False, "error": "http 500"}]  # fmt: skip
+    s = summarize(rows)["short@c4"]
+    assert s["output_tokens_per_s"] == 128.0 and s["output_tokens_per_s_range"] == [64.0, 256.0]
+    assert s["ttft_ms_median"] == 60.0 and s["failed"] == 1 and s["requests"] == 4
+
+
+@pytest.mark.anyio
+async def test_the_throughput_sweep_sends_unique_prompts(tmp_path):
+    prompts = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        if path == "/version":
+            return httpx.Response(200, json={"version": "t"})
+        body = json.loads(request.content)
+        if path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [hash(w) % 1000 for w in body["prompt"].split()]})
+        prompts.append(tuple(body["prompt"]))
+        assert body["ignore_eos"] and body["stream"]
+        chunks = [{"choices": [{"text": "x"}]}] * body["max_tokens"] + [
+            {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
+        ]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    summary = await run_throughput(
+        "http://fake", tmp_path, concurrencies=(1, 4), shapes={"short": 8}, passes=2, waves=1, output_tokens=16,
+        transport=httpx.MockTransport(server),
+    )  # fmt: skip
+    measured = prompts[1:]  # the first is the warm-up
+    assert len(measured) == 2 * (1 + 4) and len(set(measured)) == len(measured)
+    assert all(len(p) == 8 for p in measured)
+    assert summary["short@c4"]["requests"] == 8 and summary["short@c4"]["failed"] == 0
+    assert (tmp_path / "throughput.md").read_text().count("| short |") == 2
+
+
+def test_the_commands_compare_and_tabulate_stored_runs(tmp_path):
+    from typer.testing import CliRunner
+
+    from eval.cli import app
+
+    ref = stored_run(tmp_path / "ref", "smollm2", [False] * 20)
+    run = stored_run(tmp_path / "run", "gemma3", [True] * 10 + [False] * 10)
+    result = CliRunner().invoke(app, ["eval", "compare", str(ref), str(run)])
+    assert result.exit_code == 0, result.output
+    assert "| 0.0% | 50.0% | +50.0 pts (+30.0 to +70.0) | 0 / 10 |" in result.output
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "generation-table",
+            "--reference",
+            str(ref),
+            "--run",
+            str(run),
+            "--out",
+            str(tmp_path / "t"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "t" / "sweep.png").is_file() and "gemma3" in (tmp_path / "t" / "sweep.md").read_text()
+    other = stored_run(tmp_path / "other", "gemma3", [True] * 20, max_tokens=256)
+    result = CliRunner().invoke(app, ["eval", "compare", str(ref), str(other)])
+    assert result.exit_code == 2 and "max_tokens" in result.output
