@@ -18,7 +18,9 @@ shared state arriving on two workers at once is computed once. A batch that fail
 uncomputed nodes out of the tree.
 
 Memory: the tree keeps at most ``max_bytes`` of keys and values, least recently used leaves evicted
-first once a batch is done; a running batch holds its own snapshot and chunks on top of that.
+first once a batch is done; a running batch holds its own snapshot and chunks on top of that. Tokens
+only reads marked not to keep computed (``ReadRequest.keep``: content-free prior reads) are shared
+within their batch and leave the tree after it.
 """
 
 from __future__ import annotations
