@@ -72,7 +72,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.load import bench_args, machine_info, run_bench
+from eval.load import bench_args, machine_info, run_bench, vllm_prefix_counters
 from readers.engines import open_engine
 from readers.engines.base import EngineReply, ReadRequest
 
@@ -256,13 +256,7 @@ async def prefix_counters(engine_client: httpx.AsyncClient | None) -> tuple[floa
     """vLLM's prefix-cache hits and queries (tokens) so far, summed over engines; None without vLLM."""
     if engine_client is None:
         return None
-    text = (await engine_client.get("/metrics")).text
-    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+    return await vllm_prefix_counters(engine_client)
 
 
 def limit_prompt(tokenizer: Any) -> list[int]:

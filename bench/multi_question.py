@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deploy.processes import free_port, wait_for_models
-from eval.load import machine_info, run_bench, run_load
+from eval.load import machine_info, run_bench, run_load, vllm_prefix_counters
 
 # A support ticket of about 180 tokens (SmolLM2 tokenizer); "{ticket}" makes every request's state fresh.
 STATE = (
@@ -170,13 +170,7 @@ def peak_rss_mib(pid: int) -> float | None:
 async def prefix_counters(client: httpx.AsyncClient | None) -> tuple[float, float]:
     if client is None:
         return 0.0, 0.0
-    text = (await client.get("/metrics")).text
-    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
+    return await vllm_prefix_counters(client)
 
 
 class Tickets:

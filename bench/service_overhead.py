@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deploy.processes import free_port, wait_for_models
-from eval.load import bench_args, machine_info, run_bench, run_load
+from eval.load import bench_args, machine_info, run_bench, run_load, vllm_prefix_counters
 from eval.manifest import run_manifest
 from eval.tasks import load_sample, spread
 from readers.engines import open_engine_spec
@@ -61,16 +61,6 @@ OPTIONS = {
 
 def question() -> QuestionSpec:
     return QuestionSpec("choice", INSTRUCTIONS, tuple(OPTIONS), tuple(OPTIONS.values()))
-
-
-async def prefix_counters(client: httpx.AsyncClient) -> tuple[float, float]:
-    text = (await client.get("/metrics")).text
-    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
 
 
 def start_service(engine_url: str) -> tuple[subprocess.Popen, str]:
@@ -176,9 +166,9 @@ async def main(args: argparse.Namespace) -> dict:
 
             layouts = {}
             for name, prompts in (("state_first", shared), ("question_first", question_first)):
-                hits0, queries0 = await prefix_counters(to_engine)
+                hits0, queries0 = await vllm_prefix_counters(to_engine)
                 result = await run_load(direct(prompts), requests=args.requests, concurrency=8)
-                hits1, queries1 = await prefix_counters(to_engine)
+                hits1, queries1 = await vllm_prefix_counters(to_engine)
                 layouts[name] = {
                     **result.as_json(),
                     "prompt_tokens_median": float(np.median([len(p["prompt"]) for p in prompts])),

@@ -122,3 +122,15 @@ async def run_load(send: Send, *, requests: int, concurrency: int) -> LoadResult
         p90_ms=percentile(90),
         p99_ms=percentile(99),
     )
+
+
+async def vllm_prefix_counters(client) -> tuple[float, float]:
+    """vLLM's prefix-cache hits and queries (in tokens) so far, summed over its engines, from the
+    server's ``/metrics`` (``client``: an ``httpx.AsyncClient`` on the vLLM server)."""
+    text = (await client.get("/metrics")).text
+    totals = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals["vllm:prefix_cache_hits_total"], totals["vllm:prefix_cache_queries_total"]
