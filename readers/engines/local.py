@@ -152,7 +152,6 @@ class LocalEngine(ClosingEngine):
         self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
         self.batched_reads = 0
         self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
-        self.forwards = 0  # chunks run
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self.chunk_tokens = batching.chunk_tokens
@@ -398,7 +397,6 @@ class LocalEngine(ClosingEngine):
         queries, keys = chunk.positions()
         ids = torch.tensor([[segment.tokens[offset] for segment, offset in chunk.queries]])
         mask = chunk.visible()[None, None]
-        self.forwards += 1
         hidden = self._decoder(
             input_ids=ids,
             attention_mask=self._layer_masks(mask, queries[None], keys[None]),
