@@ -4,6 +4,7 @@
     ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded
     ├── RequestTooCostly (413 request_too_large)    prompt tokens × questions over the per-request cap
     ├── Overloaded (529 overloaded_error)           the admission queue is full; Retry-After
+    ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
     └── ClientDisconnected (never sent)             the client left; its work was cancelled
 
 Middleware answers before any route, with ``send_error``:
@@ -22,7 +23,8 @@ No error carries a stack trace or request text.
 On OpenAI's route (``OPENAI_PATHS``) every one of these bodies leaves in OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``, by :func:`openai_error` (applied by
 ``service/openai_errors.py`` to whatever answered: a middleware, a route or a handler): validation
-errors are 400 there (OpenAI's status for a bad request; its SDK raises ``BadRequestError``), the
+errors are 400 there (OpenAI's status for a bad request; its SDK raises ``BadRequestError``; an
+unknown model 404, a question the model cannot be asked 422), the
 queue's 529 is 503 (a status every HTTP client knows; the SDK retries it after Retry-After), the rest
 keep their status, and headers (Retry-After, WWW-Authenticate) are kept.
 """
@@ -64,6 +66,14 @@ class Overloaded(DecideError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class UnsupportedFeature(DecideError):
+    """A feature a client asked for that this server does not serve (Jev 1.14's Danger-Zone modes):
+    refused by name rather than answered as if it had not been asked."""
+
+    status_code = 400
+    error_type = "unsupported_feature"
 
 
 class ClientDisconnected(DecideError):
@@ -202,9 +212,20 @@ def openai_error(status: int, body: Any) -> tuple[int, dict[str, Any]]:
             f"{openai_param(item.get('loc')) or 'body'}: {str(item.get('msg', '')).removeprefix('Value error, ')}"
             for item in detail[:10]
         )
-        error = {"message": messages, "type": "invalid_request_error", "param": openai_param(first.get("loc")),
-                 "code": str(first.get("type", "invalid_value"))}  # fmt: skip
-        return 400, {"error": error}
+        code = str(first.get("type", "invalid_value"))
+        # OpenAI's statuses: a model it does not serve is 404; a question that parsed but cannot be
+        # asked of this model stays 422 (the SDK's UnprocessableEntityError); any other is 400.
+        status, error_type, code = {
+            "unknown_model": (404, "not_found_error", "model_not_found"),
+            "invalid_question": (422, "invalid_request_error", code),
+        }.get(code, (400, "invalid_request_error", code))
+        error = {
+            "message": messages,
+            "type": error_type,
+            "param": openai_param(first.get("loc")),
+            "code": code,
+        }
+        return status, {"error": error}
     status = 503 if status == 529 else status
     if isinstance(detail, dict):
         message, code, param = (

@@ -21,6 +21,7 @@ from service.parse import parse_for_model
 from service.pipeline.decide import decide
 from service.pipeline.openai_decide import to_decision_response, to_systemone
 from service.pipeline.transcript import TranscriptError
+from service.protocol.models import JEV_ALIASES, OPENAI_ALIASES
 from service.protocol.openai_decisions import DecisionRequest, DecisionResponse
 from service.routes.decisions import admitted, observed
 
@@ -30,7 +31,7 @@ MAX_LOGGED_ID = 64
 
 
 async def create_decision(request: Request) -> JSONResponse:
-    reader, body = await parse_for_model(request, DecisionRequest)
+    reader, body = await parse_for_model(request, DecisionRequest, aliases=(*JEV_ALIASES, *OPENAI_ALIASES))
     image = body.images_in()
     if image is not None:
         raise validation_error(
