@@ -22,10 +22,28 @@ from service.pipeline.decide import decide
 from service.pipeline.openai_decide import to_decision_response, to_systemone
 from service.pipeline.transcript import TranscriptError
 from service.protocol.models import JEV_ALIASES, OPENAI_ALIASES
-from service.protocol.openai_decisions import DecisionRequest, DecisionResponse
+from service.protocol.openai_decisions import DecisionRequest, DecisionResponse, OpenAIErrorResponse
 from service.routes.decisions import admitted, observed
 
 router = APIRouter()
+
+# Every error here is in OpenAI's shape (service/openai_errors.py): validation is 400, an unknown
+# model 404, the admission queue's 529 a 503.
+OPENAI_ERRORS = {
+    code: {**spec, "model": OpenAIErrorResponse}
+    for code, spec in error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504).items()
+} | {
+    400: {"model": OpenAIErrorResponse, "description": "the body or a field is invalid: param names it"},
+    404: {"model": OpenAIErrorResponse, "description": "model_not_found: a model this server does not serve"},
+    422: {
+        "model": OpenAIErrorResponse,
+        "description": "a question that parsed but cannot be asked of this model",
+    },
+    503: {
+        "model": OpenAIErrorResponse,
+        "description": "the engine is not ready, or the admission queue is full; Retry-After",
+    },
+}
 
 MAX_LOGGED_ID = 64
 
@@ -74,5 +92,5 @@ router.add_api_route(
     methods=["POST"],
     response_model=DecisionResponse,
     openapi_extra=body_schema(DecisionRequest),
-    responses=error_responses(400, 401, 408, 413, 415, 429, 502, 503, 504),
+    responses=OPENAI_ERRORS,
 )
