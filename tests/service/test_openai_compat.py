@@ -6,12 +6,19 @@ and the Jev route's refusals, over ASGI with a function engine (named as such: i
 
 from __future__ import annotations
 
+import json
+import logging
+from dataclasses import replace
+
 import pytest
 
+from readers.engines.base import ReadMode, ReadRequest
+from readers.engines.routing import prefix_key
 from service.errors import openai_error, openai_param
 from service.pipeline.openai_decide import to_systemone
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol.openai_decisions import DecisionRequest
+from tests.service.conftest import favour_first, function_engine
 
 QUESTION = {"type": "predicate", "instructions": "The parcel arrived."}
 
@@ -152,3 +159,27 @@ async def test_jev_model_names_are_accepted(client_factory, quick_engine, model)
             json={"model": model, "state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}},
         )
     assert response.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_prompt_cache_key_routes_and_safety_identifier_is_logged_as_an_id(
+    local_engine, client_factory, caplog
+):
+    seen: list[ReadRequest] = []
+
+    def record(request: ReadRequest):
+        seen.append(request)
+        return favour_first(request)
+
+    body = {"model": "gpt-6-luna", "input": "x", "questions": [QUESTION, {**QUESTION, "instructions": "Another."}],
+            "prompt_cache_key": "tenant-7", "safety_identifier": "user-42"}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="opendecide.access"):
+        async with client_factory(function_engine(local_engine, record, ReadMode.EXACT)) as client:
+            response = await client.post("/v1/decisions", json=body)
+    assert response.status_code == 200, response.text
+    assert seen and {request.affinity_key for request in seen} == {"tenant-7"}
+    # One key for every read, whatever its prompt: the router sends them to one engine.
+    assert {prefix_key(request) for request in seen} == {prefix_key(replace(seen[0], prompt_ids=(1, 2, 3)))}
+    assert prefix_key(replace(seen[0], affinity_key=None)) != prefix_key(seen[0])
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "opendecide.access"]
+    assert logged[-1]["safety_identifier"] == "user-42" and logged[-1]["route"] == "/v1/decisions"
