@@ -125,6 +125,7 @@ async def read_many_rotated(
     rotations: Sequence[int],
     methods: Sequence[str] | None = None,
     locs: Sequence[tuple[str | int, ...]] | None = None,
+    affinity_key: str | None = None,
 ) -> list[Reading]:
     """Every question about ``state`` read in ``rotations[i]`` orders of ``methods[i]`` (default
     ``rotate``; 1 = as asked, a plain :class:`Reading`) in ONE ``reader.read_many`` call; rotated
@@ -145,7 +146,7 @@ async def read_many_rotated(
         spans.append((len(expanded), orders))
         expanded += [reorder(question, order) if i else question for i, order in enumerate(orders)]
         expanded_locs += [loc] * len(orders)
-    readings = await reader.read_many(expanded, state, locs=expanded_locs)
+    readings = await reader.read_many(expanded, state, locs=expanded_locs, affinity_key=affinity_key)
     out: list[Reading] = []
     for question, (start, orders) in zip(questions, spans):
         if len(orders) == 1:

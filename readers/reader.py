@@ -188,13 +188,15 @@ class Reader:
         *,
         locs: Sequence[tuple[str | int, ...]] | None = None,
         keep: bool = True,
+        affinity_key: str | None = None,
     ) -> list[Reading]:
         """Every question about ``state`` in one engine call, readings in question order.
 
         Each question's prompt is built on its own (state first, then the question), so a reading
         never depends on which other questions came with it; the engine may compute their shared
         prefix, the state, once. ``keep`` False: the engine need not keep these prompts' keys and
-        values for later requests (``ReadRequest.keep``).
+        values for later requests (``ReadRequest.keep``). ``affinity_key``: the caller's routing key
+        (``ReadRequest.affinity_key``).
         """
         started = time.monotonic()
         locs = list(locs) if locs is not None else [()] * len(questions)
@@ -232,6 +234,7 @@ class Reader:
                     self._node_texts(prepared[i][0], node),
                     self._prefix_tokens(prepared[i][0], tries[i]),
                     keep,
+                    affinity_key,
                 )
                 for i, node in level
             ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -26,16 +27,23 @@ from service.admission import Admission, AdmissionLimits
 from service.auth import AuthMiddleware
 from service.content_type import JsonBodyMiddleware
 from service.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
-from service.errors import error_response, internal_error_response, validation_response
+from service.errors import (
+    OPENAI_PATHS,
+    error_response,
+    internal_error_response,
+    openai_error,
+    validation_response,
+)
 from service.metrics import ServiceMetrics
 from service.observe import ObserveMiddleware
+from service.openai_errors import OpenAIErrorShape
 from service.openapi import complete_openapi
 from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.ratelimit import RateLimitMiddleware
 from service.request_id import RequestIdMiddleware
 from service.retention import prune_periodically
-from service.routes import calibrations, decisions, models, operations
+from service.routes import calibrations, decisions, models, openai_decisions, operations
 
 logger = logging.getLogger("opendecide.service")
 
@@ -124,13 +132,14 @@ def create_app(
     metrics = ServiceMetrics()
     app = FastAPI(
         title="opendecide",
-        summary="Typed decisions with probabilities, in Jev's System One wire format.",
+        summary="Typed decisions with probabilities, in Jev's System One and OpenAI's Decisions wire formats.",
         lifespan=lifespan,
         # Outermost first: every request gets an id and is observed, refusals included; auth and
         # rate limits answer before a body is read.
         middleware=[
             Middleware(RequestIdMiddleware),
             Middleware(ObserveMiddleware, metrics=metrics),
+            Middleware(OpenAIErrorShape),
             Middleware(AuthMiddleware, keys=api_keys),
             *(
                 [Middleware(RateLimitMiddleware, requests_per_s=rate_limit[0], burst=rate_limit[1])]
@@ -166,9 +175,13 @@ def create_app(
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
         logger.exception("unexpected error serving %s", request.url.path)
-        return internal_error_response(error)
+        response = internal_error_response(error)
+        if request.url.path in OPENAI_PATHS:  # answered outside the middleware that reshapes the others
+            status, body = openai_error(500, json.loads(response.body))
+            return JSONResponse(body, status_code=status)
+        return response
 
-    for router in (decisions.router, models.router, operations.router):
+    for router in (decisions.router, openai_decisions.router, models.router, operations.router):
         app.include_router(router)
     if store is not None:
         app.include_router(calibrations.router)

@@ -4,6 +4,7 @@
     ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded
     ├── RequestTooCostly (413 request_too_large)    prompt tokens × questions over the per-request cap
     ├── Overloaded (529 overloaded_error)           the admission queue is full; Retry-After
+    ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
     └── ClientDisconnected (never sent)             the client left; its work was cancelled
 
 Middleware answers before any route, with ``send_error``:
@@ -18,12 +19,21 @@ Middleware answers before any route, with ``send_error``:
 Validation errors keep FastAPI's (and Jev's) ``{"detail": [{"loc", "msg", "type"}]}`` shape, without
 ``input`` (it may hold state text). Every other error is ``{"detail": {"error_type", "message", …}}``.
 No error carries a stack trace or request text.
+
+On OpenAI's route (``OPENAI_PATHS``) every one of these bodies leaves in OpenAI's shape,
+``{"error": {"message", "type", "param", "code"}}``, by :func:`openai_error` (applied by
+``service/openai_errors.py`` to whatever answered: a middleware, a route or a handler): validation
+errors are 400 there (OpenAI's status for a bad request; its SDK raises ``BadRequestError``; an
+unknown model 404, a question the model cannot be asked 422), the
+queue's 529 is 503 (a status every HTTP client knows; the SDK retries it after Retry-After), the rest
+keep their status, and headers (Retry-After, WWW-Authenticate) are kept.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -56,6 +66,14 @@ class Overloaded(DecideError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class UnsupportedFeature(DecideError):
+    """A feature a client asked for that this server does not serve (Jev 1.14's Danger-Zone modes):
+    refused by name rather than answered as if it had not been asked."""
+
+    status_code = 400
+    error_type = "unsupported_feature"
 
 
 class ClientDisconnected(DecideError):
@@ -141,3 +159,81 @@ async def send_error(
 def retry_after_s(seconds: float) -> int:
     """A Retry-After value: whole seconds, at least 1."""
     return max(1, math.ceil(seconds))
+
+
+OPENAI_PATHS = frozenset({"/v1/decisions"})
+"""Routes whose errors are in OpenAI's shape."""
+
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+# Pydantic puts a union member's tag or type in a field's path (questions.3.choice.choices); OpenAI's
+# ``param`` names fields only (questions[3].choices).
+_UNION_TAGS = frozenset(
+    {"predicate", "choice", "score", "message", "function_call", "function_call_output", "custom_tool_call",
+     "custom_tool_call_output", "input_text", "input_image", "input_json", "output_text", "refusal",
+     "str", "bool", "int", "float", "dict", "list"}
+)  # fmt: skip
+_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
+def openai_param(loc: list | tuple | str | None) -> str | None:
+    """A Jev ``loc`` (or dotted ``param``) as OpenAI's ``param``: ``body.questions.3.choice.choices`` →
+    ``questions[3].choices``; None for the body as a whole."""
+    if loc is None:
+        return None
+    parts = loc.split(".") if isinstance(loc, str) else list(loc)
+    text, after_index = "", False
+    for part in parts:
+        if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
+            text += f"[{part}]"
+            after_index = True
+            continue
+        part = str(part)
+        if part == "body" and not text:
+            continue
+        if (after_index and part in _UNION_TAGS) or not _FIELD.match(part):
+            continue
+        text += f".{part}" if text else part
+        after_index = False
+    return text or None
+
+
+def openai_error(status: int, body: Any) -> tuple[int, dict[str, Any]]:
+    """An error response's status and body on OpenAI's route, from the body this service would send
+    elsewhere (any of the shapes above)."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list) and detail:  # validation: 400, the first field named, every problem told
+        first = detail[0]
+        messages = "; ".join(
+            f"{openai_param(item.get('loc')) or 'body'}: {str(item.get('msg', '')).removeprefix('Value error, ')}"
+            for item in detail[:10]
+        )
+        code = str(first.get("type", "invalid_value"))
+        # OpenAI's statuses: a model it does not serve is 404; a question that parsed but cannot be
+        # asked of this model stays 422 (the SDK's UnprocessableEntityError); any other is 400.
+        status, error_type, code = {
+            "unknown_model": (404, "not_found_error", "model_not_found"),
+            "invalid_question": (422, "invalid_request_error", code),
+        }.get(code, (400, "invalid_request_error", code))
+        error = {
+            "message": messages,
+            "type": error_type,
+            "param": openai_param(first.get("loc")),
+            "code": code,
+        }
+        return status, {"error": error}
+    status = 503 if status == 529 else status
+    if isinstance(detail, dict):
+        message, code, param = (
+            detail.get("message", ""),
+            detail.get("error_type"),
+            openai_param(detail.get("param")),
+        )
+    else:  # Starlette's own (404, 405): {"detail": "Not Found"}
+        message, code, param = str(detail or "error"), None, None
+    error_type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return status, {"error": {"message": message, "type": error_type, "param": param, "code": code}}

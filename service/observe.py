@@ -74,6 +74,12 @@ class ObserveMiddleware:
                         "key_id": state.get("key_id"),
                         "model": state.get("model"),
                         "decision_ids": state.get("decision_ids", []),
+                        # OpenAI's end-user id, only where a caller sent one (service/routes/openai_decisions.py).
+                        **(
+                            {"safety_identifier": state["safety_identifier"]}
+                            if "safety_identifier" in state
+                            else {}
+                        ),
                     }
                 )
             )
@@ -84,6 +90,7 @@ KNOWN_ROUTES = frozenset(
         "/v1/systemone",
         "/decide",
         "/decide/batch",
+        "/v1/decisions",
         "/v1/models",
         "/v1/calibrations",
         "/v1/calibrations/refit",

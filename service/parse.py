@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from readers.reader import Reader
-from service.errors import validation_error
+from service.errors import UnsupportedFeature, validation_error
 from service.state import JEV_ALIASES, reader_of
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -79,13 +79,38 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
         ) from None
 
 
-async def parse_for_model(request: Request, model: type[ModelT]) -> tuple[Reader, ModelT]:
-    """The ready reader and the validated body, whose ``model`` (if given) must name the served model."""
+# Jev 1.14 switches these modes on by header; this server reads text within the model's context, so a
+# request that asks for either is refused by name instead of being read without it.
+DANGER_ZONE_HEADERS = {
+    "typesafe-danger-zone-images": "images (Jev 1.14's Danger-Zone image mode) are not served: the served model reads text only",
+    "typesafe-danger-zone-long-context": "Jev 1.14's 262k-token long-context mode is not served: requests are read within "
+    "the served model's own context length (GET /v1/models)",
+}
+
+
+def refuse_danger_zone(request: Request) -> None:
+    """400 naming the header when a Danger-Zone mode is switched on (any value but ``false``)."""
+    for header, message in DANGER_ZONE_HEADERS.items():
+        value = request.headers.get(header)
+        if value is not None and value.strip().lower() != "false":
+            raise UnsupportedFeature(message, param=_header_name(header))
+
+
+def _header_name(header: str) -> str:
+    return "-".join("TypeSafe" if part == "typesafe" else part.capitalize() for part in header.split("-"))
+
+
+async def parse_for_model(
+    request: Request, model: type[ModelT], *, aliases: tuple[str, ...] = JEV_ALIASES
+) -> tuple[Reader, ModelT]:
+    """The ready reader and the validated body, whose ``model`` (if given) must name the served model
+    or one of ``aliases``."""
+    refuse_danger_zone(request)
     reader = reader_of(request)
     body = parse_body(await request.body(), model)
     served = reader.engine.info.name
     asked = getattr(body, "model", None)
-    if asked not in (None, served, *JEV_ALIASES):
+    if asked not in (None, served, *aliases):
         raise validation_error(
             ("body", "model"), f"unknown model {asked!r}; this server serves {served!r}", "unknown_model"
         )

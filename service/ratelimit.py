@@ -22,6 +22,7 @@ LIMITED_PATHS = frozenset(
         "/v1/systemone",
         "/decide",
         "/decide/batch",
+        "/v1/decisions",
         "/v1/calibrations",
         "/v1/feedback",
         "/v1/calibrations/refit",

@@ -15,9 +15,7 @@ from fastapi import Request
 from calibration.store import CalibrationStore
 from readers.errors import EngineUnavailable
 from readers.reader import Reader
-
-# Jev model names a client may send unchanged; they select the model this server serves.
-JEV_ALIASES = ("jev-latest", "jev-preview")
+from service.protocol.models import JEV_ALIASES  # noqa: F401  (where the routes have always found them)
 
 
 def reader_of(request: Request) -> Reader:

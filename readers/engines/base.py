@@ -74,6 +74,10 @@ class ReadRequest:
     one's. A content-free prior read is read once per question (the service keeps the prior it
     gives): kept, its thousands of tokens for a long option list would evict the question itself.
     A hint: the read's result never depends on it."""
+    affinity_key: str | None = None
+    """A caller's own routing key (OpenAI's ``prompt_cache_key``): reads with one key go to one
+    engine of a fleet, whatever their prompts. None: the shared prefix decides. A hint for routing
+    only: the read's result never depends on it."""
 
 
 @dataclass(frozen=True)

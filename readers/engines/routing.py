@@ -37,7 +37,11 @@ unit its prefix cache reuses."""
 
 
 def prefix_key(request: ReadRequest) -> bytes | None:
-    """The affinity key of a read: a hash of its shared prefix ids (see the module docstring)."""
+    """The affinity key of a read: a hash of the caller's ``affinity_key`` where it gave one, else of
+    its shared prefix ids (see the module docstring)."""
+    if request.affinity_key is not None:
+        # Prefixed so a caller's key can never hash like a prompt's ids.
+        return hashlib.blake2b(b"caller-key:" + request.affinity_key.encode(), digest_size=16).digest()
     shared = request.prefix_tokens or FALLBACK_PREFIX_TOKENS
     head = request.prompt_ids[:shared]
     if not head:

@@ -44,13 +44,21 @@ async def decide(
     store: CalibrationStore | None = None,
     images: ServedImages = ServedImages(),
     priors: OptionPriors | None = None,
+    affinity_key: str | None = None,
 ) -> SystemOneResponse:
     """Read every question of ``request``, apply calibrations, record the decisions, respond.
 
     With ``priors``, the reads of the questions their policy covers have the content-free prior
-    divided out before any stored calibration applies."""
+    divided out before any stored calibration applies. ``affinity_key``: the caller's routing key
+    for the reads (OpenAI's ``prompt_cache_key``); it changes where they run, never what they read."""
     response, decisions = await _decide(
-        request, reader, request_id=request_id, store=store, images=images, priors=priors
+        request,
+        reader,
+        request_id=request_id,
+        store=store,
+        images=images,
+        priors=priors,
+        affinity_key=affinity_key,
     )
     if store is not None:
         await asyncio.to_thread(store.add_decisions, decisions)
@@ -96,13 +104,17 @@ async def _decide(
     store: CalibrationStore | None,
     images: ServedImages,
     priors: OptionPriors | None = None,
+    affinity_key: str | None = None,
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
     names = list(request.questions)
     # One engine call for all questions (and their rotations): their prompts share the state, which
     # the engine reads once.
     readings = await read_planned(
-        reader, [to_read(request.questions[name], ("body", "questions", name)) for name in names], state
+        reader,
+        [to_read(request.questions[name], ("body", "questions", name)) for name in names],
+        state,
+        affinity_key=affinity_key,
     )
     engine = reader.engine
     answers, decisions = {}, []

@@ -38,9 +38,12 @@ def to_read(question: Question, loc: Loc = ()) -> PlannedRead:
     return PlannedRead(question.to_spec(), question.read_count(), question.debias or ROTATE, loc)
 
 
-async def read_planned(reader: Reader, plans: Sequence[PlannedRead], state: str) -> list[Reading]:
+async def read_planned(
+    reader: Reader, plans: Sequence[PlannedRead], state: str, *, affinity_key: str | None = None
+) -> list[Reading]:
     """Every planned question about ``state`` in one engine call (``readers.debias.read_many_rotated``):
-    their prompts share the state, which the engine reads once."""
+    their prompts share the state, which the engine reads once. ``affinity_key``: the caller's
+    routing key for the reads (``ReadRequest.affinity_key``)."""
     return await read_many_rotated(
         reader,
         [plan.spec for plan in plans],
@@ -48,4 +51,5 @@ async def read_planned(reader: Reader, plans: Sequence[PlannedRead], state: str)
         rotations=[plan.rotations for plan in plans],
         methods=[plan.method for plan in plans],
         locs=[plan.loc for plan in plans],
+        affinity_key=affinity_key,
     )

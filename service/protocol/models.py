@@ -1,4 +1,5 @@
-"""``GET /v1/models`` and the error body every non-validation error shares."""
+"""``GET /v1/models`` (one body for Jev's and OpenAI's SDKs), the model names a client may send, and
+the error body every non-validation error shares."""
 
 from __future__ import annotations
 
@@ -7,6 +8,12 @@ from typing import Literal
 from pydantic import Field
 
 from service.protocol.base import ResponseModel
+
+# Model names a client may send unchanged; each selects the model this server serves, so switching
+# to this server changes a base URL and nothing else. Jev's: its moving aliases, its 1.14 release and
+# 1.13's pinned and dated names. OpenAI's: the one model its Decisions API takes (/v1/decisions only).
+JEV_ALIASES = ("jev-latest", "jev-preview", "jev-1.14.0", "jev-1.13.0", "jev-1.13-20260917")
+OPENAI_ALIASES = ("gpt-6-luna",)
 
 
 class ModelCard(ResponseModel):
@@ -23,8 +30,22 @@ class ModelCard(ResponseModel):
     aliases: list[str]
 
 
+class OpenAIModel(ResponseModel):
+    """One name in OpenAI's list (``openai.types.Model``)."""
+
+    id: str
+    created: int = Field(description="the served model's release date, as Unix seconds")
+    object: Literal["model"] = "model"
+    owned_by: str = Field(description="who serves it: opendecide")
+
+
 class ModelList(ResponseModel):
+    """Jev's ``models`` and OpenAI's ``object``/``data`` side by side: each SDK reads its own fields
+    and ignores the other's."""
+
     models: list[ModelCard]
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel] = Field(description="the served model, then every alias it answers to")
 
 
 class ErrorDetail(ResponseModel):

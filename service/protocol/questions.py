@@ -208,6 +208,18 @@ def _text_or_none(value: Content | None) -> str | None:
     return content_text(value) if described(value) else None
 
 
+def refuse_box(questions: Any) -> Any:
+    """Jev 1.14's ``box`` question (regions of an image) is refused by name, not as an unknown type."""
+    if isinstance(questions, dict):
+        for name, question in questions.items():
+            if isinstance(question, dict) and question.get("type") == "box":
+                raise ValueError(
+                    f"question {name!r}: the box question type (Jev 1.14, regions of an image) is not served: "
+                    "the served model reads text only"
+                )
+    return questions
+
+
 class SystemOneRequest(BodyModel):
     """``POST /v1/systemone`` and ``POST /decide``."""
 
@@ -226,6 +238,11 @@ class SystemOneRequest(BodyModel):
         if not 1 <= len(questions) <= MAX_QUESTIONS:
             raise ValueError(f"a request asks 1 to {MAX_QUESTIONS} questions, got {len(questions)}")
         return questions
+
+    @field_validator("questions", mode="before")
+    @classmethod
+    def check_no_box(cls, questions: Any) -> Any:
+        return refuse_box(questions)
 
     @field_validator("assets")
     @classmethod
@@ -251,6 +268,11 @@ class BatchRequest(BodyModel):
         json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS}
     )
     domain: str | None = Field(default=None, max_length=200)
+
+    @field_validator("questions", mode="before")
+    @classmethod
+    def check_no_box(cls, questions: Any) -> Any:
+        return refuse_box(questions)
 
     @field_validator("questions")
     @classmethod

@@ -22,6 +22,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from calibration.open import open_store
 from readers.engines.base import ReadMode
 from service.app import create_app
+from service.errors import OPENAI_PATHS
 from tests.service.conftest import RUN_SUMMARIES, favour_first, function_engine
 
 KEY = "od-fuzz-key-0123456789abcdef"
@@ -30,9 +31,15 @@ CASES_PER_OTHER_ROUTE = 10
 
 
 def error_shape(ctx, response, case) -> bool | None:
-    """Every 4xx body is either the validation list or ``{"detail": {"error_type", "message"}}``."""
+    """Every 4xx body is either the validation list or ``{"detail": {"error_type", "message"}}``; on
+    OpenAI's route, ``{"error": {"message", "type", "param", "code"}}``."""
     if not 400 <= response.status_code < 500:
         return None
+    if case.operation.path in OPENAI_PATHS:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert isinstance(error["message"], str) and isinstance(error["type"], str), error
+        return True
     detail = response.json()["detail"]
     if response.status_code == 422:
         assert isinstance(detail, list) and detail, detail

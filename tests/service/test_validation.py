@@ -54,7 +54,7 @@ CASES = [
     ),
     (
         "unknown type",
-        {"state": "s", "questions": {"q": {"type": "box"}}},
+        {"state": "s", "questions": {"q": {"type": "triangle"}}},
         ["body", "questions", "q"],
         "'noul', 'choice', 'score'",
     ),

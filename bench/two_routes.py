@@ -1,0 +1,108 @@
+"""Both decision routes on the same requests: latency per question count, and its ratio to 1 question.
+
+    PYTHONPATH=$PWD python -m bench.two_routes                 # 1, 10, 64, 100, 400 questions
+    PYTHONPATH=$PWD python -m bench.two_routes --sizes 1 10    # fewer
+
+For each size n, n yes/no questions (``noul`` on ``/v1/systemone``, ``predicate`` on
+``/v1/decisions``, the same instructions) about one ~150-token input, through the real service in this
+process (``service.app.create_app`` over ``httpx.ASGITransport``, the embedded model, the default
+prior correction, no store). Each (size, route) reads an input tagged with the run's start time, the
+size and the route, so no request finds another's state in the engine's cache: each does the same
+fresh work. Jev's route takes at most 64 questions (``MAX_QUESTIONS``); above that its row says
+"refused" with the status it answered. Admission's per-request cost cap is raised for the run
+(``--request-cost``), so 400 questions on this input are admitted.
+
+Printed per row: the route, n, the status, latency (ms), the ratio to the same route's 1-question
+latency, and the OpenAI route's latency ÷ the Jev route's at the same n. One request at a time; no
+timed assertion anywhere (the machine's cores may be shared: say so next to any figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import httpx
+
+from readers.embedded import prepare_embedded_model
+from readers.engines.local import LocalEngine
+from service.admission import AdmissionLimits
+from service.app import create_app
+from service.protocol import MAX_QUESTIONS
+
+INPUT = (
+    "Order 4417 was placed on Monday for a blue kettle, two mugs and a tea strainer. The customer paid "
+    "by card and chose standard delivery to a flat on the third floor. On Wednesday the courier marked "
+    "the parcel as delivered, but the customer wrote on Thursday that nothing had arrived, that the "
+    "building has no concierge, and that a neighbour saw a box left by the bins in the rain. The "
+    "customer asks for a replacement or a refund and says they have ordered from the shop for years "
+    "without a problem. They attached no photo and did not say which day they checked the bins."
+)
+
+
+def questions(n: int) -> list[str]:
+    return [f"Statement {i}: the customer mentions item or fact number {i} of the order." for i in range(n)]
+
+
+async def one(client: httpx.AsyncClient, route: str, n: int, tag: str) -> tuple[int, float]:
+    state = f"[{tag}] {INPUT}"
+    texts = questions(n)
+    if route == "jev":
+        body = {
+            "state": state,
+            "questions": {str(i): {"type": "noul", "instructions": t} for i, t in enumerate(texts)},
+        }
+        path = "/v1/systemone"
+    else:
+        body = {
+            "model": "gpt-6-luna",
+            "input": state,
+            "questions": [{"type": "predicate", "instructions": t} for t in texts],
+        }
+        path = "/v1/decisions"
+    started = time.monotonic()
+    response = await client.post(path, json=body)
+    return response.status_code, (time.monotonic() - started) * 1000
+
+
+async def main(sizes: list[int], request_cost: int) -> None:
+    run = time.strftime("%Y%m%dT%H%M%S")
+    engine = LocalEngine(prepare_embedded_model())
+    app = create_app(engine, admission=AdmissionLimits(request_cost=request_cost, queued_cost=request_cost))
+    print(json.dumps({"bench": "two_routes", "run": run, "sizes": sizes, "request_cost": request_cost,
+                      "engine": engine.kind, "model": engine.info.name, "input_chars": len(INPUT),
+                      "input_tokens": len(engine.tokenizer.encode(INPUT)), "jev_max_questions": MAX_QUESTIONS}))  # fmt: skip
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://bench.test", timeout=3600) as client:
+        # One read before timing: the model loaded and the system prompt's keys kept, for both routes.
+        await one(client, "jev", 1, f"{run}-warm")
+        results: dict[tuple[str, int], tuple[int, float]] = {}
+        for n in sizes:
+            for route in ("jev", "openai"):
+                results[route, n] = await one(client, route, n, f"{run}-{route}-{n}")
+    print(f"{'route':7} {'n':>4} {'status':>6} {'latency_ms':>11} {'x_1q':>6} {'openai/jev':>10}")
+    for n in sizes:
+        for route in ("jev", "openai"):
+            status, ms = results[route, n]
+            base = results.get((route, sizes[0]))
+            ratio = f"{ms / base[1]:6.2f}" if status == 200 and base and base[0] == 200 else "     -"
+            jev_status, jev_ms = results["jev", n]
+            versus = (
+                f"{ms / jev_ms:10.3f}"
+                if route == "openai" and status == 200 and jev_status == 200
+                else " " * 10
+            )
+            shown = f"{ms:11.1f}" if status == 200 else "    refused"
+            print(f"{route:7} {n:4d} {status:6d} {shown} {ratio} {versus}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 64, 100, 400])
+    parser.add_argument(
+        "--request-cost", type=int, default=400_000, help="admission's per-request cost cap for the run"
+    )
+    args = parser.parse_args()
+    asyncio.run(main(args.sizes, args.request_cost))

@@ -1,0 +1,463 @@
+"""OpenAI's ``POST /v1/decisions``: request and response, as the ``openai`` SDK 3.51.0 types them.
+
+Read from ``openai/types/decision_create_params.py`` and ``openai/types/decision.py``; fields keep
+their order. Our extensions sit below the ``# -- opendecide extensions`` markers: per question the
+same read options as Jev's questions (``x_debias``, ``x_rotations``, ``x_min_confidence``), per
+answer ``x_reading``, per response ``x_provenance``; the SDK keeps unknown response fields and
+ignores them.
+
+The request translates onto Jev's question objects (:meth:`DecisionRequest.to_systemone_questions`),
+so both routes read through one pipeline; the state is the input rendered by
+``service/pipeline/transcript.py``.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from readers.prompt import content_text
+from service.protocol.answers import Provenance, ReadingOut
+from service.protocol.base import BodyModel, RequestModel, ResponseModel
+from service.protocol.questions import (
+    MAX_LEVELS,
+    MAX_OPTIONS,
+    MIN_LEVELS,
+    MIN_OPTIONS,
+    ChoiceQuestion,
+    Debias,
+    MinConfidence,
+    NoulQuestion,
+    Rotations,
+    ScoreQuestion,
+)
+
+MAX_DECISION_QUESTIONS = 400
+"""OpenAI's documented limit ("Ask 1–400 questions"); admission still prices every read."""
+
+
+# -- input parts ---------------------------------------------------------------------------------
+
+
+class CacheBreakpoint(RequestModel):
+    """Accepted and not acted on: this service's prefix reuse is automatic (docs/openai-decisions.md)."""
+
+    mode: Literal["explicit"]
+
+
+class InputText(RequestModel):
+    text: str
+    type: Literal["input_text"]
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
+
+
+class InputImage(RequestModel):
+    """Parsed so that it can be refused by name: the served models read text only."""
+
+    image_url: str
+    type: Literal["input_image"]
+    detail: Literal["low", "high", "auto", "original"] | None = None
+    prompt_cache_breakpoint: CacheBreakpoint | None = None
+
+
+class InputJson(RequestModel):
+    data: dict[str, Any] | list[dict[str, Any]]
+    type: Literal["input_json"]
+
+
+class OutputText(RequestModel):
+    text: str
+    type: Literal["output_text"]
+
+
+class RefusalPart(RequestModel):
+    refusal: str
+    type: Literal["refusal"]
+
+
+Part = Annotated[InputText | InputImage | InputJson | OutputText | RefusalPart, Field(discriminator="type")]
+QuestionPart = Annotated[InputText | InputImage | InputJson, Field(discriminator="type")]
+
+# Which parts each role may send, as the SDK's types allow them.
+ROLE_PARTS: dict[str, frozenset[str]] = {
+    "user": frozenset({"input_text", "input_image", "input_json"}),
+    "developer": frozenset({"input_text"}),
+    "system": frozenset({"input_text"}),
+    "assistant": frozenset({"output_text", "refusal"}),
+}
+
+
+# -- input items ---------------------------------------------------------------------------------
+
+
+class Message(RequestModel):
+    content: str | list[Part]
+    role: Literal["user", "developer", "system", "assistant"]
+    type: Literal["message"] = "message"
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    @model_validator(mode="after")
+    def check_parts_fit_role(self) -> Message:
+        if self.phase is not None and self.role != "assistant":
+            raise ValueError("phase is for assistant messages only")
+        if isinstance(self.content, list):
+            allowed = ROLE_PARTS[self.role]
+            for index, part in enumerate(self.content):
+                if part.type not in allowed:
+                    raise ValueError(
+                        f"content[{index}]: a {self.role} message takes {', '.join(sorted(allowed))} parts, not {part.type}"
+                    )
+        return self
+
+
+class FunctionCall(RequestModel):
+    arguments: str
+    call_id: str = Field(min_length=1)
+    name: str
+    type: Literal["function_call"]
+    id: str | None = None
+    namespace: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallOutput(RequestModel):
+    call_id: str = Field(min_length=1)
+    output: str | list[Annotated[InputText | InputImage, Field(discriminator="type")]]
+    type: Literal["function_call_output"]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class CustomToolCall(RequestModel):
+    call_id: str = Field(min_length=1)
+    input: str
+    name: str
+    type: Literal["custom_tool_call"]
+    id: str | None = None
+    namespace: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class CustomToolCallOutput(RequestModel):
+    call_id: str = Field(min_length=1)
+    output: str | list[Annotated[InputText | InputImage, Field(discriminator="type")]]
+    type: Literal["custom_tool_call_output"]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+def _item_kind(item: Any) -> str:
+    # A message may omit ``type`` (the SDK marks it optional): it is a message then.
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", "message")
+
+
+InputItem = Annotated[
+    Annotated[Message, Tag("message")]
+    | Annotated[FunctionCall, Tag("function_call")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output")]
+    | Annotated[CustomToolCall, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutput, Tag("custom_tool_call_output")],
+    Discriminator(_item_kind),
+]
+
+
+# -- questions -----------------------------------------------------------------------------------
+
+
+Instructions = str | list[QuestionPart]
+
+
+class _Question(RequestModel):
+    def instructions_text(self) -> str:
+        """The instructions as one text: parts in order, JSON as compact JSON (Jev's rendering)."""
+        instructions = self.instructions  # type: ignore[attr-defined]
+        if isinstance(instructions, str):
+            return instructions
+        texts = []
+        for part in instructions:
+            if isinstance(part, InputImage):
+                raise AssertionError("refused before translation")  # images_in() names it
+            texts.append(part.text if isinstance(part, InputText) else content_text(part.data))
+        return "\n".join(texts)
+
+    def read_options(self) -> dict[str, Any]:
+        return {
+            "x_debias": self.debias,
+            "x_rotations": self.rotations,
+            "x_min_confidence": self.min_confidence,
+        }  # type: ignore[attr-defined]
+
+
+class PredicateQuestion(_Question):
+    """How likely a statement about the input is true: Jev's ``noul``."""
+
+    instructions: Instructions
+    type: Literal["predicate"]
+    name: str | None = None
+    # -- opendecide extensions
+    debias: Debias = None
+    rotations: Rotations = None
+    min_confidence: MinConfidence = None
+
+    def to_jev(self) -> NoulQuestion:
+        return NoulQuestion.model_validate(
+            {"type": "noul", "instructions": self.instructions_text(), **self.read_options()}
+        )
+
+
+class Choice(RequestModel):
+    # Strict: a boolean must stay a boolean, the string "true" a string (typed values are distinct).
+    value: Annotated[str, Field(strict=True)] | Annotated[bool, Field(strict=True)]
+    description: str | None = None
+
+
+class ChoiceQuestionIn(_Question):
+    """One of 2–255 typed values: the string ``"true"`` and the boolean ``true`` are two options."""
+
+    choices: list[Choice] = Field(json_schema_extra={"minItems": MIN_OPTIONS, "maxItems": MAX_OPTIONS})
+    instructions: Instructions
+    type: Literal["choice"]
+    name: str | None = None
+    # -- opendecide extensions
+    debias: Debias = None
+    rotations: Rotations = None
+    min_confidence: MinConfidence = None
+
+    @field_validator("choices")
+    @classmethod
+    def check_choices(cls, choices: list[Choice]) -> list[Choice]:
+        if not MIN_OPTIONS <= len(choices) <= MAX_OPTIONS:
+            raise ValueError(f"a choice needs {MIN_OPTIONS} to {MAX_OPTIONS} choices, got {len(choices)}")
+        # As on the Jev route, compared after NFC (a composed and a decomposed "é" are one option),
+        # but by type too: "true" and true are different values.
+        seen: dict[tuple[type, Any], int] = {}
+        for index, choice in enumerate(choices):
+            value = choice.value
+            if isinstance(value, str):
+                if not value.strip():
+                    raise ValueError(f"choices[{index}].value must not be empty")
+                value = unicodedata.normalize("NFC", value.strip())
+            key = (type(value), value)
+            if key in seen:
+                raise ValueError(f"choices[{seen[key]}] and choices[{index}] have the same value")
+            seen[key] = index
+        return choices
+
+    def option_names(self) -> list[str]:
+        """The names the model reads: a string as written, a boolean as ``true``/``false``; where a
+        string and a boolean would read alike, the string is quoted (``"true"``) so they stay two options."""
+        booleans = {"true" if c.value else "false" for c in self.choices if isinstance(c.value, bool)}
+        names = []
+        for choice in self.choices:
+            if isinstance(choice.value, bool):
+                names.append("true" if choice.value else "false")
+            elif choice.value.strip() in booleans:
+                names.append(f'"{choice.value}"')
+            else:
+                names.append(choice.value)
+        return names
+
+    def to_jev(self) -> ChoiceQuestion:
+        criteria = {name: choice.description for name, choice in zip(self.option_names(), self.choices)}
+        return ChoiceQuestion.model_validate(
+            {
+                "type": "choice",
+                "instructions": self.instructions_text(),
+                "criteria": criteria,
+                **self.read_options(),
+            }
+        )
+
+
+class Level(RequestModel):
+    label: str = Field(min_length=1)
+    description: str | None = None
+
+
+class ScoreQuestionIn(_Question):
+    """Ordered levels, counted from 0 (``value`` in the answer)."""
+
+    instructions: Instructions
+    levels: list[Level] = Field(json_schema_extra={"minItems": MIN_LEVELS, "maxItems": MAX_LEVELS})
+    type: Literal["score"]
+    name: str | None = None
+    # -- opendecide extensions
+    debias: Debias = None
+    rotations: Rotations = None
+    min_confidence: MinConfidence = None
+
+    @field_validator("levels")
+    @classmethod
+    def check_level_count(cls, levels: list[Level]) -> list[Level]:
+        if not MIN_LEVELS <= len(levels) <= MAX_LEVELS:
+            raise ValueError(f"a score needs {MIN_LEVELS} to {MAX_LEVELS} levels, got {len(levels)}")
+        return levels
+
+    def to_jev(self) -> ScoreQuestion:
+        # A level is its label, or "label: description": Jev's criteria are one text per level.
+        criteria = [
+            f"{level.label}: {level.description}" if level.description else level.label
+            for level in self.levels
+        ]
+        return ScoreQuestion.model_validate(
+            {
+                "type": "score",
+                "instructions": self.instructions_text(),
+                "criteria": criteria,
+                **self.read_options(),
+            }
+        )
+
+
+DecisionQuestion = Annotated[
+    PredicateQuestion | ChoiceQuestionIn | ScoreQuestionIn, Field(discriminator="type")
+]
+
+
+class PromptCacheOptions(RequestModel):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] = "30m"
+
+
+class DecisionRequest(BodyModel):
+    """``POST /v1/decisions``: the SDK's ``DecisionCreateParams``."""
+
+    input: str | list[InputItem]
+    model: str
+    questions: list[DecisionQuestion] = Field(
+        json_schema_extra={"minItems": 1, "maxItems": MAX_DECISION_QUESTIONS}
+    )
+    prompt_cache_key: str | None = Field(default=None, max_length=1024)
+    prompt_cache_options: PromptCacheOptions | None = None
+    safety_identifier: str | None = Field(default=None, max_length=256)
+
+    @field_validator("questions")
+    @classmethod
+    def check_question_count(cls, questions: list) -> list:
+        if not 1 <= len(questions) <= MAX_DECISION_QUESTIONS:
+            raise ValueError(f"a request asks 1 to {MAX_DECISION_QUESTIONS} questions, got {len(questions)}")
+        return questions
+
+    def images_in(self) -> tuple[str | int, ...] | None:
+        """Where the first ``input_image`` part is (a path under the body), or None."""
+        if isinstance(self.input, list):
+            for index, item in enumerate(self.input):
+                parts = item.content if isinstance(item, Message) else getattr(item, "output", "")
+                field = "content" if isinstance(item, Message) else "output"
+                if isinstance(parts, list):
+                    for at, part in enumerate(parts):
+                        if isinstance(part, InputImage):
+                            return ("input", index, field, at)
+        for index, question in enumerate(self.questions):
+            if isinstance(question.instructions, list):
+                for at, part in enumerate(question.instructions):
+                    if isinstance(part, InputImage):
+                        return ("questions", index, "instructions", at)
+        return None
+
+
+# -- response ------------------------------------------------------------------------------------
+
+
+class PredicateAnswer(ResponseModel):
+    name: str | None = None
+    probability: float
+    type: Literal["predicate"] = "predicate"
+    # -- opendecide extensions
+    reading: ReadingOut = Field(serialization_alias="x_reading")
+
+
+class ChoiceProbability(ResponseModel):
+    probability: float
+    value: str | bool
+
+
+class ChoiceAnswerOut(ResponseModel):
+    choice: str | bool
+    confidence: float
+    name: str | None = None
+    probabilities: list[ChoiceProbability]
+    type: Literal["choice"] = "choice"
+    # -- opendecide extensions
+    reading: ReadingOut = Field(serialization_alias="x_reading")
+
+
+class ScoreProbability(ResponseModel):
+    label: str
+    probability: float
+    value: int
+
+
+class ScoreAnswerOut(ResponseModel):
+    confidence: float
+    name: str | None = None
+    probabilities: list[ScoreProbability]
+    score: float
+    type: Literal["score"] = "score"
+    # -- opendecide extensions
+    reading: ReadingOut = Field(serialization_alias="x_reading")
+
+
+class RefusalAnswer(ResponseModel):
+    """This service abstained: no label came back, or confidence was under ``x_min_confidence``.
+    ``x_reading`` says which (``informative``) and what was read."""
+
+    name: str | None = None
+    type: Literal["refusal"] = "refusal"
+    # -- opendecide extensions
+    reading: ReadingOut = Field(serialization_alias="x_reading")
+
+
+DecisionAnswer = Annotated[
+    PredicateAnswer | ChoiceAnswerOut | ScoreAnswerOut | RefusalAnswer, Field(discriminator="type")
+]
+
+
+class InputTokensDetails(ResponseModel):
+    cache_write_tokens: int = Field(description="0: this service keeps no cache it bills writes to")
+    cached_tokens: int = Field(
+        description="input tokens the engine did not compute (prefix cache, or shared with another question of the request)"
+    )
+
+
+class OutputTokensDetails(ResponseModel):
+    reasoning_tokens: int = Field(description="0: nothing is generated, one answer slot is read per question")
+
+
+class DecisionUsage(ResponseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class DecisionProvenance(Provenance):
+    input_rendering: str = Field(description="the version of the input's rendering into the state read")
+
+
+class DecisionResponse(ResponseModel):
+    answers: list[DecisionAnswer]
+    model: str
+    usage: DecisionUsage
+    # -- opendecide extensions
+    provenance: DecisionProvenance = Field(serialization_alias="x_provenance")
+
+
+class OpenAIErrorDetail(ResponseModel):
+    message: str
+    type: str = Field(
+        description="invalid_request_error, authentication_error, rate_limit_error, server_error"
+    )
+    param: str | None = Field(description="the field or header the error is about, e.g. questions[3].choices")
+    code: str | None = Field(description="this service's error type (the Jev route's error_type)")
+
+
+class OpenAIErrorResponse(ResponseModel):
+    """Every error on ``/v1/decisions``, in OpenAI's shape."""
+
+    error: OpenAIErrorDetail

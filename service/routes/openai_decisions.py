@@ -1,0 +1,96 @@
+"""``POST /v1/decisions``: OpenAI's Decisions API over the same pipeline as ``/v1/systemone``.
+
+The body is parsed and checked as Jev's is (``service/parse.py``: NaN, lone surrogates and duplicate
+keys refused), translated onto Jev's questions (``service/pipeline/openai_decide.py``), admitted by
+the same cost and read by the same ``decide``. Errors leave this route in OpenAI's shape
+(``service/openai_errors.py``).
+
+``prompt_cache_key`` is the fleet router's affinity key for the request's reads (readers/engines/
+routing.py); ``safety_identifier`` goes to the access log as an id (ascii, cut short), nothing else.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from service.cancel import unless_disconnected
+from service.errors import validation_error
+from service.openapi import body_schema, error_responses
+from service.parse import parse_for_model
+from service.pipeline.decide import decide
+from service.pipeline.openai_decide import to_decision_response, to_systemone
+from service.pipeline.transcript import TranscriptError
+from service.protocol.models import JEV_ALIASES, OPENAI_ALIASES
+from service.protocol.openai_decisions import DecisionRequest, DecisionResponse, OpenAIErrorResponse
+from service.routes.decisions import admitted, observed
+
+router = APIRouter()
+
+# Every error here is in OpenAI's shape (service/openai_errors.py): validation is 400, an unknown
+# model 404, the admission queue's 529 a 503.
+OPENAI_ERRORS = {
+    code: {**spec, "model": OpenAIErrorResponse}
+    for code, spec in error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504).items()
+} | {
+    400: {"model": OpenAIErrorResponse, "description": "the body or a field is invalid: param names it"},
+    404: {"model": OpenAIErrorResponse, "description": "model_not_found: a model this server does not serve"},
+    422: {
+        "model": OpenAIErrorResponse,
+        "description": "a question that parsed but cannot be asked of this model",
+    },
+    503: {
+        "model": OpenAIErrorResponse,
+        "description": "the engine is not ready, or the admission queue is full; Retry-After",
+    },
+}
+
+MAX_LOGGED_ID = 64
+
+
+async def create_decision(request: Request) -> JSONResponse:
+    reader, body = await parse_for_model(request, DecisionRequest, aliases=(*JEV_ALIASES, *OPENAI_ALIASES))
+    image = body.images_in()
+    if image is not None:
+        raise validation_error(
+            ("body", *image),
+            "input_image is not supported: the served model reads text only",
+            "unsupported_feature",
+        )
+    try:
+        jev = to_systemone(body)
+    except TranscriptError as error:
+        raise validation_error(error.loc, error.message, "invalid_input") from None
+    scope_state = request.scope["state"]
+    if body.safety_identifier is not None:
+        # An opaque end-user id, logged so abuse can be traced to it; never the key, never request text.
+        scope_state["safety_identifier"] = ascii(body.safety_identifier[:MAX_LOGGED_ID])[1:-1]
+    state = request.app.state
+    request_id = scope_state["request_id"]
+
+    async def work():
+        return await decide(
+            jev,
+            reader,
+            request_id=request_id,
+            store=state.store,
+            images=state.images,
+            priors=state.priors,
+            affinity_key=body.prompt_cache_key,
+        )
+
+    response = await unless_disconnected(
+        request, admitted(request, reader, [jev.state_text()], jev.questions, work)
+    )
+    observed(request, response.model, [response.answers])
+    return JSONResponse(to_decision_response(body, response).model_dump(mode="json"))
+
+
+router.add_api_route(
+    "/v1/decisions",
+    create_decision,
+    methods=["POST"],
+    response_model=DecisionResponse,
+    openapi_extra=body_schema(DecisionRequest),
+    responses=OPENAI_ERRORS,
+)

@@ -1,0 +1,185 @@
+"""In process: the input rendering, OpenAI's error shape, and Jev 1.14's features refused by name.
+
+The SDK runs against real servers in test_openai_decisions.py (integration tier); here the pure parts
+and the Jev route's refusals, over ASGI with a function engine (named as such: it reaches no model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+
+import pytest
+
+from readers.engines.base import ReadMode, ReadRequest
+from readers.engines.routing import prefix_key
+from service.errors import openai_error, openai_param
+from service.pipeline.openai_decide import to_systemone
+from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
+from service.protocol.openai_decisions import DecisionRequest
+from tests.service.conftest import favour_first, function_engine
+
+QUESTION = {"type": "predicate", "instructions": "The parcel arrived."}
+
+
+def request(input, questions=(QUESTION,)) -> DecisionRequest:
+    return DecisionRequest.model_validate(
+        {"model": "gpt-6-luna", "input": input, "questions": list(questions)}
+    )
+
+
+def test_a_string_input_is_the_state_unchanged():
+    assert render_input(request("Great phone.").input) == "Great phone."
+
+
+def test_an_item_array_renders_as_the_documented_transcript():
+    items = [
+        {"role": "developer", "content": [{"type": "input_text", "text": "Answer as the desk."}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "Where is it?"}, {"type": "input_json", "data": {"order": 17}}]},
+        {"type": "function_call", "call_id": "c1", "name": "status", "arguments": '{"order": 17}'},
+        {"type": "custom_tool_call", "call_id": "c2", "name": "grep", "input": "parcel"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "in transit"}]},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "no match"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "It is on its way."}, {"type": "refusal", "refusal": "No date."}]},
+    ]  # fmt: skip
+    assert TRANSCRIPT_VERSION == "decide-transcript/1"  # the text below is this version's
+    assert render_input(request(items).input) == (
+        "[developer]\nAnswer as the desk.\n\n"
+        '[user]\nWhere is it?\n{"order": 17}\n\n'
+        '[tool call status, c1]\n{"order": 17}\n\n'
+        "[tool call grep, c2]\nparcel\n\n"
+        "[tool result status, c1]\nin transit\n\n"
+        "[tool result grep, c2]\nno match\n\n"
+        "[assistant]\nIt is on its way.\n(refused) No date."
+    )
+
+
+@pytest.mark.parametrize(
+    "items, loc",
+    [
+        ([{"type": "function_call_output", "call_id": "c9", "output": "x"}], ("body", "input", 0, "call_id")),
+        # A function output does not answer a custom tool call with the same id.
+        ([{"type": "custom_tool_call", "call_id": "c1", "name": "g", "input": "x"},
+          {"type": "function_call_output", "call_id": "c1", "output": "x"}], ("body", "input", 1, "call_id")),
+        ([{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+          {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}], ("body", "input", 1, "call_id")),
+    ],
+)  # fmt: skip
+def test_an_output_without_its_call_is_refused_naming_the_item(items, loc):
+    with pytest.raises(TranscriptError) as raised:
+        render_input(request(items).input)
+    assert raised.value.loc == loc
+
+
+def test_typed_choices_stay_distinct_options():
+    question = {
+        "type": "choice",
+        "instructions": "x",
+        "choices": [{"value": True}, {"value": "true"}, {"value": "maybe"}],
+    }
+    jev = to_systemone(request("x", [question])).questions["0"]
+    assert list(jev.criteria) == ["true", '"true"', "maybe"]
+
+
+def test_a_score_level_reads_as_its_label_and_description():
+    question = {
+        "type": "score",
+        "instructions": "x",
+        "levels": [{"label": "low"}, {"label": "high", "description": "very"}],
+    }
+    assert to_systemone(request("x", [question])).questions["0"].criteria == ["low", "high: very"]
+
+
+@pytest.mark.parametrize(
+    "status, body, expected",
+    [
+        (422, {"detail": [{"loc": ["body", "questions", 3, "choice", "choices"], "msg": "Value error, too few", "type": "value_error"}]},
+         (400, {"message": "questions[3].choices: too few", "type": "invalid_request_error", "param": "questions[3].choices", "code": "value_error"})),
+        (422, {"detail": [{"loc": ["body", "model"], "msg": "unknown model", "type": "unknown_model"}]},
+         (404, {"message": "model: unknown model", "type": "not_found_error", "param": "model", "code": "model_not_found"})),
+        (401, {"detail": {"error_type": "authentication_error", "message": "invalid API key", "param": "Authorization"}},
+         (401, {"message": "invalid API key", "type": "authentication_error", "param": "Authorization", "code": "authentication_error"})),
+        (529, {"detail": {"error_type": "overloaded_error", "message": "busy"}},
+         (503, {"message": "busy", "type": "server_error", "param": None, "code": "overloaded_error"})),
+        (405, {"detail": "Method Not Allowed"},
+         (405, {"message": "Method Not Allowed", "type": "invalid_request_error", "param": None, "code": None})),
+    ],
+)  # fmt: skip
+def test_every_error_shape_becomes_openais(status, body, expected):
+    new_status, new_body = openai_error(status, body)
+    assert (new_status, new_body["error"]) == expected
+
+
+def test_param_names_fields_only():
+    assert openai_param(["body", "input", 2, "message", "content", 0, "input_image"]) == "input[2].content[0]"
+    assert openai_param("body") is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("header", ["TypeSafe-Danger-Zone-Images", "TypeSafe-Danger-Zone-Long-Context"])
+async def test_a_danger_zone_header_is_refused_naming_it_on_the_jev_route(
+    client_factory, quick_engine, header
+):
+    body = {"state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}}
+    async with client_factory(quick_engine) as client:
+        refused = await client.post("/v1/systemone", json=body, headers={header: "true"})
+        off = await client.post("/v1/systemone", json=body, headers={header: "false"})
+    assert refused.status_code == 400
+    detail = refused.json()["detail"]
+    assert detail["error_type"] == "unsupported_feature" and detail["param"] == header
+    assert off.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_box_question_and_image_assets_are_refused_naming_the_feature(client_factory, quick_engine):
+    async with client_factory(quick_engine) as client:
+        box = await client.post(
+            "/v1/systemone",
+            json={"state": "x", "questions": {"where": {"type": "box", "instructions": "the cat"}}},
+        )
+        assets = await client.post(
+            "/v1/systemone",
+            json={
+                "state": "x",
+                "assets": [{"type": "image"}],
+                "questions": {"q": {"type": "noul", "instructions": "x"}},
+            },
+        )
+    assert box.status_code == 422 and "box question type" in box.json()["detail"][0]["msg"]
+    assert assets.status_code == 422 and assets.json()["detail"][0]["loc"] == ["body", "assets"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("model", ["jev-1.14.0", "jev-1.13.0", "jev-1.13-20260917", "jev-latest"])
+async def test_jev_model_names_are_accepted(client_factory, quick_engine, model):
+    async with client_factory(quick_engine) as client:
+        response = await client.post(
+            "/v1/systemone",
+            json={"model": model, "state": "x", "questions": {"q": {"type": "noul", "instructions": "x"}}},
+        )
+    assert response.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_prompt_cache_key_routes_and_safety_identifier_is_logged_as_an_id(
+    local_engine, client_factory, caplog
+):
+    seen: list[ReadRequest] = []
+
+    def record(request: ReadRequest):
+        seen.append(request)
+        return favour_first(request)
+
+    body = {"model": "gpt-6-luna", "input": "x", "questions": [QUESTION, {**QUESTION, "instructions": "Another."}],
+            "prompt_cache_key": "tenant-7", "safety_identifier": "user-42"}  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="opendecide.access"):
+        async with client_factory(function_engine(local_engine, record, ReadMode.EXACT)) as client:
+            response = await client.post("/v1/decisions", json=body)
+    assert response.status_code == 200, response.text
+    assert seen and {request.affinity_key for request in seen} == {"tenant-7"}
+    # One key for every read, whatever its prompt: the router sends them to one engine.
+    assert {prefix_key(request) for request in seen} == {prefix_key(replace(seen[0], prompt_ids=(1, 2, 3)))}
+    assert prefix_key(replace(seen[0], affinity_key=None)) != prefix_key(seen[0])
+    logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "opendecide.access"]
+    assert logged[-1]["safety_identifier"] == "user-42" and logged[-1]["route"] == "/v1/decisions"
