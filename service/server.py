@@ -146,14 +146,15 @@ def run_server(options: ServeOptions) -> None:
     from readers.embedded import default_cache_dir
     from readers.engines import open_engine
     from service.app import create_app
-    from service.auth import check_bind, load_api_keys
+    from service.auth import Keyring, check_bind
 
     check_engine(options)
     chat_template = read_chat_template(options)
     try:
-        api_keys = load_api_keys(options.api_key_file)
-    except (OSError, ValueError) as error:
+        keyring = Keyring(options.api_key_file)
+    except (OSError, ValueError, UnicodeDecodeError) as error:
         raise ServeRefused(str(error), option="--api-key-file") from None
+    api_keys = keyring.current.keys
     if api_keys and options.no_auth:
         raise ServeRefused("--no-auth and API keys contradict each other", option="--no-auth")
     try:
@@ -168,7 +169,7 @@ def run_server(options: ServeOptions) -> None:
     if auth_notice:
         logger.warning(auth_notice)
     else:
-        logger.info("authentication on: %d API key(s)", len(api_keys))
+        logger.info(keyring.current.notice())
     # Last of the checks: preparing a model the first time takes minutes, opening one seconds.
     folder = resolve_model(options)
     local = open_local_engine(options, folder, chat_template) if options.engine == "local" else None
@@ -188,7 +189,7 @@ def run_server(options: ServeOptions) -> None:
 
     app = create_app(
         open_engine=opener, store=store, auto_refit_every=options.auto_refit_every, images=options.images,
-        api_keys=api_keys or None, rate_limit=options.rate_limit, admission=options.admission,
+        api_keys=keyring if api_keys else None, rate_limit=options.rate_limit, admission=options.admission,
         retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
         prior_correction=options.prior_correction,
     )  # fmt: skip
