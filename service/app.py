@@ -129,7 +129,8 @@ def create_app(
             if store is not None and retention
             else None
         )
-        watching = _watch_keys(keyring) if keyring is not None else None
+        # Only a key file can change under a running process; keys given in code or the environment cannot.
+        watching = _watch_keys(keyring) if keyring is not None and keyring.path is not None else None
         try:
             yield
         finally:

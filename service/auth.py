@@ -210,7 +210,9 @@ class Keyring:
     def of(cls, keys: Iterable[str]) -> Keyring:
         """A fixed ring of bare keys (tenant default): what ``create_app(api_keys=[...])`` is given in code."""
         items = list(keys)
-        return cls(keys=KeySet(tuple(parse_key(k, f"key {i}") for i, k in enumerate(items, start=1))))
+        return cls(
+            None, {}, keys=KeySet(tuple(parse_key(k, f"key {i}") for i, k in enumerate(items, start=1)))
+        )
 
     def _file_stamp(self) -> tuple[int, int, int] | None:
         # Follows symlinks: a Kubernetes Secret volume swaps a symlink to a new directory on update.

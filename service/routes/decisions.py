@@ -56,14 +56,9 @@ async def answer(request: Request) -> JSONResponse:
 
     async def work():
         return await decide(
-            body,
-            reader,
-            request_id=request_id,
-            store=state.store,
-            images=state.images,
-            priors=state.priors,
+            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors,
             tenant=caller.tenant,
-        )
+        )  # fmt: skip
 
     response = await unless_disconnected(
         request, admitted(request, reader, [body.state_text()], body.questions, work)
@@ -80,14 +75,9 @@ async def answer_batch(request: Request) -> JSONResponse:
 
     async def work():
         return await decide_batch(
-            body,
-            reader,
-            request_id=request_id,
-            store=state.store,
-            images=state.images,
-            priors=state.priors,
+            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors,
             tenant=caller.tenant,
-        )
+        )  # fmt: skip
 
     states = [one.state_text() for one in body.requests()]
     response = await unless_disconnected(request, admitted(request, reader, states, body.questions, work))

@@ -17,6 +17,7 @@ import pytest
 from calibration.open import open_store
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from service.auth import Keyring, digest, key_id
+from tests.calibration import test_store as contract
 from tests.calibration.conftest import postgres_server, postgres_url  # noqa: F401 - the real server fixtures
 from tests.service.conftest import function_engine
 
@@ -45,11 +46,7 @@ def varied_read(request: ReadRequest) -> EngineReply:
     return EngineReply(logprobs, ReadMode.EXACT, len(request.prompt_ids), 1.0)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
-def store_location(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "tenants.sqlite3")
-    return request.getfixturevalue("postgres_url")
+store_location = contract.location  # the store contract's fixture: a SQLite file, a Postgres database
 
 
 @pytest.fixture
