@@ -240,3 +240,47 @@ async def test_calibration_changes_are_audited_without_keys_or_text(tenants_app,
         }
     ]  # fmt: skip
     assert A not in caplog.text and DOMAIN not in caplog.text and "parcel" not in caplog.text
+
+
+@pytest.mark.slow  # 24 examples read by the embedded model
+async def test_a_shared_fit_on_real_reads_serves_both_tenants_until_one_fits_its_own(
+    client_factory, local_engine, tmp_path
+):
+    """The same on the embedded model's own reads (SST-2 reviews) and a real SQLite file."""
+    from eval.tasks import TASKS, load_sample, spread
+
+    question = TASKS["sst2"].question()
+    records = spread(load_sample("sst2"), 24)
+    fit = [{"state": r.text, "questions": {"s": question}, "gold": {"s": r.gold}} for r in records]
+    keys = tmp_path / "keys.txt"
+    keys.write_text(KEY_FILE)
+    store = open_store(tmp_path / "real.sqlite3")
+    try:
+        async with client_factory(local_engine, store=store, api_keys=Keyring(keys, {})) as client:
+            published = await client.post(
+                "/v1/calibrations", json={"examples": fit[:12], "shared": True}, headers=auth(ADMIN)
+            )
+            assert published.status_code == 200, published.text
+            (shared,) = published.json()["calibrations"]
+            review = {"state": "A joyless, plodding mess.", "questions": {"s": question}}
+
+            async def answer(key: str) -> dict:
+                response = await client.post("/v1/systemone", json=review, headers=auth(key))
+                return response.json()["answers"]["s"]
+
+            a, b = await answer(A), await answer(B)
+            # The same fit on the same read; B's read reuses A's cached prefix, equal up to float rounding.
+            assert used(a) == used(b) == shared["id"]
+            assert b["probabilities"] == pytest.approx(a["probabilities"], abs=1e-4)
+            (own,) = (
+                await client.post("/v1/calibrations", json={"examples": fit[12:]}, headers=auth(A))
+            ).json()["calibrations"]
+            a_own, b_again = await answer(A), await answer(B)
+    finally:
+        store.close()
+    assert used(a_own) == own["id"] and used(b_again) == shared["id"]
+    assert b_again["probabilities"] == pytest.approx(
+        b["probabilities"], abs=1e-4
+    )  # A's fit moved nothing of B's
+    assert own["temperature"] != pytest.approx(shared["temperature"], abs=1e-3)
+    assert a_own["probabilities"] != pytest.approx(a["probabilities"], abs=1e-4)
