@@ -75,8 +75,10 @@ def fit_and_store(
     source: str,
     seed: int = 0,
     mode: str = "temperature",
+    shared: bool = False,
 ) -> Calibration:
-    """Fit ``mode`` on all ``rows`` (uncalibrated probabilities, gold index), score a held-out half, store.
+    """Fit ``mode`` on all ``rows`` (uncalibrated probabilities, gold index), score a held-out half, store
+    under ``key``, or among the shared fits (``key.as_shared()``) when ``shared``.
 
     ``state_prior`` needs no gold answers (a row's gold may be None): it fits on every row, and the
     held-out scores and NLLs are reported over the rows that have one (None when none has).
@@ -110,7 +112,7 @@ def fit_and_store(
             "heldout_ece_floor": ece_floor(calibrated, N_BINS, seed=seed)["median"],
         }
     return store.add_calibration(
-        key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None),
+        key.as_shared() if shared else key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None),
         nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
     )  # fmt: skip
 
@@ -120,9 +122,12 @@ def refit_from_store(
     key: CalibrationKey,
     mode: str,
     gold_rows: list[tuple[list[float], int]] | None = None,
+    *,
+    shared: bool = False,
 ) -> Calibration:
-    """Fit ``key`` again from what the store holds: its feedback (``gold_rows``, when the caller has
-    already read them), or for ``state_prior`` its recorded decisions, whose reads need no gold answer.
+    """Fit ``key`` again from what the store holds of its tenant: its feedback (``gold_rows``, when the
+    caller has already read them), or for ``state_prior`` its recorded decisions, whose reads need no
+    gold answer. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
 
     A state prior is one bias per option position, so it is fitted on the decisions asked with the
     latest decision's options in its order: others (another question with as many options, or the
@@ -136,7 +141,7 @@ def refit_from_store(
             [(uncalibrated, None) for options, uncalibrated in recorded if options == latest],
             source="decisions",
             mode=mode,
+            shared=shared,
         )
-    return fit_and_store(
-        store, key, store.gold_rows(key) if gold_rows is None else gold_rows, source="feedback", mode=mode
-    )
+    rows = store.gold_rows(key) if gold_rows is None else gold_rows
+    return fit_and_store(store, key, rows, source="feedback", mode=mode, shared=shared)

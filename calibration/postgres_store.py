@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from calibration.store import (
+    DEFAULT_TENANT,
     LEGACY_READ_VERSION,
     RECORDED_LIMIT,
     Calibration,
@@ -97,6 +98,15 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         "UPDATE calibrations SET source = 'examples' WHERE source = 'labels'",
         "ALTER TABLE decisions RENAME COLUMN prompt_version TO read_version",
         "ALTER TABLE decisions RENAME COLUMN raw_probabilities TO uncalibrated_probabilities",
+    )),
+    # Tenants: every row stored before belongs to the default tenant (what every key was). A calibration's
+    # NULL tenant is a shared fit. The DEFAULTs stay so that replicas from before this migration, still
+    # running during a roll forward, keep writing as the default tenant; one started after it refuses.
+    (6, "tenant on calibrations, decisions and feedback; NULL tenant = shared calibration", (
+        f"ALTER TABLE calibrations ADD COLUMN tenant TEXT DEFAULT '{DEFAULT_TENANT}'",
+        f"ALTER TABLE decisions ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'",
+        f"ALTER TABLE feedback ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'",
+        "CREATE INDEX decisions_tenant_recorded ON decisions (tenant, model, revision, read_version, question_type, option_count, created_at)",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -197,8 +207,8 @@ class PostgresStore(CalibrationStore):
             if version == self._seen:
                 return
             rows = conn.cursor(row_factory=dict_row).execute(
-                f"SELECT DISTINCT ON (model, revision, read_version, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
-                "FROM calibrations ORDER BY model, revision, read_version, question_type, option_count, domain, seq DESC"
+                f"SELECT DISTINCT ON (tenant, model, revision, read_version, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
+                "FROM calibrations ORDER BY tenant, model, revision, read_version, question_type, option_count, domain, seq DESC"
             )
             self._remember((row.pop("seq"), _calibration(row)) for row in rows)
             self._seen = version
@@ -226,7 +236,7 @@ class PostgresStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, Jsonb(list(d.options)),
-             Jsonb(list(d.uncalibrated_probabilities)), bool(d.informative), d.read_version)
+             Jsonb(list(d.uncalibrated_probabilities)), bool(d.informative), d.read_version, d.tenant)
             for d in decisions
         ]  # fmt: skip
         if not rows:
@@ -234,23 +244,24 @@ class PostgresStore(CalibrationStore):
         with self._pool.connection() as db, db.transaction(), db.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, "
-                "uncalibrated_probabilities, informative, read_version) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "uncalibrated_probabilities, informative, read_version, tenant) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 rows,
             )
 
-    def decision(self, decision_id: str) -> DecisionRecord | None:
+    def decision(self, decision_id: str, tenant: str = DEFAULT_TENANT) -> DecisionRecord | None:
         with self._pool.connection() as db:
             row = db.execute(
                 "SELECT id, model, revision, question_type, option_count, domain, options, uncalibrated_probabilities, informative, read_version "
-                "FROM decisions WHERE id = %s",
-                (decision_id,),
+                "FROM decisions WHERE id = %s AND tenant = %s",
+                (decision_id, tenant),
             ).fetchone()
-        return None if row is None else DecisionRecord(*row[:-1], read_version=row[-1])
+        return None if row is None else DecisionRecord(*row[:-1], read_version=row[-1], tenant=tenant)
 
-    def add_feedback(self, decision_id: str, gold: str) -> int:
+    def add_feedback(self, decision_id: str, gold: str, tenant: str = DEFAULT_TENANT) -> int:
         with self._pool.connection() as db:
             return db.execute(
-                "INSERT INTO feedback (decision_id, gold) VALUES (%s, %s) RETURNING seq", (decision_id, gold)
+                "INSERT INTO feedback (decision_id, gold, tenant) VALUES (%s, %s, %s) RETURNING seq",
+                (decision_id, gold, tenant),
             ).fetchone()[0]
 
     def prune_decisions(self, older_than: dt.datetime) -> int:
@@ -264,8 +275,8 @@ class PostgresStore(CalibrationStore):
     def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         where, params = key_filter(key, "%s")
         query = f"""
-            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
-            WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id)
+            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
+            WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
             ORDER BY f.seq
         """
         with self._pool.connection() as db:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from calibration.store import (
+    DEFAULT_TENANT,
     LEGACY_READ_VERSION,
     RECORDED_LIMIT,
     Calibration,
@@ -71,6 +72,15 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         "UPDATE calibrations SET source = 'examples' WHERE source = 'labels'",
         "ALTER TABLE decisions RENAME COLUMN prompt_version TO read_version",
         "ALTER TABLE decisions RENAME COLUMN raw_probabilities TO uncalibrated_probabilities",
+    )),
+    # Tenants: every row stored before belongs to the default tenant (what every key was). A calibration's
+    # NULL tenant is a shared fit. The DEFAULTs also let a replica from before this migration, still
+    # running, keep writing as the default tenant; one opened after it refuses the file (roll forward).
+    (6, "tenant on calibrations, decisions and feedback; NULL tenant = shared calibration", (
+        f"ALTER TABLE calibrations ADD COLUMN tenant TEXT DEFAULT '{DEFAULT_TENANT}'",
+        f"ALTER TABLE decisions ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'",
+        f"ALTER TABLE feedback ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'",
+        "CREATE INDEX IF NOT EXISTS decisions_tenant_recorded ON decisions (tenant, model, revision, read_version, question_type, option_count, created_at)",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -171,31 +181,35 @@ class SQLiteStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
-             json.dumps(d.uncalibrated_probabilities), int(d.informative), d.read_version, utc_now())
+             json.dumps(d.uncalibrated_probabilities), int(d.informative), d.read_version, d.tenant, utc_now())
             for d in decisions
         ]  # fmt: skip
         with self._transaction() as db:
             db.executemany(
                 "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, "
-                "uncalibrated_probabilities, informative, read_version, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "uncalibrated_probabilities, informative, read_version, tenant, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
 
-    def decision(self, decision_id: str) -> DecisionRecord | None:
-        row = self._connection().execute("SELECT * FROM decisions WHERE id = ?", (decision_id,)).fetchone()
+    def decision(self, decision_id: str, tenant: str = DEFAULT_TENANT) -> DecisionRecord | None:
+        row = (
+            self._connection()
+            .execute("SELECT * FROM decisions WHERE id = ? AND tenant = ?", (decision_id, tenant))
+            .fetchone()
+        )
         if row is None:
             return None
         return DecisionRecord(
             row["id"], row["model"], row["revision"], row["question_type"], row["option_count"], row["domain"],
             json.loads(row["options"]), json.loads(row["uncalibrated_probabilities"]), bool(row["informative"]),
-            read_version=row["read_version"],
+            read_version=row["read_version"], tenant=row["tenant"],
         )  # fmt: skip
 
-    def add_feedback(self, decision_id: str, gold: str) -> int:
+    def add_feedback(self, decision_id: str, gold: str, tenant: str = DEFAULT_TENANT) -> int:
         with self._transaction() as db:
             cursor = db.execute(
-                "INSERT INTO feedback (decision_id, gold, received_at) VALUES (?, ?, ?)",
-                (decision_id, gold, utc_now()),
+                "INSERT INTO feedback (decision_id, gold, tenant, received_at) VALUES (?, ?, ?, ?)",
+                (decision_id, gold, tenant, utc_now()),
             )
             return int(cursor.lastrowid)
 
@@ -211,8 +225,8 @@ class SQLiteStore(CalibrationStore):
     def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
         where, params = key_filter(key, "?")
         query = f"""
-            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id
-            WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id)
+            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
+            WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
             ORDER BY f.seq
         """
         rows = self._connection().execute(query, params).fetchall()

@@ -19,6 +19,13 @@ This module is the contract the backends implement; it knows none of them.
 - A calibration has a ``mode``: ``temperature`` (p ∝ exp(z / T)), ``temperature_bias``
   (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count), or
   ``state_prior`` (the same form with T = 1, b fitted without gold answers: ``calibration.bias``).
+- Everything belongs to a tenant (the tenant of the API key that made it; ``default`` for rows from
+  before tenants and for services without tenants): decisions, feedback and calibrations. A key's
+  ``tenant`` is the tenant whose fits it names; ``None`` is a **shared** fit (published by an admin
+  key), which every tenant's lookups fall back on after their own: the tenant's domain → type + count
+  → type, then the shared domain → type + count → type. Decisions and feedback are read only by
+  their tenant (``decision``, ``gold_rows``, ``recorded`` take the tenant), so no tenant's answers,
+  refits or lists depend on another's records.
 - Every write is one transaction, durable before the call returns, so an acknowledged write
   survives a crash of the writer (and of SQLite's host or the Postgres server).
 - Lookups read a cache, kept in each process's memory, of the latest calibration per key, so a
@@ -35,8 +42,10 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+DEFAULT_TENANT = "default"
+"""The tenant of rows stored before tenants, and of every caller of a service without tenants."""
 LEGACY_READ_VERSION = "decide-prompt/1"
 """The read version of rows stored before the store recorded one."""
 CALIBRATION_MODES = ("temperature", "temperature_bias", "state_prior")
@@ -60,18 +69,34 @@ class CalibrationKey:
     domain: str | None = None
     read_version: str = field(kw_only=True)  # required: no default version to fall back on
     """The prompt version, plus ``+prior`` where the prior correction was divided out of the reads."""
+    tenant: str | None = field(default=DEFAULT_TENANT, kw_only=True)
+    """Whose fits: a tenant's, or None for the shared fits an admin key published."""
 
     def fallbacks(self) -> list[CalibrationKey]:
-        """This key and the less specific ones, most specific first (same read version)."""
+        """This key and the less specific ones, most specific first (same read version): the tenant's
+        own, then the shared ones."""
         keys = [self] if self.domain is not None else []
-        version = self.read_version
+        version, tenant = self.read_version, self.tenant
         keys.append(
             CalibrationKey(
-                self.model, self.revision, self.question_type, self.option_count, read_version=version
+                self.model,
+                self.revision,
+                self.question_type,
+                self.option_count,
+                read_version=version,
+                tenant=tenant,
             )
         )
-        keys.append(CalibrationKey(self.model, self.revision, self.question_type, read_version=version))
+        keys.append(
+            CalibrationKey(self.model, self.revision, self.question_type, read_version=version, tenant=tenant)
+        )
+        if tenant is not None:
+            keys += self.as_shared().fallbacks()
         return keys
+
+    def as_shared(self) -> CalibrationKey:
+        """The same key among the shared fits."""
+        return replace(self, tenant=None)
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,11 @@ class Calibration:
     heldout_ece_floor: float | None = (
         None  # median ECE of calibrated draws at heldout_n (calibration.metrics.ece_floor)
     )
+    tenant: str | None = DEFAULT_TENANT  # None: shared, published by an admin key
+
+    @property
+    def shared(self) -> bool:
+        return self.tenant is None
 
     @property
     def key(self) -> CalibrationKey:
@@ -107,6 +137,7 @@ class Calibration:
             self.option_count,
             self.domain,
             read_version=self.read_version,
+            tenant=self.tenant,
         )
 
     def as_json(self) -> dict:
@@ -129,6 +160,7 @@ class DecisionRecord:
     or with the prior correction divided out where ``read_version`` says so (``+prior``)."""
     informative: bool = True
     read_version: str = field(kw_only=True)
+    tenant: str = field(default=DEFAULT_TENANT, kw_only=True)
 
 
 class SchemaTooNew(RuntimeError):
@@ -170,10 +202,16 @@ class CalibrationStore(ABC):
     def _refresh(self) -> None:  # noqa: B027 - a hook: backends that can tell cheaply override it
         """Bring the cache up to date with fits stored by other processes, when cheap to tell."""
 
-    def calibrations(self) -> list[Calibration]:
-        """The latest calibration of every key, in the order they were stored."""
+    def calibrations(self, visible_to: str | None = None) -> list[Calibration]:
+        """The latest calibration of every key, in the order they were stored; with ``visible_to``, only
+        that tenant's and the shared ones."""
         with self._cache_lock:
-            return [calibration for _, calibration in sorted(self._latest.values(), key=lambda pair: pair[0])]
+            latest = [
+                calibration for _, calibration in sorted(self._latest.values(), key=lambda pair: pair[0])
+            ]
+        if visible_to is None:
+            return latest
+        return [c for c in latest if c.tenant in (visible_to, None)]
 
     def lookup(self, key: CalibrationKey) -> Calibration | None:
         """The most specific calibration for ``key``: domain → type + count → type → None."""
@@ -225,6 +263,7 @@ class CalibrationStore(ABC):
             read_version=key.read_version,
             mode=mode,
             bias=None if bias is None else tuple(float(b) for b in bias),
+            tenant=key.tenant,
         )
         self._remember([(self._insert_calibration(calibration), calibration)])
         return calibration
@@ -240,12 +279,14 @@ class CalibrationStore(ABC):
         """Record served decisions, all in one transaction, for later feedback."""
 
     @abstractmethod
-    def decision(self, decision_id: str) -> DecisionRecord | None:
-        """The recorded decision, or None."""
+    def decision(self, decision_id: str, tenant: str = DEFAULT_TENANT) -> DecisionRecord | None:
+        """``tenant``'s recorded decision, or None: another tenant's decision is as unknown as one
+        never recorded."""
 
     @abstractmethod
-    def add_feedback(self, decision_id: str, gold: str) -> int:
-        """Record the true answer for a decision; returns the feedback's sequence number."""
+    def add_feedback(self, decision_id: str, gold: str, tenant: str = DEFAULT_TENANT) -> int:
+        """Record ``tenant``'s true answer for its decision; returns the feedback's sequence number.
+        Feedback counts only for the tenant of its decision (``gold_rows`` joins on both)."""
 
     @abstractmethod
     def prune_decisions(self, older_than: dt.datetime) -> int:
@@ -255,8 +296,8 @@ class CalibrationStore(ABC):
 
     @abstractmethod
     def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
-        """(uncalibrated probabilities, gold index) for every decision of ``key`` with feedback (its
-        latest wins), in feedback order; abstentions (no label came back) carry nothing to fit and
+        """(uncalibrated probabilities, gold index) for every decision of ``key`` (of its tenant) with
+        feedback (its latest wins), in feedback order; abstentions (no label came back) carry nothing to fit and
         are left out."""
 
     @abstractmethod
@@ -279,14 +320,17 @@ class CalibrationStore(ABC):
 
 
 def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
-    """The WHERE clause (on decisions ``d``) selecting ``key``'s decisions, and its parameters."""
+    """The WHERE clause (on decisions ``d``) selecting ``key``'s decisions (its tenant's), and its parameters."""
+    if key.tenant is None:
+        raise ValueError("shared fits hold no decisions: read a tenant's, then publish the fit as shared")
     clauses = [
+        f"d.tenant = {placeholder}",
         f"d.model = {placeholder}",
         f"d.revision = {placeholder}",
         f"d.read_version = {placeholder}",
         f"d.question_type = {placeholder}",
     ]
-    params: list = [key.model, key.revision, key.read_version, key.question_type]
+    params: list = [key.tenant, key.model, key.revision, key.read_version, key.question_type]
     if key.option_count is not None:
         clauses.append(f"d.option_count = {placeholder}")
         params.append(key.option_count)

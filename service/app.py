@@ -12,6 +12,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -24,7 +25,7 @@ from readers.engines.base import Engine
 from readers.errors import DecideError, EngineError
 from readers.reader import Reader
 from service.admission import Admission, AdmissionLimits
-from service.auth import AuthMiddleware
+from service.auth import AuthMiddleware, Keyring
 from service.content_type import JsonBodyMiddleware
 from service.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
 from service.errors import (
@@ -72,6 +73,24 @@ async def _open_until_ready(
         wait = min(wait * 2, max_wait_s)
 
 
+def _watch_keys(keyring: Keyring) -> Callable[[], None]:
+    """Poll the key file and re-read it on SIGHUP; returns what stops both."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(keyring.watch())
+    try:
+        loop.add_signal_handler(signal.SIGHUP, keyring.reload, "SIGHUP")
+        hup = True
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread (a server in a thread)
+        hup = False
+
+    def stop() -> None:
+        task.cancel()
+        if hup:
+            loop.remove_signal_handler(signal.SIGHUP)
+
+    return stop
+
+
 def create_app(
     engine: Engine | None = None,
     *,
@@ -81,7 +100,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     images: ServedImages = ServedImages(),
-    api_keys: list[str] | None = None,
+    api_keys: Keyring | list[str] | None = None,
     rate_limit: tuple[float, int] | None = None,
     admission: AdmissionLimits = AdmissionLimits(),
     retention: dt.timedelta | None = None,
@@ -93,7 +112,8 @@ def create_app(
     is recorded for feedback, and the /v1/calibrations and /v1/feedback routes exist;
     ``auto_refit_every`` refits a key from its feedback every N gold answers. ``images`` names the
     serving images, reported in every answer's provenance. ``api_keys`` turns authentication on
-    (None: off); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
+    (None: off): a ``Keyring`` (live: its file is watched and re-read on SIGHUP) or bare keys (tenant
+    default); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
     prompt tokens in flight and queued. ``retention`` deletes decision records without gold answers older
     than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
     that no stored calibration covers get their content-free option prior divided out
@@ -103,6 +123,9 @@ def create_app(
         raise ValueError("auto_refit_every must be positive")
     if (engine is None) == (open_engine is None):
         raise ValueError("pass exactly one of engine and open_engine")
+    keyring = (
+        None if api_keys is None else api_keys if isinstance(api_keys, Keyring) else Keyring.of(api_keys)
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -114,9 +137,13 @@ def create_app(
             if store is not None and retention
             else None
         )
+        # Only a key file can change under a running process; keys given in code or the environment cannot.
+        watching = _watch_keys(keyring) if keyring is not None and keyring.path is not None else None
         try:
             yield
         finally:
+            if watching is not None:
+                watching()
             if pruning is not None:
                 pruning.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -140,7 +167,7 @@ def create_app(
             Middleware(RequestIdMiddleware),
             Middleware(ObserveMiddleware, metrics=metrics),
             Middleware(OpenAIErrorShape),
-            Middleware(AuthMiddleware, keys=api_keys),
+            Middleware(AuthMiddleware, keys=keyring),
             *(
                 [Middleware(RateLimitMiddleware, requests_per_s=rate_limit[0], burst=rate_limit[1])]
                 if rate_limit
@@ -154,6 +181,7 @@ def create_app(
     app.state.admission = Admission(admission)
     app.state.metrics = metrics
     app.state.store = store
+    app.state.keyring = keyring
     app.state.auto_refit_every = auto_refit_every
     app.state.images = images
     prior_correction = PriorCorrection(prior_correction)

@@ -1,29 +1,55 @@
-"""API keys: ``Authorization: Bearer <key>`` (what Jev's SDKs send), checked by an ASGI middleware.
+"""API keys: ``Authorization: Bearer <key>`` (what Jev's SDKs send), checked by an ASGI middleware;
+each key names its tenant and its scopes.
 
-Keys come from a file (one per line; blank lines and ``#`` comments skipped) and/or the environment
-variable ``OPENDECIDE_API_KEYS`` (comma-separated). Only their SHA-256 digests are held, and a presented
-key is compared against every digest with ``hmac.compare_digest`` (no early exit), so neither the
-keys' text nor the time a comparison takes says anything about them. A caller is known in logs and
-rate limits by its ``key_id``: the first 12 hex digits of the digest, never the key.
+The key file holds one key a line (blank lines and ``#`` comments skipped), optionally followed by
+fields::
 
-Without keys the service must bind to loopback only; ``check_bind`` refuses any other address unless
-``--no-auth`` says the operator means it.
+    KEY tenant=NAME scopes=decide,calibrate,admin
+
+A bare ``KEY`` is tenant ``default`` with scopes ``decide,calibrate`` (the format before tenants:
+every key then shares one tenant, and the start-up log says so). ``admin`` is never implied.
+``$OPENDECIDE_API_KEYS`` holds the same items: separated by ``;`` when the value holds a ``;`` or any
+item has fields (a ``scopes=`` list has commas), else the old comma-separated list of bare keys.
+
+Only the keys' SHA-256 digests are held, and a presented key is compared against every digest with
+``hmac.compare_digest`` (no early exit), so neither the keys' text nor the time a comparison takes says
+anything about them. A caller is known in logs, audit lines and rate limits by its ``key_id``: the
+first 12 hex digits of the digest, never the key.
+
+The key set is live (``Keyring``): the file is re-read when it changes (polled) and on SIGHUP; a reload
+that fails keeps the old set and logs why. Without keys the service must bind to loopback only;
+``check_bind`` refuses any other address unless ``--no-auth`` says the operator means it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
+import logging
 import os
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+from calibration.store import DEFAULT_TENANT
+from service.audit import audit
 from service.decompress import ASGIApp, Receive, Scope, Send
-from service.errors import send_error
+from service.errors import PermissionDenied, send_error
+
+logger = logging.getLogger("opendecide.auth")
 
 KEYS_ENV = "OPENDECIDE_API_KEYS"
 MIN_KEY_CHARS = 16
+SCOPES = ("decide", "calibrate", "admin")
+"""decide: decisions and batches; calibrate: fits, lists, refits and feedback of the key's tenant;
+admin: shared fits, /metrics on the main port, the key set's description."""
+DEFAULT_SCOPES = frozenset({"decide", "calibrate"})
+"""A bare key's scopes: what every key could do before scopes existed, less nothing (admin is new)."""
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+DEFAULT_KEY_POLL_S = 2.0
 # Liveness and readiness answer orchestrators' probes, which carry no key; neither says anything a
 # caller could use (readiness names the model, as /v1/models would). The OpenAPI document is the
 # public contract, fetched by generators before they hold a key.
@@ -38,11 +64,108 @@ def key_id(key_digest: bytes) -> str:
     return key_digest.hex()[:12]
 
 
-def load_api_keys(path: Path | None = None, environ: dict[str, str] | None = None) -> list[str]:
-    """Keys from ``path`` (one per line) and ``$OPENDECIDE_API_KEYS`` (comma-separated), in that order.
+@dataclass(frozen=True)
+class Caller:
+    """Who a request comes from, as the middleware puts it in ``scope["state"]["caller"]``."""
 
-    Raises ``ValueError`` for a key shorter than 16 characters or holding whitespace, naming its line
-    (never the key)."""
+    tenant: str
+    key_id: str | None  # None: authentication is off
+    scopes: frozenset[str]
+
+
+ANONYMOUS = Caller(DEFAULT_TENANT, None, frozenset(SCOPES))
+"""With auth off every caller is the operator (loopback, or ``--no-auth`` on purpose): every scope."""
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    digest: bytes
+    tenant: str
+    scopes: frozenset[str]
+    bare: bool
+    """Given without fields (the format before tenants)."""
+
+    @property
+    def caller(self) -> Caller:
+        return Caller(self.tenant, key_id(self.digest), self.scopes)
+
+
+@dataclass(frozen=True)
+class KeySet:
+    keys: tuple[ApiKey, ...]
+
+    def match(self, presented: str) -> ApiKey | None:
+        wanted = digest(presented)
+        matched = None
+        for known in self.keys:  # every digest compared: the time taken does not depend on which matched
+            if hmac.compare_digest(wanted, known.digest):
+                matched = known
+        return matched
+
+    def describe(self) -> list[dict]:
+        """What an admin may see of the set: key ids, tenants, scopes; never a key."""
+        return [
+            {"key_id": key_id(k.digest), "tenant": k.tenant, "scopes": sorted(k.scopes)} for k in self.keys
+        ]
+
+    def notice(self) -> str:
+        """The start-up line: how many keys, and whether the file is in the format before tenants."""
+        tenants = sorted({k.tenant for k in self.keys})
+        if all(k.bare for k in self.keys):
+            return (
+                f"authentication on: {len(self.keys)} API key(s) in the old format (no fields): every key is "
+                f"tenant '{DEFAULT_TENANT}' with scopes {','.join(sorted(DEFAULT_SCOPES))}"
+            )
+        return f"authentication on: {len(self.keys)} API key(s), tenants {', '.join(tenants)}"
+
+
+def parse_key(text: str, where: str) -> ApiKey:
+    """One key item: ``KEY [tenant=NAME] [scopes=a,b]``. ``ValueError`` names ``where``, never the key."""
+    key, *fields = text.split()
+    if len(key) < MIN_KEY_CHARS:
+        raise ValueError(f"API key at {where} must be at least {MIN_KEY_CHARS} characters without spaces")
+    given: dict[str, str] = {}
+    for item in fields:
+        name, eq, value = item.partition("=")
+        if not eq or name not in ("tenant", "scopes"):
+            raise ValueError(
+                f"API key at {where}: after the key come only tenant=NAME and scopes=LIST, separated by spaces"
+            )
+        if name in given:
+            raise ValueError(f"API key at {where}: {name} given twice")
+        given[name] = value
+    tenant = given.get("tenant", DEFAULT_TENANT)
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise ValueError(
+            f"API key at {where}: a tenant is 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+    scopes = frozenset(given["scopes"].split(",")) if "scopes" in given else DEFAULT_SCOPES
+    unknown = sorted(scopes - set(SCOPES))
+    if unknown:
+        raise ValueError(f"API key at {where}: unknown scope(s) {unknown}; scopes are {', '.join(SCOPES)}")
+    return ApiKey(digest(key), tenant, scopes, bare=not fields)
+
+
+def env_items(value: str) -> list[str]:
+    """``$OPENDECIDE_API_KEYS``'s items: ``;``-separated when any item has fields (or a ``;`` is there),
+    else the old comma list. Refuses a key holding a comma in the ``;`` form: it could only be two
+    items of the comma form written with fields, which is ambiguous."""
+    fielded = ";" in value or any(len(item.split()) > 1 for item in value.split(","))
+    if not fielded:
+        return [item.strip() for item in value.split(",")]
+    items = [item.strip() for item in value.split(";")]
+    for index, item in enumerate(items, start=1):
+        if item and "," in item.split()[0]:
+            raise ValueError(
+                f"{KEYS_ENV} item {index}: a key holds ','; when any item has fields, separate items with ';'"
+            )
+    return items
+
+
+def load_key_set(path: Path | None = None, environ: dict[str, str] | None = None) -> KeySet:
+    """Keys from ``path`` and ``$OPENDECIDE_API_KEYS``, in that order.
+
+    Raises ``ValueError`` for a malformed item or a key given twice, naming its line (never the key)."""
     environ = os.environ if environ is None else environ
     found: list[tuple[str, str]] = []
     if path is not None:
@@ -50,13 +173,110 @@ def load_api_keys(path: Path | None = None, environ: dict[str, str] | None = Non
             text = line.strip()
             if text and not text.startswith("#"):
                 found.append((f"{path} line {number}", text))
-    for index, item in enumerate(environ.get(KEYS_ENV, "").split(","), start=1):
-        if item.strip():
-            found.append((f"{KEYS_ENV} item {index}", item.strip()))
-    for where, key in found:
-        if len(key) < MIN_KEY_CHARS or any(ch.isspace() for ch in key):
-            raise ValueError(f"API key at {where} must be at least {MIN_KEY_CHARS} characters without spaces")
-    return [key for _, key in found]
+    for index, item in enumerate(env_items(environ.get(KEYS_ENV, "")), start=1):
+        if item:
+            found.append((f"{KEYS_ENV} item {index}", item))
+    keys: list[ApiKey] = []
+    seen: dict[bytes, str] = {}
+    for where, text in found:
+        key = parse_key(text, where)
+        if key.digest in seen:
+            raise ValueError(f"API key at {where} repeats the key at {seen[key.digest]}")
+        seen[key.digest] = where
+        keys.append(key)
+    return KeySet(tuple(keys))
+
+
+class Keyring:
+    """The live key set. ``reload`` swaps it in one assignment (requests read ``current`` once), so a
+    request sees the old set or the new one, never a mix; a reload that fails, or would leave no key,
+    keeps the old set and logs why."""
+
+    def __init__(
+        self,
+        path: Path | None = None,
+        environ: dict[str, str] | None = None,
+        *,
+        poll_s: float = DEFAULT_KEY_POLL_S,
+        keys: KeySet | None = None,
+    ) -> None:
+        self.path = None if path is None else Path(path)
+        self.environ = dict(os.environ if environ is None else environ)
+        self.poll_s = poll_s
+        self._stamp = self._file_stamp()
+        self.current = load_key_set(self.path, self.environ) if keys is None else keys
+
+    @classmethod
+    def of(cls, keys: Iterable[str]) -> Keyring:
+        """A fixed ring of bare keys (tenant default): what ``create_app(api_keys=[...])`` is given in code."""
+        items = list(keys)
+        return cls(
+            None, {}, keys=KeySet(tuple(parse_key(k, f"key {i}") for i, k in enumerate(items, start=1)))
+        )
+
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        # Follows symlinks: a Kubernetes Secret volume swaps a symlink to a new directory on update.
+        try:
+            stat = self.path.stat() if self.path is not None else None
+        except OSError:
+            return None
+        return None if stat is None else (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+    def changed_on_disk(self) -> bool:
+        return self.path is not None and self._file_stamp() != self._stamp
+
+    def reload(self, trigger: str) -> bool:
+        """Read the file (and environment) again; True when the new set is in place."""
+        self._stamp = self._file_stamp()
+        try:
+            fresh = load_key_set(self.path, self.environ)
+            if not fresh.keys:
+                raise ValueError(
+                    "the new key set is empty (auth stays on; remove keys by restarting without them)"
+                )
+        except (OSError, ValueError, UnicodeDecodeError) as error:
+            logger.warning(
+                "API keys not reloaded (%s): %s; keeping the %d key(s) in use",
+                trigger,
+                error,
+                len(self.current.keys),
+            )
+            audit(
+                "key_set_reload_refused",
+                None,
+                trigger=trigger,
+                reason=str(error),
+                keys=len(self.current.keys),
+            )
+            return False
+        old = {k["key_id"]: k for k in self.current.describe()}
+        new = {k["key_id"]: k for k in fresh.describe()}
+        self.current = fresh
+        audit(
+            "key_set_changed", None, trigger=trigger, keys=len(new),
+            added=sorted(new.keys() - old.keys()), removed=sorted(old.keys() - new.keys()),
+            changed=sorted(k for k in new.keys() & old.keys() if new[k] != old[k]),
+        )  # fmt: skip
+        return True
+
+    async def watch(self) -> None:
+        """Poll the file every ``poll_s``; reload when its mtime, size or inode changed."""
+        if self.path is None:
+            return
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if self.changed_on_disk():
+                self.reload("file changed")
+
+
+def require_scope(state: dict, scope: str, what: str) -> Caller:
+    """The request's caller, or 403 ``permission_error`` naming the ``scope`` that ``what`` needs."""
+    caller: Caller = state.get("caller", ANONYMOUS)
+    if scope not in caller.scopes:
+        raise PermissionDenied(
+            f"this API key lacks the '{scope}' scope, which {what} needs (its scopes: {','.join(sorted(caller.scopes))})"
+        )
+    return caller
 
 
 def check_bind(host: str, *, has_keys: bool, no_auth: bool) -> str | None:
@@ -81,35 +301,41 @@ def _is_loopback(host: str) -> bool:
 
 
 class AuthMiddleware:
-    """401 unless the request carries one of ``keys``; ``keys=None`` turns auth off (the header is then
-    accepted and ignored). ``open_paths`` need no key."""
+    """401 unless the request carries a key of ``keys`` (a ``Keyring``, or bare keys); ``keys=None``
+    turns auth off (the header is then accepted and ignored, every caller is ``ANONYMOUS``).
+    ``open_paths`` need no key. Puts the ``Caller`` (tenant, key id, scopes) in the request's state."""
 
     def __init__(
-        self, app: ASGIApp, *, keys: Iterable[str] | None, open_paths: Iterable[str] = OPEN_PATHS
+        self, app: ASGIApp, *, keys: Keyring | Iterable[str] | None, open_paths: Iterable[str] = OPEN_PATHS
     ) -> None:
         self.app = app
-        self.digests = None if keys is None else [digest(key) for key in keys]
-        if self.digests is not None and not self.digests:
+        if keys is None or isinstance(keys, Keyring):
+            self.keyring = keys
+        else:
+            self.keyring = Keyring.of(keys)
+        if self.keyring is not None and not self.keyring.current.keys:
             raise ValueError("auth is on but no API keys were given (pass keys=None to turn auth off)")
         self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.digests is None or scope["path"] in self.open_paths:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        if self.keyring is None or scope["path"] in self.open_paths:
+            state["caller"] = ANONYMOUS if self.keyring is None else Caller(DEFAULT_TENANT, None, frozenset())
             await self.app(scope, receive, send)
             return
         presented = _bearer(scope)
         if presented is None:
             await _refuse(send, "missing API key: send 'Authorization: Bearer <key>'")
             return
-        wanted = digest(presented)
-        matched = None
-        for known in self.digests:  # every digest compared: the time taken does not depend on which matched
-            if hmac.compare_digest(wanted, known):
-                matched = known
+        matched = self.keyring.current.match(presented)  # one read of the live set: old or new, not a mix
         if matched is None:
             await _refuse(send, "invalid API key")
             return
-        scope.setdefault("state", {})["key_id"] = key_id(matched)
+        state["caller"] = matched.caller
+        state["key_id"] = key_id(matched.digest)
         await self.app(scope, receive, send)
 
 

@@ -97,7 +97,14 @@ def serve(
     api_key_file: Annotated[
         Path | None,
         typer.Option(
-            help="API keys, one per line (also $OPENDECIDE_API_KEYS, comma-separated); callers send Authorization: Bearer KEY"
+            help="API keys, one per line, each optionally with tenant=NAME scopes=decide,calibrate,admin "
+            "(also $OPENDECIDE_API_KEYS); re-read when it changes and on SIGHUP; callers send Authorization: Bearer KEY"
+        ),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="serve /metrics on this port too, without a key (on the main port it needs an admin key)"
         ),
     ] = None,
     no_auth: Annotated[
@@ -135,7 +142,7 @@ def serve(
             host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model=model, model_dir=model_dir,
             chat_template=chat_template, tokenizer=tokenizer, workers=workers, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
-            api_key_file=api_key_file, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
+            api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost),
             retention_days=retention_days, prior_correction=prior_correction,
         )  # fmt: skip

@@ -1,7 +1,8 @@
 """Errors of the service itself, and how every error becomes an HTTP response.
 
     DecideError (readers/errors.py; engine errors 502/503/504, prompt_too_long 413, …)
-    ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded
+    ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded (or another tenant's)
+    ├── PermissionDenied (403 permission_error)     the key lacks the scope the route needs
     ├── RequestTooCostly (413 request_too_large)    prompt tokens × questions over the per-request cap
     ├── Overloaded (529 overloaded_error)           the admission queue is full; Retry-After
     ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
@@ -48,6 +49,16 @@ class UnknownDecision(DecideError):
 
     status_code = 404
     error_type = "unknown_decision"
+
+
+class PermissionDenied(DecideError):
+    """The caller's key lacks the scope a route needs (``service/auth.py``'s ``require_scope``)."""
+
+    status_code = 403
+    error_type = "permission_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="Authorization")  # the key, not a body field, is what falls short
 
 
 class RequestTooCostly(DecideError):

@@ -24,6 +24,7 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {}
 DESCRIPTIONS = {
     400: "the body does not decode (Content-Encoding)",
     401: "missing or invalid API key (authentication_error)",
+    403: "the API key lacks the scope this route needs (permission_error); the message names it",
     404: "unknown decision id",
     408: "the body did not arrive within the body timeout",
     413: "body, prompt (context length) or request cost over its limit; the limit is named",

@@ -50,6 +50,8 @@ class ServeOptions:
     auto_refit_every: int | None = None
     images: ServedImages = ServedImages()
     api_key_file: Path | None = None
+    metrics_port: int | None = None
+    """/metrics alone on its own listener, without a key (``service.routes.operations.metrics_app``)."""
     no_auth: bool = False
     rate_limit: tuple[float, int] | None = None
     """(requests per second, burst) per API key."""
@@ -137,6 +139,40 @@ def open_local_engine(options: ServeOptions, folder: Path, chat_template: str | 
         raise ServeRefused(f"{folder} cannot be opened as a model: {error}", option=option) from None
 
 
+def start_metrics_listener(metrics, host: str, port: int):
+    """``/metrics`` alone on ``host:port``, served by its own uvicorn in a daemon thread (so the main
+    server keeps its signal handling); returns the server (``should_exit`` stops it) once it listens."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from service.routes.operations import metrics_app
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise ServeRefused(
+            f"cannot listen on {host}:{port} for metrics: {error}", option="--metrics-port"
+        ) from None
+    server = uvicorn.Server(uvicorn.Config(metrics_app(metrics), log_level="warning", access_log=False))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="opendecide-metrics", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not server.started:
+        raise ServeRefused(f"the metrics listener on {host}:{port} did not start", option="--metrics-port")
+    return server
+
+
 def run_server(options: ServeOptions) -> None:
     """Check everything, then serve until interrupted; the store is closed on the way out."""
     import uvicorn
@@ -146,14 +182,17 @@ def run_server(options: ServeOptions) -> None:
     from readers.embedded import default_cache_dir
     from readers.engines import open_engine
     from service.app import create_app
-    from service.auth import check_bind, load_api_keys
+    from service.auth import Keyring, check_bind
 
     check_engine(options)
+    if options.metrics_port is not None and options.metrics_port == options.port:
+        raise ServeRefused("--metrics-port must differ from --port", option="--metrics-port")
     chat_template = read_chat_template(options)
     try:
-        api_keys = load_api_keys(options.api_key_file)
-    except (OSError, ValueError) as error:
+        keyring = Keyring(options.api_key_file)
+    except (OSError, ValueError, UnicodeDecodeError) as error:
         raise ServeRefused(str(error), option="--api-key-file") from None
+    api_keys = keyring.current.keys
     if api_keys and options.no_auth:
         raise ServeRefused("--no-auth and API keys contradict each other", option="--no-auth")
     try:
@@ -168,7 +207,7 @@ def run_server(options: ServeOptions) -> None:
     if auth_notice:
         logger.warning(auth_notice)
     else:
-        logger.info("authentication on: %d API key(s)", len(api_keys))
+        logger.info(keyring.current.notice())
     # Last of the checks: preparing a model the first time takes minutes, opening one seconds.
     folder = resolve_model(options)
     local = open_local_engine(options, folder, chat_template) if options.engine == "local" else None
@@ -188,11 +227,17 @@ def run_server(options: ServeOptions) -> None:
 
     app = create_app(
         open_engine=opener, store=store, auto_refit_every=options.auto_refit_every, images=options.images,
-        api_keys=api_keys or None, rate_limit=options.rate_limit, admission=options.admission,
+        api_keys=keyring if api_keys else None, rate_limit=options.rate_limit, admission=options.admission,
         retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
         prior_correction=options.prior_correction,
     )  # fmt: skip
+    metrics_server = None
     try:
+        if options.metrics_port is not None:
+            metrics_server = start_metrics_listener(app.state.metrics, options.host, options.metrics_port)
+            logger.info("metrics on http://%s:%d/metrics (no key)", options.host, options.metrics_port)
         uvicorn.run(app, host=options.host, port=options.port, log_level="info")
     finally:
+        if metrics_server is not None:
+            metrics_server.should_exit = True
         store.close()

@@ -6,7 +6,14 @@ import asyncio
 import uuid
 
 from calibration.bias import apply_prior, apply_temperature_bias
-from calibration.store import BIAS_MODES, Calibration, CalibrationKey, CalibrationStore, DecisionRecord
+from calibration.store import (
+    BIAS_MODES,
+    DEFAULT_TENANT,
+    Calibration,
+    CalibrationKey,
+    CalibrationStore,
+    DecisionRecord,
+)
 from calibration.temperature import apply_temperature, as_logits
 from readers.debias import RotatedReading
 from readers.engines.base import ModelInfo
@@ -45,12 +52,14 @@ async def decide(
     images: ServedImages = ServedImages(),
     priors: OptionPriors | None = None,
     affinity_key: str | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> SystemOneResponse:
     """Read every question of ``request``, apply calibrations, record the decisions, respond.
 
     With ``priors``, the reads of the questions their policy covers have the content-free prior
     divided out before any stored calibration applies. ``affinity_key``: the caller's routing key
-    for the reads (OpenAI's ``prompt_cache_key``); it changes where they run, never what they read."""
+    for the reads (OpenAI's ``prompt_cache_key``); it changes where they run, never what they read.
+    ``tenant``'s own fits apply first, then the shared ones; the decisions are recorded as ``tenant``'s."""
     response, decisions = await _decide(
         request,
         reader,
@@ -59,6 +68,7 @@ async def decide(
         images=images,
         priors=priors,
         affinity_key=affinity_key,
+        tenant=tenant,
     )
     if store is not None:
         await asyncio.to_thread(store.add_decisions, decisions)
@@ -73,12 +83,15 @@ async def decide_batch(
     store: CalibrationStore | None = None,
     images: ServedImages = ServedImages(),
     priors: OptionPriors | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> BatchResponse:
     """Every state × question read concurrently; the engine's own in-flight limit bounds the load."""
     requests = request.requests()
     outcomes = await asyncio.gather(
         *(
-            _decide(one, reader, request_id=request_id, store=store, images=images, priors=priors)
+            _decide(
+                one, reader, request_id=request_id, store=store, images=images, priors=priors, tenant=tenant
+            )
             for one in requests
         )
     )
@@ -105,6 +118,7 @@ async def _decide(
     images: ServedImages,
     priors: OptionPriors | None = None,
     affinity_key: str | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
     state = request.state_text()
     names = list(request.questions)
@@ -121,7 +135,9 @@ async def _decide(
     # New questions' priors are measured together (three reads each, once per question per process).
     served = await asyncio.gather(*(served_prior(priors, reader, reading) for reading in readings))
     for name, reading, prior in zip(names, readings, served):
-        key = calibration_key(engine.info, reading, request.domain, corrected=prior is not None)
+        key = calibration_key(
+            engine.info, reading, request.domain, corrected=prior is not None, tenant=tenant
+        )
         calibration = store.lookup(key) if store is not None else None
         answer = build_answer(request.questions[name], reading, calibration, prior)
         answers[name] = answer
@@ -140,6 +156,7 @@ async def _decide(
                 ],
                 informative=reading.label_probabilities.informative,
                 read_version=key.read_version,
+                tenant=tenant,
             )
         )
     response = SystemOneResponse(
@@ -162,10 +179,16 @@ async def _decide(
 
 
 def calibration_key(
-    info: ModelInfo, reading: Reading, domain: str | None, *, corrected: bool = False
+    info: ModelInfo,
+    reading: Reading,
+    domain: str | None,
+    *,
+    corrected: bool = False,
+    tenant: str = DEFAULT_TENANT,
 ) -> CalibrationKey:
-    """The reading's calibration key: the prompt version this service reads with, marked where the
-    prior was divided out of the read (``corrected``), so fits are applied to reads made as theirs were."""
+    """The reading's calibration key among ``tenant``'s fits: the prompt version this service reads
+    with, marked where the prior was divided out of the read (``corrected``), so fits are applied to
+    reads made as theirs were."""
     question = reading.question
     return CalibrationKey(
         info.name,
@@ -174,6 +197,7 @@ def calibration_key(
         len(question.options),
         domain,
         read_version=read_version(PROMPT_VERSION, corrected),
+        tenant=tenant,
     )
 
 

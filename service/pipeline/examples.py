@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from calibration.fit import MIN_GOLD, fit_and_store, gold_index
-from calibration.store import Calibration, CalibrationKey, CalibrationStore
+from calibration.store import DEFAULT_TENANT, Calibration, CalibrationKey, CalibrationStore
 from readers.errors import InvalidQuestion
 from readers.prompt import content_text
 from readers.reader import Reader
@@ -29,9 +29,11 @@ async def fit_from_examples(
     *,
     concurrency: int = 8,
     priors: OptionPriors | None = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> list[Calibration]:
     """Read every example (uncalibrated; with the prior divided out where ``priors`` cover the
-    question, as answers are read), group by key, fit and store each group."""
+    question, as answers are read), group by key, fit and store each group as ``tenant``'s fits, or
+    as shared ones where the request says ``shared`` (the route checks the caller may)."""
     info = reader.engine.info
     gate = asyncio.Semaphore(concurrency)
     jobs = []
@@ -63,7 +65,7 @@ async def fit_from_examples(
             (reading,) = await read_planned(reader, [plan], content_text(state))
         read = reading.label_probabilities
         prior = await served_prior(priors, reader, reading)
-        key = calibration_key(info, reading, request.domain, corrected=prior is not None)
+        key = calibration_key(info, reading, request.domain, corrected=prior is not None, tenant=tenant)
         return key, ([float(p) for p in corrected_read(read.probabilities, prior)], gold), read.informative
 
     groups: dict[CalibrationKey, list[tuple[list[float], int | None]]] = {}
@@ -86,7 +88,14 @@ async def fit_from_examples(
     source = "states" if request.mode == "state_prior" else "examples"
     return [
         await asyncio.to_thread(
-            fit_and_store, store, key, rows, source=source, seed=request.seed, mode=request.mode
+            fit_and_store,
+            store,
+            key,
+            rows,
+            source=source,
+            seed=request.seed,
+            mode=request.mode,
+            shared=request.shared,
         )
         for key, rows in sorted(
             groups.items(), key=lambda item: (item[0].question_type, item[0].option_count)

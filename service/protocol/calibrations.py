@@ -49,6 +49,11 @@ class CalibrationRequest(BodyModel):
     domain: str | None = Field(default=None, max_length=200)
     examples: list[CalibrationExample] = Field(min_length=1, max_length=5000)
     seed: int = Field(default=0, strict=True)
+    shared: bool = Field(
+        default=False,
+        strict=True,
+        description="publish the fit as shared: it applies to every tenant's answers that no fit of their own covers (needs the admin scope)",
+    )
 
 
 class CalibrationOut(ResponseModel):
@@ -80,6 +85,8 @@ class CalibrationOut(ResponseModel):
     bias: list[float] | None = Field(
         default=None, description="temperature_bias, state_prior: per-option bias, in option order"
     )
+    tenant: str | None = Field(description="the tenant whose fit this is; null for a shared fit")
+    shared: bool = Field(description="published by an admin key for every tenant")
 
 
 class CalibrationList(ResponseModel):
@@ -106,6 +113,11 @@ class RefitRequest(BodyModel):
     option_count: int | None = Field(default=None, strict=True, ge=MIN_OPTIONS, le=MAX_OPTIONS)
     domain: str | None = None
     model: str | None = None
+    shared: bool = Field(
+        default=False,
+        strict=True,
+        description="publish the fit (made on this key's tenant's records) as shared: it applies to every tenant's answers that no fit of their own covers (needs the admin scope)",
+    )
 
     @model_validator(mode="after")
     def check_domain_has_count(self) -> RefitRequest:

@@ -1,7 +1,13 @@
 """Calibration routes (opendecide extension): fit from examples, feedback, refits, listing.
 
-A refit reads the store (``calibration.fit.refit_from_store``): the decisions with feedback, or for
-``state_prior`` the recorded decisions of the key, with or without feedback.
+Every route needs the ``calibrate`` scope and works on the caller's tenant only: its fits (plus the
+shared ones, in lists), its decisions, its feedback. Feedback needs ``calibrate`` too, not ``decide``:
+gold answers are what the tenant's fits are made on (and an automatic refit writes one), so a key that
+may only ask must not be able to move the answers. Publishing a fit as ``shared`` needs ``admin``.
+A refit reads the store (``calibration.fit.refit_from_store``): the tenant's decisions with feedback,
+or for ``state_prior`` its recorded decisions of the key, with or without feedback.
+
+Every stored fit writes an audit line (``service/audit.py``).
 
 Mounted only when the app has a calibration store.
 """
@@ -15,6 +21,8 @@ from fastapi import APIRouter, Request
 from calibration.fit import MIN_GOLD, gold_index, refit_from_store
 from calibration.store import Calibration, CalibrationKey
 from readers.prompt import PROMPT_VERSION
+from service.audit import audit
+from service.auth import Caller, require_scope
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
 from service.openapi import body_schema, error_responses
@@ -33,11 +41,29 @@ from service.state import reader_of, store_of
 
 router = APIRouter()
 
-WRITE_ERRORS = error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504)
+WRITE_ERRORS = error_responses(400, 401, 403, 408, 413, 415, 422, 429, 502, 503, 504)
 
 
 def calibration_out(calibration: Calibration) -> CalibrationOut:
-    return CalibrationOut(**calibration.as_json())
+    return CalibrationOut(**calibration.as_json(), shared=calibration.shared)
+
+
+def caller_for(request: Request, what: str, *, shared: bool = False) -> Caller:
+    """The caller, refused with 403 unless it may ``what`` (calibrate; admin too to publish a shared fit)."""
+    caller = require_scope(request.scope["state"], "calibrate", what)
+    if shared:
+        require_scope(request.scope["state"], "admin", f"{what} with shared: true")
+    return caller
+
+
+def stored(caller: Caller, calibration: Calibration, how: str) -> CalibrationOut:
+    """Audit a stored fit (ids and sizes only: no domain tag, no example text) and render it."""
+    audit(
+        "calibration_stored", caller, how=how, calibration_id=calibration.id, shared=calibration.shared,
+        model=calibration.model, question_type=calibration.question_type, option_count=calibration.option_count,
+        mode=calibration.mode, n=calibration.n, source=calibration.source,
+    )  # fmt: skip
+    return calibration_out(calibration)
 
 
 @router.post(
@@ -47,35 +73,44 @@ def calibration_out(calibration: Calibration) -> CalibrationOut:
     responses=WRITE_ERRORS,
 )
 async def create_calibrations(request: Request) -> CalibrationList:
+    require_scope(request.scope["state"], "calibrate", "POST /v1/calibrations")  # before the body is read
     reader, body = await parse_for_model(request, CalibrationRequest)
+    caller = caller_for(request, "POST /v1/calibrations", shared=body.shared)
     fitted = await unless_disconnected(
-        request, fit_from_examples(body, reader, store_of(request), priors=request.app.state.priors)
+        request,
+        fit_from_examples(
+            body, reader, store_of(request), priors=request.app.state.priors, tenant=caller.tenant
+        ),
     )
-    return CalibrationList(calibrations=[calibration_out(c) for c in fitted])
+    return CalibrationList(calibrations=[stored(caller, c, "examples") for c in fitted])
 
 
-@router.get("/v1/calibrations", response_model=CalibrationList, responses=error_responses(401))
+@router.get("/v1/calibrations", response_model=CalibrationList, responses=error_responses(401, 403))
 async def list_calibrations(request: Request) -> CalibrationList:
-    return CalibrationList(calibrations=[calibration_out(c) for c in store_of(request).calibrations()])
+    caller = caller_for(request, "GET /v1/calibrations")
+    visible = store_of(request).calibrations(visible_to=caller.tenant)
+    return CalibrationList(calibrations=[calibration_out(c) for c in visible])
 
 
 @router.post(
     "/v1/feedback",
     response_model=FeedbackResponse,
     openapi_extra=body_schema(FeedbackRequest),
-    responses=error_responses(400, 401, 404, 408, 413, 415, 422, 429),
+    responses=error_responses(400, 401, 403, 404, 408, 413, 415, 422, 429),
 )
 async def feedback(request: Request) -> FeedbackResponse:
+    caller = caller_for(request, "POST /v1/feedback")
     store = store_of(request)
     body = parse_body(await request.body(), FeedbackRequest)
-    decision = await asyncio.to_thread(store.decision, body.decision_id)
+    # Another tenant's decision reads as None: the same 404, same message, as an id never recorded.
+    decision = await asyncio.to_thread(store.decision, body.decision_id, caller.tenant)
     if decision is None:
         raise UnknownDecision(f"no decision {body.decision_id!r} is recorded here")
     try:
         gold = gold_index(decision.question_type, decision.options, body.gold)
     except ValueError as error:
         raise validation_error(("body", "gold"), str(error), "invalid_gold") from None
-    recorded = await asyncio.to_thread(store.add_feedback, decision.id, decision.options[gold])
+    recorded = await asyncio.to_thread(store.add_feedback, decision.id, decision.options[gold], caller.tenant)
     key = CalibrationKey(
         decision.model,
         decision.revision,
@@ -83,6 +118,7 @@ async def feedback(request: Request) -> FeedbackResponse:
         decision.option_count,
         decision.domain,
         read_version=decision.read_version,
+        tenant=caller.tenant,
     )
     gold_rows = await asyncio.to_thread(store.gold_rows, key)
     refit = None
@@ -90,7 +126,8 @@ async def feedback(request: Request) -> FeedbackResponse:
     if every and len(gold_rows) >= MIN_GOLD and len(gold_rows) % every == 0:
         current = store.lookup(key)  # a refit keeps the mode the key was fitted in
         mode = current.mode if current is not None and current.key == key else "temperature"
-        refit = calibration_out(await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows))
+        refitted = await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows)
+        refit = stored(caller, refitted, "auto_refit")
     return FeedbackResponse(
         decision_id=decision.id, recorded=recorded, gold_answers=len(gold_rows), refit=refit
     )
@@ -103,9 +140,11 @@ async def feedback(request: Request) -> FeedbackResponse:
     responses=WRITE_ERRORS,
 )
 async def refit(request: Request) -> CalibrationOut:
+    require_scope(request.scope["state"], "calibrate", "POST /v1/calibrations/refit")
     reader = reader_of(request)
     store = store_of(request)
     body = parse_body(await request.body(), RefitRequest)
+    caller = caller_for(request, "POST /v1/calibrations/refit", shared=body.shared)
     info = reader.engine.info
     priors = request.app.state.priors
     # The key this service's answers to such questions are read under: prior-corrected where its policy
@@ -119,13 +158,14 @@ async def refit(request: Request) -> CalibrationOut:
         body.option_count,
         body.domain,
         read_version=read_version(PROMPT_VERSION, corrected),
+        tenant=caller.tenant,
     )
     try:
-        fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode)
+        fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode, shared=body.shared)
     except ValueError as error:
         raise validation_error(
             ("body",),
             str(error),
             "not_enough_decisions" if body.mode == "state_prior" else "not_enough_feedback",
         ) from None
-    return calibration_out(fitted)
+    return stored(caller, fitted, "refit")

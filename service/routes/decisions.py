@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.admission import request_cost
+from service.auth import require_scope
 from service.cancel import unless_disconnected
 from service.openapi import body_schema, error_responses
 from service.parse import parse_for_model
@@ -21,7 +22,7 @@ from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, Syst
 
 router = APIRouter()
 
-DECISION_ERRORS = error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504, 529)
+DECISION_ERRORS = error_responses(400, 401, 403, 408, 413, 415, 422, 429, 502, 503, 504, 529)
 
 
 def observed(request: Request, model: str, answer_sets) -> None:
@@ -48,14 +49,16 @@ async def admitted(request: Request, reader, states: list[str], questions, work)
 
 
 async def answer(request: Request) -> JSONResponse:
+    caller = require_scope(request.scope["state"], "decide", f"POST {request.url.path}")
     reader, body = await parse_for_model(request, SystemOneRequest)
     state = request.app.state
     request_id = request.scope["state"]["request_id"]
 
     async def work():
         return await decide(
-            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors
-        )
+            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors,
+            tenant=caller.tenant,
+        )  # fmt: skip
 
     response = await unless_disconnected(
         request, admitted(request, reader, [body.state_text()], body.questions, work)
@@ -65,14 +68,16 @@ async def answer(request: Request) -> JSONResponse:
 
 
 async def answer_batch(request: Request) -> JSONResponse:
+    caller = require_scope(request.scope["state"], "decide", "POST /decide/batch")
     reader, body = await parse_for_model(request, BatchRequest)
     state = request.app.state
     request_id = request.scope["state"]["request_id"]
 
     async def work():
         return await decide_batch(
-            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors
-        )
+            body, reader, request_id=request_id, store=state.store, images=state.images, priors=state.priors,
+            tenant=caller.tenant,
+        )  # fmt: skip
 
     states = [one.state_text() for one in body.requests()]
     response = await unless_disconnected(request, admitted(request, reader, states, body.questions, work))

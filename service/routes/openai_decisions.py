@@ -14,6 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from service.auth import require_scope
 from service.cancel import unless_disconnected
 from service.errors import validation_error
 from service.openapi import body_schema, error_responses
@@ -49,6 +50,7 @@ MAX_LOGGED_ID = 64
 
 
 async def create_decision(request: Request) -> JSONResponse:
+    caller = require_scope(request.scope["state"], "decide", "POST /v1/decisions")
     reader, body = await parse_for_model(request, DecisionRequest, aliases=(*JEV_ALIASES, *OPENAI_ALIASES))
     image = body.images_in()
     if image is not None:
@@ -77,6 +79,7 @@ async def create_decision(request: Request) -> JSONResponse:
             images=state.images,
             priors=state.priors,
             affinity_key=body.prompt_cache_key,
+            tenant=caller.tenant,
         )
 
     response = await unless_disconnected(

@@ -222,7 +222,7 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     assert store.gold_rows(replace(KEY, read_version=LEGACY_READ_VERSION)) == [([0.5, 0.3, 0.2], 2)]
     assert [
         v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")
-    ] == [1, 2, 3, 4, 5]
+    ] == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.integration
@@ -446,6 +446,7 @@ def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
         (3, "prompt_version on calibrations and decisions; calibration mode and per-option bias (found)"),
         (4, "decisions by key and time, for state_prior refits; calibration mode state_prior"),
         (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed; source 'labels' is 'examples'"),
+        (6, "tenant on calibrations, decisions and feedback; NULL tenant = shared calibration"),
     ]  # fmt: skip
 
 
@@ -530,7 +531,7 @@ def test_a_store_at_version_4_keeps_every_row_under_the_new_column_names(new_sto
         for table in ("calibrations", "decisions", "feedback")
     }
     store = new_store()
-    assert store.schema_version() == 5
+    assert store.schema_version() == 6
     assert {table: query(location, f"SELECT count(*) FROM {table}") for table in counts} == counts
     for table in ("calibrations", "decisions"):
         if location.startswith("postgresql://"):

@@ -76,7 +76,7 @@ SERVICE_COMMAND = [
     "decide", "serve", "--host", "0.0.0.0", "--port", "8080", "--engine", "vllm",
     "--engine-url", "dns+http://vllm-engine-headless:8000",
     "--engine-image", "$(ENGINE_IMAGE)", "--service-image", "$(SERVICE_IMAGE)",
-    "--api-key-file", "/var/run/opendecide/api-keys",
+    "--api-key-file", "/var/run/opendecide/api-keys", "--metrics-port", "9090",
 ]  # fmt: skip
 PINNED = re.compile(r"^[a-z0-9][a-z0-9._/-]*@sha256:[0-9a-f]{64}$")
 
@@ -348,7 +348,7 @@ def test_pod_monitoring_fields(docs):
                       "authorization", "basicAuth", "oauth2", "tls"}  # fmt: skip
     for name, container_name, port in (
         ("vllm-engine", "vllm", 8000),
-        ("opendecide-service", "service", 8080),
+        ("opendecide-service", "service", 9090),  # the metrics-only listener: no API key
     ):
         monitor = find(docs, "PodMonitoring", name)
         assert monitor["apiVersion"] == "monitoring.googleapis.com/v1"

@@ -8,7 +8,7 @@ import logging
 import pytest
 from typer.testing import CliRunner
 
-from service.auth import KEYS_ENV, check_bind, load_api_keys
+from service.auth import DEFAULT_SCOPES, KEYS_ENV, Keyring, check_bind, digest, load_key_set
 
 KEY = "od-live-4f9a1c2b7e8d6a5f"
 OTHER = "od-live-0000000000000000"
@@ -39,8 +39,10 @@ async def test_missing_or_wrong_key_is_a_401(client_factory, quick_engine, heade
 
 
 @pytest.mark.anyio
-async def test_a_right_key_passes_and_probes_need_none(client_factory, quick_engine):
-    async with client_factory(quick_engine, api_keys=[OTHER, KEY]) as client:
+async def test_a_right_key_passes_and_probes_need_none(client_factory, quick_engine, tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"{OTHER} tenant=ops scopes=admin\n{KEY}\n")
+    async with client_factory(quick_engine, api_keys=Keyring(path, {})) as client:
         answered = await client.post("/v1/systemone", json=BODY, headers={"authorization": f"bearer {KEY}"})
         live = await client.get("/healthz")
         ready = await client.get("/readyz")
@@ -77,19 +79,17 @@ def test_app_refuses_auth_on_with_no_keys():
 def test_keys_from_file_and_environment(tmp_path):
     path = tmp_path / "keys"
     path.write_text(f"# ops team\n{KEY}\n\n  {OTHER}  \n")
-    assert load_api_keys(path, {KEYS_ENV: " od-env-key-aaaaaaaaaaaa , "}) == [
-        KEY,
-        OTHER,
-        "od-env-key-aaaaaaaaaaaa",
-    ]
-    assert load_api_keys(None, {}) == []
+    keys = load_key_set(path, {KEYS_ENV: " od-env-key-aaaaaaaaaaaa , "}).keys
+    assert [k.digest for k in keys] == [digest(KEY), digest(OTHER), digest("od-env-key-aaaaaaaaaaaa")]
+    assert all(k.tenant == "default" and k.scopes == DEFAULT_SCOPES and k.bare for k in keys)
+    assert load_key_set(None, {}).keys == ()
 
 
 def test_a_short_key_is_refused_by_line_never_echoed(tmp_path):
     path = tmp_path / "keys"
     path.write_text(f"{KEY}\nshort-secret\n")
     with pytest.raises(ValueError) as raised:
-        load_api_keys(path, {})
+        load_key_set(path, {})
     assert "line 2" in str(raised.value) and "short-secret" not in str(raised.value)
 
 
