@@ -3,7 +3,9 @@
     DecideError (readers/errors.py; engine errors 502/503/504, prompt_too_long 413, …)
     ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded
     ├── RequestTooCostly (413 request_too_large)    prompt tokens × questions over the per-request cap
-    ├── Overloaded (529 overloaded_error)           the admission queue is full; Retry-After
+    ├── Overloaded (529 overloaded_error)           the admission queue is full or too slow; Retry-After
+    ├── DeadlineExceeded (504 deadline_exceeded)    the request ran past the server's deadline
+    ├── NotUtf8 (415 unsupported_media_type)        a JSON body that is not UTF-8 (UTF-16, Latin-1)
     └── ClientDisconnected (never sent)             the client left; its work was cancelled
 
 Middleware answers before any route, with ``send_error``:
@@ -56,6 +58,21 @@ class Overloaded(DecideError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(DecideError):
+    """The request ran past the server-side deadline (``decide serve --deadline``); its work was stopped."""
+
+    status_code = 504
+    error_type = "deadline_exceeded"
+
+
+class NotUtf8(DecideError):
+    """A body that is not UTF-8: JSON parsers guess UTF-16 and UTF-32 from the first bytes, but only
+    UTF-8 is JSON between systems (RFC 8259), and the docs promise it."""
+
+    status_code = 415
+    error_type = "unsupported_media_type"
 
 
 class ClientDisconnected(DecideError):

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Request
 
 from calibration.fit import MIN_GOLD, gold_index, refit_from_store
 from calibration.store import Calibration, CalibrationKey
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import PROMPT_VERSION, content_text
+from service.admission import admitted
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
 from service.openapi import body_schema, error_responses
@@ -44,13 +45,20 @@ def calibration_out(calibration: Calibration) -> CalibrationOut:
     "/v1/calibrations",
     response_model=CalibrationList,
     openapi_extra=body_schema(CalibrationRequest),
-    responses=WRITE_ERRORS,
+    responses=error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504, 529),
 )
 async def create_calibrations(request: Request) -> CalibrationList:
     reader, body = await parse_for_model(request, CalibrationRequest)
-    fitted = await unless_disconnected(
-        request, fit_from_examples(body, reader, store_of(request), priors=request.app.state.priors)
-    )
+
+    def work():
+        return fit_from_examples(body, reader, store_of(request), priors=request.app.state.priors)
+
+    # Admitted by the cost of its reads, as /decide/batch is: an example set is as much work.
+    jobs = [
+        ([content_text(example.state)], example.questions, ("body", "examples", i))
+        for i, example in enumerate(body.examples)
+    ]
+    fitted = await unless_disconnected(request, admitted(request, reader, jobs, work))
     return CalibrationList(calibrations=[calibration_out(c) for c in fitted])
 
 
