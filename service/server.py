@@ -186,13 +186,23 @@ def run_server(options: ServeOptions) -> None:
             max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s, chat_template=chat_template,
         )  # fmt: skip
 
+    failures: list[str] = []
+
+    def stop_serving(reason: str) -> None:
+        # An engine that cannot open (not one still starting) would answer 503 for ever: exit non-zero.
+        failures.append(reason)
+        server.should_exit = True
+
     app = create_app(
         open_engine=opener, store=store, auto_refit_every=options.auto_refit_every, images=options.images,
         api_keys=api_keys or None, rate_limit=options.rate_limit, admission=options.admission,
         retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
-        prior_correction=options.prior_correction,
+        prior_correction=options.prior_correction, on_engine_failure=stop_serving,
     )  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="info"))
     try:
-        uvicorn.run(app, host=options.host, port=options.port, log_level="info")
+        server.run()
     finally:
         store.close()
+    if failures:
+        raise ServeRefused(failures[0])
