@@ -15,6 +15,7 @@ from readers.reader import Reader
 from service.admission import MAX_OPTION_NAME_TOKENS, Admission, AdmissionLimits, CostRate, request_cost
 from service.errors import Overloaded
 from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS, NoulQuestion
+from tests.readers.test_kvtree import distinct_tokens
 from tests.service.conftest import favour_first, function_engine
 
 pytestmark = pytest.mark.anyio
@@ -217,11 +218,6 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
     assert admission.in_flight == 0 and admission.queued == 0
 
 
-def distinct_prefix_tokens(prompts: list[tuple[int, ...]]) -> int:
-    """Tokens an engine computing each distinct prompt prefix once computes for these reads."""
-    return len({prompt[:end] for prompt in prompts for end in range(1, len(prompt) + 1)})
-
-
 async def test_the_price_covers_every_read_scheduled_prior_reads_included(client_factory, local_engine):
     """The probe: multi-token option names cost one read per trie depth, times four the first time a
     question is seen (its content-free prior reads), while admission counted the names once. Every
@@ -248,8 +244,8 @@ async def test_the_price_covers_every_read_scheduled_prior_reads_included(client
         first_prompts, prompts[:] = list(prompts), []
         second = await client.post("/v1/systemone", json=body)
     assert first.status_code == 200 and second.status_code == 200
-    scheduled_first = distinct_prefix_tokens(first_prompts)
-    scheduled_second = distinct_prefix_tokens(prompts)
+    scheduled_first = distinct_tokens(first_prompts)
+    scheduled_second = distinct_tokens(prompts)
     assert len(first_prompts) > 4 * len(prompts) // 2  # the prior reads on first sight
     # Never under the work (bar the chat template's fixed tokens), never far over it.
     template_tokens = 40
