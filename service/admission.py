@@ -1,43 +1,105 @@
-"""Admission: a bounded, cost-weighted semaphore around a request's reads.
+"""Admission: a bounded, cost-weighted semaphore around a request's reads, and each request's bounds.
 
-A request's cost is its prompt tokens summed over its reads (state + question, per question): what
-the engine must process, which a request count does not capture (one 7,000-token state with 4
-questions costs as much as ~200 short one-question requests). Costs in flight are bounded by
-``in_flight_cost``; a request that does not fit waits in a FIFO queue bounded by ``queued_cost``;
-a request that does not fit the queue either gets 529 ``overloaded_error`` with Retry-After at once,
-so a flood is refused in milliseconds instead of every caller waiting. A single request over
-``request_cost`` gets 413 naming the limit. A request alone may exceed ``in_flight_cost`` (up to
-``request_cost``): it runs when nothing else is in flight, so no allowed request waits forever.
+A request's cost is the prompt tokens its reads schedule (``request_cost``): what the engine must
+process, which a request count does not capture (one 7,000-token state with 4 questions costs as much
+as ~200 short one-question requests). Costs in flight are bounded by ``in_flight_cost``; a request that
+does not fit waits in a FIFO queue bounded twice: by ``queued_cost``, and by its expected wait, the
+work ahead of it over the service's measured rate (prompt tokens per busy second, ``CostRate``), at
+most ``max_wait_s``. A request that does not fit the queue gets 529 ``overloaded_error`` with
+Retry-After; ``refuse_if_full`` says so before the request is even priced, so a flood is refused in
+milliseconds with no work done for it. A single request over ``request_cost`` gets 413 naming the
+limit. A request alone may exceed ``in_flight_cost`` (up to ``request_cost``): it runs when nothing
+else is in flight, so no allowed request waits forever.
 
-A waiter whose task is cancelled (its client disconnected) leaves the queue and takes nothing.
+Every request also has a deadline (``deadline_s``, ``service/cancel.py``): past it, its reads are
+cancelled at the next engine call and it gets 504 ``deadline_exceeded``.
+
+A waiter whose task is cancelled (its client disconnected, its deadline passed) leaves the queue and
+takes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
+
+if TYPE_CHECKING:
+    from fastapi import Request
+
+    from service.pipeline.prior import OptionPriors
+
+T = TypeVar("T")
+
+MAX_OPTION_NAME_TOKENS = 32
+"""Tokens in one option name at most: a name is read token by token (one engine call per depth of the
+options' token trie, and again on each content-free state the first time a question is seen), so its
+tokens bound a request's sequential engine calls. Characters are bounded in the wire model
+(``service.protocol.questions.MAX_OPTION_NAME_CHARS``)."""
 
 
 @dataclass(frozen=True)
 class AdmissionLimits:
     """Defaults suit the embedded engine on a few CPU cores (a few thousand prompt tokens/s): the queue
-    holds roughly ten seconds of work. Raise them with the engine's throughput."""
+    holds roughly ten seconds of work. Raise the costs with the engine's throughput.
+
+    ``max_wait_s``: a request whose expected wait in the queue (the cost ahead of it at the measured
+    rate) is longer gets 529 at once. ``deadline_s``: the longest a request may take from its body read
+    to its answer, queue included (504 past it)."""
 
     in_flight_cost: int = 8_192
     queued_cost: int = 32_768
     request_cost: int = 65_536
     retry_after_s: int = 2
+    max_wait_s: float = 10.0
+    deadline_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("in_flight_cost", "queued_cost", "request_cost", "retry_after_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        for name in ("max_wait_s", "deadline_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+
+
+class CostRate:
+    """The service's measured rate: prompt tokens of completed requests per second the engine was busy
+    (something in flight), both decayed with a ``half_life_s``, so it follows a changed load or engine.
+    None until ``min_busy_s`` of busy time is measured: a cold service bounds its queue by size only."""
+
+    def __init__(self, *, half_life_s: float = 60.0, min_busy_s: float = 2.0, clock=time.monotonic) -> None:
+        self.half_life_s = half_life_s
+        self.min_busy_s = min_busy_s
+        self._clock = clock
+        self._cost = 0.0
+        self._busy_s = 0.0
+        self._last = clock()
+
+    def advance(self, busy: bool) -> None:
+        """Account the time since the last event, busy or idle; call before ``in_flight`` changes."""
+        now = self._clock()
+        elapsed = now - self._last
+        self._last = now
+        decay = 0.5 ** (elapsed / self.half_life_s)
+        self._cost *= decay
+        self._busy_s = self._busy_s * decay + (elapsed if busy else 0.0)
+
+    def completed(self, cost: int) -> None:
+        self._cost += cost
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self._busy_s < self.min_busy_s or self._cost <= 0:
+            return None
+        return self._cost / self._busy_s
 
 
 class Admission:
@@ -46,30 +108,54 @@ class Admission:
         self.in_flight = 0
         self.queued = 0
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self.rate = CostRate()
+
+    def expected_wait_s(self, cost: int = 0) -> float | None:
+        """Seconds until ``cost`` more queued work would start, at the measured rate (None: not measured)."""
+        rate = self.rate.tokens_per_s
+        return None if rate is None else (self.in_flight + self.queued + cost) / rate
+
+    def refuse_if_full(self) -> None:
+        """529 at once, before the request is read or priced, where the queue is already full (by cost or
+        by expected wait): a flood costs the service no work."""
+        if self._waiters and (
+            self.queued >= self.limits.queued_cost or (self.expected_wait_s() or 0.0) > self.limits.max_wait_s
+        ):
+            raise self._overloaded()
+
+    def _overloaded(self, cost: int = 0):
+        from service.errors import Overloaded
+
+        limits = self.limits
+        wait = self.expected_wait_s(cost)
+        expected = "" if wait is None else f", expected wait {wait:.1f} s (at most {limits.max_wait_s:g} s)"
+        return Overloaded(
+            f"the service is at capacity ({self.in_flight} prompt tokens in flight, {self.queued} queued, "
+            f"queue limit {limits.queued_cost}{expected}); retry after {limits.retry_after_s} s",
+            retry_after_s=limits.retry_after_s,
+        )
 
     @contextlib.asynccontextmanager
     async def admit(self, cost: int) -> AsyncIterator[None]:
         """Hold ``cost`` for the block; wait in the queue if needed, or raise 413/529."""
         # Imported here: ``decide serve --help`` reads AdmissionLimits' defaults without the web framework
         # service.errors builds responses with.
-        from service.errors import Overloaded, RequestTooCostly
+        from service.errors import RequestTooCostly
 
         limits = self.limits
         if cost > limits.request_cost:
             raise RequestTooCostly(
-                f"this request costs {cost} prompt tokens over its reads (tokens × questions); one request may cost at most "
+                f"this request schedules {cost} prompt tokens over its reads (state and question per question, "
+                f"option names per trie read, content-free prior reads); one request may cost at most "
                 f"{limits.request_cost}: send fewer questions or a shorter state",
                 param="body",
             )
         if not self._waiters and self._fits(cost):
-            self.in_flight += cost
+            self._take(cost)
         else:
-            if self.queued + cost > limits.queued_cost:
-                raise Overloaded(
-                    f"the service is at capacity ({self.in_flight} prompt tokens in flight, {self.queued} queued, "
-                    f"queue limit {limits.queued_cost}); retry after {limits.retry_after_s} s",
-                    retry_after_s=limits.retry_after_s,
-                )
+            wait = self.expected_wait_s(cost)
+            if self.queued + cost > limits.queued_cost or (wait is not None and wait > limits.max_wait_s):
+                raise self._overloaded(cost)
             waiter = asyncio.get_running_loop().create_future()
             entry = (cost, waiter)
             self._waiters.append(entry)
@@ -84,15 +170,25 @@ class Admission:
                     self.queued -= cost
                     self._wake()
                 raise
+        completed = False
         try:
             yield
+            completed = True
         finally:
-            self._release(cost)
+            self._release(cost, completed=completed)
 
     def _fits(self, cost: int) -> bool:
         return self.in_flight == 0 or self.in_flight + cost <= self.limits.in_flight_cost
 
-    def _release(self, cost: int) -> None:
+    def _take(self, cost: int) -> None:
+        self.rate.advance(busy=self.in_flight > 0)
+        self.in_flight += cost
+
+    def _release(self, cost: int, *, completed: bool = False) -> None:
+        # Only work done counts toward the rate: a request stopped half-way did not cost its whole price.
+        self.rate.advance(busy=True)
+        if completed:
+            self.rate.completed(cost)
         self.in_flight -= cost
         self._wake()
 
@@ -101,33 +197,104 @@ class Admission:
         while self._waiters and self._fits(self._waiters[0][0]):
             cost, waiter = self._waiters.popleft()
             self.queued -= cost
-            self.in_flight += cost
+            self._take(cost)
             waiter.set_result(None)
 
 
 def request_cost(reader: Reader, states: list[str], questions: list[QuestionSpec]) -> int | None:
-    """Prompt tokens over every read: Σ over states and questions of (state tokens + question tokens
-    + option tokens).
+    """Prompt tokens the reads of ``questions`` about each of ``states`` schedule: Σ over states and
+    questions of (state tokens + question tokens + option tokens).
 
     Option names count twice, as the engine computes them: once listed in the question, once more
-    as the answer slot's token-trie reads (a read per trie node). Counted with the served tokenizer, without the chat template's few fixed
-    tokens. None when some state cannot fit the context whatever its tokens (the reader then refuses
-    it with 413 without tokenizing, so there is nothing to admit)."""
+    as the answer slot's token-trie reads (each trie node's token once: the local engine computes each
+    distinct token once, vLLM's prefix cache likewise). Counted with the served tokenizer, without the
+    chat template's few fixed tokens. None when some state cannot fit the context whatever its tokens
+    (the reader then refuses it with 413 without tokenizing, so there is nothing to admit)."""
     template = (
         reader.template
     )  # its caller-text encoder: locked, and special-token text stays text as in the read
     longest = template.max_token_chars
     if any(len(state) // longest >= reader.engine.info.context_length for state in states):
         return None
-    question_tokens = sum(
-        len(template.encode_text(_question_text(spec)))
-        + sum(len(template.encode_text(" " + option)) for option in spec.options)
-        for spec in questions
-    )
+    question_tokens = sum(_question_tokens(reader, spec) for spec in questions)
     state_tokens = sum(len(template.encode_text(state)) for state in states)
     return state_tokens * len(questions) + question_tokens * len(states)
+
+
+def _question_tokens(reader: Reader, spec: QuestionSpec) -> int:
+    encode = reader.template.encode_text
+    return len(encode(_question_text(spec))) + sum(len(encode(" " + option)) for option in spec.options)
+
+
+def prior_cost(reader: Reader, priors: OptionPriors | None, questions: list[QuestionSpec]) -> int:
+    """Prompt tokens of the content-free prior reads the first request for a question schedules: one
+    read per content-free state for each distinct question ``priors`` covers and holds no prior for."""
+    if priors is None:
+        return 0
+    from calibration.bias import CONTENT_FREE_STATES
+
+    states = priors.states if priors.states is not None else CONTENT_FREE_STATES
+    state_tokens = sum(len(reader.template.encode_text(state)) for state in states)
+    unmeasured = {
+        spec for spec in questions if priors.policy.covers(spec.question_type) and spec not in priors
+    }
+    return sum(state_tokens + len(states) * _question_tokens(reader, spec) for spec in unmeasured)
+
+
+def check_option_tokens(reader: Reader, questions: dict[str, Any], loc: tuple = ("body",)) -> None:
+    """422 naming the option whose name is over ``MAX_OPTION_NAME_TOKENS`` tokens."""
+    from service.errors import validation_error
+
+    encode = reader.template.encode_text
+    for name, question in questions.items():
+        if question.type != "choice":  # yes/no and score levels are the service's own labels
+            continue
+        for option in question.criteria:
+            tokens = len(encode(" " + option))
+            if tokens > MAX_OPTION_NAME_TOKENS:
+                raise validation_error(
+                    (*loc, "questions", name, "choice", "criteria", option[:40]),
+                    f"option name has {tokens} tokens; at most {MAX_OPTION_NAME_TOKENS} (each is one sequential engine read)",
+                    "option_name_too_long",
+                )
 
 
 def _question_text(spec: QuestionSpec) -> str:
     parts = [spec.instructions or "", *spec.options, *(text or "" for text in spec.descriptions)]
     return "\n".join(parts)
+
+
+async def admitted(
+    request: Request,
+    reader: Reader,
+    jobs: list[tuple[list[str], dict[str, Any], tuple]],
+    work: Callable[[], Awaitable[T]],
+) -> T:
+    """Run ``work()`` once the cost of its reads is admitted. ``jobs``: (states, wire questions asked of
+    each, their body location). Option names over their token bound get 422 first; a request some of
+    whose states cannot fit the context skips admission (the reader refuses it without tokenizing)."""
+    from service.pipeline.reads import to_read
+
+    admission = request.app.state.admission
+    admission.refuse_if_full()
+    priors = request.app.state.priors
+
+    def price() -> int | None:
+        total, as_asked = 0, []
+        for states, questions, loc in jobs:
+            check_option_tokens(reader, questions, loc)
+            plans = [to_read(question) for question in questions.values()]
+            # Priced by the reads the pipeline makes: a rotated question (x_debias) once per rotation,
+            # and the served prior only for reads as asked (rotated reads are not prior-corrected).
+            cost = request_cost(reader, states, [spec for plan in plans for spec in plan.engine_reads()])
+            if cost is None:
+                return None
+            total += cost
+            as_asked += [plan.spec for plan in plans if plan.rotations == 1]
+        return total + prior_cost(reader, priors, as_asked)
+
+    cost = await asyncio.to_thread(price)
+    if cost is None:
+        return await work()
+    async with admission.admit(cost):
+        return await work()

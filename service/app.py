@@ -52,7 +52,12 @@ EngineOpener = Callable[[], Awaitable[Engine]]
 
 
 async def _open_until_ready(
-    app: FastAPI, open_engine: EngineOpener, *, first_wait_s: float = 1.0, max_wait_s: float = 30.0
+    app: FastAPI,
+    open_engine: EngineOpener,
+    on_failure: Callable[[str], None] | None = None,
+    *,
+    first_wait_s: float = 1.0,
+    max_wait_s: float = 30.0,
 ) -> None:
     wait = first_wait_s
     while True:
@@ -68,6 +73,8 @@ async def _open_until_ready(
         except Exception as error:  # a configuration mistake: retrying cannot fix it
             app.state.engine_error = f"engine failed to open: {error}"
             logger.exception("engine failed to open; requests will get 503")
+            if on_failure is not None:
+                on_failure(app.state.engine_error)
             return
         await asyncio.sleep(wait)
         wait = min(wait * 2, max_wait_s)
@@ -105,6 +112,7 @@ def create_app(
     admission: AdmissionLimits = AdmissionLimits(),
     retention: dt.timedelta | None = None,
     prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
+    on_engine_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
     """The service around one engine: pass it built, or ``open_engine`` to build it at start-up.
 
@@ -117,7 +125,8 @@ def create_app(
     prompt tokens in flight and queued. ``retention`` deletes decision records without gold answers older
     than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
     that no stored calibration covers get their content-free option prior divided out
-    (``service/pipeline/prior.py``; default choice questions).
+    (``service/pipeline/prior.py``; default choice questions). ``on_engine_failure(reason)`` is called
+    when ``open_engine`` fails in a way retrying cannot fix (``decide serve`` then exits non-zero).
     """
     if auto_refit_every is not None and auto_refit_every < 1:
         raise ValueError("auto_refit_every must be positive")
@@ -131,7 +140,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The engine opens in the background: until it answers (a vLLM server still loading, a model
         # still converting) requests get 503 with the reason, instead of the service failing to start.
-        task = asyncio.create_task(_open_until_ready(app, open_engine)) if open_engine is not None else None
+        task = (
+            asyncio.create_task(_open_until_ready(app, open_engine, on_engine_failure))
+            if open_engine is not None
+            else None
+        )
         pruning = (
             asyncio.create_task(prune_periodically(store, retention))
             if store is not None and retention

@@ -1,7 +1,8 @@
-"""Work for a client that disconnected is cancelled, not finished for nobody.
+"""Work for a client that disconnected, or past its deadline, is cancelled, not finished for nobody.
 
-``unless_disconnected`` races the work against the ASGI ``http.disconnect`` message. When the client
-leaves first, the work's task is cancelled: a request waiting for admission leaves the queue; reads
+``unless_disconnected`` races the work against the ASGI ``http.disconnect`` message and the app's
+per-request deadline (``AdmissionLimits.deadline_s``, ``decide serve --deadline``). When the client
+leaves first, or the deadline passes (504 ``deadline_exceeded``), the work's task is cancelled: a request waiting for admission leaves the queue; reads
 not yet started are dropped (the embedded engine's queued forward passes are cancelled in its worker
 pool; a vLLM request's HTTP call is closed, which vLLM aborts); a forward pass already running on the
 embedded engine finishes (torch cannot stop one mid-way), bounded by the admission limits.
@@ -16,7 +17,7 @@ from typing import TypeVar
 
 from fastapi import Request
 
-from service.errors import ClientDisconnected
+from service.errors import ClientDisconnected, DeadlineExceeded
 
 T = TypeVar("T")
 
@@ -29,11 +30,13 @@ async def _disconnected(request: Request) -> None:
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """``await work``, or cancel it and raise ``ClientDisconnected`` if the client leaves first."""
+    """``await work``, or cancel it and raise ``ClientDisconnected`` if the client leaves first, or
+    ``DeadlineExceeded`` (504) if the app's deadline passes first."""
+    deadline_s = request.app.state.admission.limits.deadline_s
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request))
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watcher}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
         task.cancel()
         raise
@@ -46,5 +49,11 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
+    if not done:  # neither the work nor the client finished: the deadline passed
+        raise DeadlineExceeded(
+            f"the request ran past the server's {deadline_s:g} s deadline (decide serve --deadline); "
+            "its reads were stopped: send fewer questions or states, or retry when the service is less busy",
+            param="deadline",
+        )
     request.scope.setdefault("state", {})["disconnected"] = True
     raise ClientDisconnected("the client disconnected before its answer; its reads were cancelled")

@@ -127,8 +127,23 @@ def serve(
         int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")
     ] = DEFAULT.admission.queued_cost,
     max_request_cost: Annotated[
-        int, typer.Option(help="prompt tokens one request may cost (tokens × questions); beyond it 413")
+        int,
+        typer.Option(
+            help="prompt tokens one request may schedule over its reads (priors on first sight included); beyond it 413"
+        ),
     ] = DEFAULT.admission.request_cost,
+    max_queue_wait: Annotated[
+        float,
+        typer.Option(
+            help="seconds of expected wait (queued prompt tokens at the measured rate) beyond which a request gets 529 at once"
+        ),
+    ] = DEFAULT.admission.max_wait_s,
+    deadline: Annotated[
+        float,
+        typer.Option(
+            help="seconds a request may take, queue included; past it 504 and its reads are stopped"
+        ),
+    ] = DEFAULT.admission.deadline_s,
     retention_days: Annotated[
         float | None,
         typer.Option(help="delete decision records without gold answers older than this (default: keep)"),
@@ -143,7 +158,8 @@ def serve(
             chat_template=chat_template, tokenizer=tokenizer, workers=workers, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
-            admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost),
+            admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost,
+                                    max_wait_s=max_queue_wait, deadline_s=deadline),
             retention_days=retention_days, prior_correction=prior_correction,
         )  # fmt: skip
         run_server(options)

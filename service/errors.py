@@ -4,8 +4,10 @@
     ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded (or another tenant's)
     ├── PermissionDenied (403 permission_error)     the key lacks the scope the route needs
     ├── RequestTooCostly (413 request_too_large)    prompt tokens × questions over the per-request cap
-    ├── Overloaded (529 overloaded_error)           the admission queue is full; Retry-After
+    ├── Overloaded (529 overloaded_error)           the admission queue is full or too slow; Retry-After
     ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
+    ├── DeadlineExceeded (504 deadline_exceeded)    the request ran past the server's deadline
+    ├── NotUtf8 (415 unsupported_media_type)        a JSON body that is not UTF-8 (UTF-16, Latin-1)
     └── ClientDisconnected (never sent)             the client left; its work was cancelled
 
 Middleware answers before any route, with ``send_error``:
@@ -85,6 +87,21 @@ class UnsupportedFeature(DecideError):
 
     status_code = 400
     error_type = "unsupported_feature"
+
+
+class DeadlineExceeded(DecideError):
+    """The request ran past the server-side deadline (``decide serve --deadline``); its work was stopped."""
+
+    status_code = 504
+    error_type = "deadline_exceeded"
+
+
+class NotUtf8(DecideError):
+    """A body that is not UTF-8: JSON parsers guess UTF-16 and UTF-32 from the first bytes, but only
+    UTF-8 is JSON between systems (RFC 8259), and the docs promise it."""
+
+    status_code = 415
+    error_type = "unsupported_media_type"
 
 
 class ClientDisconnected(DecideError):

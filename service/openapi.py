@@ -28,7 +28,7 @@ DESCRIPTIONS = {
     404: "unknown decision id",
     408: "the body did not arrive within the body timeout",
     413: "body, prompt (context length) or request cost over its limit; the limit is named",
-    415: "not application/json, or an unknown Content-Encoding",
+    415: "not application/json, a body not UTF-8, or an unknown Content-Encoding",
     422: "validation error: each item's loc names the field",
     429: "this key's rate limit (rate_limit_error); Retry-After",
     502: "the engine answered without a usable read (fail-closed)",

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from readers.reader import Reader
-from service.errors import UnsupportedFeature, validation_error
+from service.errors import NotUtf8, UnsupportedFeature, validation_error
 from service.state import JEV_ALIASES, reader_of
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -60,7 +60,14 @@ def _check_values(payload: Any) -> None:
 
 
 def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
-    """Bytes → validated ``model``, every failure a 422 whose ``loc`` names the field."""
+    """Bytes → validated ``model``, every failure a 422 whose ``loc`` names the field (415 for a body
+    that is not UTF-8)."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise NotUtf8(
+            f"the body is not UTF-8 (byte {error.start}); send JSON encoded as UTF-8", param="body"
+        ) from None
     try:
         payload = json.loads(body, object_pairs_hook=_reject_duplicate_keys)
     except DuplicateKey as error:

@@ -225,19 +225,29 @@ def run_server(options: ServeOptions) -> None:
             max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s, chat_template=chat_template,
         )  # fmt: skip
 
+    failures: list[str] = []
+
+    def stop_serving(reason: str) -> None:
+        # An engine that cannot open (not one still starting) would answer 503 for ever: exit non-zero.
+        failures.append(reason)
+        server.should_exit = True
+
     app = create_app(
         open_engine=opener, store=store, auto_refit_every=options.auto_refit_every, images=options.images,
         api_keys=keyring if api_keys else None, rate_limit=options.rate_limit, admission=options.admission,
         retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
-        prior_correction=options.prior_correction,
+        prior_correction=options.prior_correction, on_engine_failure=stop_serving,
     )  # fmt: skip
     metrics_server = None
+    server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="info"))
     try:
         if options.metrics_port is not None:
             metrics_server = start_metrics_listener(app.state.metrics, options.host, options.metrics_port)
             logger.info("metrics on http://%s:%d/metrics (no key)", options.host, options.metrics_port)
-        uvicorn.run(app, host=options.host, port=options.port, log_level="info")
+        server.run()
     finally:
         if metrics_server is not None:
             metrics_server.should_exit = True
         store.close()
+    if failures:
+        raise ServeRefused(failures[0])

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from calibration.fit import Gold
 from calibration.store import BIAS_MODES
 from service.protocol.base import BodyModel, Content, RequestModel, ResponseModel
-from service.protocol.questions import MAX_OPTIONS, MIN_OPTIONS, Question
+from service.protocol.questions import MAX_OPTIONS, MIN_OPTIONS, Question, check_question_names
 
 
 class CalibrationExample(RequestModel):
@@ -20,6 +20,12 @@ class CalibrationExample(RequestModel):
     gold: dict[str, Gold] | None = Field(
         default=None, description="the true answer per question; only mode state_prior fits without"
     )
+
+    @field_validator("questions")
+    @classmethod
+    def check_questions_named(cls, questions: dict[str, Question]) -> dict[str, Question]:
+        check_question_names(questions)
+        return questions
 
     @model_validator(mode="after")
     def check_gold_names_questions(self) -> CalibrationExample:

@@ -18,6 +18,29 @@ from service.protocol.base import BodyModel, Content, RequestModel, described
 MIN_OPTIONS, MAX_OPTIONS = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
 MAX_QUESTIONS = 64
+MAX_QUESTION_NAME_CHARS = 200
+MAX_OPTION_NAME_CHARS = 200
+"""Option names are read token by token (one engine call per trie depth), so their tokens are bounded
+too, where the tokenizer is at hand: ``service.admission.MAX_OPTION_NAME_TOKENS``."""
+
+
+def option_identity(name: str) -> str:
+    """What makes two option names one option: compared after NFKC (a full-width "Ａ" is "A") with
+    invisible format characters removed (a zero-width space, joiner or soft hyphen inside a name),
+    since a reader sees both spellings as one name. Answers keep the name as sent."""
+    folded = unicodedata.normalize("NFKC", name)
+    return "".join(char for char in folded if unicodedata.category(char) != "Cf").strip()
+
+
+def check_question_names(questions: dict[str, Any]) -> None:
+    """Question names key the answers: each non-empty and at most ``MAX_QUESTION_NAME_CHARS``."""
+    for name in questions:
+        if not name.strip():
+            raise ValueError("question names must not be empty")
+        if len(name) > MAX_QUESTION_NAME_CHARS:
+            raise ValueError(
+                f"question name {name[:40]!r}… has {len(name)} characters; at most {MAX_QUESTION_NAME_CHARS}"
+            )
 
 
 # -- opendecide extensions: per-question read options, declared on each question type below Jev's fields
@@ -153,13 +176,17 @@ class ChoiceQuestion(ReadOptions):
     @field_validator("criteria")
     @classmethod
     def check_option_names(cls, criteria: dict[str, Content | None]) -> dict[str, Content | None]:
-        # Compared after NFC normalisation: a composed and a decomposed "é" look identical to a reader
-        # (and often tokenize alike), so they are one option named twice.
+        # Compared by option_identity: look-alike spellings ("é" composed or not, "Ａ" and "A", a
+        # zero-width space inside) are one option named twice.
         seen: dict[str, str] = {}
         for name in criteria:
-            if not name.strip():
+            key = option_identity(name)
+            if not key:
                 raise ValueError("option names must not be empty")
-            key = unicodedata.normalize("NFC", name.strip())
+            if len(name) > MAX_OPTION_NAME_CHARS:
+                raise ValueError(
+                    f"option name {name[:40]!r}… has {len(name)} characters; at most {MAX_OPTION_NAME_CHARS}"
+                )
             if key in seen:
                 raise ValueError(f"duplicate options {seen[key]!r} and {name!r}")
             seen[key] = name
@@ -237,6 +264,7 @@ class SystemOneRequest(BodyModel):
     def check_has_questions(cls, questions: dict[str, Question]) -> dict[str, Question]:
         if not 1 <= len(questions) <= MAX_QUESTIONS:
             raise ValueError(f"a request asks 1 to {MAX_QUESTIONS} questions, got {len(questions)}")
+        check_question_names(questions)
         return questions
 
     @field_validator("questions", mode="before")

@@ -20,7 +20,8 @@ from fastapi import APIRouter, Request
 
 from calibration.fit import MIN_GOLD, gold_index, refit_from_store
 from calibration.store import Calibration, CalibrationKey
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import PROMPT_VERSION, content_text
+from service.admission import admitted
 from service.audit import audit
 from service.auth import Caller, require_scope
 from service.cancel import unless_disconnected
@@ -70,18 +71,24 @@ def stored(caller: Caller, calibration: Calibration, how: str) -> CalibrationOut
     "/v1/calibrations",
     response_model=CalibrationList,
     openapi_extra=body_schema(CalibrationRequest),
-    responses=WRITE_ERRORS,
+    responses=error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504, 529),
 )
 async def create_calibrations(request: Request) -> CalibrationList:
     require_scope(request.scope["state"], "calibrate", "POST /v1/calibrations")  # before the body is read
     reader, body = await parse_for_model(request, CalibrationRequest)
     caller = caller_for(request, "POST /v1/calibrations", shared=body.shared)
-    fitted = await unless_disconnected(
-        request,
-        fit_from_examples(
+
+    def work():
+        return fit_from_examples(
             body, reader, store_of(request), priors=request.app.state.priors, tenant=caller.tenant
-        ),
-    )
+        )
+
+    # Admitted by the cost of its reads, as /decide/batch is: an example set is as much work.
+    jobs = [
+        ([content_text(example.state)], example.questions, ("body", "examples", i))
+        for i, example in enumerate(body.examples)
+    ]
+    fitted = await unless_disconnected(request, admitted(request, reader, jobs, work))
     return CalibrationList(calibrations=[stored(caller, c, "examples") for c in fitted])
 
 

@@ -6,18 +6,15 @@ Each decision is admitted by its cost (``service/admission.py``) and cancelled i
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.admission import request_cost
+from service.admission import admitted
 from service.auth import require_scope
 from service.cancel import unless_disconnected
 from service.openapi import body_schema, error_responses
 from service.parse import parse_for_model
 from service.pipeline.decide import decide, decide_batch
-from service.pipeline.reads import to_read
 from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, SystemOneResponse
 
 router = APIRouter()
@@ -36,18 +33,6 @@ def observed(request: Request, model: str, answer_sets) -> None:
             ids.append(answer.reading.decision_id)
 
 
-async def admitted(request: Request, reader, states: list[str], questions, work):
-    """Run ``work()`` once its cost is admitted; a request that cannot fit the context skips admission
-    (the reader refuses it without tokenizing)."""
-    # Priced by the reads the pipeline makes: a rotated question (x_debias) once per rotation.
-    specs = [spec for question in questions.values() for spec in to_read(question).engine_reads()]
-    cost = await asyncio.to_thread(request_cost, reader, states, specs)
-    if cost is None:
-        return await work()
-    async with request.app.state.admission.admit(cost):
-        return await work()
-
-
 async def answer(request: Request) -> JSONResponse:
     caller = require_scope(request.scope["state"], "decide", f"POST {request.url.path}")
     reader, body = await parse_for_model(request, SystemOneRequest)
@@ -60,9 +45,8 @@ async def answer(request: Request) -> JSONResponse:
             tenant=caller.tenant,
         )  # fmt: skip
 
-    response = await unless_disconnected(
-        request, admitted(request, reader, [body.state_text()], body.questions, work)
-    )
+    jobs = [([body.state_text()], body.questions, ("body",))]
+    response = await unless_disconnected(request, admitted(request, reader, jobs, work))
     observed(request, response.model, [response.answers])
     return JSONResponse(response.model_dump(mode="json"))
 
@@ -80,7 +64,8 @@ async def answer_batch(request: Request) -> JSONResponse:
         )  # fmt: skip
 
     states = [one.state_text() for one in body.requests()]
-    response = await unless_disconnected(request, admitted(request, reader, states, body.questions, work))
+    jobs = [(states, body.questions, ("body",))]
+    response = await unless_disconnected(request, admitted(request, reader, jobs, work))
     observed(request, response.model, [result.answers for result in response.results])
     return JSONResponse(response.model_dump(mode="json"))
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from service.admission import admitted
 from service.auth import require_scope
 from service.cancel import unless_disconnected
 from service.errors import validation_error
@@ -24,7 +25,7 @@ from service.pipeline.openai_decide import to_decision_response, to_systemone
 from service.pipeline.transcript import TranscriptError
 from service.protocol.models import JEV_ALIASES, OPENAI_ALIASES
 from service.protocol.openai_decisions import DecisionRequest, DecisionResponse, OpenAIErrorResponse
-from service.routes.decisions import admitted, observed
+from service.routes.decisions import observed
 
 router = APIRouter()
 
@@ -82,9 +83,8 @@ async def create_decision(request: Request) -> JSONResponse:
             tenant=caller.tenant,
         )
 
-    response = await unless_disconnected(
-        request, admitted(request, reader, [jev.state_text()], jev.questions, work)
-    )
+    jobs = [([jev.state_text()], jev.questions, ("body",))]
+    response = await unless_disconnected(request, admitted(request, reader, jobs, work))
     observed(request, response.model, [response.answers])
     return JSONResponse(to_decision_response(body, response).model_dump(mode="json"))
 

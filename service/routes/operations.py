@@ -4,20 +4,34 @@
 ``/metrics`` and ``/v1/keys`` need a key with the ``admin`` scope when keys are on (the metrics name
 models and counts every tenant's traffic); ``decide serve --metrics-port`` serves ``/metrics`` alone on
 its own listener without a key (``metrics_app``), for a scraper that reaches only that port.
+
+Readiness is probed, not assumed: an engine that opened once can go away (a vLLM server stopped or
+killed), and a service that says ready while every decision gets 503 keeps receiving traffic. The
+probe is one real one-token read through the engine, so it takes the path a decision takes; its
+outcome is kept ``READY_CACHE_S`` so probes from many replicas' orchestrators cost one read, and
+concurrent probes share it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
+from readers.engines.base import ReadRequest
+from readers.errors import EngineTimeout, EngineUnavailable
+from readers.reader import Reader
 from service.auth import require_scope
 from service.metrics import ServiceMetrics
 from service.openapi import error_responses
 from service.protocol import ResponseModel
 from service.state import reader_of
+
+READY_CACHE_S = 2.0
+PROBE_TIMEOUT_S = 10.0
 
 router = APIRouter()
 
@@ -87,6 +101,52 @@ async def live() -> Live:
 
 @router.get("/readyz", response_model=Ready, responses=error_responses(503))
 async def ready(request: Request) -> Ready:
-    """200 once the engine is open; else the 503 every decision would get, with its reason."""
-    engine = reader_of(request).engine
-    return Ready(status="ready", model=engine.info.name, engine=engine.kind)
+    """200 while the engine is open and answers a read; else the 503 every decision would get, with
+    its reason."""
+    reader = reader_of(request)
+    state = request.app.state
+    probe = getattr(state, "readiness_probe", None)
+    if probe is None or probe.reader is not reader or probe.expired():
+        probe = state.readiness_probe = EngineProbe(reader, busy=lambda: state.admission.in_flight > 0)
+    await probe.outcome()
+    return Ready(status="ready", model=reader.engine.info.name, engine=reader.engine.kind)
+
+
+class EngineProbe:
+    """One one-token read through ``reader``'s engine, its outcome kept for ``READY_CACHE_S``.
+
+    A probe that times out while admitted work is in flight says the engine is busy, not gone: the
+    engine's reads queue behind that work (a dead vLLM refuses the connection at once, and a hung one
+    fails the reads in flight at its own timeout, after which the next probe says so)."""
+
+    def __init__(self, reader: Reader, *, busy) -> None:
+        self.reader = reader
+        self._busy = busy
+        self._started = time.monotonic()
+        self._task = asyncio.ensure_future(self._read())
+
+    def expired(self) -> bool:
+        return self._task.done() and time.monotonic() - self._started > READY_CACHE_S
+
+    async def outcome(self) -> None:
+        """Return if the engine answered; raise the 503 a decision would get if not."""
+        await asyncio.shield(self._task)
+
+    async def _read(self) -> None:
+        engine = self.reader.engine
+        token = self.reader.template.encode_text("ok")[:1] or (0,)
+        request = ReadRequest(
+            prompt_ids=tuple(token), label_ids=tuple(token), label_texts=("ok",), keep=False
+        )
+        try:
+            await asyncio.wait_for(engine.read(request), PROBE_TIMEOUT_S)
+        except TimeoutError:
+            if not self._busy():
+                raise EngineUnavailable(
+                    f"not ready: the engine did not answer a one-token read within {PROBE_TIMEOUT_S:g} s"
+                ) from None
+        except EngineTimeout as error:
+            if not self._busy():
+                raise EngineUnavailable(f"not ready: {error.message}") from None
+        except Exception as error:  # any failure to read is a reason not to take traffic
+            raise EngineUnavailable(f"not ready: {getattr(error, 'message', None) or error!r}") from None

@@ -1,4 +1,6 @@
-"""``decide engine start|stop`` leave no orphan processes: the whole session goes, after a crash too.
+"""``decide engine start|stop`` leave no orphan processes: the whole session goes, after a crash too,
+and a server that dies takes its engine processes with it without any ``decide engine`` call (the
+reaper, ``deploy/processes.py``).
 
 A stand-in ``vllm.entrypoints.openai.api_server`` module (put first on PYTHONPATH) is started through
 the real ``start``: it serves ``/v1/models`` and, like vLLM, starts a worker process that outlives it
@@ -94,3 +96,39 @@ def test_start_clears_a_crashed_runs_orphans_first(stand_in, tmp_path):
     finally:
         stop(stand_in.port)
     assert not session_members(server.pid)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def wait_gone(pids: list[int], timeout_s: float = 15) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(pid) for pid in pids)
+
+
+def test_a_killed_server_takes_its_engine_processes_with_it(stand_in, tmp_path):
+    """The probe: SIGKILL to the API server left ~3 GB of engine processes until the next
+    ``decide engine`` call. Now its reaper ends them at once."""
+    reaper, members = start_stand_in(stand_in, tmp_path)
+    (api_server,) = children(reaper.pid)
+    worker = next(pid for pid in members if pid not in (reaper.pid, api_server))
+    os.kill(api_server, signal.SIGKILL)
+    assert wait_gone([api_server, worker, reaper.pid]), session_members(reaper.pid)
+    assert not session_members(reaper.pid) and status(stand_in.port) is None
+    stop(stand_in.port)  # only the state file is left to clear
+
+
+def test_a_killed_reaper_takes_the_server_with_it(stand_in, tmp_path):
+    """SIGKILL to the session leader: the kernel sends the API server SIGTERM (PR_SET_PDEATHSIG)."""
+    reaper, members = start_stand_in(stand_in, tmp_path)
+    (api_server,) = children(reaper.pid)
+    os.kill(reaper.pid, signal.SIGKILL)
+    assert wait_gone([reaper.pid, api_server])
+    stop(stand_in.port)
+    assert not any(alive(pid) for pid in members)

@@ -67,9 +67,13 @@ async def test_engine_absent_killed_and_back(embedded_model_dir, tmp_path):
             await asyncio.gather(*load)
             settled_s = time.monotonic() - killed_at
             after_kill = await client.post("/v1/systemone", json=BODY)
+            await asyncio.sleep(2.5)  # past the readiness cache (service/routes/operations.py)
+            not_ready = await client.get("/readyz")
 
             await asyncio.to_thread(start, spec, python=python, log=tmp_path / "second.log")
             recovered = await client.post("/v1/systemone", json=BODY)
+            await asyncio.sleep(2.5)
+            ready_again = await client.get("/readyz")
     stop(port)
     print(f"statuses under kill: {dict(statuses)}; all settled {settled_s:.1f} s after the kill; after: {after_kill.status_code}; "
           f"after restart: {recovered.status_code}; session had {len(members)} processes")  # fmt: skip
@@ -77,4 +81,6 @@ async def test_engine_absent_killed_and_back(embedded_model_dir, tmp_path):
     assert set(statuses) <= {200, 502, 503, 504, 529} and sum(statuses.values()) == 100
     assert after_kill.status_code == 503 and after_kill.json()["detail"]["error_type"] == "engine_unavailable"
     assert recovered.status_code == 200
+    # The probe: /readyz said ready while every decision got 503.
+    assert not_ready.status_code == 503 and ready_again.status_code == 200
     assert not any(session_members(pid) for pid in members)

@@ -116,12 +116,13 @@ async def test_over_the_queue_is_a_529_with_retry_after_and_never_a_500(client_f
                         [SystemOneRequest.model_validate(body(200)).questions["q"].to_spec()])  # fmt: skip
     limits = AdmissionLimits(in_flight_cost=cost, queued_cost=cost, request_cost=10 * cost, retry_after_s=4)
     async with client_factory(blocking_engine(local_engine, gate), admission=limits) as client:
+        # Priced on an idle service: with the queue full it would get 529 before being priced.
+        too_big = await client.post("/v1/systemone", json=body(3000))
         running = asyncio.create_task(client.post("/v1/systemone", json=body(200)))
         await asyncio.sleep(0.5)
         queued = asyncio.create_task(client.post("/v1/systemone", json=body(200)))
         await asyncio.sleep(0.5)
         refused = await client.post("/v1/systemone", json=body(200))
-        too_big = await client.post("/v1/systemone", json=body(3000))
         gate.set()
         done = await asyncio.gather(running, queued)
     assert [r.status_code for r in done] == [200, 200]

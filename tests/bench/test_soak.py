@@ -1,0 +1,35 @@
+"""bench/soak.py's 2-minute mode on the embedded model: three tenants' mixed traffic through the real
+service and a real SQLite file; no 5xx but those by design, every acknowledged feedback stored,
+every kind of request sent. (The memory goal is the 20-minute run's: two minutes barely warm up.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "bench_soak", Path(__file__).resolve().parents[2] / "bench" / "soak.py"
+)
+soak = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = soak  # its dataclasses look their module up
+_spec.loader.exec_module(soak)
+
+
+@pytest.mark.slow  # two minutes of real-model reads
+def test_two_minutes_of_mixed_traffic(tmp_path, capsys):
+    out = tmp_path / "soak.json"
+    status = soak.main(["--minutes", "2", "--store-dir", str(tmp_path), "--out", str(out)])
+    result = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert result["goals"]["no_5xx_but_503_504_529"], result["unexpected"]
+    assert result["goals"]["nothing_acknowledged_lost"] and result["feedback_acknowledged"] > 0
+    kinds = {line.split()[0] for line in result["statuses_by_kind"]}
+    assert kinds >= {"noul", "choice", "score", "mixed", "batch", "feedback", "malformed"}
+    assert not any(line.startswith("malformed 2") for line in result["statuses_by_kind"])
+    assert result["resources"]["end"]["admission_in_flight"] == 0
+    assert "PASS nothing_acknowledged_lost" in printed and "p50" in printed
+    assert status == (0 if all(result["goals"].values()) else 1)

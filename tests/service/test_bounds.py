@@ -1,0 +1,254 @@
+"""Bounded work per request on the real app: the deadline (504), name limits (422), admission on
+/v1/calibrations (413), 529 before any work, the queue bounded by its expected wait, and what a
+request is priced at against the reads it actually schedules."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from calibration.open import open_store
+from readers.engines.base import ReadMode
+from readers.reader import Reader
+from service.admission import MAX_OPTION_NAME_TOKENS, Admission, AdmissionLimits, CostRate, request_cost
+from service.errors import Overloaded
+from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS, NoulQuestion
+from tests.readers.test_kvtree import distinct_tokens
+from tests.service.conftest import favour_first, function_engine
+
+pytestmark = pytest.mark.anyio
+
+
+def one_question(state: str = "The sky is blue.") -> dict:
+    return {"state": state, "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
+
+
+def choice(options: list[str], state: str = "A fruit bowl.") -> dict:
+    return {
+        "state": state,
+        "questions": {"q": {"type": "choice", "instructions": "Which?", "criteria": dict.fromkeys(options)}},
+    }
+
+
+def stalled_engine(local_engine, cancelled: list[str]):
+    """A function engine (no model) whose reads never finish; it notes the reads cancelled."""
+
+    async def fn(request):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.append("read")
+            raise
+
+    return function_engine(local_engine, fn, ReadMode.EXACT)
+
+
+async def test_a_request_past_the_deadline_gets_504_and_its_read_is_stopped(client_factory, local_engine):
+    cancelled: list[str] = []
+    limits = AdmissionLimits(deadline_s=0.5)
+    async with client_factory(stalled_engine(local_engine, cancelled), admission=limits) as client:
+        started = time.monotonic()
+        response = await client.post("/v1/systemone", json=one_question())
+        elapsed = time.monotonic() - started
+        await asyncio.sleep(0.05)
+        # The queue is empty again: the stopped request holds no admission.
+        app_admission = client._transport.app.state.admission  # the app under test
+        assert app_admission.in_flight == 0 and app_admission.queued == 0
+    assert response.status_code == 504
+    detail = response.json()["detail"]
+    assert detail["error_type"] == "deadline_exceeded" and "0.5 s deadline" in detail["message"]
+    assert detail["param"] == "deadline"
+    assert 0.4 < elapsed < 5 and cancelled == ["read"]
+
+
+async def test_a_deadline_counts_the_wait_in_the_queue(client_factory, local_engine):
+    """Requests queued behind a stalled one are stopped at their deadline, not held for ever, and
+    leave nothing held or queued."""
+    cancelled: list[str] = []
+    limits = AdmissionLimits(in_flight_cost=1, deadline_s=0.6)
+    async with client_factory(stalled_engine(local_engine, cancelled), admission=limits) as client:
+        started = time.monotonic()
+        responses = await asyncio.gather(
+            *(client.post("/v1/systemone", json=one_question(f"state {i}")) for i in range(3))
+        )
+        elapsed = time.monotonic() - started
+        admission = client._transport.app.state.admission
+        assert admission.in_flight == 0 and admission.queued == 0
+    assert [r.status_code for r in responses] == [504] * 3 and elapsed < 3
+
+
+@pytest.mark.parametrize(
+    ("body", "loc_end", "message"),
+    [
+        (choice(["A" * (MAX_OPTION_NAME_CHARS + 1), "B"]), ["criteria"], "characters"),
+        (choice([" ".join(["word"] * (MAX_OPTION_NAME_TOKENS + 4)), "B"]), None, "tokens"),
+        (
+            {**one_question(), "questions": {"": {"type": "noul", "instructions": "?"}}},
+            ["questions"],
+            "empty",
+        ),
+        (
+            {
+                **one_question(),
+                "questions": {"q" * (MAX_QUESTION_NAME_CHARS + 1): {"type": "noul", "instructions": "?"}},
+            },
+            ["questions"],
+            "characters",
+        ),
+    ],
+    ids=["option-chars", "option-tokens", "empty-question-name", "long-question-name"],
+)
+async def test_names_over_their_bounds_are_refused_up_front(
+    client_factory, local_engine, body, loc_end, message
+):
+    reads: list[int] = []
+
+    def counting(request):
+        reads.append(1)
+        return favour_first(request)
+
+    async with client_factory(function_engine(local_engine, counting, ReadMode.EXACT)) as client:
+        response = await client.post("/v1/systemone", json=body)
+    assert response.status_code == 422, response.text
+    (item,) = response.json()["detail"]
+    assert message in item["msg"] and reads == []
+    if loc_end is not None:
+        assert item["loc"][-len(loc_end) :] == loc_end
+    else:  # the option named in loc: body.questions.q.choice.criteria.<option>
+        assert item["loc"][:5] == ["body", "questions", "q", "choice", "criteria"]
+        assert item["type"] == "option_name_too_long"
+
+
+async def test_calibration_examples_are_admitted_like_a_batch(client_factory, quick_engine, tmp_path):
+    """An example set over --max-request-cost is refused with 413, as the same reads on /decide/batch."""
+    state = "word " * 200
+    question = {"type": "choice", "instructions": "Which?", "criteria": {"red": None, "blue": None}}
+    examples = [{"state": state, "questions": {"q": question}, "gold": {"q": "red"}} for _ in range(20)]
+    limits = AdmissionLimits(request_cost=2_000)
+    async with client_factory(
+        quick_engine, store=open_store(tmp_path / "c.sqlite3"), admission=limits
+    ) as client:
+        fit = await client.post("/v1/calibrations", json={"examples": examples})
+        batch = await client.post(
+            "/decide/batch", json={"states": [state] * 20, "questions": {"q": question}}
+        )
+        small = await client.post("/v1/calibrations", json={"examples": examples[:2]})
+    assert fit.status_code == 413 and batch.status_code == 413
+    assert fit.json()["detail"]["error_type"] == "request_too_large"
+    assert "at most 2000" in fit.json()["detail"]["message"]
+    # Admitted and read: two examples are too few to fit (422 naming why), not too costly.
+    assert small.status_code == 422 and "request_too_large" not in small.text
+
+
+async def test_529_comes_before_any_pricing_when_the_queue_is_full(client_factory, local_engine, monkeypatch):
+    gate = asyncio.Event()
+
+    async def blocked(request):
+        await gate.wait()
+        return favour_first(request)
+
+    queued_body = one_question("other")
+    cost = request_cost(
+        Reader(local_engine),
+        [queued_body["state"]],
+        [NoulQuestion.model_validate(queued_body["questions"]["q"]).to_spec()],
+    )
+    limits = AdmissionLimits(in_flight_cost=1, queued_cost=cost, retry_after_s=3)
+    async with client_factory(
+        function_engine(local_engine, blocked, ReadMode.EXACT), admission=limits
+    ) as client:
+        running = asyncio.create_task(client.post("/v1/systemone", json=one_question()))
+        await asyncio.sleep(0.3)
+        queued = asyncio.create_task(client.post("/v1/systemone", json=queued_body))
+        await asyncio.sleep(0.3)
+        priced: list[int] = []
+        import service.admission as admission_module
+
+        real = admission_module.request_cost
+        monkeypatch.setattr(admission_module, "request_cost", lambda *a: priced.append(1) or real(*a))
+        started = time.monotonic()
+        refused = await client.post("/v1/systemone", json=one_question("third"))
+        refused_s = time.monotonic() - started
+        gate.set()
+        done = await asyncio.gather(running, queued)
+    assert [r.status_code for r in done] == [200, 200]
+    assert refused.status_code == 529 and refused.headers["retry-after"] == "3"
+    assert priced == [] and refused_s < 0.5
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
+    """100 tokens/s measured: a queue whose work would start after more than max_wait_s is refused,
+    though its cost bound has room."""
+    clock = FakeClock()
+    admission = Admission(AdmissionLimits(in_flight_cost=100, queued_cost=10_000, max_wait_s=2.5))
+    admission.rate = CostRate(clock=clock)
+    assert admission.expected_wait_s() is None  # cold: bounded by size only
+    for _ in range(3):  # three requests of 100 tokens, one second each
+        async with admission.admit(100):
+            clock.now += 1.0
+    assert admission.rate.tokens_per_s == pytest.approx(100, rel=0.05)
+
+    async def hold(cost: int, release: asyncio.Event) -> None:
+        async with admission.admit(cost):
+            await release.wait()
+
+    release = asyncio.Event()
+    running = asyncio.create_task(hold(100, release))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(hold(100, release))  # expected start: (100 + 100) / 100 = 2 s
+    await asyncio.sleep(0)
+    assert admission.queued == 100
+    with pytest.raises(Overloaded) as refused:  # would start after 3 s > 2.5 s
+        async with admission.admit(100):
+            pass
+    assert "expected wait 3.0 s (at most 2.5 s)" in refused.value.message
+    admission.refuse_if_full()  # 2 s of queue: a cheaper request may still fit, so it is priced
+    release.set()
+    await asyncio.gather(running, waiting)
+    assert admission.in_flight == 0 and admission.queued == 0
+
+
+async def test_the_price_covers_every_read_scheduled_prior_reads_included(client_factory, local_engine):
+    """The probe: multi-token option names cost one read per trie depth, times four the first time a
+    question is seen (its content-free prior reads), while admission counted the names once. Every
+    prompt the engine is sent is recorded here; the price must cover the tokens they hold."""
+    prompts: list[tuple[int, ...]] = []
+
+    def recording(request):
+        prompts.append(request.prompt_ids)
+        return favour_first(request)
+
+    options = ["a ripe yellow banana", "a crisp green apple", "an orange tangerine"]
+    body = choice(options, state="word " * 50)
+    async with client_factory(function_engine(local_engine, recording, ReadMode.EXACT)) as client:
+        app = client._transport.app
+        priced: list[int] = []
+        real_admit = app.state.admission.admit
+
+        def admit(cost):
+            priced.append(cost)
+            return real_admit(cost)
+
+        app.state.admission.admit = admit
+        first = await client.post("/v1/systemone", json=body)
+        first_prompts, prompts[:] = list(prompts), []
+        second = await client.post("/v1/systemone", json=body)
+    assert first.status_code == 200 and second.status_code == 200
+    scheduled_first = distinct_tokens(first_prompts)
+    scheduled_second = distinct_tokens(prompts)
+    assert len(first_prompts) > 4 * len(prompts) // 2  # the prior reads on first sight
+    # Never under the work (bar the chat template's fixed tokens), never far over it.
+    template_tokens = 40
+    assert scheduled_first - template_tokens <= priced[0] <= 2 * scheduled_first
+    assert scheduled_second - template_tokens <= priced[1] <= 2 * scheduled_second
+    assert priced[1] < priced[0]  # the prior, once measured, costs nothing more
