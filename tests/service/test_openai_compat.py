@@ -72,6 +72,24 @@ def test_an_output_without_its_call_is_refused_naming_the_item(items, loc):
     assert raised.value.loc == loc
 
 
+@pytest.mark.parametrize(
+    "input, questions, loc",
+    [
+        ([{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}],
+         [QUESTION], ("body", "input", 0, "content", 1)),
+        ([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+          {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}],
+         [QUESTION], ("body", "input", 1, "output", 0)),
+        ("x", [QUESTION, {"type": "predicate", "instructions": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}],
+         ("body", "questions", 1, "instructions", 0)),
+    ],
+)  # fmt: skip
+def test_an_image_anywhere_is_refused_naming_where(input, questions, loc):
+    with pytest.raises(TranscriptError) as raised:
+        to_systemone(request(input, questions))
+    assert raised.value.loc == loc and raised.value.code == "unsupported_feature"
+
+
 def test_typed_choices_stay_distinct_options():
     question = {
         "type": "choice",
