@@ -23,7 +23,11 @@ REQUEST = {
     "input": [
         {"role": "user", "content": "My parcel says delivered but it is not here. Order 17."},
         {"type": "function_call", "call_id": "c1", "name": "order_status", "arguments": '{"order": 17}'},
-        {"type": "function_call_output", "call_id": "c1", "output": "delivered on Wednesday, left by the bins"},
+        {
+            "type": "function_call_output",
+            "call_id": "c1",
+            "output": "delivered on Wednesday, left by the bins",
+        },
     ],
     "questions": [
         {"type": "predicate", "instructions": "The customer is unhappy.", "name": "unhappy"},
@@ -39,7 +43,12 @@ REQUEST = {
             "name": "urgency",
             "levels": [{"label": "low"}, {"label": "medium"}, {"label": "high"}],
         },
-        {"type": "predicate", "instructions": "The parcel was stolen.", "name": "stolen", "x_min_confidence": 0.99},
+        {
+            "type": "predicate",
+            "instructions": "The parcel was stolen.",
+            "name": "stolen",
+            "x_min_confidence": 0.99,
+        },
     ],
     "prompt_cache_key": "desk-7",
     "safety_identifier": "user-1234",
