@@ -25,21 +25,21 @@ from readers.errors import Loc
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse
 from service.protocol.openai_decisions import (
-    ChoiceAnswerOut,
     ChoiceProbability,
-    ChoiceQuestionIn,
     DecisionAnswer,
+    DecisionChoiceAnswer,
+    DecisionChoiceQuestion,
+    DecisionPredicateAnswer,
     DecisionProvenance,
+    DecisionRefusal,
     DecisionRequest,
     DecisionResponse,
+    DecisionScoreAnswer,
+    DecisionScoreQuestion,
     DecisionUsage,
     InputTokensDetails,
     OutputTokensDetails,
-    PredicateAnswer,
-    RefusalAnswer,
-    ScoreAnswerOut,
     ScoreProbability,
-    ScoreQuestionIn,
 )
 
 
@@ -51,7 +51,11 @@ def question_key(index: int) -> str:
 
 def to_systemone(request: DecisionRequest) -> SystemOneRequest:
     """The Jev request for ``request``; TranscriptError (a 400 naming the field) where the input or a
-    question cannot be read as Jev's."""
+    question cannot be read as Jev's, or an image is anywhere (the served models read text)."""
+    image = request.images_in()
+    if image is not None:
+        message = "input_image is not supported: the served model reads text only"
+        raise TranscriptError(("body", *image), message, "unsupported_feature")
     state = render_input(request.input)
     questions = {}
     for index, question in enumerate(request.questions):
@@ -90,16 +94,18 @@ def to_decision_response(request: DecisionRequest, response: SystemOneResponse) 
         answer = response.answers[question_key(index)]
         reading = answer.reading
         if reading.abstained:
-            answers.append(RefusalAnswer(name=question.name, reading=reading))
+            answers.append(DecisionRefusal(name=question.name, reading=reading))
         elif isinstance(answer, NoulAnswer):
-            answers.append(PredicateAnswer(name=question.name, probability=answer.noul, reading=reading))
+            answers.append(
+                DecisionPredicateAnswer(name=question.name, probability=answer.noul, reading=reading)
+            )
         elif isinstance(answer, ChoiceAnswer):
-            assert isinstance(question, ChoiceQuestionIn)
+            assert isinstance(question, DecisionChoiceQuestion)
             values = [choice.value for choice in question.choices]
             probabilities = list(answer.probabilities.values())  # in criteria order, which is choice order
             best = list(answer.probabilities).index(answer.choice)
             answers.append(
-                ChoiceAnswerOut(
+                DecisionChoiceAnswer(
                     choice=values[best],
                     confidence=answer.confidence,
                     name=question.name,
@@ -110,9 +116,9 @@ def to_decision_response(request: DecisionRequest, response: SystemOneResponse) 
                 )
             )
         else:
-            assert isinstance(answer, ScoreAnswer) and isinstance(question, ScoreQuestionIn)
+            assert isinstance(answer, ScoreAnswer) and isinstance(question, DecisionScoreQuestion)
             answers.append(
-                ScoreAnswerOut(
+                DecisionScoreAnswer(
                     confidence=answer.confidence,
                     name=question.name,
                     probabilities=[

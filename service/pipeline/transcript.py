@@ -52,12 +52,14 @@ CALL_TYPES = {FunctionCall: "function_call", CustomToolCall: "custom_tool_call"}
 
 
 class TranscriptError(ValueError):
-    """An input array that cannot be rendered; ``loc`` is the item's path under the body."""
+    """A request that cannot be read as a state and Jev questions; ``loc`` is the field's path under
+    the body, ``code`` the error type (``invalid_input``, or ``unsupported_feature`` for an image)."""
 
-    def __init__(self, loc: Loc, message: str) -> None:
+    def __init__(self, loc: Loc, message: str, code: str = "invalid_input") -> None:
         super().__init__(message)
         self.loc = loc
         self.message = message
+        self.code = code
 
 
 def render_input(value: str | Sequence[object]) -> str:

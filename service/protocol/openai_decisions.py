@@ -112,40 +112,40 @@ class Message(RequestModel):
         return self
 
 
-class FunctionCall(RequestModel):
-    arguments: str
+Status = Literal["in_progress", "completed", "incomplete"]
+ToolOutput = str | list[Annotated[InputText | InputImage, Field(discriminator="type")]]
+
+
+class _ToolItem(RequestModel):
+    """What a tool call and a tool output share; each kind adds its ``type`` and its text."""
+
     call_id: str = Field(min_length=1)
+    id: str | None = None
+    status: Status | None = None
+
+
+class FunctionCall(_ToolItem):
+    arguments: str
     name: str
     type: Literal["function_call"]
-    id: str | None = None
     namespace: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-class FunctionCallOutput(RequestModel):
-    call_id: str = Field(min_length=1)
-    output: str | list[Annotated[InputText | InputImage, Field(discriminator="type")]]
+class FunctionCallOutput(_ToolItem):
+    output: ToolOutput
     type: Literal["function_call_output"]
-    id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-class CustomToolCall(RequestModel):
-    call_id: str = Field(min_length=1)
+class CustomToolCall(_ToolItem):
     input: str
     name: str
     type: Literal["custom_tool_call"]
-    id: str | None = None
     namespace: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-class CustomToolCallOutput(RequestModel):
-    call_id: str = Field(min_length=1)
-    output: str | list[Annotated[InputText | InputImage, Field(discriminator="type")]]
+class CustomToolCallOutput(_ToolItem):
+    output: ToolOutput
     type: Literal["custom_tool_call_output"]
-    id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
 def _item_kind(item: Any) -> str:
@@ -179,8 +179,8 @@ class _Question(RequestModel):
             return instructions
         texts = []
         for part in instructions:
-            if isinstance(part, InputImage):
-                raise AssertionError("refused before translation")  # images_in() names it
+            if isinstance(part, InputImage):  # refused by name before translation (images_in)
+                raise AssertionError("input_image reached the translation")
             texts.append(part.text if isinstance(part, InputText) else content_text(part.data))
         return "\n".join(texts)
 
@@ -192,7 +192,7 @@ class _Question(RequestModel):
         }  # type: ignore[attr-defined]
 
 
-class PredicateQuestion(_Question):
+class DecisionPredicateQuestion(_Question):
     """How likely a statement about the input is true: Jev's ``noul``."""
 
     instructions: Instructions
@@ -215,7 +215,7 @@ class Choice(RequestModel):
     description: str | None = None
 
 
-class ChoiceQuestionIn(_Question):
+class DecisionChoiceQuestion(_Question):
     """One of 2–255 typed values: the string ``"true"`` and the boolean ``true`` are two options."""
 
     choices: list[Choice] = Field(json_schema_extra={"minItems": MIN_OPTIONS, "maxItems": MAX_OPTIONS})
@@ -278,7 +278,7 @@ class Level(RequestModel):
     description: str | None = None
 
 
-class ScoreQuestionIn(_Question):
+class DecisionScoreQuestion(_Question):
     """Ordered levels, counted from 0 (``value`` in the answer)."""
 
     instructions: Instructions
@@ -314,7 +314,7 @@ class ScoreQuestionIn(_Question):
 
 
 DecisionQuestion = Annotated[
-    PredicateQuestion | ChoiceQuestionIn | ScoreQuestionIn, Field(discriminator="type")
+    DecisionPredicateQuestion | DecisionChoiceQuestion | DecisionScoreQuestion, Field(discriminator="type")
 ]
 
 
@@ -363,7 +363,7 @@ class DecisionRequest(BodyModel):
 # -- response ------------------------------------------------------------------------------------
 
 
-class PredicateAnswer(ResponseModel):
+class DecisionPredicateAnswer(ResponseModel):
     name: str | None = None
     probability: float
     type: Literal["predicate"] = "predicate"
@@ -376,7 +376,7 @@ class ChoiceProbability(ResponseModel):
     value: str | bool
 
 
-class ChoiceAnswerOut(ResponseModel):
+class DecisionChoiceAnswer(ResponseModel):
     choice: str | bool
     confidence: float
     name: str | None = None
@@ -392,7 +392,7 @@ class ScoreProbability(ResponseModel):
     value: int
 
 
-class ScoreAnswerOut(ResponseModel):
+class DecisionScoreAnswer(ResponseModel):
     confidence: float
     name: str | None = None
     probabilities: list[ScoreProbability]
@@ -402,7 +402,7 @@ class ScoreAnswerOut(ResponseModel):
     reading: ReadingOut = Field(serialization_alias="x_reading")
 
 
-class RefusalAnswer(ResponseModel):
+class DecisionRefusal(ResponseModel):
     """This service abstained: no label came back, or confidence was under ``x_min_confidence``.
     ``x_reading`` says which (``informative``) and what was read."""
 
@@ -413,7 +413,8 @@ class RefusalAnswer(ResponseModel):
 
 
 DecisionAnswer = Annotated[
-    PredicateAnswer | ChoiceAnswerOut | ScoreAnswerOut | RefusalAnswer, Field(discriminator="type")
+    DecisionPredicateAnswer | DecisionChoiceAnswer | DecisionScoreAnswer | DecisionRefusal,
+    Field(discriminator="type"),
 ]
 
 

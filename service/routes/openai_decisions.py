@@ -53,17 +53,10 @@ MAX_LOGGED_ID = 64
 async def create_decision(request: Request) -> JSONResponse:
     caller = require_scope(request.scope["state"], "decide", "POST /v1/decisions")
     reader, body = await parse_for_model(request, DecisionRequest, aliases=(*JEV_ALIASES, *OPENAI_ALIASES))
-    image = body.images_in()
-    if image is not None:
-        raise validation_error(
-            ("body", *image),
-            "input_image is not supported: the served model reads text only",
-            "unsupported_feature",
-        )
     try:
         jev = to_systemone(body)
     except TranscriptError as error:
-        raise validation_error(error.loc, error.message, "invalid_input") from None
+        raise validation_error(error.loc, error.message, error.code) from None
     scope_state = request.scope["state"]
     if body.safety_identifier is not None:
         # An opaque end-user id, logged so abuse can be traced to it; never the key, never request text.

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from readers.engines.base import ReadMode, ReadRequest
+from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from readers.engines.routing import prefix_key
 from service.errors import openai_error, openai_param
 from service.pipeline.openai_decide import to_systemone
@@ -70,6 +70,24 @@ def test_an_output_without_its_call_is_refused_naming_the_item(items, loc):
     with pytest.raises(TranscriptError) as raised:
         render_input(request(items).input)
     assert raised.value.loc == loc
+
+
+@pytest.mark.parametrize(
+    "input, questions, loc",
+    [
+        ([{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}],
+         [QUESTION], ("body", "input", 0, "content", 1)),
+        ([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+          {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}],
+         [QUESTION], ("body", "input", 1, "output", 0)),
+        ("x", [QUESTION, {"type": "predicate", "instructions": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}],
+         ("body", "questions", 1, "instructions", 0)),
+    ],
+)  # fmt: skip
+def test_an_image_anywhere_is_refused_naming_where(input, questions, loc):
+    with pytest.raises(TranscriptError) as raised:
+        to_systemone(request(input, questions))
+    assert raised.value.loc == loc and raised.value.code == "unsupported_feature"
 
 
 def test_typed_choices_stay_distinct_options():
@@ -183,3 +201,22 @@ async def test_prompt_cache_key_routes_and_safety_identifier_is_logged_as_an_id(
     assert prefix_key(replace(seen[0], affinity_key=None)) != prefix_key(seen[0])
     logged = [json.loads(r.getMessage()) for r in caplog.records if r.name == "opendecide.access"]
     assert logged[-1]["safety_identifier"] == "user-42" and logged[-1]["route"] == "/v1/decisions"
+
+
+@pytest.mark.anyio
+async def test_a_read_with_no_label_is_a_refusal_and_the_others_are_answered(local_engine, client_factory):
+    # A top-k engine whose k tokens hold none of the first question's labels: no label came back.
+    def labels_only_for_the_second(request: ReadRequest):
+        if "Another." in local_engine.tokenizer.decode(list(request.prompt_ids)):
+            return favour_first(request)
+        others = [token for token in range(40) if token not in request.label_ids][:32]
+        return EngineReply({token: -3.5 for token in others}, ReadMode.TOPK, len(request.prompt_ids), 1.0)
+
+    body = {"model": "gpt-6-luna", "input": "x", "questions": [{**QUESTION, "name": "first"}, {**QUESTION, "instructions": "Another.", "name": "second"}]}  # fmt: skip
+    async with client_factory(function_engine(local_engine, labels_only_for_the_second)) as client:
+        response = await client.post("/v1/decisions", json=body)
+    assert response.status_code == 200, response.text
+    first, second = response.json()["answers"]
+    assert first["type"] == "refusal" and first["name"] == "first"
+    assert first["x_reading"]["informative"] is False and first["x_reading"]["labels_returned"] == 0
+    assert second["type"] == "predicate" and second["name"] == "second"

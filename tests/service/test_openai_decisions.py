@@ -278,6 +278,13 @@ def test_an_input_longer_than_the_context_is_413_naming_it(client, local_engine)
     assert raised.value.status_code == 413 and raised.value.code == "prompt_too_long"
 
 
+def test_400_questions_over_the_cost_cap_are_413_at_once(client):
+    questions = [{"type": "predicate", "instructions": f"Claim {i} holds."} for i in range(400)]
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.decisions.create(model="gpt-6-luna", input="word " * 1000, questions=questions, timeout=30)
+    assert raised.value.status_code == 413 and raised.value.code == "request_too_large"
+
+
 def test_a_danger_zone_header_is_refused_by_name(client):
     with pytest.raises(openai.BadRequestError) as raised:
         client.decisions.create(
