@@ -70,9 +70,10 @@ async def one(client: httpx.AsyncClient, route: str, n: int, tag: str) -> tuple[
     return response.status_code, (time.monotonic() - started) * 1000
 
 
-async def main(sizes: list[int], request_cost: int, repeats: int) -> None:
+async def main(sizes: list[int], request_cost: int, repeats: int, engine: LocalEngine | None = None) -> None:
+    """The run, printed; ``engine``: the embedded model already loaded (tests), else loaded here."""
     run = time.strftime("%Y%m%dT%H%M%S")
-    engine = LocalEngine(prepare_embedded_model())
+    engine = engine or LocalEngine(prepare_embedded_model())
     app = create_app(engine, admission=AdmissionLimits(request_cost=request_cost, queued_cost=request_cost))
     print(json.dumps({"bench": "two_routes", "run": run, "sizes": sizes, "repeats": repeats, "request_cost": request_cost,
                       "engine": engine.kind, "model": engine.info.name, "input_chars": len(INPUT),
