@@ -164,7 +164,9 @@ async def test_a_flood_is_refused_fast_not_queued_for_seconds(client_factory, lo
     statuses = [status for status, _ in results]
     assert set(statuses) <= {200, 529} and statuses.count(200) >= 20 and statuses.count(529) >= 100
     refused_s = sorted(seconds for status, seconds in results if status == 529)
-    assert refused_s[len(refused_s) // 2] < 5.0
+    # Refused before pricing once the queue is full, and priced on the loop before that (measured on
+    # the shared machine: p50 0.15 s, the last 0.7 s, where the thread hop made it up to 3 s).
+    assert refused_s[len(refused_s) // 2] < 1.0
 
 
 def test_the_sdk_sees_529_with_its_retry_after(local_engine):
