@@ -164,7 +164,11 @@ async def test_a_flood_is_refused_fast_not_queued_for_seconds(client_factory, lo
     statuses = [status for status, _ in results]
     assert set(statuses) <= {200, 529} and statuses.count(200) >= 20 and statuses.count(529) >= 100
     refused_s = sorted(seconds for status, seconds in results if status == 529)
-    assert refused_s[len(refused_s) // 2] < 5.0
+    print(f"200 × {statuses.count(200)}, 529 × {statuses.count(529)}; 529 after p50 "
+          f"{refused_s[len(refused_s) // 2]:.2f} s, last {refused_s[-1]:.2f} s")  # fmt: skip
+    # Refused before pricing once the queue is full, and priced on the loop before that
+    # (docs/reliability.md has the figures).
+    assert refused_s[len(refused_s) // 2] < 1.0
 
 
 def test_the_sdk_sees_529_with_its_retry_after(local_engine):

@@ -94,8 +94,11 @@ async def timed_answer(url: str) -> float:
         return time.monotonic() - started
 
 
-# Admission off in effect: every read reaches the engine's worker queue, which is what cancellation must empty.
-UNBOUNDED = AdmissionLimits(in_flight_cost=10**9, queued_cost=10**9, request_cost=10**9)
+# Admission off in effect: every read reaches the engine's worker queue, which is what cancellation must
+# empty; no deadline either, so only the client leaving stops work (a loaded CI core is slow).
+UNBOUNDED = AdmissionLimits(
+    in_flight_cost=10**9, queued_cost=10**9, request_cost=10**9, max_wait_s=3600, deadline_s=3600
+)
 
 
 @pytest.mark.slow  # a flood of long requests; its own engine, loaded again
