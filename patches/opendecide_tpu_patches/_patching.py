@@ -112,3 +112,16 @@ def run(patch: Patch, module: ModuleType) -> Result:
     }[result.outcome]
     logger.log(level, "%s: %s: %s", name, result.outcome.value, result.detail)
     return result
+
+
+def is_marked(func, mark: str) -> bool:
+    """Whether ``func``, or a function it wraps through ``__wrapped__``, carries ``mark``.
+
+    Two patches wrap ``CompressedTensorsConfig.get_quant_method``; each must still see its own wrapper under
+    the other's, so that a second plugin call changes nothing.
+    """
+    while func is not None:
+        if getattr(func, mark, False):
+            return True
+        func = getattr(func, "__wrapped__", None)
+    return False

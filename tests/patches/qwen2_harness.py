@@ -170,6 +170,10 @@ def main() -> None:
         out["lm_head"] = next((kw for name, kw in CALLS if name.endswith(".JaxLmHead")), None)
         out["embed"] = next((kw for name, kw in CALLS if name.endswith(".JaxEmbed")), None)
     out["meta_path"] = [type(f).__name__ for f in sys.meta_path]
+    # Modules the plugin still waits for (the other patches' targets, which this harness never imports).
+    from opendecide_tpu_patches import _patching
+
+    out["pending"] = sorted(_patching._finder.pending)
     out["log"] = [(r.name, r.levelname, r.getMessage()) for r in records]
     print(json.dumps(out, default=repr))
 
