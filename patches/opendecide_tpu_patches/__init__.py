@@ -1,4 +1,4 @@
-"""Workarounds for tpu-inference bugs, applied in every vLLM process through the ``vllm.general_plugins`` entry point.
+"""Workarounds for tpu-inference bugs and gaps, applied in every vLLM process through the ``vllm.general_plugins`` entry point.
 
 One module per workaround; each names its upstream reference and when to delete it, exposes ``MODULE`` (the
 module it patches) and ``apply(module) -> Result``, and reports ``ALREADY_FIXED`` once upstream has the fix.

@@ -1,5 +1,5 @@
 # Computes the logits of a model whose output head is its packed int4 embedding table (tied embeddings, as in
-# every Gemma). tpu-inference's `JaxEmbed.decode` is `jnp.dot(x, self.weight.value.T)`: with the table packed by
+# Gemma 4). tpu-inference's `JaxEmbed.decode` is `jnp.dot(x, self.weight.value.T)`: with the table packed by
 # `packed_int4_embedding` there is no `weight` (JaxEmbed's `__getattr__` answers None for it), so the first
 # logits fail with "'NoneType' object has no attribute 'value'". Present in tpu-inference 0.32.0 (PyPI) and on
 # main at b8692ff0 (2026-08-22), where JaxEmbed came with vllm-project/tpu-inference#1557 (commit 9badf8d8):
@@ -25,7 +25,7 @@ from .packed_int4_embedding import dequantize_rows
 MODULE = "tpu_inference.layers.jax.embed"
 CLASS = "JaxEmbed"
 _MARK = "_opendecide_int4_lm_head"
-# 8192 rows of a 3,840-wide bf16 table (Gemma 12B) is 60 MiB of transient values next to its 0.47 GiB of packed words.
+# 8192 rows of a 3,840-wide bf16 table are 60 MiB of transient values; 262,144 such rows packed are 0.47 GiB.
 BLOCK_ROWS = 8192
 
 

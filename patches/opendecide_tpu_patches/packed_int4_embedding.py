@@ -16,8 +16,8 @@ The table stays in compressed-tensors' ``pack-quantized`` layout: ``weight_packe
 both loaded as the checkpoint has them, so the chip holds half a byte per value plus the scales. A lookup
 gathers the packed rows of the token ids, then unpacks and scales only those rows (upstream's own
 ``u32_unpack_i4``). Which embeddings are packed is the checkpoint's choice: a config group whose targets name the
-layer (e.g. ``re:.*embed_tokens$``) or the class ``Embedding``, with symmetric static int4 weights by group or
-channel and no activation quantization, the scheme upstream's W4A16 linear method takes. Any other scheme on an
+layer (e.g. ``re:.*embed_tokens$``), with symmetric static int4 weights by group or channel and no activation
+quantization, the scheme upstream's W4A16 linear method takes. Any other scheme on an
 embedding is refused at load, naming the layer, instead of leaving packed tensors unread.
 
 A table shared with the output head (tied embeddings) is read there by ``int4_lm_head``.
@@ -156,7 +156,9 @@ def apply(module: ModuleType) -> Result:
             return method
         if module.should_ignore_layer(prefix, ignore=self._ignore, fused_mapping=self._fused_mapping):
             return None
-        scheme = self._match_target(layer, prefix) or self._target_scheme_map.get("Embedding")
+        # By name only (upstream matches class names for JaxEinsum and MoE layers alone): a class target such as
+        # "Embedding" would also take Gemma's per-layer embedding table, whose model code reads its dense weight.
+        scheme = self._match_target(layer, prefix)
         if scheme is None:
             return None
         weights, activations = scheme.get("weights"), scheme.get("input_activations")

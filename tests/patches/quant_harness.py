@@ -291,6 +291,10 @@ def case_w8a8(out: dict) -> None:
         merged = linear.JaxMergedColumnParallelLinear(
             inp, sizes, nnx.Rngs(0), use_bias=False, quant_config=config, prefix="mlp.gate_up_proj"
         )
+        # An attention-style projection: one input axis, two output axes (heads, head width).
+        heads = linear.JaxEinsum(
+            "TD,DNH->TNH", (inp, 4, 16), nnx.Rngs(0), quant_config=config, prefix="self_attn.q_proj"
+        )
         out["method"] = type(layer.quant_method).__name__
         out["merged_method"] = type(merged.quant_method).__name__
         out["weight_dtype"] = str(layer.weight.get_value().dtype)
@@ -301,9 +305,13 @@ def case_w8a8(out: dict) -> None:
         for i, (qi, si) in enumerate(shards):
             load(merged.weight, qi, i)
             load(merged.weight_scale, si, i)
+        qh, sh = int8_weight(64, inp, seed=20)
+        load(heads.weight, qh)
+        load(heads.weight_scale, sh)
         x = jax.random.normal(jax.random.key(3), (5, inp), jnp.float32) * 2.0
         got = np.asarray(layer(x), np.float64)
         got_merged = np.asarray(merged(x), np.float64)
+        got_heads = np.asarray(heads(x), np.float64)
 
     xs = np.asarray(x, np.float64)
     # Reference: the activation quantized per token to int8 (step = max |x| / 127, round half to even) and the
@@ -320,7 +328,9 @@ def case_w8a8(out: dict) -> None:
     out["max_rel_error"] = float(np.abs(got - want).max() / np.abs(want).max())
     out["merged_max_rel_error"] = float(np.abs(got_merged - want_merged).max() / np.abs(want_merged).max())
     out["activation_rounding_rel"] = float(np.abs(unquantized - want).max() / np.abs(want).max())
-    out["shapes"] = [list(got.shape), list(got_merged.shape)]
+    want_heads = reference(qh, sh).reshape(5, 4, 16)
+    out["heads_max_rel_error"] = float(np.abs(got_heads - want_heads).max() / np.abs(want_heads).max())
+    out["shapes"] = [list(got.shape), list(got_merged.shape), list(got_heads.shape)]
 
 
 def case_embedding(out: dict) -> None:

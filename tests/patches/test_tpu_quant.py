@@ -3,7 +3,8 @@
 Each case runs ``quant_harness.py`` in a fresh interpreter: the wheel's ``JaxLinear``, ``JaxMergedColumnParallelLinear``
 and ``JaxEmbed`` are built with the wheel's JAX ``CompressedTensorsConfig``, loaded through their own weight
 loaders with tensors packed by the ``compressed-tensors`` library, and called. The harness's docstring lists what
-is real and what is a stand-in. Small shapes: a 64 → 96 linear, a 64 → 48 + 80 fused one, a 1,000 × 96 table.
+is real and what is a stand-in. Small shapes: a 64 → 96 linear, a 64 → 48 + 80 fused one, a 64 → 4 × 16 einsum
+(attention's shape), a 1,000 × 96 table.
 
 Tolerances: the int8 linear is compared with float64 arithmetic on the same int8 activations (per-token step
 max|x| / 127) and the dequantized weight: its largest error is float32 rounding, under 1e-6 of the largest output.
@@ -91,9 +92,10 @@ def test_int8_w8a8_linear_matches_dequantized_reference(plugin_site, upstream_tr
         "Int8W8A8MergedLinearMethod",
     )
     assert result["weight_dtype"] == "int8"  # one byte a weight on chip, as the checkpoint stores it
-    assert result["shapes"] == [[5, 96], [5, 128]]
+    assert result["shapes"] == [[5, 96], [5, 128], [5, 4, 16]]
     assert result["max_rel_error"] < 1e-6
     assert result["merged_max_rel_error"] < 1e-6
+    assert result["heads_max_rel_error"] < 1e-6
     assert result["activation_rounding_rel"] > 1e-3  # the reference's activation quantization is visible
     assert any(
         "int8_w8a8_linear: patched: CompressedTensorsConfig.get_quant_method serves int8 W8A8" in m
