@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 
-from . import int4_lm_head, int8_w8a8_linear, packed_int4_embedding, qwen2_text_config
+from . import (
+    int4_lm_head,
+    int4_untied_lm_head,
+    int8_w8a8_linear,
+    packed_int4_embedding,
+    qwen2_text_config,
+)
 from ._patching import Outcome, Result, logger, when_imported
 
 __all__ = ["PATCHES", "Outcome", "Result", "apply_all"]
 
-PATCHES = (qwen2_text_config, int8_w8a8_linear, packed_int4_embedding, int4_lm_head)
+PATCHES = (qwen2_text_config, int8_w8a8_linear, packed_int4_embedding, int4_lm_head, int4_untied_lm_head)
 
 
 def apply_all() -> None:

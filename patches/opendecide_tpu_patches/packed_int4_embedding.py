@@ -58,8 +58,32 @@ def dequantize_rows(packed_rows, scale_rows, features: int, dtype):
     return scaled.reshape(values.shape).astype(dtype)
 
 
+def packed_weights(module: ModuleType, config, layer, prefix: str, kind: str):
+    """The W4A16 ``QuantizationArgs`` of the config group naming ``prefix``, or None when it is left dense.
+
+    ``module`` is upstream's loaded compressed_tensors, ``config`` its ``CompressedTensorsConfig``. Matched by
+    name only (upstream matches class names for JaxEinsum and MoE layers alone): a class target such as
+    "Embedding" would also take Gemma's per-layer embedding table, whose model code reads its dense weight.
+    A named table with another scheme is refused, naming it: its tensors would have nowhere to load.
+    """
+    if module.should_ignore_layer(prefix, ignore=config._ignore, fused_mapping=config._fused_mapping):
+        return None
+    scheme = config._match_target(layer, prefix)
+    if scheme is None:
+        return None
+    weights, activations = scheme.get("weights"), scheme.get("input_activations")
+    fmt = scheme.get("format") or getattr(config._ct, "quant_format", None)
+    if not module._is_w4a16(weights, activations) or fmt not in (None, "pack-quantized"):
+        raise NotImplementedError(
+            f"compressed-tensors scheme for {kind} '{prefix}' is not supported in the JAX path; "
+            "only symmetric int4 weights (pack-quantized, no activation quantization) are"
+        )
+    return weights
+
+
+@functools.cache
 def method_class(module: ModuleType) -> type:
-    """The packed embedding method, a ``QuantizeMethodBase`` of the loaded upstream package."""
+    """The packed embedding method, a ``QuantizeMethodBase`` of the loaded upstream package; one class per module."""
     import jax.numpy as jnp
     from flax import nnx
     from tpu_inference.models.jax.utils.weight_utils import load_nnx_param_from_reshaped_torch
@@ -71,22 +95,25 @@ def method_class(module: ModuleType) -> type:
 
         def __init__(self, layer, prefix: str, group_size: int | None):
             self.prefix = prefix  # JaxEmbed keeps no prefix of its own; the tensors are named with it
-            self.vocab = layer.num_embeddings
-            self.features = layer.features
+            self.vocab, self.features, self.sharding = self.dense_table(layer)
             # Channelwise checkpoints carry group_size None or -1: one group spanning the row.
             self.group_size = self.features if not group_size or group_size <= 0 else group_size
             if self.features % self.group_size:
                 raise ValueError(
-                    f"{self.prefix}: embedding width {self.features} is not a multiple of "
+                    f"{self.prefix}: table width {self.features} is not a multiple of "
                     f"group_size {self.group_size}"
                 )
 
+        @staticmethod
+        def dense_table(layer) -> tuple[int, int, tuple]:
+            """Vocabulary, width and sharding of the full-precision ``[vocab, d]`` table the layer made."""
+            vocab, features = layer.weight.get_value().shape
+            return vocab, features, layer.weight.get_metadata().get("out_sharding", ())
+
         def create_weights_jax(self, layer, *weight_args, **extra_weight_attrs):
-            # JaxEmbed made a full-precision table; the checkpoint ships the packed tensors instead. They keep
-            # the table's own sharding (by vocabulary row).
-            dense = layer.weight
-            sharding = dense.get_metadata().get("out_sharding", ())
-            self.dtype = dense.get_value().dtype
+            # The layer made a full-precision table; the checkpoint ships the packed tensors instead. They keep
+            # the table's sharding by vocabulary row.
+            self.dtype = layer.weight.get_value().dtype
             delattr(layer, "weight")
             shapes = {
                 "weight_packed": ((self.vocab, -(-self.features // _PACK_FACTOR)), jnp.int32),
@@ -99,7 +126,10 @@ def method_class(module: ModuleType) -> type:
                     param_name=f"{self.prefix}.{name}",
                 )
                 param = nnx.Param(
-                    jnp.zeros(shape, dtype), out_sharding=sharding, weight_loader=loader, eager_sharding=False
+                    jnp.zeros(shape, dtype),
+                    out_sharding=self.sharding,
+                    weight_loader=loader,
+                    eager_sharding=False,
                 )
                 setattr(layer, name, param)
             layer.weight_shape = nnx.Param(
@@ -154,21 +184,8 @@ def apply(module: ModuleType) -> Result:
         method = original(self, layer, prefix)
         if method is not None or not isinstance(layer, jax_embed):
             return method
-        if module.should_ignore_layer(prefix, ignore=self._ignore, fused_mapping=self._fused_mapping):
-            return None
-        # By name only (upstream matches class names for JaxEinsum and MoE layers alone): a class target such as
-        # "Embedding" would also take Gemma's per-layer embedding table, whose model code reads its dense weight.
-        scheme = self._match_target(layer, prefix)
-        if scheme is None:
-            return None
-        weights, activations = scheme.get("weights"), scheme.get("input_activations")
-        fmt = scheme.get("format") or getattr(self._ct, "quant_format", None)
-        if not module._is_w4a16(weights, activations) or fmt not in (None, "pack-quantized"):
-            raise NotImplementedError(
-                f"compressed-tensors scheme for embedding '{prefix}' is not supported in the JAX path; "
-                "only symmetric int4 weights (pack-quantized, no activation quantization) are"
-            )
-        return packed(layer, prefix, weights.group_size)
+        weights = packed_weights(module, self, layer, prefix, "embedding")
+        return None if weights is None else packed(layer, prefix, weights.group_size)
 
     get_quant_method.__qualname__ = original.__qualname__
     get_quant_method.__doc__ = original.__doc__

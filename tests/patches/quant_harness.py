@@ -12,11 +12,12 @@ environment overrides); its submodules are.
 
 Stand-ins, for what cannot load here:
 
-- ``vllm``: not installed (the TPU image's vLLM is a CUDA-less build of its own). Every name is an inert
-  placeholder except what the compressed-tensors config calls: ``CompressedTensorsConfig.from_config``
-  (builds the same ``target_scheme_map`` as vLLM 0.32.0's ``_quantization_scheme_map_from_config``, from
-  compressed-tensors' own ``QuantizationArgs``) and its ``_is_fp8_w8a8`` test, ``should_ignore_layer`` and ``is_equal_or_regex_match`` (exact
-  name or ``re:`` pattern, as vLLM's), and ``init_logger`` (a ``logging`` logger).
+- ``vllm``: not in the test environment (it brings a torch of its own). Every name is an inert placeholder
+  except what these layers call: ``CompressedTensorsConfig.from_config`` (builds the same ``target_scheme_map``
+  as vLLM 0.32.0's ``_quantization_scheme_map_from_config``, from compressed-tensors' own ``QuantizationArgs``)
+  and its ``_is_fp8_w8a8`` test, ``should_ignore_layer`` and ``is_equal_or_regex_match`` (exact name or ``re:``
+  pattern, as vLLM's), ``get_current_vllm_config`` (what tpu-inference's runner sets while it builds the
+  model: here a namespace holding the case's config) and ``init_logger`` (a ``logging`` logger).
 - ``torchax``: 0.0.13, the version tpu-inference 0.32.0 pins, fails to import on the torch installed here
   (``aten.prod.dim_Dimname`` is gone). Only its ``t2j`` is called, by upstream's loaders: torch → numpy → jax.
 - ``tokamax``: its ``gmm_v2`` is a Pallas TPU kernel, taken only for 3-D scales (``wna16`` groups narrower than
@@ -96,7 +97,11 @@ def _t2j(tensor, use_dlpack=False):
     return jnp.asarray(tensor.detach().cpu().numpy())
 
 
+# What tpu-inference's runner sets around model construction (set_current_vllm_config); a case fills it in.
+CURRENT_VLLM_CONFIG = types.SimpleNamespace(quant_config=None)
+
 _OVERRIDES = {
+    "vllm.config.get_current_vllm_config": lambda: CURRENT_VLLM_CONFIG,
     "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors.CompressedTensorsConfig": (
         _CompressedTensorsConfig
     ),
@@ -411,7 +416,43 @@ def case_embedding(out: dict) -> None:
         )
 
 
-CASES = {"w8a8": case_w8a8, "embedding": case_embedding}
+def case_untied_head(out: dict) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from flax import nnx
+
+    ct = importlib.import_module("tpu_inference.layers.jax.quantization.compressed_tensors")
+    linear = importlib.import_module("tpu_inference.layers.jax.linear")
+    vocab, hidden = 1000, 96
+    q, s = int4_table(vocab, hidden, seed=9)  # lm_head.weight is [vocab, hidden], packed like a table
+    steps = s.float().repeat_interleave(W4A16_GROUP, dim=1)
+    dequantized = (q.float() * steps).to(torch.bfloat16)
+    init = nnx.with_partitioning(nnx.initializers.normal(), (None, "model"))
+    with jax.set_mesh(_mesh()):
+        dense = linear.JaxLmHead(hidden, vocab, nnx.Rngs(0), dtype=jnp.bfloat16, kernel_init=init)
+        dense.weight.set_value(jnp.asarray(dequantized.float().numpy().T, jnp.bfloat16))
+        CURRENT_VLLM_CONFIG.quant_config = ct.CompressedTensorsConfig(emb4_config(["lm_head"]))
+        packed = linear.JaxLmHead(hidden, vocab, nnx.Rngs(0), dtype=jnp.bfloat16, kernel_init=init)
+        out["method"] = type(packed.quant_method).__name__ if packed.quant_method else None
+        out["params"] = {name: list(p.get_value().shape) for name, p in packed.named_parameters()}
+        if packed.quant_method is None:
+            return
+        load(packed.weight_packed, pack_to_int32(q, 4))
+        load(packed.weight_scale, s)
+        load(packed.weight_shape, torch.tensor([vocab, hidden], dtype=torch.int32))
+        out["loaded"] = packed.quant_method.process_weights_after_loading(packed)
+        out["sharding"] = list(packed.weight_packed.get_metadata()["out_sharding"])
+        x = jax.random.normal(jax.random.key(5), (6, hidden), jnp.bfloat16)
+        want = np.asarray(dense(x).astype(jnp.float32))
+        got = np.asarray(packed(x).astype(jnp.float32))
+    out["logits_max_abs_error"] = float(np.abs(got - want).max())
+    out["logits_scale"] = float(np.abs(want).max())
+
+
+CASES = {"w8a8": case_w8a8, "embedding": case_embedding, "untied_head": case_untied_head}
 
 
 def main() -> None:

@@ -4,13 +4,13 @@ Each case runs ``quant_harness.py`` in a fresh interpreter: the wheel's ``JaxLin
 and ``JaxEmbed`` are built with the wheel's JAX ``CompressedTensorsConfig``, loaded through their own weight
 loaders with tensors packed by the ``compressed-tensors`` library, and called. The harness's docstring lists what
 is real and what is a stand-in. Small shapes: a 64 → 96 linear, a 64 → 48 + 80 fused one, a 64 → 4 × 16 einsum
-(attention's shape), a 1,000 × 96 table.
+(attention's shape), a 1,000 × 96 table and a 96 → 1,000 untied head.
 
 Tolerances: the int8 linear is compared with float64 arithmetic on the same int8 activations (per-token step
 max|x| / 127) and the dequantized weight: its largest error is float32 rounding, under 1e-6 of the largest output.
 That is 1,000 times finer than what quantizing the activation changes (about 6e-3 here), so a method that skipped
-it would fail. The packed embedding and the logits read from it are compared bit for bit with upstream's own
-``JaxEmbed`` holding the dequantized bf16 table.
+it would fail. The packed embedding, the logits read from it and an untied int4 head are compared bit for bit
+with upstream's own ``JaxEmbed`` and ``JaxLmHead`` holding the dequantized bf16 table.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.integration  # pip downloads the wheel and installs the
 HARNESS = Path(__file__).with_name("quant_harness.py")
 CT = "tpu_inference/layers/jax/quantization/compressed_tensors.py"
 EMBED = "tpu_inference/layers/jax/embed.py"
+LINEAR = "tpu_inference/layers/jax/linear.py"
 LOGGER = "vllm.opendecide_tpu_patches"
 
 
@@ -43,7 +44,7 @@ def fixed_tree(upstream_tree, tmp_path_factory) -> Path:
     """0.32.0 with the features upstream would add, written the way the patches recognise them.
 
     ``get_quant_method`` gains an int8 branch (vLLM's ``_is_dynamic_token_w8a8``) and an embedding branch, and
-    ``JaxEmbed.decode`` asks its quant method. The branches do nothing useful here (an embedding stays dense);
+    ``JaxEmbed.decode`` and ``JaxLmHead.__call__`` ask their quant method. The branches do nothing useful here (an embedding stays dense);
     they only have to be there for the patches to leave the code alone.
     """
     tree = tmp_path_factory.mktemp("tpu-inference-fixed")
@@ -69,6 +70,14 @@ def fixed_tree(upstream_tree, tmp_path_factory) -> Path:
         embed.replace(
             decode,
             "        if self.quant_method is not None:\n            raise NotImplementedError\n" + decode,
+        )
+    )
+    head = (tree / LINEAR).read_text()
+    call = "        return jax.numpy.einsum(self.einsum_str, inputs, self.weight.value)\n"
+    assert head.count(call) == 1
+    (tree / LINEAR).write_text(
+        head.replace(
+            call, "        if self.quant_method is not None:\n            raise NotImplementedError\n" + call
         )
     )
     return tree
@@ -146,6 +155,29 @@ def test_tied_logits_fail_without_the_lm_head_patch(plugin_site, upstream_tree):
     }
 
 
+def test_unpatched_upstream_untied_head_stays_dense(plugin_site, upstream_tree):
+    """``JaxLmHead`` asks no config: a group naming ``lm_head`` leaves it a bf16 [hidden, vocab] kernel."""
+    result = harness(plugin_site, upstream_tree, "untied_head")
+
+    assert result["method"] is None
+    assert result["params"] == {"weight": [96, 1000]}
+
+
+def test_untied_int4_head_equals_the_dequantized_head(plugin_site, upstream_tree):
+    result = harness(plugin_site, upstream_tree, "untied_head", "--plugin")
+
+    assert result["method"] == "PackedInt4LmHeadMethod"
+    assert result["loaded"] is True
+    assert result["params"] == {"weight_packed": [1000, 12], "weight_scale": [1000, 3], "weight_shape": [2]}
+    assert result["sharding"] == [
+        "model",
+        None,
+    ]  # by vocabulary row, as upstream shards the [hidden, vocab] kernel
+    assert result["logits_scale"] > 1.0
+    assert result["logits_max_abs_error"] == 0.0
+    assert any("int4_untied_lm_head: patched: JaxLmHead keeps an lm_head" in m for m in patch_lines(result))
+
+
 def test_patches_are_logged_noops_where_upstream_has_the_features(plugin_site, fixed_tree):
     result = harness(plugin_site, fixed_tree, "embedding", "--plugin")
 
@@ -153,6 +185,8 @@ def test_patches_are_logged_noops_where_upstream_has_the_features(plugin_site, f
     assert fixed == [
         "opendecide_tpu_patches.int4_lm_head: already fixed upstream: JaxEmbed.decode asks the layer's quant "
         "method; delete opendecide_tpu_patches.int4_lm_head",
+        "opendecide_tpu_patches.int4_untied_lm_head: already fixed upstream: JaxLmHead.__call__ asks a quant "
+        "method; delete opendecide_tpu_patches.int4_untied_lm_head",
         "opendecide_tpu_patches.int8_w8a8_linear: already fixed upstream: CompressedTensorsConfig.get_quant_method "
         "handles int8 itself; delete opendecide_tpu_patches.int8_w8a8_linear",
         "opendecide_tpu_patches.packed_int4_embedding: already fixed upstream: CompressedTensorsConfig."
