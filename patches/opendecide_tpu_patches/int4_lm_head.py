@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from ._patching import Outcome, Result, is_marked
+from ._patching import Outcome, Result, replace_method, upstream_method
 from .packed_int4_embedding import dequantize_rows
 
 MODULE = "tpu_inference.layers.jax.embed"
@@ -59,19 +59,16 @@ def packed_logits(x, packed, scale, features: int, dtype, block_rows: int = BLOC
 def apply(module: ModuleType) -> Result:
     """Replace ``JaxEmbed.decode`` in ``module`` with one that reads a packed table, if it needs it."""
     cls = getattr(module, CLASS, None)
-    original = getattr(cls, "decode", None)
-    if not inspect.isfunction(original):
-        return Result(Outcome.UNRECOGNISED, f"{module.__name__} has no {CLASS}.decode function")
-    if is_marked(original, _MARK):
-        return Result(Outcome.ALREADY_PATCHED, f"{CLASS}.decode")
-    try:
-        source = inspect.getsource(original)
-    except (OSError, TypeError) as e:
-        return Result(Outcome.UNRECOGNISED, f"no source for {CLASS}.decode ({e})")
+    found = upstream_method(cls, "decode", _MARK)
+    if isinstance(found, Result):
+        return found
+    original, source = found
     if "quant_method" in source:
         return Result(
             Outcome.ALREADY_FIXED, f"{CLASS}.decode asks the layer's quant method; delete {__name__}"
         )
+    if "self.weight" not in source:
+        return Result(Outcome.UNRECOGNISED, f"{CLASS}.decode does not read self.weight")
 
     def decode(self, x):
         if not getattr(self.quant_method, "packed_int4_table", False):
@@ -81,11 +78,7 @@ def apply(module: ModuleType) -> Result:
             x, self.weight_packed[...], self.weight_scale[...], method.features, method.dtype
         )
 
-    decode.__qualname__ = original.__qualname__
-    decode.__doc__ = original.__doc__
-    decode.__wrapped__ = original
-    setattr(decode, _MARK, True)
-    cls.decode = decode
+    replace_method(cls, "decode", decode, original, _MARK)
     return Result(
         Outcome.PATCHED,
         f"{CLASS}.decode computes logits from a packed int4 table, {BLOCK_ROWS} rows at a time "

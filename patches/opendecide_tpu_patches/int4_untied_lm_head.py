@@ -22,7 +22,7 @@ import inspect
 import sys
 from types import ModuleType
 
-from ._patching import Outcome, Result, is_marked
+from ._patching import Outcome, Result, replace_method, upstream_method
 from .int4_lm_head import packed_logits
 from .packed_int4_embedding import MODULE as CT_MODULE
 from .packed_int4_embedding import method_class, packed_weights
@@ -63,18 +63,17 @@ def _current_quant_config():
 def apply(module: ModuleType) -> Result:
     """Let ``JaxLmHead`` in ``module`` hold and read a packed int4 head, if it cannot already."""
     cls = getattr(module, CLASS, None)
-    own = vars(cls) if isinstance(cls, type) else {}  # the class's own methods, not nnx.Einsum's
-    init, call = own.get("__init__"), own.get("__call__")
-    if not (inspect.isfunction(init) and inspect.isfunction(call)):
-        return Result(Outcome.UNRECOGNISED, f"{module.__name__} has no {CLASS}.__init__ and __call__")
-    if is_marked(call, _MARK):
-        return Result(Outcome.ALREADY_PATCHED, f"{CLASS}")
-    try:
-        source = inspect.getsource(call)
-    except (OSError, TypeError) as e:
-        return Result(Outcome.UNRECOGNISED, f"no source for {CLASS}.__call__ ({e})")
+    found = upstream_method(cls, "__call__", _MARK)
+    if isinstance(found, Result):
+        return found
+    call, source = found
+    init = vars(cls).get("__init__")
+    if not inspect.isfunction(init):
+        return Result(Outcome.UNRECOGNISED, f"{module.__name__} has no {CLASS}.__init__ of its own")
     if "quant_method" in source:
         return Result(Outcome.ALREADY_FIXED, f"{CLASS}.__call__ asks a quant method; delete {__name__}")
+    if "self.weight" not in source:
+        return Result(Outcome.UNRECOGNISED, f"{CLASS}.__call__ does not read self.weight")
 
     def __init__(self, hidden_size, vocab_size, rngs, *, prefix="lm_head", **kwargs):
         init(self, hidden_size, vocab_size, rngs, prefix=prefix, **kwargs)
@@ -92,13 +91,8 @@ def apply(module: ModuleType) -> Result:
             return self.quant_method.apply_jax(self, inputs)
         return call(self, inputs)
 
-    for new, old in ((__init__, init), (__call__, call)):
-        new.__qualname__ = old.__qualname__
-        new.__doc__ = old.__doc__
-        new.__wrapped__ = old
-        setattr(new, _MARK, True)
-    cls.__init__ = __init__
-    cls.__call__ = __call__
+    replace_method(cls, "__init__", __init__, init, _MARK)
+    replace_method(cls, "__call__", __call__, call, _MARK)
     return Result(
         Outcome.PATCHED,
         f"{CLASS} keeps an lm_head named by a W4A16 group packed and reads it in blocks "

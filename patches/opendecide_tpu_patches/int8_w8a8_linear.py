@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-from ._patching import Outcome, Result, is_marked
+from ._patching import Outcome, Result, replace_method, upstream_method
 
 MODULE = "tpu_inference.layers.jax.quantization.compressed_tensors"
 CLASS = "CompressedTensorsConfig"
@@ -98,18 +98,13 @@ def method_classes(module: ModuleType) -> tuple[type, type]:
 
 def apply(module: ModuleType) -> Result:
     """Wrap ``CompressedTensorsConfig.get_quant_method`` in ``module`` to serve int8 W8A8 layers, if it needs it."""
+    if any(not hasattr(module, name) for name in _NEEDS):
+        return Result(Outcome.UNRECOGNISED, f"{module.__name__} lacks one of {_NEEDS}")
     cls = getattr(module, CLASS, None)
-    original = getattr(cls, "get_quant_method", None)
-    if not inspect.isfunction(original) or any(not hasattr(module, name) for name in _NEEDS):
-        return Result(
-            Outcome.UNRECOGNISED, f"{module.__name__} has no {CLASS}.get_quant_method or lacks {_NEEDS}"
-        )
-    if is_marked(original, _MARK):
-        return Result(Outcome.ALREADY_PATCHED, f"{CLASS}.get_quant_method")
-    try:
-        source = inspect.getsource(inspect.unwrap(original))  # upstream's own code, under any other patch
-    except (OSError, TypeError) as e:
-        return Result(Outcome.UNRECOGNISED, f"no source for {CLASS}.get_quant_method ({e})")
+    found = upstream_method(cls, "get_quant_method", _MARK)
+    if isinstance(found, Result):
+        return found
+    original, source = found
     if any(word in source for word in _UPSTREAM_INT8):
         return Result(
             Outcome.ALREADY_FIXED, f"{CLASS}.get_quant_method handles int8 itself; delete {__name__}"
@@ -129,11 +124,7 @@ def apply(module: ModuleType) -> Result:
         method = merged if isinstance(layer, module.JaxMergedColumnParallelLinear) else linear
         return method(layer, config)
 
-    get_quant_method.__qualname__ = original.__qualname__
-    get_quant_method.__doc__ = original.__doc__
-    get_quant_method.__wrapped__ = original
-    setattr(get_quant_method, _MARK, True)
-    cls.get_quant_method = get_quant_method
+    replace_method(cls, "get_quant_method", get_quant_method, original, _MARK)
     return Result(
         Outcome.PATCHED,
         f"{CLASS}.get_quant_method serves int8 W8A8 (channel weights, dynamic token activations) "

@@ -30,7 +30,7 @@ import importlib
 import inspect
 from types import ModuleType
 
-from ._patching import Outcome, Result, is_marked
+from ._patching import Outcome, Result, replace_method, upstream_method
 
 MODULE = "tpu_inference.layers.jax.quantization.compressed_tensors"
 CLASS = "CompressedTensorsConfig"
@@ -158,18 +158,13 @@ def method_class(module: ModuleType) -> type:
 
 def apply(module: ModuleType) -> Result:
     """Wrap ``CompressedTensorsConfig.get_quant_method`` in ``module`` to answer for W4A16 embeddings, if it needs it."""
+    if any(not hasattr(module, name) for name in _NEEDS):
+        return Result(Outcome.UNRECOGNISED, f"{module.__name__} lacks one of {_NEEDS}")
     cls = getattr(module, CLASS, None)
-    original = getattr(cls, "get_quant_method", None)
-    if not inspect.isfunction(original) or any(not hasattr(module, name) for name in _NEEDS):
-        return Result(
-            Outcome.UNRECOGNISED, f"{module.__name__} has no {CLASS}.get_quant_method or lacks {_NEEDS}"
-        )
-    if is_marked(original, _MARK):
-        return Result(Outcome.ALREADY_PATCHED, f"{CLASS}.get_quant_method")
-    try:
-        source = inspect.getsource(inspect.unwrap(original))  # upstream's own code, under any other patch
-    except (OSError, TypeError) as e:
-        return Result(Outcome.UNRECOGNISED, f"no source for {CLASS}.get_quant_method ({e})")
+    found = upstream_method(cls, "get_quant_method", _MARK)
+    if isinstance(found, Result):
+        return found
+    original, source = found
     if "Embed" in source:
         return Result(
             Outcome.ALREADY_FIXED, f"{CLASS}.get_quant_method answers for embeddings; delete {__name__}"
@@ -187,11 +182,7 @@ def apply(module: ModuleType) -> Result:
         weights = packed_weights(module, self, layer, prefix, "embedding")
         return None if weights is None else packed(layer, prefix, weights.group_size)
 
-    get_quant_method.__qualname__ = original.__qualname__
-    get_quant_method.__doc__ = original.__doc__
-    get_quant_method.__wrapped__ = original
-    setattr(get_quant_method, _MARK, True)
-    cls.get_quant_method = get_quant_method
+    replace_method(cls, "get_quant_method", get_quant_method, original, _MARK)
     source_file = inspect.getsourcefile(inspect.unwrap(original))
     return Result(
         Outcome.PATCHED,

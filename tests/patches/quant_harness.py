@@ -38,6 +38,8 @@ import types
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from stand_ins import StandIns  # beside this script, which runs with its own folder on sys.path
+
 STUBBED_ROOTS = ("vllm", "torchax", "tokamax", "qwix", "pathwaysutils", "tpu_info")
 ENTRY_POINT = "opendecide_tpu_patches"
 
@@ -112,56 +114,7 @@ _OVERRIDES = {
     "vllm.logger.init_logger": logging.getLogger,
     "torchax.ops.mappings.t2j": _t2j,
 }
-_parts: dict[str, type] = {}
-
-
-class _PartMeta(type):
-    def __getattr__(cls, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return _part(f"{cls._stub_name}.{attr}")
-
-    def __getitem__(cls, item):  # type annotations such as Float[Array, "…"]
-        return cls
-
-    def __call__(cls, *args, **kwargs):
-        if len(args) == 1 and not kwargs and callable(args[0]):  # used as a decorator: leave the function
-            return args[0]
-        return super().__call__(*args, **kwargs)
-
-
-def _part(name: str) -> type:
-    if name not in _parts:
-
-        def __call__(self, *args, **kwargs):  # an instance used as a decorator (register_model_loader(…))
-            return args[0] if len(args) == 1 and callable(args[0]) else None
-
-        _parts[name] = _PartMeta(
-            name.rsplit(".", 1)[-1],
-            (),
-            {"_stub_name": name, "__init__": lambda self, *a, **k: None, "__call__": __call__},
-        )
-    return _parts[name]
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        name = f"{self.__name__}.{attr}"
-        value = _OVERRIDES.get(name) or _part(name)
-        setattr(self, attr, value)
-        return value
-
-
-class _StubLoader(importlib.abc.Loader):
-    def create_module(self, spec):
-        module = _StubModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
+STAND_INS = StandIns(_OVERRIDES)
 
 
 class _EmptyPackage(importlib.abc.Loader):
@@ -184,7 +137,7 @@ class WheelTreeFinder(importlib.abc.MetaPathFinder):
             spec.submodule_search_locations = [str(self.tree / "tpu_inference")]
             return spec
         if fullname.split(".")[0] in STUBBED_ROOTS:
-            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+            return STAND_INS.spec(fullname)
         return None
 
 
