@@ -1,8 +1,8 @@
 # Lets an untied output head be int4 on tpu-inference's JAX path. `JaxLmHead` (layers/jax/linear.py) never asks a
 # quantization config: the JAX models build it without one, and its docstring says quant configs must not
-# dispatch onto it (vLLM's ParallelLMHead is not quantized by compressed-tensors either). A checkpoint whose
-# config group names `lm_head` ships `lm_head.weight_packed`, `weight_scale` and `weight_shape` instead of
-# `lm_head.weight`, and fails to load. Present in tpu-inference 0.32.0 (PyPI) and on main at b8692ff0 (2026-08-22):
+# dispatch onto it (fp8 and int8 checkpoints keep a bf16 head; vLLM's own config does quantize a named head).
+# A checkpoint whose config group names `lm_head` ships `lm_head.weight_packed`, `weight_scale` and
+# `weight_shape` instead of `lm_head.weight`, and fails to load. Present in tpu-inference 0.32.0 (PyPI) and on main at b8692ff0 (2026-08-22):
 # https://github.com/vllm-project/tpu-inference/blob/b8692ff01fa191343836996c27a39dc95f008b88/tpu_inference/layers/jax/linear.py
 # Delete this module together with packed_int4_embedding, or once the pinned tpu-inference's JaxLmHead.__call__
 # asks a quant method: the plugin then logs "already fixed upstream".
