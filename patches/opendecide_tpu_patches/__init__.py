@@ -1,4 +1,4 @@
-"""Workarounds for tpu-inference bugs, applied in every vLLM process through the ``vllm.general_plugins`` entry point.
+"""Workarounds for tpu-inference bugs and gaps, applied in every vLLM process through the ``vllm.general_plugins`` entry point.
 
 One module per workaround; each names its upstream reference and when to delete it, exposes ``MODULE`` (the
 module it patches) and ``apply(module) -> Result``, and reports ``ALREADY_FIXED`` once upstream has the fix.
@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 
-from . import qwen2_text_config
+from . import (
+    int4_lm_head,
+    int4_untied_lm_head,
+    int8_w8a8_linear,
+    packed_int4_embedding,
+    qwen2_text_config,
+)
 from ._patching import Outcome, Result, logger, when_imported
 
 __all__ = ["PATCHES", "Outcome", "Result", "apply_all"]
 
-PATCHES = (qwen2_text_config,)
+PATCHES = (qwen2_text_config, int8_w8a8_linear, packed_int4_embedding, int4_lm_head, int4_untied_lm_head)
 
 
 def apply_all() -> None:

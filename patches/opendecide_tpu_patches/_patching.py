@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import importlib.abc
+import inspect
 import logging
 import sys
 from collections.abc import Callable
@@ -112,3 +113,42 @@ def run(patch: Patch, module: ModuleType) -> Result:
     }[result.outcome]
     logger.log(level, "%s: %s: %s", name, result.outcome.value, result.detail)
     return result
+
+
+def is_marked(func, mark: str) -> bool:
+    """Whether ``func``, or a function it wraps through ``__wrapped__``, carries ``mark``.
+
+    Two patches wrap ``CompressedTensorsConfig.get_quant_method``; each must still see its own wrapper under
+    the other's, so that a second plugin call changes nothing.
+    """
+    while func is not None:
+        if getattr(func, mark, False):
+            return True
+        func = getattr(func, "__wrapped__", None)
+    return False
+
+
+def upstream_method(cls, name: str, mark: str) -> tuple[Callable, str] | Result:
+    """``cls``'s own method ``name`` and the source of upstream's code under it, or the Result that ends the patch.
+
+    The source is read through any other patch's wrapper (``__wrapped__``): whether upstream has a feature is
+    a question about upstream's code.
+    """
+    original = vars(cls).get(name) if isinstance(cls, type) else None
+    if not inspect.isfunction(original):
+        return Result(Outcome.UNRECOGNISED, f"{getattr(cls, '__name__', cls)} has no method {name}")
+    if is_marked(original, mark):
+        return Result(Outcome.ALREADY_PATCHED, f"{cls.__name__}.{name}")
+    try:
+        return original, inspect.getsource(inspect.unwrap(original))
+    except (OSError, TypeError) as e:
+        return Result(Outcome.UNRECOGNISED, f"no source for {cls.__name__}.{name} ({e})")
+
+
+def replace_method(cls, name: str, new: Callable, original: Callable, mark: str) -> None:
+    """Set ``new`` as ``cls.name``, looking like ``original`` and marked, so a later plugin call sees the patch."""
+    new.__qualname__ = original.__qualname__
+    new.__doc__ = original.__doc__
+    new.__wrapped__ = original
+    setattr(new, mark, True)
+    setattr(cls, name, new)

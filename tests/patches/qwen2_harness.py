@@ -23,11 +23,11 @@ import types
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from stand_ins import StandIns  # beside this script, which runs with its own folder on sys.path
+
 REAL_MODULE = "tpu_inference.models.jax.qwen2"
 STUBBED_ROOTS = ("jax", "flax", "vllm", "tpu_inference")
 ENTRY_POINT = "opendecide_tpu_patches"
-CALLS: list[tuple[str, dict]] = []  # (stand-in name, keyword arguments), in call order
-
 _OVERRIDES = {
     "tpu_inference.layers.jax.pp_utils.make_layers": lambda n, factory: (0, n, []),
     "tpu_inference.distributed.jax_parallel_state.get_pp_group": lambda: types.SimpleNamespace(
@@ -35,44 +35,7 @@ _OVERRIDES = {
     ),
     "tpu_inference.logger.init_logger": logging.getLogger,
 }
-_parts: dict[str, type] = {}
-
-
-class _PartMeta(type):
-    def __getattr__(cls, attr):
-        if attr.startswith("__"):  # typing and copy probe dunders; those must stay missing
-            raise AttributeError(attr)
-        return _part(f"{cls._stub_name}.{attr}")
-
-
-def _part(name: str) -> type:
-    if name not in _parts:
-
-        def __init__(self, *args, **kwargs):
-            CALLS.append((name, kwargs))
-
-        _parts[name] = _PartMeta(name.rsplit(".", 1)[-1], (), {"_stub_name": name, "__init__": __init__})
-    return _parts[name]
-
-
-class _StubModule(types.ModuleType):
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        name = f"{self.__name__}.{attr}"
-        value = _OVERRIDES.get(name) or _part(name)
-        setattr(self, attr, value)
-        return value
-
-
-class _StubLoader(importlib.abc.Loader):
-    def create_module(self, spec):
-        module = _StubModule(spec.name)
-        module.__path__ = []  # a package, so that its submodules resolve through the finder too
-        return module
-
-    def exec_module(self, module):
-        pass
+STAND_INS = StandIns(_OVERRIDES)
 
 
 class WheelTreeFinder(importlib.abc.MetaPathFinder):
@@ -87,7 +50,7 @@ class WheelTreeFinder(importlib.abc.MetaPathFinder):
                 fullname, self.tree / (fullname.replace(".", "/") + ".py")
             )
         if fullname.split(".")[0] in STUBBED_ROOTS:
-            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+            return STAND_INS.spec(fullname)
         return None
 
 
@@ -167,9 +130,13 @@ def main() -> None:
                 "function": frame.name,
                 "code": frame.line,
             }
-        out["lm_head"] = next((kw for name, kw in CALLS if name.endswith(".JaxLmHead")), None)
-        out["embed"] = next((kw for name, kw in CALLS if name.endswith(".JaxEmbed")), None)
+        out["lm_head"] = next((kw for name, kw in STAND_INS.calls if name.endswith(".JaxLmHead")), None)
+        out["embed"] = next((kw for name, kw in STAND_INS.calls if name.endswith(".JaxEmbed")), None)
     out["meta_path"] = [type(f).__name__ for f in sys.meta_path]
+    # Modules the plugin still waits for (the other patches' targets, which this harness never imports).
+    from opendecide_tpu_patches import _patching
+
+    out["pending"] = sorted(_patching._finder.pending)
     out["log"] = [(r.name, r.levelname, r.getMessage()) for r in records]
     print(json.dumps(out, default=repr))
 

@@ -2,30 +2,22 @@
 
 Each case runs ``qwen2_harness.py`` in a fresh interpreter: the wheel's ``qwen2.py`` builds ``Qwen2ForCausalLM``
 on a real ``transformers`` config, with the plugin installed from ``patches/`` and called through its entry
-point, as vLLM calls it. The wheel is cached in ``$OPENDECIDE_CACHE/wheels`` (default ``~/.cache/opendecide``).
+point, as vLLM calls it. The wheel and the plugin's install come from ``conftest.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
-import zipfile
 from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
 
+from tests.patches.conftest import run_harness
+
 pytestmark = pytest.mark.integration  # pip downloads the wheel and installs the plugin; a harness process
 
-ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).with_name("qwen2_harness.py")
-WHEEL = "tpu_inference-0.32.0-py3-none-any.whl"
-WHEEL_SHA256 = "7c25a3c76cefd383f06ef115a6ed4d7bed82c081f047046bfef55f5913ea06d4"  # PyPI's file, 2026-11-29
 QWEN2 = "tpu_inference/models/jax/qwen2.py"
 EAGER_DEFAULT = """\
             hidden_size = getattr(
@@ -33,44 +25,6 @@ EAGER_DEFAULT = """\
                 model_config.hf_config.text_config.hidden_size)
 """
 HIDDEN_SIZE = 96  # the harness's Qwen2Config
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("OPENDECIDE_CACHE") or Path.home() / ".cache" / "opendecide") / "wheels"
-
-
-@pytest.fixture(scope="session")
-def tpu_inference_wheel() -> Path:
-    wheel = _cache_dir() / WHEEL
-    if not wheel.exists():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--only-binary",
-                ":all:",
-                "tpu-inference==0.32.0",
-                "-d",
-                str(wheel.parent),
-            ],
-            check=True,
-        )
-    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == WHEEL_SHA256, (
-        f"{wheel} is not PyPI's 0.32.0 wheel"
-    )
-    return wheel
-
-
-@pytest.fixture(scope="session")
-def upstream_tree(tpu_inference_wheel, tmp_path_factory) -> Path:
-    tree = tmp_path_factory.mktemp("tpu-inference-0.32.0")
-    with zipfile.ZipFile(tpu_inference_wheel) as wheel:
-        wheel.extractall(tree)
-    return tree
 
 
 @pytest.fixture(scope="session")
@@ -92,46 +46,8 @@ def fixed_tree(upstream_tree, tmp_path_factory) -> Path:
     return tree
 
 
-@pytest.fixture(scope="session")
-def plugin_site(tmp_path_factory) -> Path:
-    """The patches distribution built and installed from ``patches/`` into its own directory."""
-    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
-    source = tmp_path_factory.mktemp("plugin-source") / "patches"
-    shutil.copytree(
-        ROOT / "patches", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
-    )
-    site = tmp_path_factory.mktemp("plugin-site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(site),
-            str(source),
-        ],
-        check=True,
-    )
-    return site
-
-
 def harness(site: Path, *args: str | Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    done = subprocess.run(
-        [sys.executable, str(HARNESS), *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])
+    return run_harness(HARNESS, site, *args)
 
 
 def messages(result: dict, logger: str = "vllm.opendecide_tpu_patches") -> list[tuple[str, str]]:
@@ -174,7 +90,7 @@ def test_plugin_fixes_untied_qwen2_config(plugin_site, upstream_tree, order):
     patched = [m for level, m in messages(result) if level == "INFO" and ": patched: " in m]
     assert len(patched) == 1, result["log"]  # two plugin calls, one patch
     assert f"{upstream_tree / QWEN2}:399" in patched[0]
-    assert "_RunAfterImport" not in result["meta_path"]  # the import hook leaves once it has run
+    assert "tpu_inference.models.jax.qwen2" not in result["pending"]  # its import ran the patch once
 
 
 def test_patched_code_still_reads_nested_text_config(plugin_site, upstream_tree):
