@@ -14,13 +14,14 @@ import pytest
 
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from readers.engines.routing import prefix_key
-from service.admission import MAX_OPTION_NAME_TOKENS
+from service.admission import MAX_OPTION_NAME_TOKENS, AdmissionLimits
 from service.errors import openai_error, openai_param
 from service.pipeline.openai_decide import to_systemone
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol.openai_decisions import DecisionRequest
 from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS
 from tests.service.conftest import favour_first, function_engine
+from tests.service.test_bounds import stalled_engine
 
 QUESTION = {"type": "predicate", "instructions": "The parcel arrived."}
 
@@ -300,3 +301,36 @@ async def test_every_typed_choice_gets_its_own_probability(local_engine, client_
         assert answer["choice"] == top["value"] and type(answer["choice"]) is type(top["value"])
         chosen[label] = answer["choice"]
     assert chosen == {" maybe": "maybe", " true": True, ' "': "true"}
+
+
+@pytest.mark.anyio
+async def test_a_request_past_the_deadline_is_504_in_openais_shape(client_factory, local_engine):
+    cancelled: list[str] = []
+    engine = stalled_engine(local_engine, cancelled)
+    async with client_factory(engine, admission=AdmissionLimits(deadline_s=0.5)) as client:
+        response = await client.post(
+            "/v1/decisions", json={"model": "gpt-6-luna", "input": "x", "questions": [QUESTION]}
+        )
+    assert response.status_code == 504, response.text
+    error = response.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "deadline_exceeded"
+    assert error["param"] == "deadline" and "0.5 s deadline" in error["message"]
+    assert cancelled == ["read"]  # its work was stopped, not left running
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "latin-1"])
+async def test_a_body_not_utf8_is_415_in_openais_shape(client_factory, quick_engine, encoding):
+    body = {"model": "gpt-6-luna", "input": "Café crème", "questions": [QUESTION]}
+    async with client_factory(quick_engine) as client:
+        response = await client.post(
+            "/v1/decisions",
+            content=json.dumps(body, ensure_ascii=False).encode(encoding),
+            headers={"content-type": "application/json"},
+        )
+        same_in_utf8 = await client.post("/v1/decisions", json=body)
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type" and error["type"] == "invalid_request_error"
+    assert error["param"] is None and "UTF-8" in error["message"]  # the body as a whole
+    assert same_in_utf8.status_code == 200
