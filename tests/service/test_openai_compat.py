@@ -135,6 +135,10 @@ def test_every_error_shape_becomes_openais(status, body, expected):
 def test_param_names_fields_only():
     assert openai_param(["body", "input", 2, "message", "content", 0, "input_image"]) == "input[2].content[0]"
     assert openai_param("body") is None
+    # Jev's criteria, where a rule checked on the translated question names them: OpenAI's field.
+    assert openai_param(["body", "questions", "3", "choice", "criteria", "12"]) == "questions[3].choices"
+    assert openai_param("body.questions.3.criteria") == "questions[3].choices"  # the reader's labels
+    assert openai_param(["body", "questions", 3, "score", "criteria", 1]) == "questions[3].levels[1]"
 
 
 @pytest.mark.anyio
