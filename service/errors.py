@@ -206,15 +206,22 @@ _UNION_TAGS = frozenset(
      "str", "bool", "int", "float", "dict", "list"}
 )  # fmt: skip
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+# The OpenAI route's questions become Jev's (service/pipeline/openai_decide.py), so a rule checked on
+# the Jev question (admission's option tokens, the reader's labels) names Jev's field: ``criteria``
+# is a choice's ``choices`` and a score's ``levels``, told apart by the question type before it. A
+# loc with no type there comes from the reader, which refuses only options no labels can name: a
+# choice's (a score's levels and a predicate's true/false are the service's own labels).
+_OPENAI_CRITERIA = {"score": "levels"}
 
 
 def openai_param(loc: list | tuple | str | None) -> str | None:
     """A Jev ``loc`` (or dotted ``param``) as OpenAI's ``param``: ``body.questions.3.choice.choices`` →
-    ``questions[3].choices``; None for the body as a whole."""
+    ``questions[3].choices``, Jev's ``body.questions.3.choice.criteria.<option>`` → ``questions[3].choices``;
+    None for the body as a whole."""
     if loc is None:
         return None
     parts = loc.split(".") if isinstance(loc, str) else list(loc)
-    text, after_index = "", False
+    text, after_index, question_type = "", False, None
     for part in parts:
         if isinstance(part, int) or (isinstance(part, str) and part.isdigit()):
             text += f"[{part}]"
@@ -223,7 +230,15 @@ def openai_param(loc: list | tuple | str | None) -> str | None:
         part = str(part)
         if part == "body" and not text:
             continue
-        if (after_index and part in _UNION_TAGS) or not _FIELD.match(part):
+        if after_index and part in _UNION_TAGS:
+            question_type = part
+            continue
+        if part == "criteria":
+            part = _OPENAI_CRITERIA.get(question_type, "choices")
+            if part == "choices":
+                # What follows is a Jev option name (a map key), not a field, and may look like an index.
+                return f"{text}.{part}"
+        if not _FIELD.match(part):
             continue
         text += f".{part}" if text else part
         after_index = False

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from readers.errors import Loc
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse
 from service.protocol.openai_decisions import (
@@ -63,24 +62,13 @@ def to_systemone(request: DecisionRequest) -> SystemOneRequest:
             questions[question_key(index)] = question.to_jev()
         except ValidationError as error:
             first = error.errors(include_url=False)[0]
-            raise TranscriptError(_question_loc(index, first["loc"]), _message(first)) from None
+            loc = ("body", "questions", index, question.type, *first["loc"])
+            raise TranscriptError(loc, _message(first)) from None
     # Constructed, not validated: Jev's 64-question cap is Jev's; this route allows OpenAI's 400,
     # and admission still prices every read.
     return SystemOneRequest.model_construct(
         model=request.model, state=state, questions=questions, assets=None, domain=None
     )
-
-
-def _question_loc(index: int, inner: tuple) -> Loc:
-    # Jev's field names, translated back to the OpenAI ones they came from.
-    names = {
-        "criteria": None,
-        "instructions": "instructions",
-        "x_debias": "x_debias",
-        "x_rotations": "x_rotations",
-    }
-    parts = [names.get(part, part) for part in inner if isinstance(part, str)]
-    return ("body", "questions", index, *(part for part in parts if part))
 
 
 def _message(item: dict) -> str:
@@ -101,16 +89,19 @@ def to_decision_response(request: DecisionRequest, response: SystemOneResponse) 
             )
         elif isinstance(answer, ChoiceAnswer):
             assert isinstance(question, DecisionChoiceQuestion)
-            values = [choice.value for choice in question.choices]
-            probabilities = list(answer.probabilities.values())  # in criteria order, which is choice order
-            best = list(answer.probabilities).index(answer.choice)
+            # By the name each typed value was read as, never by position alone: every choice has
+            # its own name and its own probability, or the answer is wrong and must not be sent.
+            names = question.option_names()
+            assert sorted(names) == sorted(answer.probabilities), "choices and probabilities differ"
+            values = {name: choice.value for name, choice in zip(names, question.choices, strict=True)}
             answers.append(
                 DecisionChoiceAnswer(
-                    choice=values[best],
+                    choice=values[answer.choice],
                     confidence=answer.confidence,
                     name=question.name,
                     probabilities=[
-                        ChoiceProbability(probability=p, value=v) for v, p in zip(values, probabilities)
+                        ChoiceProbability(probability=answer.probabilities[name], value=values[name])
+                        for name in names
                     ],
                     reading=reading,
                 )
@@ -124,7 +115,7 @@ def to_decision_response(request: DecisionRequest, response: SystemOneResponse) 
                     probabilities=[
                         ScoreProbability(label=level.label, probability=p, value=value)
                         for value, (level, p) in enumerate(
-                            zip(question.levels, answer.probabilities.values())
+                            zip(question.levels, answer.probabilities.values(), strict=True)
                         )
                     ],
                     score=answer.score,

@@ -13,7 +13,6 @@ so both routes read through one pipeline; the state is the input rendered by
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -23,7 +22,9 @@ from service.protocol.answers import Provenance, ReadingOut
 from service.protocol.base import BodyModel, RequestModel, ResponseModel
 from service.protocol.questions import (
     MAX_LEVELS,
+    MAX_OPTION_NAME_CHARS,
     MAX_OPTIONS,
+    MAX_QUESTION_NAME_CHARS,
     MIN_LEVELS,
     MIN_OPTIONS,
     ChoiceQuestion,
@@ -32,6 +33,7 @@ from service.protocol.questions import (
     NoulQuestion,
     Rotations,
     ScoreQuestion,
+    option_identity,
 )
 
 MAX_DECISION_QUESTIONS = 400
@@ -172,6 +174,21 @@ Instructions = str | list[QuestionPart]
 
 
 class _Question(RequestModel):
+    # OpenAI's ``name`` is optional and need not be unique (answers are a list), but where it is given
+    # it is bounded as a Jev question name is: it is echoed on the answer and logged.
+    @field_validator("name", check_fields=False)
+    @classmethod
+    def check_name(cls, name: str | None) -> str | None:
+        if name is None:
+            return None
+        if not name.strip():
+            raise ValueError("a question's name must not be empty (leave it out instead)")
+        if len(name) > MAX_QUESTION_NAME_CHARS:
+            raise ValueError(
+                f"a question's name has {len(name)} characters; at most {MAX_QUESTION_NAME_CHARS}"
+            )
+        return name
+
     def instructions_text(self) -> str:
         """The instructions as one text: parts in order, JSON as compact JSON (Jev's rendering)."""
         instructions = self.instructions  # type: ignore[attr-defined]
@@ -215,6 +232,22 @@ class Choice(RequestModel):
     description: str | None = None
 
 
+def option_names(choices: list[Choice]) -> list[str]:
+    """The names the model reads: a string as written, a boolean as ``true``/``false``; where a string
+    and a boolean choice of the question would read alike (by option_identity), the string is quoted
+    (``"true"``) so they stay two options."""
+    booleans = {"true" if c.value else "false" for c in choices if isinstance(c.value, bool)}
+    names = []
+    for choice in choices:
+        if isinstance(choice.value, bool):
+            names.append("true" if choice.value else "false")
+        elif option_identity(choice.value) in booleans:
+            names.append(f'"{choice.value}"')
+        else:
+            names.append(choice.value)
+    return names
+
+
 class DecisionChoiceQuestion(_Question):
     """One of 2–255 typed values: the string ``"true"`` and the boolean ``true`` are two options."""
 
@@ -232,37 +265,48 @@ class DecisionChoiceQuestion(_Question):
     def check_choices(cls, choices: list[Choice]) -> list[Choice]:
         if not MIN_OPTIONS <= len(choices) <= MAX_OPTIONS:
             raise ValueError(f"a choice needs {MIN_OPTIONS} to {MAX_OPTIONS} choices, got {len(choices)}")
-        # As on the Jev route, compared after NFC (a composed and a decomposed "é" are one option),
-        # but by type too: "true" and true are different values.
-        seen: dict[tuple[type, Any], int] = {}
+        # As on the Jev route, strings are compared by option_identity (NFKC, invisible characters
+        # removed: "Ａ" and "A" are one option) and bounded as its option names are; values are
+        # compared by type too: "true" and true are different values.
+        seen: dict[tuple[type, str | bool], int] = {}
         for index, choice in enumerate(choices):
             value = choice.value
             if isinstance(value, str):
-                if not value.strip():
+                if len(value) > MAX_OPTION_NAME_CHARS:
+                    raise ValueError(
+                        f"choices[{index}].value has {len(value)} characters; at most {MAX_OPTION_NAME_CHARS}"
+                    )
+                value = option_identity(value)
+                if not value:
                     raise ValueError(f"choices[{index}].value must not be empty")
-                value = unicodedata.normalize("NFC", value.strip())
             key = (type(value), value)
             if key in seen:
                 raise ValueError(f"choices[{seen[key]}] and choices[{index}] have the same value")
             seen[key] = index
+        # Distinct typed values must also read as distinct names: the string '"true"' reads exactly
+        # as the string "true" does once quoted beside a boolean true. Two choices read alike would be
+        # one option, and the answer could not tell which value it meant.
+        read_as: dict[str, int] = {}
+        for index, name in enumerate(option_names(choices)):
+            key = option_identity(name)
+            if key in read_as:
+                raise ValueError(
+                    f"choices[{read_as[key]}] and choices[{index}] would both be read as {name!r}: "
+                    "a string that reads as a boolean choice of the question is quoted"
+                )
+            read_as[key] = index
         return choices
 
     def option_names(self) -> list[str]:
-        """The names the model reads: a string as written, a boolean as ``true``/``false``; where a
-        string and a boolean would read alike, the string is quoted (``"true"``) so they stay two options."""
-        booleans = {"true" if c.value else "false" for c in self.choices if isinstance(c.value, bool)}
-        names = []
-        for choice in self.choices:
-            if isinstance(choice.value, bool):
-                names.append("true" if choice.value else "false")
-            elif choice.value.strip() in booleans:
-                names.append(f'"{choice.value}"')
-            else:
-                names.append(choice.value)
-        return names
+        """The names the model reads, one per choice in order (see :func:`option_names`)."""
+        return option_names(self.choices)
 
     def to_jev(self) -> ChoiceQuestion:
-        criteria = {name: choice.description for name, choice in zip(self.option_names(), self.choices)}
+        criteria = {
+            name: choice.description for name, choice in zip(self.option_names(), self.choices, strict=True)
+        }
+        # check_choices made the names distinct; a merged key would silently drop a choice.
+        assert len(criteria) == len(self.choices), "two choices read as one name"
         return ChoiceQuestion.model_validate(
             {
                 "type": "choice",

@@ -71,7 +71,7 @@ def stored(caller: Caller, calibration: Calibration, how: str) -> CalibrationOut
     "/v1/calibrations",
     response_model=CalibrationList,
     openapi_extra=body_schema(CalibrationRequest),
-    responses=error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504, 529),
+    responses=WRITE_ERRORS | error_responses(529),  # it reads examples, so admission may refuse it
 )
 async def create_calibrations(request: Request) -> CalibrationList:
     require_scope(request.scope["state"], "calibrate", "POST /v1/calibrations")  # before the body is read

@@ -30,10 +30,10 @@ from service.routes.decisions import observed
 router = APIRouter()
 
 # Every error here is in OpenAI's shape (service/openai_errors.py): validation is 400, an unknown
-# model 404, the admission queue's 529 a 503.
+# model 404, the admission queue's 529 a 503; a key without the decide scope 403 permission_error.
 OPENAI_ERRORS = {
     code: {**spec, "model": OpenAIErrorResponse}
-    for code, spec in error_responses(400, 401, 408, 413, 415, 422, 429, 502, 503, 504).items()
+    for code, spec in error_responses(400, 401, 403, 408, 413, 415, 422, 429, 502, 503, 504).items()
 } | {
     400: {"model": OpenAIErrorResponse, "description": "the body or a field is invalid: param names it"},
     404: {"model": OpenAIErrorResponse, "description": "model_not_found: a model this server does not serve"},
@@ -44,6 +44,10 @@ OPENAI_ERRORS = {
     503: {
         "model": OpenAIErrorResponse,
         "description": "the engine is not ready, or the admission queue is full; Retry-After",
+    },
+    504: {
+        "model": OpenAIErrorResponse,
+        "description": "the engine did not answer in time, or the request ran past the server's deadline (deadline_exceeded)",
     },
 }
 

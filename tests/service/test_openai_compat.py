@@ -14,11 +14,14 @@ import pytest
 
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from readers.engines.routing import prefix_key
+from service.admission import MAX_OPTION_NAME_TOKENS, AdmissionLimits
 from service.errors import openai_error, openai_param
 from service.pipeline.openai_decide import to_systemone
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol.openai_decisions import DecisionRequest
+from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS
 from tests.service.conftest import favour_first, function_engine
+from tests.service.test_bounds import stalled_engine
 
 QUESTION = {"type": "predicate", "instructions": "The parcel arrived."}
 
@@ -132,6 +135,10 @@ def test_every_error_shape_becomes_openais(status, body, expected):
 def test_param_names_fields_only():
     assert openai_param(["body", "input", 2, "message", "content", 0, "input_image"]) == "input[2].content[0]"
     assert openai_param("body") is None
+    # Jev's criteria, where a rule checked on the translated question names them: OpenAI's field.
+    assert openai_param(["body", "questions", "3", "choice", "criteria", "12"]) == "questions[3].choices"
+    assert openai_param("body.questions.3.criteria") == "questions[3].choices"  # the reader's labels
+    assert openai_param(["body", "questions", 3, "score", "criteria", 1]) == "questions[3].levels[1]"
 
 
 @pytest.mark.anyio
@@ -220,3 +227,114 @@ async def test_a_read_with_no_label_is_a_refusal_and_the_others_are_answered(loc
     assert first["type"] == "refusal" and first["name"] == "first"
     assert first["x_reading"]["informative"] is False and first["x_reading"]["labels_returned"] == 0
     assert second["type"] == "predicate" and second["name"] == "second"
+
+
+def choice_question(values: list, **fields) -> dict:
+    return {"type": "choice", "instructions": "Which?", "choices": [{"value": v} for v in values], **fields}
+
+
+NAME_AND_OPTION_BOUNDS = [
+    # (what is wrong, the question, the param the error names): refused before any read
+    ("look-alike choices after NFKC", choice_question(["A", "\uff21"]), "questions[0].choices"),
+    ("a zero-width space inside a choice", choice_question(["apple", "ap\u200bple"]), "questions[0].choices"),
+    ("an invisible-only choice", choice_question(["\u200b", "b"]), "questions[0].choices"),
+    # '"true"' is read as the quoted string "true" is beside a boolean true: one name, two values.
+    ("two values read as one name", choice_question([True, "true", '"true"']), "questions[0].choices"),
+    ("a full-width true beside a quoted one", choice_question([True, "true", "\uff54rue"]), "questions[0].choices"),
+    ("a choice over its characters", choice_question(["A" * (MAX_OPTION_NAME_CHARS + 1), "B"]), "questions[0].choices"),
+    ("a choice over its tokens", choice_question([" ".join(["word"] * (MAX_OPTION_NAME_TOKENS + 4)), "B"]), "questions[0].choices"),
+    ("an empty question name", {**QUESTION, "name": ""}, "questions[0].name"),
+    ("a blank question name", {**QUESTION, "name": "  "}, "questions[0].name"),
+    ("a question name over its characters", {**QUESTION, "name": "q" * (MAX_QUESTION_NAME_CHARS + 1)}, "questions[0].name"),
+]  # fmt: skip
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", NAME_AND_OPTION_BOUNDS, ids=[case[0] for case in NAME_AND_OPTION_BOUNDS])
+async def test_names_and_choices_are_bounded_and_distinct_as_on_the_jev_route(
+    client_factory, local_engine, case
+):
+    _, question, param = case
+    reads: list[ReadRequest] = []
+
+    def counting(request: ReadRequest):
+        reads.append(request)
+        return favour_first(request)
+
+    body = {"model": "gpt-6-luna", "input": "A fruit bowl.", "questions": [QUESTION, question]}
+    async with client_factory(function_engine(local_engine, counting, ReadMode.EXACT)) as client:
+        response = await client.post("/v1/decisions", json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param.replace("[0]", "[1]")
+    assert reads == []
+
+
+@pytest.mark.anyio
+async def test_every_typed_choice_gets_its_own_probability(local_engine, client_factory):
+    """A boolean true, the string "true" (read quoted) and a string beside them: three options, each
+    answered with its own probability, mapped back by the name it was read as."""
+    tokenizer = local_engine.tokenizer
+
+    def favour(label: str):
+        wanted = tokenizer.encode(label, add_special_tokens=False)[0]
+
+        def read(request: ReadRequest):
+            # About the state, the first token of the label wanted is likeliest; the content-free
+            # reads of the prior correction are flat, so the correction leaves the lean as it is.
+            about_state = state in tokenizer.decode(list(request.prompt_ids))
+            lean = about_state and wanted in request.label_ids
+            logprobs = {token: (-0.1 if lean and token == wanted else -4.0) for token in request.label_ids}
+            return EngineReply(logprobs, ReadMode.EXACT, len(request.prompt_ids), 1.0)
+
+        return read
+
+    state = "A fruit bowl on the table."
+    question = choice_question(["maybe", True, "true"])
+    chosen = {}
+    for label in (" maybe", " true", ' "'):
+        engine = function_engine(local_engine, favour(label), ReadMode.EXACT)
+        async with client_factory(engine) as client:
+            response = await client.post(
+                "/v1/decisions", json={"model": "gpt-6-luna", "input": state, "questions": [question]}
+            )
+        assert response.status_code == 200, response.text
+        (answer,) = response.json()["answers"]
+        assert [p["value"] for p in answer["probabilities"]] == ["maybe", True, "true"]
+        top = max(answer["probabilities"], key=lambda p: p["probability"])
+        assert answer["choice"] == top["value"] and type(answer["choice"]) is type(top["value"])
+        chosen[label] = answer["choice"]
+    assert chosen == {" maybe": "maybe", " true": True, ' "': "true"}
+
+
+@pytest.mark.anyio
+async def test_a_request_past_the_deadline_is_504_in_openais_shape(client_factory, local_engine):
+    cancelled: list[str] = []
+    engine = stalled_engine(local_engine, cancelled)
+    async with client_factory(engine, admission=AdmissionLimits(deadline_s=0.5)) as client:
+        response = await client.post(
+            "/v1/decisions", json={"model": "gpt-6-luna", "input": "x", "questions": [QUESTION]}
+        )
+    assert response.status_code == 504, response.text
+    error = response.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "deadline_exceeded"
+    assert error["param"] == "deadline" and "0.5 s deadline" in error["message"]
+    assert cancelled == ["read"]  # its work was stopped, not left running
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "latin-1"])
+async def test_a_body_not_utf8_is_415_in_openais_shape(client_factory, quick_engine, encoding):
+    body = {"model": "gpt-6-luna", "input": "Café crème", "questions": [QUESTION]}
+    async with client_factory(quick_engine) as client:
+        response = await client.post(
+            "/v1/decisions",
+            content=json.dumps(body, ensure_ascii=False).encode(encoding),
+            headers={"content-type": "application/json"},
+        )
+        same_in_utf8 = await client.post("/v1/decisions", json=body)
+    assert response.status_code == 415, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_media_type" and error["type"] == "invalid_request_error"
+    assert error["param"] is None and "UTF-8" in error["message"]  # the body as a whole
+    assert same_in_utf8.status_code == 200

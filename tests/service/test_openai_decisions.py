@@ -7,7 +7,10 @@ is HTTP semantics: which status the SDK sees, which exception it raises, whether
 
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
+import time
 
 import httpx
 import openai
@@ -16,8 +19,10 @@ import pytest
 from calibration.open import open_store
 from calibration.store import CalibrationKey
 from deploy.processes import serving
+from readers.engines.base import ReadMode
 from readers.errors import EngineUnavailable
 from readers.prompt import PROMPT_VERSION
+from service.admission import AdmissionLimits
 from service.app import create_app
 from service.pipeline.prior import read_version
 from tests.service.conftest import favour_first, function_engine
@@ -201,6 +206,9 @@ BAD_REQUESTS = [
     ("no questions", {"questions": []}, "questions"),
     ("401 questions", {"questions": [{"type": "predicate", "instructions": "x"}] * 401}, "questions"),
     ("duplicate choices after NFC", {"questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "caf\u00e9"}, {"value": "cafe\u0301"}]}]}, "questions[0].choices"),
+    ("duplicate choices after NFKC", {"questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "A"}, {"value": "\uff21"}]}]}, "questions[0].choices"),
+    ("two typed values read as one name", {"questions": [{"type": "choice", "instructions": "x", "choices": [{"value": True}, {"value": "true"}, {"value": '"true"'}]}]}, "questions[0].choices"),
+    ("an empty question name", {"questions": [{"type": "predicate", "instructions": "x", "name": ""}]}, "questions[0].name"),
     ("a dangling tool output", {"input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": "nope", "output": "x"}]}, "input[1].call_id"),
     ("an image", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}]}, "input[0].content[0]"),
     ("a one-choice choice", {"questions": [{"type": "choice", "instructions": "x", "choices": [{"value": "a"}]}]}, "questions[0].choices"),
@@ -298,16 +306,21 @@ def test_a_danger_zone_header_is_refused_by_name(client):
 
 
 class StatusRecorder:
-    """The statuses a wrapped app answered /v1/decisions with, in order (composition, not patching)."""
+    """The statuses a wrapped app answered /v1/decisions with, in order (composition, not patching);
+    ``on_status`` is told each one as it is sent."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, on_status=lambda status: None) -> None:
         self.app = app
         self.statuses: list[int] = []
+        self.headers: list[dict[str, str]] = []
+        self.on_status = on_status
 
     async def __call__(self, scope, receive, send):
         async def record(message):
             if message["type"] == "http.response.start" and scope["path"] == "/v1/decisions":
                 self.statuses.append(message["status"])
+                self.headers.append({k.decode(): v.decode() for k, v in message.get("headers", [])})
+                self.on_status(message["status"])
             await send(message)
 
         await self.app(scope, receive, record)
@@ -345,3 +358,34 @@ def test_an_engine_fault_raises_internal_server_error(local_engine):
             )
     assert raised.value.status_code == 503 and raised.value.body["type"] == "server_error"
     assert raised.value.response.headers["retry-after"] == "1"
+
+
+def test_a_full_queue_is_503_with_retry_after_and_the_sdk_retries_it(local_engine):
+    """The admission queue's 529 is 503 on this route (the SDK retries 5xx, and no client knows 529),
+    with Retry-After, which the SDK waits out: the held request is released when the 503 is sent, and
+    the SDK's retry one second later is answered."""
+    reading, gate = threading.Event(), threading.Event()
+
+    async def held(request):
+        reading.set()
+        await asyncio.to_thread(gate.wait, 60)
+        return favour_first(request)
+
+    limits = AdmissionLimits(in_flight_cost=1, queued_cost=1, retry_after_s=1)
+    engine = function_engine(local_engine, held, ReadMode.EXACT)
+    app = StatusRecorder(create_app(engine, admission=limits), on_status=lambda s: s == 503 and gate.set())
+    request = {"model": "gpt-6-luna", "questions": [{"type": "predicate", "instructions": "x"}]}
+    with serving(app) as url:
+        first = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        holder = threading.Thread(target=first.decisions.create, kwargs={**request, "input": "first"})
+        holder.start()
+        assert reading.wait(30)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=2)
+        started = time.monotonic()
+        raw = client.decisions.with_raw_response.create(**request, input="second")
+        elapsed = time.monotonic() - started
+        holder.join(timeout=30)
+    assert raw.retries_taken == 1 and raw.parse().answers[0].type == "predicate"
+    assert app.statuses[0] == 503 and sorted(app.statuses[1:]) == [200, 200]
+    assert app.headers[0]["retry-after"] == "1"
+    assert elapsed >= 0.9  # Retry-After: 1 was waited out, not the SDK's own sub-second backoff

@@ -16,7 +16,9 @@ import pytest
 
 from calibration.open import open_store
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
+from service.app import create_app
 from service.auth import Keyring, digest, key_id
+from service.errors import OPENAI_PATHS
 from tests.calibration import test_store as contract
 from tests.calibration.conftest import postgres_server, postgres_url  # noqa: F401 - the real server fixtures
 from tests.service.conftest import function_engine
@@ -189,32 +191,45 @@ async def test_a_shared_fit_applies_to_every_tenant_after_its_own(tenants_app):
         assert used(await ask(client, B)) == shared["id"]  # the other still on the shared one
 
 
+PREDICATE = {"type": "predicate", "instructions": NOUL["instructions"]}
+SCOPED_CALLS = {
+    "decide": [
+        ("POST", "/v1/systemone", {"state": "s", "questions": {"q": NOUL}}),
+        ("POST", "/decide", {"state": "s", "questions": {"q": NOUL}}),
+        ("POST", "/decide/batch", {"states": ["s"], "questions": {"q": NOUL}}),
+        ("POST", "/v1/decisions", {"model": "gpt-6-luna", "input": "s", "questions": [PREDICATE]}),
+    ],
+    "calibrate": [
+        ("POST", "/v1/calibrations", examples(12, flip=False)),
+        ("GET", "/v1/calibrations", None),
+        ("POST", "/v1/calibrations/refit", {"question_type": "noul"}),
+        ("POST", "/v1/feedback", {"decision_id": "dec_x", "gold": True}),
+    ],
+    "admin": [("GET", "/metrics", None), ("GET", "/v1/keys", None)],
+}
+"""Every route a scope guards, with a body it would accept."""
+
+
+def refusal(response) -> tuple[str, str]:
+    """A 403's error type and message, in either error shape (OpenAI's on its route)."""
+    body = response.json()
+    if response.request.url.path in OPENAI_PATHS:
+        return body["error"]["type"], body["error"]["message"]
+    return body["detail"]["error_type"], body["detail"]["message"]
+
+
 async def test_every_scope_a_key_lacks_is_a_403_naming_it(tenants_app):
     async with tenants_app() as (client, _):
-        calls = {
-            "decide": [
-                ("POST", "/v1/systemone", {"state": "s", "questions": {"q": NOUL}}),
-                ("POST", "/decide", {"state": "s", "questions": {"q": NOUL}}),
-                ("POST", "/decide/batch", {"states": ["s"], "questions": {"q": NOUL}}),
-            ],
-            "calibrate": [
-                ("POST", "/v1/calibrations", examples(12, flip=False)),
-                ("GET", "/v1/calibrations", None),
-                ("POST", "/v1/calibrations/refit", {"question_type": "noul"}),
-                ("POST", "/v1/feedback", {"decision_id": "dec_x", "gold": True}),
-            ],
-            "admin": [("GET", "/metrics", None), ("GET", "/v1/keys", None)],
-        }
         lacking = {"decide": FITTER, "calibrate": ASKER, "admin": A}
-        for scope, routes in calls.items():
+        for scope, routes in SCOPED_CALLS.items():
             for method, path, body in routes:
                 response = await client.request(method, path, json=body, headers=auth(lacking[scope]))
                 assert response.status_code == 403, (scope, path, response.text)
-                detail = response.json()["detail"]
-                assert detail["error_type"] == "permission_error" and f"'{scope}' scope" in detail["message"]
-        assert (
-            await client.post("/v1/systemone", json=calls["decide"][0][2], headers=auth(ASKER))
-        ).status_code == 200
+                error_type, message = refusal(response)
+                assert error_type == "permission_error" and f"'{scope}' scope" in message, path
+        for method, path, body in SCOPED_CALLS["decide"]:
+            response = await client.request(method, path, json=body, headers=auth(ASKER))
+            assert response.status_code == 200, (path, response.text)
         assert (await client.get("/v1/calibrations", headers=auth(FITTER))).status_code == 200
         keys = await client.get("/v1/keys", headers=auth(ADMIN))
         metrics = await client.get("/metrics", headers=auth(ADMIN))
@@ -284,3 +299,44 @@ async def test_a_shared_fit_on_real_reads_serves_both_tenants_until_one_fits_its
     )  # A's fit moved nothing of B's
     assert own["temperature"] != pytest.approx(shared["temperature"], abs=1e-3)
     assert a_own["probabilities"] != pytest.approx(a["probabilities"], abs=1e-4)
+
+
+def test_every_scoped_route_documents_its_403(tmp_path):
+    store = open_store(tmp_path / "c.sqlite3")
+
+    async def never():  # the document does not depend on the engine
+        raise AssertionError("not opened")
+
+    try:
+        paths = create_app(open_engine=never, store=store).openapi()["paths"]
+    finally:
+        store.close()
+    for method, path, _ in (call for calls in SCOPED_CALLS.values() for call in calls):
+        responses = paths[path][method.lower()]["responses"]
+        assert "403" in responses, (method, path)
+        schema = responses["403"]["content"]["application/json"]["schema"]["$ref"]
+        assert schema.endswith("/OpenAIErrorResponse" if path in OPENAI_PATHS else "/ErrorResponse"), path
+
+
+async def test_a_tenants_fit_applies_on_the_openai_route_for_that_tenant_only(tenants_app):
+    """The same ownership on /v1/decisions as on Jev's route: A's fit moves A's answers there, B's
+    answer is the uncalibrated read, and each route gives a tenant the same number."""
+    fit = {"examples": examples(12, flip=True)["examples"]}  # no domain: /v1/decisions sends none
+    request = {"model": "gpt-6-luna", "input": "Ticket 99: where is my parcel?", "questions": [PREDICATE]}
+    async with tenants_app() as (client, _):
+        fitted = await client.post("/v1/calibrations", json=fit, headers=auth(A))
+        assert fitted.status_code == 200, fitted.text
+        (a_fit,) = fitted.json()["calibrations"]
+        answers = {}
+        for key in (A, B):
+            response = await client.post("/v1/decisions", json=request, headers=auth(key))
+            assert response.status_code == 200, response.text
+            (answers[key],) = response.json()["answers"]
+        a_jev = await ask(client, A, request["input"], domain=None)
+        b_jev = await ask(client, B, request["input"], domain=None)
+    assert used(answers[A]) == a_fit["id"] and used(answers[B]) is None
+    assert answers[A]["probability"] == pytest.approx(a_jev["noul"], abs=1e-9) and used(a_jev) == a_fit["id"]
+    assert answers[B]["probability"] == pytest.approx(b_jev["noul"], abs=1e-9) and used(b_jev) is None
+    assert answers[A]["probability"] != pytest.approx(
+        answers[B]["probability"], abs=1e-3
+    )  # the fit moved A's
