@@ -190,7 +190,7 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
     """100 tokens/s measured: a queue whose work would start after more than max_wait_s is refused,
     though its cost bound has room."""
     clock = FakeClock()
-    admission = Admission(AdmissionLimits(in_flight_cost=100, queued_cost=10_000, max_wait_s=2.5))
+    admission = Admission(AdmissionLimits(in_flight_cost=100, queued_cost=10_000, max_wait_s=1.5))
     admission.rate = CostRate(clock=clock)
     assert admission.expected_wait_s() is None  # cold: bounded by size only
     for _ in range(3):  # three requests of 100 tokens, one second each
@@ -205,14 +205,15 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
     release = asyncio.Event()
     running = asyncio.create_task(hold(100, release))
     await asyncio.sleep(0)
-    waiting = asyncio.create_task(hold(100, release))  # expected start: (100 + 100) / 100 = 2 s
+    waiting = asyncio.create_task(hold(100, release))  # expected start: 100 in flight / 100 = 1 s
     await asyncio.sleep(0)
     assert admission.queued == 100
-    with pytest.raises(Overloaded) as refused:  # would start after 3 s > 2.5 s
+    with pytest.raises(Overloaded) as refused:  # would start after (100 + 100) / 100 = 2 s > 1.5 s
         async with admission.admit(100):
             pass
-    assert "expected wait 3.0 s (at most 2.5 s)" in refused.value.message
-    admission.refuse_if_full()  # 2 s of queue: a cheaper request may still fit, so it is priced
+    assert "expected wait 2.0 s (at most 1.5 s)" in refused.value.message
+    with pytest.raises(Overloaded):  # its own cost is not its wait: refused before it is even priced
+        admission.refuse_if_full()
     release.set()
     await asyncio.gather(running, waiting)
     assert admission.in_flight == 0 and admission.queued == 0
