@@ -253,3 +253,32 @@ async def test_the_price_covers_every_read_scheduled_prior_reads_included(client
     assert scheduled_first - template_tokens <= priced[0] <= 2 * scheduled_first
     assert scheduled_second - template_tokens <= priced[1] <= 2 * scheduled_second
     assert priced[1] < priced[0]  # the prior, once measured, costs nothing more
+
+
+async def test_a_prior_measurement_stops_when_its_last_caller_leaves(client_factory, local_engine):
+    """The question's own reads answer; its content-free prior reads (first sight of a choice
+    question) never do. Past the deadline the request gets 504, and the prior reads, priced in its
+    admission, must stop with it rather than run on outside admission."""
+    tokenizer = local_engine.tokenizer
+    prior_reads: list[str] = []
+
+    async def fn(request):
+        if "Zebra" in tokenizer.decode(request.prompt_ids):  # the caller's state: answered
+            return favour_first(request)
+        prior_reads.append("started")  # a content-free state: never answers
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            prior_reads.append("cancelled")
+            raise
+
+    limits = AdmissionLimits(deadline_s=0.5)
+    engine = function_engine(local_engine, fn, ReadMode.EXACT)
+    async with client_factory(engine, admission=limits) as client:
+        response = await client.post("/v1/systemone", json=choice(["red", "blue"], state="Zebra crossing."))
+        await asyncio.sleep(0.1)
+        priors = client._transport.app.state.priors
+        pending = [task for task in priors._measured.values() if not task.done()]
+    assert response.status_code == 504
+    started = prior_reads.count("started")
+    assert started >= 1 and prior_reads.count("cancelled") == started and pending == []
