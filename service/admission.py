@@ -12,8 +12,9 @@ request that does not fit the queue gets 529 ``overloaded_error`` with Retry-Aft
 says so before the request is even priced, so a flood is refused in milliseconds with no work done
 for it. The head of an empty queue may exceed ``queued_cost`` (up to ``request_cost``), and a request
 alone may exceed ``in_flight_cost``: it runs when nothing else is in flight, so every allowed request
-can run. A single request over ``request_cost``, or whose own work at the measured rate would take
-longer than the deadline, gets 413 naming its work and the limit: up front, not a 504 after a minute.
+can run. A single request over ``request_cost``, or whose own work would take longer than the
+deadline even at the fastest rate measured, gets 413 naming its work and the limit: up front, not a
+504 after a minute.
 
 Every request also has a deadline (``deadline_s``, ``service/cancel.py``): past it, its reads are
 cancelled at the next engine call and it gets 504 ``deadline_exceeded``.
@@ -80,7 +81,9 @@ class AdmissionLimits:
 class CostRate:
     """The service's measured rate: prompt tokens of completed requests per second the engine was busy
     (something in flight), both decayed with a ``half_life_s``, so it follows a changed load or engine.
-    None until ``min_busy_s`` of busy time is measured: a cold service bounds its queue by size only."""
+    None until ``min_busy_s`` of busy time is measured: a cold service bounds its queue by size only.
+    ``peak_tokens_per_s``: the fastest it has been measured at, which a request's own work is held
+    against (a rate measured while the model warms up, or under a burst, would refuse work that runs)."""
 
     def __init__(self, *, half_life_s: float = 60.0, min_busy_s: float = 2.0, clock=time.monotonic) -> None:
         self.half_life_s = half_life_s
@@ -89,6 +92,7 @@ class CostRate:
         self._cost = 0.0
         self._busy_s = 0.0
         self._last = clock()
+        self.peak_tokens_per_s: float | None = None
 
     def advance(self, busy: bool) -> None:
         """Account the time since the last event, busy or idle; call before ``in_flight`` changes."""
@@ -101,6 +105,9 @@ class CostRate:
 
     def completed(self, cost: int) -> None:
         self._cost += cost
+        rate = self.tokens_per_s
+        if rate is not None and (self.peak_tokens_per_s is None or rate > self.peak_tokens_per_s):
+            self.peak_tokens_per_s = rate
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -158,11 +165,13 @@ class Admission:
                 f"{limits.request_cost}: send fewer questions or a shorter state",
                 param="body",
             )
-        rate = self.rate.tokens_per_s
+        # Held against the fastest rate measured, so only work that could not end in time at the
+        # service's best is refused here; work that would at its best, but not under load, may get 504.
+        rate = self.rate.peak_tokens_per_s
         if rate is not None and cost / rate > limits.deadline_s:
             raise RequestTooCostly(
                 f"this request schedules {cost} prompt tokens over its reads: {cost / rate:.0f} s of work at "
-                f"the service's measured {rate:.0f} prompt tokens/s, past the {limits.deadline_s:g} s deadline "
+                f"the fastest measured {rate:.0f} prompt tokens/s, past the {limits.deadline_s:g} s deadline "
                 "(decide serve --deadline): send fewer questions or a shorter state",
                 param="body",
             )

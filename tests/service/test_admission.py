@@ -286,7 +286,7 @@ async def test_work_longer_than_the_deadline_at_the_measured_rate_is_a_413_up_fr
     admission = Admission(AdmissionLimits(request_cost=10_000, deadline_s=3))
     async with admission.admit(400):  # cold: nothing measured, nothing to refuse on
         pass
-    await measured(admission, 100)
+    clock = await measured(admission, 100)
     with pytest.raises(RequestTooCostly) as refused:
         async with admission.admit(400):  # 4 s of work at 100 tokens/s
             pass
@@ -295,6 +295,11 @@ async def test_work_longer_than_the_deadline_at_the_measured_rate_is_a_413_up_fr
     assert "4 s of work" in message and "3 s deadline" in message
     async with admission.admit(250):  # 2.5 s: runs
         assert admission.in_flight == 250
+    async with admission.admit(100):  # a slow spell (warm-up, a burst): 100 tokens in 20 s
+        clock.now += 20
+    assert admission.rate.tokens_per_s < 50
+    async with admission.admit(250):  # held against the fastest rate measured: still runs
+        pass
 
 
 def statements(n: int) -> list[dict]:
