@@ -284,36 +284,33 @@ async def test_a_prior_measurement_stops_when_its_last_caller_leaves(client_fact
     assert started >= 1 and prior_reads.count("cancelled") == started and pending == []
 
 
-async def test_an_abandoned_embedded_read_stops_between_chunks(embedded_model_dir):
+async def test_an_abandoned_embedded_read_stops_between_chunks(local_engine, monkeypatch):
     """The real embedded engine in chunks of 16 tokens: a 400-token read whose caller is cancelled
     (its deadline passed, its client left) after the first chunks stops at the next chunk instead of
     computing all 25; the engine reads exactly afterwards (the token tree left as if it never ran)."""
     from readers.engines.base import ReadRequest
-    from readers.engines.local import LocalBatching, LocalEngine
 
-    batching = LocalBatching(max_batch=1, prefix_cache_mib=1, chunk_tokens=16)
-    engine = LocalEngine(embedded_model_dir, workers=1, batching=batching)
     chunks: list[int] = []
-    forward = engine._forward
+    forward = local_engine._forward
 
     def counting(chunk):
         chunks.append(1)
         return forward(chunk)
 
-    engine._forward = counting
-    try:
-        long = tuple(range(10, 410))
-        read = asyncio.ensure_future(engine.read(ReadRequest(long, (4,), ("x",))))
-        while len(chunks) < 2:
-            await asyncio.sleep(0.002)
-        read.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await read
-        while engine._in_flight:
-            await asyncio.sleep(0.01)
-        assert len(chunks) < 10 and engine.stopped_batches == 1, len(chunks)
-        reply = await engine.read(ReadRequest(long[:40], (4,), ("x",)))
-        truth = float(engine.next_token_logprobs(long[:40])[4])
-        assert reply.logprobs[4] == pytest.approx(truth, abs=1e-4)
-    finally:
-        await engine.aclose()
+    # The session's engine, its workers computing in small chunks for this test (restored after).
+    monkeypatch.setattr(local_engine, "chunk_tokens", 16)
+    monkeypatch.setattr(local_engine, "_forward", counting)
+    stopped = local_engine.stopped_batches
+    long = tuple(range(10, 410))
+    read = asyncio.ensure_future(local_engine.read(ReadRequest(long, (4,), ("x",), keep=False)))
+    while len(chunks) < 2:
+        await asyncio.sleep(0.002)
+    read.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await read
+    while local_engine._in_flight:
+        await asyncio.sleep(0.01)
+    assert len(chunks) < 10 and local_engine.stopped_batches == stopped + 1, len(chunks)
+    reply = await local_engine.read(ReadRequest(long[:40], (4,), ("x",), keep=False))
+    truth = float(local_engine.next_token_logprobs(long[:40])[4])
+    assert reply.logprobs[4] == pytest.approx(truth, abs=1e-4)
