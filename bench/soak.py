@@ -1,12 +1,15 @@
 """A soak: the service on the embedded engine under three tenants' mixed traffic for a fixed time.
 
 The service is the real app on a real uvicorn server in this process (loopback HTTP), the embedded
-model in process, a real SQLite store file, three API keys (one per tenant: with plain keys the
-tenant is the key id, ``t0``…``t2``). Each tenant runs ``--clients`` loops; each loop picks its next
-request at random (seeded): decisions of every question type, batches, feedback on the tenant's own
-earlier decisions (every 10 gold answers per key refits it), explicit refits, a few many-option
-questions, requests abandoned mid-way (the client leaves after 0.2 s), and malformed ones (bad JSON,
-a UTF-16 body, look-alike duplicate options, a 33-token option name).
+model in process, a real SQLite store file, and a key file with three keys, one per tenant
+(``KEY tenant=t0 scopes=decide,calibrate``…; service/auth.py), so each tenant's records, feedback and
+fits are its own. Each tenant runs ``--clients`` loops; each loop picks its next request at random
+(seeded): decisions of every question type on Jev's route and on OpenAI's ``POST /v1/decisions``,
+batches, feedback on the tenant's own earlier decisions (a few at a time, on one question type, so a
+key reaches the ``MIN_GOLD`` answers a fit needs; every 10 gold answers per key refits it), explicit
+refits of a type the tenant has given enough gold answers for (feedback instead until it has), a few
+many-option questions, requests abandoned mid-way (the client leaves after 0.2 s), and malformed ones
+(bad JSON, a UTF-16 body, look-alike duplicate options, a 33-token option name).
 
 Printed: statuses by kind of request, p50/p99 of answered decisions per time slice, resident memory
 and open descriptors of this process at start, after warm-up, middle and end (sampled every 10 s),
@@ -45,11 +48,13 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from calibration.fit import MIN_GOLD
 from calibration.open import open_store
 from deploy.processes import serving
 from readers.embedded import prepare_embedded_model
 from readers.engines import open_engine
 from service.app import create_app
+from service.auth import Keyring
 from service.pipeline.options import quiet_loaders
 
 TENANTS = ("t0", "t1", "t2")
@@ -74,13 +79,31 @@ MANY = {
     "criteria": {f"product {i}": None for i in range(40)},
 }
 QUESTIONS = {"noul": NOUL, "choice": CHOICE, "score": SCORE}
+# The same three questions in OpenAI's shapes (POST /v1/decisions).
+OPENAI_QUESTIONS = [
+    {"type": "predicate", "instructions": NOUL["instructions"]},
+    {
+        "type": "choice",
+        "instructions": CHOICE["instructions"],
+        "choices": [
+            {"value": name, **({"description": text} if text else {})}
+            for name, text in CHOICE["criteria"].items()
+        ],
+    },
+    {
+        "type": "score",
+        "instructions": SCORE["instructions"],
+        "levels": [{"label": level} for level in SCORE["criteria"]],
+    },
+]
+FEEDBACK_BURST = 4  # gold answers sent in one feedback turn, on one question type
 GOLD = {"noul": lambda rng: rng.choice([True, False]), "choice": lambda rng: rng.choice(list(CHOICE["criteria"])),
         "score": lambda rng: rng.randrange(3)}  # fmt: skip
 
 # Kind of request → weight. Decisions dominate, as in service; the rest exercise every other path.
 MIX = {
-    "noul": 24, "choice": 18, "score": 14, "mixed": 8, "batch": 6, "many_options": 2, "feedback": 16,
-    "refit": 3, "abandoned": 4, "malformed": 5,
+    "noul": 20, "choice": 14, "score": 12, "mixed": 8, "openai": 8, "batch": 6, "many_options": 2,
+    "feedback": 16, "refit": 3, "abandoned": 4, "malformed": 5,
 }  # fmt: skip
 
 
@@ -116,6 +139,8 @@ class Tally:
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (seconds into the run, seconds)
     acknowledged: list[tuple[int, str]] = field(default_factory=list)  # (feedback seq, decision id)
     decisions: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: collections.defaultdict(list))
+    labelled: set[str] = field(default_factory=set)  # decision ids given a gold answer
+    gold_answers: collections.Counter = field(default_factory=collections.Counter)  # (tenant, type) → count
     unexpected: list[str] = field(default_factory=list)
 
     def count(self, kind: str, status: int | str) -> None:
@@ -126,6 +151,9 @@ async def one_request(
     client: httpx.AsyncClient, tenant: str, rng: random.Random, i: int, tally: Tally
 ) -> None:
     kind = rng.choices(list(MIX), weights=list(MIX.values()))[0]
+    refittable = [t for t in ("noul", "choice") if tally.gold_answers[tenant, t] >= MIN_GOLD]
+    if kind == "refit" and not refittable:
+        kind = "feedback"  # too few gold answers for any fit yet: send them first
     if kind == "feedback" and not tally.decisions[tenant]:
         kind = "noul"
     started = time.monotonic()
@@ -146,18 +174,45 @@ async def one_request(
                 for name, answer in response.json()["answers"].items():
                     if name in ("q", "route", "refund", "urgency"):
                         tally.decisions[tenant].append((answer["x_reading"]["decision_id"], answer["type"]))
+        elif kind == "openai":
+            response = await client.post(
+                "/v1/decisions",
+                json={"model": "gpt-6-luna", "input": state(rng, i), "questions": OPENAI_QUESTIONS},
+            )
+            if response.status_code == 200:
+                tally.latencies.append((started - tally.started, time.monotonic() - started))
+                if len(response.json()["answers"]) != len(OPENAI_QUESTIONS):
+                    tally.unexpected.append("/v1/decisions answered a question count not asked")
         elif kind == "batch":
             states = [state(rng, i * 100 + k) for k in range(rng.randrange(4, 9))]
             response = await client.post("/decide/batch", json={"states": states, "questions": {"q": NOUL}})
         elif kind == "feedback":
-            decision_id, question_type = rng.choice(tally.decisions[tenant])
-            response = await client.post(
-                "/v1/feedback", json={"decision_id": decision_id, "gold": GOLD[question_type](rng)}
-            )
-            if response.status_code == 200:
-                tally.acknowledged.append((response.json()["recorded"], decision_id))
+            # A few unlabelled decisions of one type (the one with the most): spread one at a time over
+            # three types, no key reached the gold answers a fit needs in a short run.
+            unlabelled = [(d, t) for d, t in tally.decisions[tenant] if d not in tally.labelled]
+            by_type = collections.Counter(t for _, t in unlabelled)
+            if not by_type:
+                unlabelled, by_type = (
+                    tally.decisions[tenant],
+                    collections.Counter([tally.decisions[tenant][-1][1]]),
+                )
+            question_type = by_type.most_common(1)[0][0]
+            chosen = [d for d, t in unlabelled if t == question_type][-FEEDBACK_BURST:]
+            for decision_id in chosen:
+                response = await client.post(
+                    "/v1/feedback", json={"decision_id": decision_id, "gold": GOLD[question_type](rng)}
+                )
+                if response.status_code != 200:
+                    break
+                answer = response.json()
+                tally.acknowledged.append((answer["recorded"], decision_id))
+                tally.labelled.add(decision_id)
+                gold = tally.gold_answers
+                gold[tenant, question_type] = max(gold[tenant, question_type], answer["gold_answers"])
+                if decision_id != chosen[-1]:
+                    tally.count(kind, response.status_code)
         elif kind == "refit":
-            question_type = rng.choice(["noul", "choice"])
+            question_type = rng.choice(refittable)
             count = {"noul": 2, "choice": 4}[question_type]
             response = await client.post(
                 "/v1/calibrations/refit", json={"question_type": question_type, "option_count": count}
@@ -226,11 +281,15 @@ def lost_feedback(store_path: Path, acknowledged: list[tuple[int, str]]) -> list
 
 
 def store_rows(store_path: Path) -> dict:
+    """Rows per table, and per tenant: each tenant's records are its own."""
     with contextlib.closing(sqlite3.connect(f"file:{store_path}?mode=ro", uri=True)) as db:
-        return {
-            table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-            for table in ("decisions", "feedback", "calibrations")
-        }
+        rows: dict = {}
+        for table in ("decisions", "feedback", "calibrations"):
+            rows[table] = db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            rows[f"{table}_by_tenant"] = dict(
+                db.execute(f"SELECT tenant, count(*) FROM {table} GROUP BY tenant ORDER BY tenant").fetchall()
+            )
+        return rows
 
 
 async def soak(args: argparse.Namespace) -> dict:
@@ -243,8 +302,12 @@ async def soak(args: argparse.Namespace) -> dict:
     async def opener():
         return await open_engine("local", model_dir=model_dir, workers=args.workers)
 
+    key_file = folder / "keys"
+    key_file.write_text(
+        "".join(f"{keys[tenant]} tenant={tenant} scopes=decide,calibrate\n" for tenant in TENANTS)
+    )
     store = open_store(store_path)
-    app = create_app(open_engine=opener, store=store, api_keys=list(keys.values()), auto_refit_every=10)
+    app = create_app(open_engine=opener, store=store, api_keys=Keyring(key_file, {}), auto_refit_every=10)
     duration_s = args.minutes * 60
     warm_up_s = duration_s / 5
     samples: list[dict] = []

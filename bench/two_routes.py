@@ -10,9 +10,9 @@ prior correction, no store). Each request reads an input tagged with the run's s
 size, the route and the repeat, so no request finds another's state in the engine's cache: each does
 the same fresh work. Each size is asked ``--repeats`` times per route, the routes alternating which
 goes first, and the median is shown with the range. Jev's route takes at most 64 questions (``MAX_QUESTIONS``); above that its row says
-"refused" with the status it answered. Admission's per-request cost cap is set by ``--request-cost`` (default 400,000,
-above the service's 65,536) so that a longer ``INPUT`` can be tried with 400 questions; 400 questions
-on this input fit the service's default too.
+"refused" with the status it answered. Admission runs with the service's defaults (``AdmissionLimits()``):
+400 questions on this input are priced at the ~11,600 tokens the engine computes (the state once), within
+them. ``--request-cost`` raises the per-request cap alone, to try a longer ``INPUT``.
 
 Printed per row: the route, n, the status, the median latency (ms) and its range, the ratio to the
 same route's 1-question median, and the OpenAI route's median ÷ the Jev route's at the same n. One request at a time; no
@@ -74,7 +74,7 @@ async def main(sizes: list[int], request_cost: int, repeats: int, engine: LocalE
     """The run, printed; ``engine``: the embedded model already loaded (tests), else loaded here."""
     run = time.strftime("%Y%m%dT%H%M%S")
     engine = engine or LocalEngine(prepare_embedded_model())
-    app = create_app(engine, admission=AdmissionLimits(request_cost=request_cost, queued_cost=request_cost))
+    app = create_app(engine, admission=AdmissionLimits(request_cost=request_cost))
     print(json.dumps({"bench": "two_routes", "run": run, "sizes": sizes, "repeats": repeats, "request_cost": request_cost,
                       "engine": engine.kind, "model": engine.info.name, "input_chars": len(INPUT),
                       "input_tokens": len(engine.tokenizer.encode(INPUT)), "jev_max_questions": MAX_QUESTIONS}))  # fmt: skip
@@ -122,7 +122,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 64, 100, 400])
     parser.add_argument(
-        "--request-cost", type=int, default=400_000, help="admission's per-request cost cap for the run"
+        "--request-cost",
+        type=int,
+        default=AdmissionLimits.request_cost,
+        help="admission's per-request cost cap",
     )
     parser.add_argument("--repeats", type=int, default=3, help="requests per size and route (median shown)")
     args = parser.parse_args()

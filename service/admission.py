@@ -1,15 +1,20 @@
 """Admission: a bounded, cost-weighted semaphore around a request's reads, and each request's bounds.
 
-A request's cost is the prompt tokens its reads schedule (``request_cost``): what the engine must
-process, which a request count does not capture (one 7,000-token state with 4 questions costs as much
-as ~200 short one-question requests). Costs in flight are bounded by ``in_flight_cost``; a request that
-does not fit waits in a FIFO queue bounded twice: by ``queued_cost``, and by its expected wait, the
-work ahead of it over the service's measured rate (prompt tokens per busy second, ``CostRate``), at
-most ``max_wait_s``. A request that does not fit the queue gets 529 ``overloaded_error`` with
-Retry-After; ``refuse_if_full`` says so before the request is even priced, so a flood is refused in
-milliseconds with no work done for it. A single request over ``request_cost`` gets 413 naming the
-limit. A request alone may exceed ``in_flight_cost`` (up to ``request_cost``): it runs when nothing
-else is in flight, so no allowed request waits forever.
+A request's cost is the prompt tokens its reads make the engine compute (``request_cost``), which a
+request count does not capture (one 7,000-token state with 4 questions costs as much as ~100 short
+one-question requests). A state read with many questions is computed once (the shared-state path:
+the embedded engine computes each distinct token once, vLLM's prefix cache nearly so), so it is priced
+once per state, and each question by its own tokens. Costs in flight are bounded by
+``in_flight_cost``; a request that does not fit waits in a FIFO queue bounded twice: by
+``queued_cost``, and by its expected wait, the work ahead of it (in flight and queued before it) over
+the service's measured rate (prompt tokens per busy second, ``CostRate``), at most ``max_wait_s``. A
+request that does not fit the queue gets 529 ``overloaded_error`` with Retry-After; ``refuse_if_full``
+says so before the request is even priced, so a flood is refused in milliseconds with no work done
+for it. The head of an empty queue may exceed ``queued_cost`` (up to ``request_cost``), and a request
+alone may exceed ``in_flight_cost``: it runs when nothing else is in flight, so every allowed request
+can run. A single request over ``request_cost``, or whose own work would take longer than the
+deadline even at the fastest rate measured, gets 413 naming its work and the limit: up front, not a
+504 after a minute.
 
 Every request also has a deadline (``deadline_s``, ``service/cancel.py``): past it, its reads are
 cancelled at the next engine call and it gets 504 ``deadline_exceeded``.
@@ -76,7 +81,9 @@ class AdmissionLimits:
 class CostRate:
     """The service's measured rate: prompt tokens of completed requests per second the engine was busy
     (something in flight), both decayed with a ``half_life_s``, so it follows a changed load or engine.
-    None until ``min_busy_s`` of busy time is measured: a cold service bounds its queue by size only."""
+    None until ``min_busy_s`` of busy time is measured: a cold service bounds its queue by size only.
+    ``peak_tokens_per_s``: the fastest it has been measured at, which a request's own work is held
+    against (a rate measured while the model warms up, or under a burst, would refuse work that runs)."""
 
     def __init__(self, *, half_life_s: float = 60.0, min_busy_s: float = 2.0, clock=time.monotonic) -> None:
         self.half_life_s = half_life_s
@@ -85,6 +92,7 @@ class CostRate:
         self._cost = 0.0
         self._busy_s = 0.0
         self._last = clock()
+        self.peak_tokens_per_s: float | None = None
 
     def advance(self, busy: bool) -> None:
         """Account the time since the last event, busy or idle; call before ``in_flight`` changes."""
@@ -97,6 +105,9 @@ class CostRate:
 
     def completed(self, cost: int) -> None:
         self._cost += cost
+        rate = self.tokens_per_s
+        if rate is not None and (self.peak_tokens_per_s is None or rate > self.peak_tokens_per_s):
+            self.peak_tokens_per_s = rate
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -113,10 +124,11 @@ class Admission:
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self.rate = CostRate()
 
-    def expected_wait_s(self, cost: int = 0) -> float | None:
-        """Seconds until ``cost`` more queued work would start, at the measured rate (None: not measured)."""
+    def expected_wait_s(self) -> float | None:
+        """Seconds until a request queued now would start: the work in flight and queued ahead of it at
+        the measured rate (None: not measured). Its own work is not its wait."""
         rate = self.rate.tokens_per_s
-        return None if rate is None else (self.in_flight + self.queued + cost) / rate
+        return None if rate is None else (self.in_flight + self.queued) / rate
 
     def refuse_if_full(self) -> None:
         """529 at once, before the request is read or priced, where the queue is already full (by cost or
@@ -126,11 +138,11 @@ class Admission:
         ):
             raise self._overloaded()
 
-    def _overloaded(self, cost: int = 0):
+    def _overloaded(self):
         from service.errors import Overloaded
 
         limits = self.limits
-        wait = self.expected_wait_s(cost)
+        wait = self.expected_wait_s()
         expected = "" if wait is None else f", expected wait {wait:.1f} s (at most {limits.max_wait_s:g} s)"
         return Overloaded(
             f"the service is at capacity ({self.in_flight} prompt tokens in flight, {self.queued} queued, "
@@ -148,17 +160,30 @@ class Admission:
         limits = self.limits
         if cost > limits.request_cost:
             raise RequestTooCostly(
-                f"this request schedules {cost} prompt tokens over its reads (state and question per question, "
-                f"option names per trie read, content-free prior reads); one request may cost at most "
+                f"this request schedules {cost} prompt tokens over its reads (each state once, each question "
+                f"and its option names per state, content-free prior reads); one request may cost at most "
                 f"{limits.request_cost}: send fewer questions or a shorter state",
+                param="body",
+            )
+        # Held against the fastest rate measured, so only work that could not end in time at the
+        # service's best is refused here; work that would at its best, but not under load, may get 504.
+        rate = self.rate.peak_tokens_per_s
+        if rate is not None and cost / rate > limits.deadline_s:
+            raise RequestTooCostly(
+                f"this request schedules {cost} prompt tokens over its reads: {cost / rate:.0f} s of work at "
+                f"the fastest measured {rate:.0f} prompt tokens/s, past the {limits.deadline_s:g} s deadline "
+                "(decide serve --deadline): send fewer questions or a shorter state",
                 param="body",
             )
         if not self._waiters and self._fits(cost):
             self._take(cost)
         else:
-            wait = self.expected_wait_s(cost)
-            if self.queued + cost > limits.queued_cost or (wait is not None and wait > limits.max_wait_s):
-                raise self._overloaded(cost)
+            wait = self.expected_wait_s()
+            # The head of an empty queue is let in whatever its cost (request_cost bounds it): otherwise
+            # a request over queued_cost could run only on an idle service, never while anything runs.
+            over_queue = bool(self._waiters) and self.queued + cost > limits.queued_cost
+            if over_queue or (wait is not None and wait > limits.max_wait_s):
+                raise self._overloaded()
             waiter = asyncio.get_running_loop().create_future()
             entry = (cost, waiter)
             self._waiters.append(entry)
@@ -205,14 +230,17 @@ class Admission:
 
 
 def request_cost(reader: Reader, states: list[str], questions: list[QuestionSpec]) -> int | None:
-    """Prompt tokens the reads of ``questions`` about each of ``states`` schedule: Σ over states and
-    questions of (state tokens + question tokens + option tokens).
+    """Prompt tokens the reads of ``questions`` about each of ``states`` make the engine compute:
+    Σ over states of (state tokens + Σ over questions of (question tokens + option tokens)).
 
-    Option names count twice, as the engine computes them: once listed in the question, once more
-    as the answer slot's token-trie reads (each trie node's token once: the local engine computes each
-    distinct token once, vLLM's prefix cache likewise). Counted with the served tokenizer, without the
-    chat template's few fixed tokens. None when some state cannot fit the context whatever its tokens
-    (the reader then refuses it with 413 without tokenizing, so there is nothing to admit)."""
+    A state is computed once however many questions read it (issue 25's shared-state path: the
+    reads share the state's prefix, and the local engine computes each distinct token once, vLLM's
+    prefix cache nearly so), so it is priced once; pricing it per question made 400 questions about
+    one short input cost ~6× their work, over the default limits. Option names count twice, as the
+    engine computes them: once listed in the question, once more as the answer slot's token-trie reads
+    (each trie node's token once). Counted with the served tokenizer, without the chat template's few
+    fixed tokens. None when some state cannot fit the context whatever its tokens (the reader then
+    refuses it with 413 without tokenizing, so there is nothing to admit)."""
     template = (
         reader.template
     )  # its caller-text encoder: locked, and special-token text stays text as in the read
@@ -221,7 +249,7 @@ def request_cost(reader: Reader, states: list[str], questions: list[QuestionSpec
         return None
     question_tokens = sum(_question_tokens(reader, spec) for spec in questions)
     state_tokens = sum(len(template.encode_text(state)) for state in states)
-    return state_tokens * len(questions) + question_tokens * len(states)
+    return state_tokens + question_tokens * len(states)
 
 
 def _question_tokens(reader: Reader, spec: QuestionSpec) -> int:

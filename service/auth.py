@@ -50,6 +50,7 @@ DEFAULT_SCOPES = frozenset({"decide", "calibrate"})
 """A bare key's scopes: what every key could do before scopes existed, less nothing (admin is new)."""
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_KEY_POLL_S = 2.0
+SETTLE_READS = 5
 # Liveness and readiness answer orchestrators' probes, which carry no key; neither says anything a
 # caller could use (readiness names the model, as /v1/models would). The OpenAPI document is the
 # public contract, fetched by generators before they hold a key.
@@ -203,8 +204,11 @@ class Keyring:
         self.path = None if path is None else Path(path)
         self.environ = dict(os.environ if environ is None else environ)
         self.poll_s = poll_s
-        self._stamp = self._file_stamp()
-        self.current = load_key_set(self.path, self.environ) if keys is None else keys
+        if keys is None:
+            self._stamp, keys = self._read_settled()
+        else:
+            self._stamp = self._file_stamp()
+        self.current = keys
 
     @classmethod
     def of(cls, keys: Iterable[str]) -> Keyring:
@@ -225,16 +229,33 @@ class Keyring:
     def changed_on_disk(self) -> bool:
         return self.path is not None and self._file_stamp() != self._stamp
 
+    def _read_settled(self) -> tuple[tuple[int, int, int] | None, KeySet]:
+        """The key set and the file stamp it was read under, the same before and after the read: an
+        in-place edit caught half-written (its stamp changes as the writer goes on) is read again, not
+        taken for a poll interval with the rest of its keys missing. Raises ``ValueError`` when the
+        file keeps changing for ``SETTLE_READS`` reads, or what ``load_key_set`` raises."""
+        for _ in range(SETTLE_READS):
+            before = self._file_stamp()
+            try:
+                fresh = load_key_set(self.path, self.environ)
+            except (OSError, ValueError, UnicodeDecodeError):
+                if self._file_stamp() == before:
+                    raise
+                continue  # a half-written file may not parse: read it again once it moved on
+            if self._file_stamp() == before:
+                return before, fresh
+        raise ValueError(f"the key file changed during each of {SETTLE_READS} reads")
+
     def reload(self, trigger: str) -> bool:
         """Read the file (and environment) again; True when the new set is in place."""
-        self._stamp = self._file_stamp()
         try:
-            fresh = load_key_set(self.path, self.environ)
+            self._stamp, fresh = self._read_settled()
             if not fresh.keys:
                 raise ValueError(
                     "the new key set is empty (auth stays on; remove keys by restarting without them)"
                 )
         except (OSError, ValueError, UnicodeDecodeError) as error:
+            self._stamp = self._file_stamp()  # refused once: polled again only when the file changes again
             logger.warning(
                 "API keys not reloaded (%s): %s; keeping the %d key(s) in use",
                 trigger,

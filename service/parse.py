@@ -63,13 +63,24 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
     """Bytes → validated ``model``, every failure a 422 whose ``loc`` names the field (415 for a body
     that is not UTF-8)."""
     try:
-        body.decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise NotUtf8(
             f"the body is not UTF-8 (byte {error.start}); send JSON encoded as UTF-8", param="body"
         ) from None
+    # ASCII-only UTF-16 and UTF-32 are valid UTF-8 (ASCII bytes and NULs); a NUL is never JSON text
+    # (escaped as \u0000 inside strings), so one is another encoding. The text, not the bytes, goes to
+    # json.loads, which would otherwise detect UTF-16/32 from the first bytes and read it anyway.
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise NotUtf8(
+            f"the body holds a NUL byte (byte {len(text[:nul].encode())}): UTF-16 or UTF-32, not UTF-8; "
+            "send JSON encoded as UTF-8",
+            param="body",
+        )
     try:
-        payload = json.loads(body, object_pairs_hook=_reject_duplicate_keys)
+        # A leading UTF-8 byte-order mark is allowed (RFC 8259 lets a parser ignore it), as before.
+        payload = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_reject_duplicate_keys)
     except DuplicateKey as error:
         raise validation_error(("body",), str(error), "duplicate_key") from None
     except ValueError as error:

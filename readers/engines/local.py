@@ -37,8 +37,8 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -71,6 +71,13 @@ class _Job:
     share_prefix: bool
     submitted: float
     future: concurrent.futures.Future
+    # Set when the caller is cancelled after a worker took the job (its future can no longer be
+    # cancelled): a batch whose every job is abandoned stops at its next chunk.
+    abandoned: threading.Event = field(default_factory=threading.Event)
+
+
+class ReadsAbandoned(Exception):
+    """A batch stopped between chunks: every caller of its reads was cancelled."""
 
 
 @dataclass
@@ -152,6 +159,7 @@ class LocalEngine(ClosingEngine):
         self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
         self.batched_reads = 0
         self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
+        self.stopped_batches = 0  # batches stopped between chunks, every caller cancelled
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self.chunk_tokens = batching.chunk_tokens
@@ -239,7 +247,11 @@ class LocalEngine(ClosingEngine):
             list(requests), self.top_k, self.share_prefix, time.monotonic(), concurrent.futures.Future()
         )
         self._jobs.put(job)
-        results, queued_ms, latency_ms = await asyncio.wrap_future(job.future)
+        try:
+            results, queued_ms, latency_ms = await asyncio.wrap_future(job.future)
+        except asyncio.CancelledError:
+            job.abandoned.set()
+            raise
         return [
             EngineReply(
                 logprobs=logprobs,
@@ -304,6 +316,7 @@ class LocalEngine(ClosingEngine):
                 [request.prompt_ids for _, request in requests],
                 [job.share_prefix for job, _ in requests],
                 keep=[request.keep for _, request in requests],
+                stop=lambda: all(job.abandoned.is_set() for job in jobs),
             )
             picks: list[dict[int, float]] = []
             for start in range(0, len(requests), PICK_ROWS):
@@ -313,6 +326,8 @@ class LocalEngine(ClosingEngine):
                     for row, (job, request) in zip(rows, requests[start : start + PICK_ROWS])
                 ]
         except BaseException as error:
+            if isinstance(error, ReadsAbandoned):
+                self.stopped_batches += 1
             for job in jobs:
                 job.future.set_exception(error)
             return
@@ -347,9 +362,12 @@ class LocalEngine(ClosingEngine):
         reuse: bool | Sequence[bool] = True,
         *,
         keep: Sequence[bool] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Computed:
         """The final hidden state of each prompt, every distinct token computed once (module
-        docstring); ``keep`` False: that prompt's new tokens are not kept after the batch."""
+        docstring); ``keep`` False: that prompt's new tokens are not kept after the batch. ``stop``
+        True before a chunk: raise ``ReadsAbandoned`` there, the tree left as if the batch never ran
+        (a chunk already running cannot be stopped: torch finishes it)."""
         if isinstance(reuse, bool):
             reuse = [reuse] * len(prompts)
         with torch.inference_mode():
@@ -359,6 +377,8 @@ class LocalEngine(ClosingEngine):
                 hidden: dict[tuple[int, int], torch.Tensor] = {}
                 peak = 0
                 for queries in plan.chunks(self.chunk_tokens, self.chunk_scores):
+                    if stop is not None and stop():
+                        raise ReadsAbandoned
                     chunk = plan.chunk_keys(queries)
                     peak = max(peak, self.chunk_bytes(chunk))
                     new_kv, states = self._forward(chunk)

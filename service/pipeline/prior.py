@@ -28,8 +28,10 @@ prior itself is measured only from content-free reads that returned every label;
 is answered raw. Such answers report ``prior_correction`` null and use fits made on raw reads.
 
 A measurement that fails on an engine fault fails the request, as the read would (502/503/504), and
-is measured afresh by the next one; a measurement outlives a caller who left, since the next request
-for that question uses it.
+is measured afresh by the next one. Concurrent callers share one measurement, which outlives any one
+of them that leaves; when the last one leaves (its client disconnected, its deadline passed) it is
+cancelled, since its reads were priced into the admission of the callers waiting for it, and without
+one they would run on outside admission. The next request measures afresh.
 """
 
 from __future__ import annotations
@@ -162,6 +164,7 @@ class OptionPriors:
         self.states = states
         self.limit = limit
         self._measured: OrderedDict[tuple, asyncio.Task[OptionPrior | None]] = OrderedDict()
+        self._waiting: dict[asyncio.Task[OptionPrior | None], int] = {}  # callers awaiting each measurement
 
     def __len__(self) -> int:
         return len(self._measured)
@@ -184,4 +187,11 @@ class OptionPriors:
             while len(self._measured) > self.limit:
                 self._measured.popitem(last=False)  # a dropped one still running finishes for its callers
         self._measured.move_to_end(key)
-        return await asyncio.shield(task)  # one caller cancelled does not cancel the others' measurement
+        self._waiting[task] = self._waiting.get(task, 0) + 1
+        try:
+            return await asyncio.shield(task)  # one caller cancelled does not cancel the others' measurement
+        finally:
+            self._waiting[task] -= 1
+            if not self._waiting[task]:
+                del self._waiting[task]
+                task.cancel()  # no caller left (a no-op once done): its reads stop, as theirs did

@@ -31,7 +31,10 @@ from service.protocol import ResponseModel
 from service.state import reader_of
 
 READY_CACHE_S = 2.0
-PROBE_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 3.0
+"""Seconds the probe's read may take: under the orchestrator's own probe timeout (5 s in
+deploy/k8s/base/service-deployment.yaml), so a probe behind a long read answers (busy = ready) before
+the kubelet gives up on it and counts a failure."""
 
 router = APIRouter()
 

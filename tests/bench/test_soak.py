@@ -28,7 +28,14 @@ def test_two_minutes_of_mixed_traffic(tmp_path, capsys):
     assert result["goals"]["no_5xx_but_503_504_529"], result["unexpected"]
     assert result["goals"]["nothing_acknowledged_lost"] and result["feedback_acknowledged"] > 0
     kinds = {line.split()[0] for line in result["statuses_by_kind"]}
-    assert kinds >= {"noul", "choice", "score", "mixed", "batch", "feedback", "malformed"}
+    assert kinds >= {"noul", "choice", "score", "mixed", "openai", "batch", "feedback", "malformed"}
+    assert "openai 200" in result["statuses_by_kind"]
+    # Three tenants from the key file, each with its own records; refits sent only with enough gold
+    # answers succeed (the run before this fix: "refit 422: 10", all three keys one tenant).
+    rows = result["store_rows"]
+    assert sorted(rows["decisions_by_tenant"]) == ["t0", "t1", "t2"]
+    assert not any(line.startswith("refit 4") for line in result["statuses_by_kind"])
+    assert rows["calibrations"] >= 1
     assert not any(line.startswith("malformed 2") for line in result["statuses_by_kind"])
     assert result["resources"]["end"]["admission_in_flight"] == 0
     assert "PASS nothing_acknowledged_lost" in printed and "p50" in printed

@@ -91,8 +91,12 @@ def test_cost_is_prompt_tokens_over_every_read(local_engine):
     )
     specs = [q.to_spec() for q in body.questions.values()]
     one = request_cost(reader, [body.state_text()], specs[:1])
+    two = request_cost(reader, [body.state_text()], specs[:2])
     four = request_cost(reader, [body.state_text()], specs)
-    assert 500 <= one < 520 and four == pytest.approx(4 * one)
+    # The state is computed once for all its questions (the shared-state path), so it is priced once:
+    # each question adds its own tokens only.
+    assert 500 <= one < 520 and four - one == 3 * (two - one) and 0 < two - one < 20
+    assert request_cost(reader, [body.state_text()] * 2, specs) == 2 * four  # each state once
     assert (
         request_cost(reader, ["x" * 10_000_000], specs) is None
     )  # cannot fit: the reader refuses it untokenized
@@ -193,16 +197,144 @@ def test_the_sdk_sees_529_with_its_retry_after(local_engine):
         with typesafe_sdk.TypeSafeClient(
             api_key="unused-without-auth", base_url=url, retry=typesafe_sdk.RetryPolicy(max_retries=0)
         ) as client:
-            holder = threading.Thread(
-                target=client.system_one, kwargs={"state": "first", "questions": question}
-            )
-            holder.start()
-            time.sleep(1.0)
+            # One in flight, one at the head of the queue (let in over queued_cost), the third refused.
+            holders = [
+                threading.Thread(target=client.system_one, kwargs={"state": state, "questions": question})
+                for state in ("first", "second")
+            ]
+            for holder in holders:
+                holder.start()
+                time.sleep(1.0)
             with pytest.raises(typesafe_sdk.TypeSafeInternalServerError) as raised:
-                client.system_one(state="second", questions=question)
+                client.system_one(state="third", questions=question)
             gate.set()
-            holder.join(timeout=30)
+            for holder in holders:
+                holder.join(timeout=30)
     assert raised.value.status == 529 and raised.value.headers["retry-after"] == "7"
     assert raised.value.body["detail"]["error_type"] == "overloaded_error" and "at capacity" in str(
         raised.value
     )
+
+
+async def test_the_head_of_an_empty_queue_may_exceed_the_queue_bound():
+    """A request over queued_cost (within request_cost) waits while something small runs, instead of
+    being refused whenever anything is in flight."""
+    admission = Admission(AdmissionLimits(in_flight_cost=10, queued_cost=10, request_cost=100))
+    release = asyncio.Event()
+    order = []
+
+    async def hold(name, cost):
+        async with admission.admit(cost):
+            order.append(name)
+            await release.wait()
+
+    small = asyncio.create_task(hold("small", 5))
+    await asyncio.sleep(0)
+    large = asyncio.create_task(hold("large", 60))
+    await asyncio.sleep(0)
+    assert (admission.in_flight, admission.queued) == (5, 60)
+    with pytest.raises(Overloaded):  # behind it, the queue bound holds
+        async with admission.admit(1):
+            pass
+    release.set()
+    await asyncio.gather(small, large)
+    assert order == ["small", "large"] and (admission.in_flight, admission.queued) == (0, 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def measured(admission: Admission, tokens_per_s: float) -> Clock:
+    """Give ``admission`` a measured rate of ``tokens_per_s`` (three one-second requests)."""
+    from service.admission import CostRate
+
+    clock = Clock()
+    admission.rate = CostRate(clock=clock)
+    for _ in range(3):
+        async with admission.admit(int(tokens_per_s)):
+            clock.now += 1.0
+    assert admission.rate.tokens_per_s == pytest.approx(tokens_per_s, rel=0.05)
+    return clock
+
+
+async def test_a_requests_own_work_is_not_its_wait():
+    """At 100 tokens/s with 1 s of work in flight, a 5 s request starts after 1 s: within a 2.5 s
+    max wait, so it queues; counting its own 5 s as wait refused it."""
+    admission = Admission(AdmissionLimits(in_flight_cost=100, queued_cost=10_000, max_wait_s=2.5))
+    await measured(admission, 100)
+    release = asyncio.Event()
+
+    async def hold(cost):
+        async with admission.admit(cost):
+            await release.wait()
+
+    running = asyncio.create_task(hold(100))
+    await asyncio.sleep(0)
+    large = asyncio.create_task(hold(500))
+    await asyncio.sleep(0)
+    assert admission.queued == 500 and admission.expected_wait_s() == pytest.approx(6.0, rel=0.05)
+    release.set()
+    await asyncio.gather(running, large)
+
+
+async def test_work_longer_than_the_deadline_at_the_measured_rate_is_a_413_up_front():
+    admission = Admission(AdmissionLimits(request_cost=10_000, deadline_s=3))
+    async with admission.admit(400):  # cold: nothing measured, nothing to refuse on
+        pass
+    clock = await measured(admission, 100)
+    with pytest.raises(RequestTooCostly) as refused:
+        async with admission.admit(400):  # 4 s of work at 100 tokens/s
+            pass
+    message = refused.value.message
+    assert refused.value.status_code == 413 and "400 prompt tokens" in message
+    assert "4 s of work" in message and "3 s deadline" in message
+    async with admission.admit(250):  # 2.5 s: runs
+        assert admission.in_flight == 250
+    async with admission.admit(100):  # a slow spell (warm-up, a burst): 100 tokens in 20 s
+        clock.now += 20
+    assert admission.rate.tokens_per_s < 50
+    async with admission.admit(250):  # held against the fastest rate measured: still runs
+        pass
+
+
+def statements(n: int) -> list[dict]:
+    from bench.two_routes import questions
+
+    return [{"type": "predicate", "instructions": text} for text in questions(n)]
+
+
+async def test_400_questions_run_under_the_default_limits_while_other_work_is_in_flight(
+    client_factory, local_engine
+):
+    """Issue 28: 400 predicate questions about the bench's ~150-token input must run under the service's
+    default limits, even while another request is in flight (a function engine whose reads wait on a
+    gate: the state and questions are priced with the embedded model's tokenizer)."""
+    from bench.two_routes import INPUT
+
+    gate = asyncio.Event()
+    async with client_factory(blocking_engine(local_engine, gate)) as client:  # default AdmissionLimits
+        admission = client._transport.app.state.admission
+        priced: list[int] = []
+        real_admit = admission.admit
+        admission.admit = lambda cost: priced.append(cost) or real_admit(cost)
+        running = asyncio.create_task(client.post("/v1/systemone", json=body(20)))
+        await asyncio.sleep(0.3)
+        large = asyncio.create_task(
+            client.post(
+                "/v1/decisions", json={"model": "gpt-6-luna", "input": INPUT, "questions": statements(400)}
+            )
+        )
+        await asyncio.sleep(0.5)
+        assert admission.queued == priced[1]  # queued behind the small one, not refused
+        gate.set()
+        first, answered = await asyncio.gather(running, large)
+    assert first.status_code == 200 and answered.status_code == 200, answered.text[:300]
+    assert len(answered.json()["answers"]) == 400
+    # The engine computed ~11,600 tokens for this request (issue 28's measurement, 400 questions):
+    # priced near that, within the 32,768 queue and 65,536 request bounds.
+    assert 10_000 < priced[1] < 16_000

@@ -190,7 +190,7 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
     """100 tokens/s measured: a queue whose work would start after more than max_wait_s is refused,
     though its cost bound has room."""
     clock = FakeClock()
-    admission = Admission(AdmissionLimits(in_flight_cost=100, queued_cost=10_000, max_wait_s=2.5))
+    admission = Admission(AdmissionLimits(in_flight_cost=100, queued_cost=10_000, max_wait_s=1.5))
     admission.rate = CostRate(clock=clock)
     assert admission.expected_wait_s() is None  # cold: bounded by size only
     for _ in range(3):  # three requests of 100 tokens, one second each
@@ -205,14 +205,15 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
     release = asyncio.Event()
     running = asyncio.create_task(hold(100, release))
     await asyncio.sleep(0)
-    waiting = asyncio.create_task(hold(100, release))  # expected start: (100 + 100) / 100 = 2 s
+    waiting = asyncio.create_task(hold(100, release))  # expected start: 100 in flight / 100 = 1 s
     await asyncio.sleep(0)
     assert admission.queued == 100
-    with pytest.raises(Overloaded) as refused:  # would start after 3 s > 2.5 s
+    with pytest.raises(Overloaded) as refused:  # would start after (100 + 100) / 100 = 2 s > 1.5 s
         async with admission.admit(100):
             pass
-    assert "expected wait 3.0 s (at most 2.5 s)" in refused.value.message
-    admission.refuse_if_full()  # 2 s of queue: a cheaper request may still fit, so it is priced
+    assert "expected wait 2.0 s (at most 1.5 s)" in refused.value.message
+    with pytest.raises(Overloaded):  # its own cost is not its wait: refused before it is even priced
+        admission.refuse_if_full()
     release.set()
     await asyncio.gather(running, waiting)
     assert admission.in_flight == 0 and admission.queued == 0
@@ -252,3 +253,64 @@ async def test_the_price_covers_every_read_scheduled_prior_reads_included(client
     assert scheduled_first - template_tokens <= priced[0] <= 2 * scheduled_first
     assert scheduled_second - template_tokens <= priced[1] <= 2 * scheduled_second
     assert priced[1] < priced[0]  # the prior, once measured, costs nothing more
+
+
+async def test_a_prior_measurement_stops_when_its_last_caller_leaves(client_factory, local_engine):
+    """The question's own reads answer; its content-free prior reads (first sight of a choice
+    question) never do. Past the deadline the request gets 504, and the prior reads, priced in its
+    admission, must stop with it rather than run on outside admission."""
+    tokenizer = local_engine.tokenizer
+    prior_reads: list[str] = []
+
+    async def fn(request):
+        if "Zebra" in tokenizer.decode(request.prompt_ids):  # the caller's state: answered
+            return favour_first(request)
+        prior_reads.append("started")  # a content-free state: never answers
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            prior_reads.append("cancelled")
+            raise
+
+    limits = AdmissionLimits(deadline_s=0.5)
+    engine = function_engine(local_engine, fn, ReadMode.EXACT)
+    async with client_factory(engine, admission=limits) as client:
+        response = await client.post("/v1/systemone", json=choice(["red", "blue"], state="Zebra crossing."))
+        await asyncio.sleep(0.1)
+        priors = client._transport.app.state.priors
+        pending = [task for task in priors._measured.values() if not task.done()]
+    assert response.status_code == 504
+    started = prior_reads.count("started")
+    assert started >= 1 and prior_reads.count("cancelled") == started and pending == []
+
+
+async def test_an_abandoned_embedded_read_stops_between_chunks(local_engine, monkeypatch):
+    """The real embedded engine in chunks of 16 tokens: a 400-token read whose caller is cancelled
+    (its deadline passed, its client left) after the first chunks stops at the next chunk instead of
+    computing all 25; the engine reads exactly afterwards (the token tree left as if it never ran)."""
+    from readers.engines.base import ReadRequest
+
+    chunks: list[int] = []
+    forward = local_engine._forward
+
+    def counting(chunk):
+        chunks.append(1)
+        return forward(chunk)
+
+    # The session's engine, its workers computing in small chunks for this test (restored after).
+    monkeypatch.setattr(local_engine, "chunk_tokens", 16)
+    monkeypatch.setattr(local_engine, "_forward", counting)
+    stopped = local_engine.stopped_batches
+    long = tuple(range(10, 410))
+    read = asyncio.ensure_future(local_engine.read(ReadRequest(long, (4,), ("x",), keep=False)))
+    while len(chunks) < 2:
+        await asyncio.sleep(0.002)
+    read.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await read
+    while local_engine._in_flight:
+        await asyncio.sleep(0.01)
+    assert len(chunks) < 10 and local_engine.stopped_batches == stopped + 1, len(chunks)
+    reply = await local_engine.read(ReadRequest(long[:40], (4,), ("x",), keep=False))
+    truth = float(local_engine.next_token_logprobs(long[:40])[4])
+    assert reply.logprobs[4] == pytest.approx(truth, abs=1e-4)

@@ -17,9 +17,23 @@ def choice(options: list[str]) -> dict:
     }
 
 
-@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "latin-1"])
-async def test_a_body_not_utf8_is_refused_with_415(client_factory, quick_engine, encoding):
-    body = {"state": "Café crème", "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
+@pytest.mark.parametrize(
+    ("encoding", "state"),
+    [
+        ("utf-16", "Café crème"),
+        ("utf-16-le", "Café crème"),
+        ("utf-32", "Café crème"),
+        ("latin-1", "Café crème"),
+        # ASCII only: every byte decodes as UTF-8 (ASCII and NULs), and json.loads(bytes) would detect
+        # the UTF-16/32 itself.
+        ("utf-16-le", "Plain coffee"),
+        ("utf-16-be", "Plain coffee"),
+        ("utf-32-le", "Plain coffee"),
+        ("utf-32", "Plain coffee"),
+    ],
+)
+async def test_a_body_not_utf8_is_refused_with_415(client_factory, quick_engine, encoding, state):
+    body = {"state": state, "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
     async with client_factory(quick_engine) as client:
         response = await client.post(
             "/v1/systemone",

@@ -109,3 +109,39 @@ def test_serve_exits_non_zero_when_the_engine_cannot_open(embedded_model_dir, tm
         models.shutdown()
     assert done.returncode != 0, done.stderr[-2000:]
     assert "engine failed to open" in done.stderr
+
+
+async def test_ready_within_the_kubernetes_probe_timeout_while_a_long_read_is_in_flight(
+    client_factory, local_engine
+):
+    """A function engine whose reads wait on a gate: a decision holds it (a long read in flight), and
+    the probe's own read queues behind it, as on a busy embedded engine. /readyz must say ready, and
+    say it before the kubelet's timeoutSeconds, or two such probes take a serving pod out."""
+    import time
+
+    import yaml
+
+    manifest = yaml.safe_load_all(open("deploy/k8s/base/service-deployment.yaml"))
+    [deployment] = [doc for doc in manifest if doc and doc.get("kind") == "Deployment"]
+    [service] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if "readinessProbe" in c]
+    k8s_timeout_s = service["readinessProbe"]["timeoutSeconds"]
+    gate = asyncio.Event()
+
+    async def gated(request):
+        await gate.wait()
+        return favour_first(request)
+
+    async with client_factory(function_engine(local_engine, gated, ReadMode.EXACT)) as client:
+        decision = asyncio.create_task(
+            client.post(
+                "/v1/systemone",
+                json={"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}},
+            )
+        )
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        ready = await client.get("/readyz")
+        took_s = time.monotonic() - started
+        gate.set()
+        assert (await decision).status_code == 200
+    assert ready.status_code == 200 and took_s < k8s_timeout_s - 1, took_s

@@ -200,3 +200,30 @@ async def test_sighup_rereads_the_key_file(quick_engine, tmp_path, caplog):
     assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # and removed on the way out
     (line,) = audit_lines(caplog)
     assert line["trigger"] == "SIGHUP" and line["added"] == [key_id(digest(B))]
+
+
+def test_a_key_file_edited_in_place_while_read_is_read_again(tmp_path, monkeypatch):
+    """An editor writing the file in place: the reload reads it half-written (one key of two), and the
+    writer finishes while it reads. Taken as read, B's key would fail until the next poll; the stamp
+    taken after the read differs from the one before, so the file is read again, whole."""
+    import service.auth
+
+    path = tmp_path / "keys"
+    path.write_text(f"{C} tenant=c\n")
+    ring = Keyring(path, {}, poll_s=3600)
+    path.write_text(f"{A} tenant=a\n")  # in place: the writer's first half
+    real_load = service.auth.load_key_set
+    reads = []
+
+    def load_while_the_writer_finishes(*args):
+        keys = real_load(*args)
+        reads.append(len(keys.keys))
+        if len(reads) == 1:
+            with path.open("a") as file:  # the rest lands while the first read is done with the file
+                file.write(f"{B} tenant=b\n")
+        return keys
+
+    monkeypatch.setattr(service.auth, "load_key_set", load_while_the_writer_finishes)
+    assert ring.reload("file changed") is True
+    assert reads == [1, 2] and [k["tenant"] for k in ring.current.describe()] == ["a", "b"]
+    assert not ring.changed_on_disk()
