@@ -896,6 +896,14 @@ def eval_generate(
     except (ServerRefused, RunRefused, DataMismatch) as error:
         typer.echo(f"refused: {error}", err=True)
         raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:
+        # run_generation recorded the finished rows and an "interrupted" manifest before stopping
+        # (none when the interrupt came before the first request).
+        stopped = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else {}
+        if "summary" in stopped:
+            typer.echo(summary_table(stopped), err=True)
+        typer.echo("interrupted: run the same command again to resume", err=True)
+        raise typer.Exit(code=130) from None
     typer.echo(summary_table(manifest))
 
 

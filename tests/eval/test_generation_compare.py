@@ -162,3 +162,50 @@ def test_the_commands_compare_and_tabulate_stored_runs(tmp_path):
     other = stored_run(tmp_path / "other", "gemma3", [True] * 20, max_tokens=256)
     result = CliRunner().invoke(app, ["eval", "compare", str(ref), str(other)])
     assert result.exit_code == 2 and "max_tokens" in result.output
+
+
+@pytest.mark.anyio
+async def test_a_killed_throughput_sweep_keeps_its_finished_passes_and_resumes(tmp_path):
+    from eval.manifest import RunRefused
+
+    class Killed(Exception):
+        pass
+
+    prompts, kill_after = [], [4]  # the warm-up, two passes at c1, then the first c4 request
+
+    def server(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        if path == "/version":
+            return httpx.Response(200, json={"version": "t"})
+        body = json.loads(request.content)
+        if path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [hash(w) % 1000 for w in body["prompt"].split()]})
+        if kill_after and len(prompts) == kill_after[0]:
+            raise Killed  # the process stops mid-pass
+        prompts.append(tuple(body["prompt"]))
+        chunks = [{"choices": [{"text": "x"}]}] * 4 + [{"choices": [], "usage": {"completion_tokens": 4}}]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    settings = {"concurrencies": (1, 4), "shapes": {"short": 8}, "passes": 2, "waves": 1, "output_tokens": 4}
+    with pytest.raises(Killed):
+        await run_throughput("http://fake", tmp_path, transport=httpx.MockTransport(server), **settings)
+    kept = [json.loads(line) for line in (tmp_path / "throughput.jsonl").read_text().splitlines()]
+    assert [(r["concurrency"], r["pass"]) for r in kept] == [(1, 0), (1, 1)]
+    assert json.loads((tmp_path / MANIFEST).read_text())["status"] == "started"
+
+    kill_after.clear()
+    before = len(prompts)
+    summary = await run_throughput("http://fake", tmp_path, transport=httpx.MockTransport(server), **settings)
+    resumed = prompts[before + 1 :]  # after this session's warm-up: only the two c4 passes
+    assert len(resumed) == 2 * 4
+    measured = prompts[1:3] + resumed
+    assert len(set(measured)) == len(measured)  # no prompt repeats across the two sessions
+    assert summary["short@c1"]["passes"] == 2 and summary["short@c4"]["requests"] == 8
+    assert json.loads((tmp_path / MANIFEST).read_text())["status"] == "success"
+    with pytest.raises(RunRefused, match="settings"):
+        await run_throughput(
+            "http://fake", tmp_path, transport=httpx.MockTransport(server), **settings | {"passes": 3}
+        )
