@@ -917,6 +917,9 @@ def eval_throughput(
         str | None, typer.Option(help="the served model (default: the server's first)")
     ] = None,
     concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] = "1,4,16",
+    shapes: Annotated[
+        str, typer.Option(help="comma-separated prompt shapes: short (~32 tokens), long-1024, long-3072")
+    ] = "short,long-1024,long-3072",
     passes: Annotated[int, typer.Option(help="passes per prompt shape and concurrency")] = 3,
     waves: Annotated[int, typer.Option(help="requests per pass, in multiples of the concurrency")] = 2,
     output_tokens: Annotated[
@@ -933,17 +936,25 @@ def eval_throughput(
     """Output tokens/s, TTFT and per-token latency at each concurrency, short and ~1,024/3,072-token prompts."""
     import json
 
-    from eval.manifest import Images
-    from eval.throughput import run_throughput, throughput_table
+    from eval.manifest import Images, RunRefused
+    from eval.throughput import PROMPT_TOKENS, run_throughput, throughput_table
 
-    summary = asyncio.run(
-        run_throughput(
-            engine_url, out, model=served_model, concurrencies=tuple(int(c) for c in concurrency.split(",")),
-            passes=passes, waves=waves, output_tokens=output_tokens, seed=seed,
-            engine_log=engine_log.read_text(errors="replace") if engine_log else None,
-            images=Images(engine_image, service_image),
-        )
-    )  # fmt: skip
+    unknown = set(shapes.split(",")) - set(PROMPT_TOKENS)
+    if unknown:
+        raise typer.BadParameter(f"unknown {', '.join(sorted(unknown))}; known: {', '.join(PROMPT_TOKENS)}", param_hint="--shapes")  # fmt: skip
+    try:
+        summary = asyncio.run(
+            run_throughput(
+                engine_url, out, model=served_model, concurrencies=tuple(int(c) for c in concurrency.split(",")),
+                shapes={shape: PROMPT_TOKENS[shape] for shape in shapes.split(",")},
+                passes=passes, waves=waves, output_tokens=output_tokens, seed=seed,
+                engine_log=engine_log.read_text(errors="replace") if engine_log else None,
+                images=Images(engine_image, service_image),
+            )
+        )  # fmt: skip
+    except RunRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
     model = json.loads((out / "manifest.json").read_text())["server"]["model"]
     typer.echo(throughput_table(summary, model))
 
