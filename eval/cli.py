@@ -900,9 +900,10 @@ def eval_generate(
         # run_generation recorded the finished rows and an "interrupted" manifest before stopping
         # (none when the interrupt came before the first request).
         stopped = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else {}
-        if "summary" in stopped:
+        if stopped.get("status") == "interrupted":
             typer.echo(summary_table(stopped), err=True)
-        typer.echo("interrupted: run the same command again to resume", err=True)
+        else:
+            typer.echo("interrupted: run the same command again to resume", err=True)
         raise typer.Exit(code=130) from None
     typer.echo(summary_table(manifest))
 
