@@ -25,20 +25,25 @@ from eval.evidence import load_rows
 from eval.generation import SETTINGS
 from eval.manifest import MANIFEST
 
+WITH_TEXT = "correct_with_text"
+OUTCOME_LABELS = {"gsm8k": "final number", "bfcl_simple": "server-parsed calls (headline)", WITH_TEXT: "calls read from the text too"}  # fmt: skip
+
 
 def is_generation_run(run: Path) -> bool:
     path = run / MANIFEST
     return path.is_file() and json.loads(path.read_text()).get("run") == "generate"
 
 
-def _outcomes(run: Path) -> tuple[dict[str, Any], dict[str, bool]]:
+def _outcomes(run: Path, outcome: str = "correct") -> tuple[dict[str, Any], dict[str, bool]]:
+    """Right or wrong per problem by the row field ``outcome``: ``correct`` (for BFCL, calls the server
+    parsed) or ``correct_with_text`` (BFCL counting calls read from the text)."""
     manifest = json.loads((run / MANIFEST).read_text())
     rows = load_rows(run)
     failed = [row["id"] for row in rows if row["status"] != "ok"]
     if failed:
         raise ComparisonRefused(f"{run} has {len(failed)} failed records (e.g. {failed[0]}): resume it first")
     wanted = set(manifest["record_ids"])
-    outcomes = {row["id"]: bool(row["correct"]) for row in rows if row["id"] in wanted}
+    outcomes = {row["id"]: bool(row[outcome]) for row in rows if row["id"] in wanted}
     if len(outcomes) != len(wanted):
         raise ComparisonRefused(
             f"{run} is unfinished: {len(wanted) - len(outcomes)} problems not yet generated"
@@ -46,13 +51,15 @@ def _outcomes(run: Path) -> tuple[dict[str, Any], dict[str, bool]]:
     return manifest, outcomes
 
 
-def compare_generation(reference: Path, run: Path) -> dict[str, Any]:
-    """``run`` against ``reference``, paired by problem (see the module docstring)."""
+def compare_generation(reference: Path, run: Path, *, outcome: str = "correct") -> dict[str, Any]:
+    """``run`` against ``reference``, paired by problem (see the module docstring). BFCL runs also get
+    ``with_text``: the same comparison counting calls read from the text where the server parsed none
+    (a model whose call format no server parser reads is otherwise 0% by construction)."""
     for path in (reference, run):
         if not is_generation_run(path):
             raise ComparisonRefused(f"{path} is not a `decide eval generate` run")
-    ref_manifest, ref = _outcomes(reference)
-    run_manifest, mine = _outcomes(run)
+    ref_manifest, ref = _outcomes(reference, outcome)
+    run_manifest, mine = _outcomes(run, outcome)
     for field, a, b in [
         ("data", ref_manifest["data_sha256"], run_manifest["data_sha256"]),
         *((name, ref_manifest["args"].get(name), run_manifest["args"].get(name)) for name in SETTINGS),
@@ -68,8 +75,9 @@ def compare_generation(reference: Path, run: Path) -> dict[str, Any]:
     a = np.array([ref[i] for i in ids])
     b = np.array([mine[i] for i in ids])
     difference, lo, hi = paired_bootstrap(a, b)
-    return {
+    report = {
         "task": run_manifest["args"]["task"],
+        "outcome": outcome,
         "reference": {"run": str(reference), "model": ref_manifest["server"]["model"]},
         "run": {"run": str(run), "model": run_manifest["server"]["model"]},
         "n": len(ids),
@@ -82,6 +90,9 @@ def compare_generation(reference: Path, run: Path) -> dict[str, Any]:
         "resamples": RESAMPLES,
         "seed": SEED,
     }
+    if outcome == "correct" and report["task"] == "bfcl_simple":
+        report["with_text"] = compare_generation(reference, run, outcome=WITH_TEXT)
+    return report
 
 
 def _points(value: float) -> str:
@@ -95,16 +106,22 @@ def verdict(report: dict[str, Any]) -> str:
 
 
 def compare_generation_table(report: dict[str, Any]) -> str:
-    m = report["mcnemar"]
-    return (
+    lines = [
         f"{report['task']}: reference {report['reference']['model']} ({report['reference']['run']}), "
         f"run {report['run']['model']} ({report['run']['run']}); {report['n']} problems paired, bootstrap "
-        f"({report['resamples']:,} resamples, seed {report['seed']}), exact McNemar.\n\n"
-        "| reference accuracy | run accuracy | run − reference (95% CI) | right in reference only / run only | McNemar p |\n"
-        "|---|---|---|---|---|\n"
-        f"| {report['accuracy_reference']:.1%} | {report['accuracy']:.1%} | {verdict(report)} | "
-        f"{m['only_a_right']} / {m['only_b_right']} | {m['p_value']:.3g} |\n"
-    )
+        f"({report['resamples']:,} resamples, seed {report['seed']}), exact McNemar.",
+        "",
+        "| scored by | reference accuracy | run accuracy | run − reference (95% CI) | right in reference only / run only | McNemar p |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for entry in (report, report.get("with_text")):
+        if entry is not None:
+            m = entry["mcnemar"]
+            lines.append(
+                f"| {OUTCOME_LABELS[entry['task'] if entry['outcome'] == 'correct' else entry['outcome']]} | {entry['accuracy_reference']:.1%} | {entry['accuracy']:.1%} | "
+                f"{verdict(entry)} | {m['only_a_right']} / {m['only_b_right']} | {m['p_value']:.3g} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def sweep_rows(
@@ -130,11 +147,14 @@ def sweep_rows(
         for run in group:
             task = json.loads((run / MANIFEST).read_text())["args"]["task"]
             if group is reference:
-                _, outcomes = _outcomes(run)
-                row["tasks"][task] = {"n": len(outcomes), "accuracy": float(np.mean(list(outcomes.values())))}
+                for outcome in ["correct", WITH_TEXT] if task == "bfcl_simple" else ["correct"]:
+                    _, outcomes = _outcomes(run, outcome)
+                    row["tasks"][_column(task, outcome)] = {"n": len(outcomes), "accuracy": float(np.mean(list(outcomes.values())))}  # fmt: skip
             elif task in ref_by_task:
                 report = compare_generation(ref_by_task[task], run)
-                row["tasks"][task] = {"n": report["n"], "accuracy": report["accuracy"], "comparison": report}
+                for entry in (report, report.get("with_text")):
+                    if entry is not None:
+                        row["tasks"][_column(task, entry["outcome"])] = {"n": entry["n"], "accuracy": entry["accuracy"], "comparison": entry}  # fmt: skip
         if ref_speed is not None and model in throughput:
             speed = load_summary(throughput[model])
             for key, entry in speed.items():
@@ -165,6 +185,10 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
         cells += [f"{row['speed_ratio'][k]:.2f}" if k in row["speed_ratio"] else "—" for k in speeds]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _column(task: str, outcome: str) -> str:
+    return task if outcome == "correct" else f"{task} with text calls"
 
 
 def _speed_order(key: str) -> tuple[str, int]:

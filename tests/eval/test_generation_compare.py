@@ -209,3 +209,32 @@ async def test_a_killed_throughput_sweep_keeps_its_finished_passes_and_resumes(t
         await run_throughput(
             "http://fake", tmp_path, transport=httpx.MockTransport(server), **settings | {"passes": 3}
         )
+
+
+def bfcl_run(path, model, parsed, with_text):
+    """A BFCL run directory: per problem, right by the server's parsed calls and counting text calls."""
+    path.mkdir()
+    ids = [f"simple_{i}" for i in range(len(parsed))]
+    args = SETTINGS | {"task": "bfcl_simple", "tools_in_prompt": True}
+    write_json(path / MANIFEST, {"run": "generate", "server": {"model": model}, "data_sha256": {"bfcl": "x"},
+                                 "args": args, "record_ids": ids})  # fmt: skip
+    rows = [{"task": "bfcl_simple", "id": i, "variant": "greedy", "status": "ok", "correct": p,
+             "correct_with_text": t, "truncated": False} for i, p, t in zip(ids, parsed, with_text)]  # fmt: skip
+    write_rows(path / RECORDS, rows)
+    return path
+
+
+def test_bfcl_is_also_compared_counting_calls_read_from_the_text(tmp_path):
+    # No call parsed by the server in either run (0 vs 0: the interval is [0, 0], spanning zero);
+    # counting text calls, 10 of 20 right against none: by hand +50 pts (+30 to +70) as above.
+    ref = bfcl_run(tmp_path / "ref", "smollm2", [False] * 20, [False] * 20)
+    run = bfcl_run(tmp_path / "run", "gemma3", [False] * 20, [True] * 10 + [False] * 10)
+    report = compare_generation(ref, run)
+    assert report["difference_ci95"] == [0.0, 0.0] and not report["measurable"]
+    text = report["with_text"]
+    assert text["outcome"] == "correct_with_text" and text["difference"] == 0.5
+    assert text["difference_ci95"] == pytest.approx([0.3, 0.7]) and text["measurable"]
+    rows = sweep_rows([ref], [[run]])
+    assert set(rows[1]["tasks"]) == {"bfcl_simple", "bfcl_simple with text calls"}
+    assert rows[0]["tasks"]["bfcl_simple with text calls"]["accuracy"] == 0.0
+    assert "+50.0 pts (+30.0 to +70.0)" in sweep_markdown(rows)
