@@ -367,14 +367,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summary_table(manifest: dict[str, Any]) -> str:
+    from eval.score import wilson_interval
+
     s, args = manifest["summary"], manifest["args"]
+    lo, hi = wilson_interval(s["correct"], s["scored"])
+    interval = "—" if not s["scored"] else f"{lo:.1%}–{hi:.1%}"
     lines = [
         f"{args['task']} · {manifest['server']['model']} · {s['records']} records (limit {args['limit']}, seed {args['seed']}) · "
         f"max tokens {args['max_tokens']}",
         "",
-        "| scored | correct | accuracy | wrong | truncated | errors |",
-        "|---|---|---|---|---|---|",
-        f"| {s['scored']} | {s['correct']} | {_percent(s['accuracy'])} | {s['wrong']} | {s['truncated']} | {s['errors']} |",
+        "| scored | correct | accuracy | 95% CI (Wilson) | wrong | truncated | errors |",
+        "|---|---|---|---|---|---|---|",
+        f"| {s['scored']} | {s['correct']} | {_percent(s['accuracy'])} | {interval} | {s['wrong']} | {s['truncated']} | {s['errors']} |",
     ]
     if "accuracy_with_text" in s:
         lines += [

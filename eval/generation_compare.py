@@ -169,15 +169,16 @@ def sweep_rows(
 def sweep_markdown(rows: list[dict[str, Any]]) -> str:
     tasks = sorted({task for row in rows for task in row["tasks"]})
     speeds = sorted({key for row in rows for key in row["speed_ratio"]}, key=_speed_order)
-    header = ["model"] + [f"{t} accuracy" for t in tasks] + [f"{t} Δ vs reference (95% CI)" for t in tasks]
+    header = (
+        ["model"]
+        + [f"{t} accuracy (95% CI)" for t in tasks]
+        + [f"{t} Δ vs reference (95% CI)" for t in tasks]
+    )
     header += [f"speed ×ref {key}" for key in speeds]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["model"] + (" (reference)" if row["reference"] else "")]
-        cells += [
-            f"{row['tasks'][t]['accuracy']:.1%} (n {row['tasks'][t]['n']})" if t in row["tasks"] else "—"
-            for t in tasks
-        ]
+        cells += [_accuracy(row["tasks"][t]) if t in row["tasks"] else "—" for t in tasks]
         cells += [
             "—" if row["reference"] or t not in row["tasks"] else verdict(row["tasks"][t]["comparison"])
             for t in tasks
@@ -185,6 +186,14 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
         cells += [f"{row['speed_ratio'][k]:.2f}" if k in row["speed_ratio"] else "—" for k in speeds]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _accuracy(entry: dict[str, Any]) -> str:
+    """Accuracy with its Wilson 95% interval (a small model's 0% is still an estimate over n problems)."""
+    from eval.score import wilson_interval
+
+    lo, hi = wilson_interval(round(entry["accuracy"] * entry["n"]), entry["n"])
+    return f"{entry['accuracy']:.1%} ({lo:.1%}–{hi:.1%}, n {entry['n']})"
 
 
 def _column(task: str, outcome: str) -> str:

@@ -83,9 +83,11 @@ def test_the_sweep_table_and_figure(tmp_path):
         write_json(tmp_path / f"speed-{name}" / "summary.json", summary)
     rows = sweep_rows([ref], [[run]], throughput={m: tmp_path / f"speed-{m}" for m in ("smollm2", "gemma3")})
     table = sweep_markdown(rows)
-    assert "| smollm2 (reference) | 0.0% (n 20) | — | 1.00 | 1.00 |" in table
-    assert "| gemma3 | 50.0% (n 20) | +50.0 pts (+30.0 to +70.0) |" in table and table.rstrip().endswith(
-        "| 0.50 | 0.50 |"
+    # Wilson 95% by hand: 0 of 20 is 0 to 3.84/(20 + 3.84) = 16.1%; 10 of 20 is 50% ± 20.1 pts.
+    assert "| smollm2 (reference) | 0.0% (0.0%–16.1%, n 20) | — | 1.00 | 1.00 |" in table
+    assert (
+        "| gemma3 | 50.0% (29.9%–70.1%, n 20) | +50.0 pts (+30.0 to +70.0) |" in table
+        and table.rstrip().endswith("| 0.50 | 0.50 |")
     )
     plot_sweep_rows(rows, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 1000
