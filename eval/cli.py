@@ -971,7 +971,9 @@ def eval_generation_table(
     ],
     throughput: Annotated[
         list[Path] | None,
-        typer.Option(help="`decide eval throughput` directories (matched to runs by model)"),
+        typer.Option(
+            help="`decide eval throughput` directories (matched to runs by model; several per model merge)"
+        ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="write sweep.md, sweep.json and sweep.png here")] = None,
     quoted: Annotated[
@@ -988,7 +990,11 @@ def eval_generation_table(
     from eval.generation_compare import plot_sweep_rows, sweep_markdown, sweep_rows
     from eval.manifest import write_json
 
-    speeds = {json.loads((p / "manifest.json").read_text())["server"]["model"]: p for p in throughput or []}
+    speeds: dict[str, list[Path]] = {}
+    for path in throughput or []:  # several per model: sweeps of different prompt shapes
+        speeds.setdefault(json.loads((path / "manifest.json").read_text())["server"]["model"], []).append(
+            path
+        )
     groups = [[Path(part) for part in str(item).split(",")] for item in run]
     try:
         rows = sweep_rows(reference, groups, throughput=speeds)

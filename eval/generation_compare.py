@@ -125,16 +125,21 @@ def compare_generation_table(report: dict[str, Any]) -> str:
 
 
 def sweep_rows(
-    reference: list[Path], runs: list[list[Path]], *, throughput: dict[str, Path] | None = None
+    reference: list[Path], runs: list[list[Path]], *, throughput: dict[str, Path | list[Path]] | None = None
 ) -> list[dict[str, Any]]:
     """One row per model: ``reference`` the reference model's runs (one per task), ``runs`` each
-    other model's runs; ``throughput`` model name → its ``decide eval throughput`` directory."""
+    other model's runs; ``throughput`` model name → its ``decide eval throughput`` directory, or
+    several (sweeps of different prompt shapes, merged)."""
     from eval.throughput import load_summary
+
+    def load(model: str) -> dict[str, Any]:
+        paths = throughput[model]
+        return {key: cell for path in ([paths] if isinstance(paths, Path) else paths) for key, cell in load_summary(path).items()}  # fmt: skip
 
     throughput = throughput or {}
     ref_by_task = {json.loads((r / MANIFEST).read_text())["args"]["task"]: r for r in reference}
     ref_model = json.loads((reference[0] / MANIFEST).read_text())["server"]["model"]
-    ref_speed = load_summary(throughput[ref_model]) if ref_model in throughput else None
+    ref_speed = load(ref_model) if ref_model in throughput else None
     rows = []
     for group in [reference, *runs]:
         model = json.loads((group[0] / MANIFEST).read_text())["server"]["model"]
@@ -156,7 +161,7 @@ def sweep_rows(
                     if entry is not None:
                         row["tasks"][_column(task, entry["outcome"])] = {"n": entry["n"], "accuracy": entry["accuracy"], "comparison": entry}  # fmt: skip
         if ref_speed is not None and model in throughput:
-            speed = load_summary(throughput[model])
+            speed = load(model)
             for key, entry in speed.items():
                 if key in ref_speed and ref_speed[key]["output_tokens_per_s"]:
                     row["speed_ratio"][key] = (

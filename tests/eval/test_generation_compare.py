@@ -240,3 +240,20 @@ def test_bfcl_is_also_compared_counting_calls_read_from_the_text(tmp_path):
     assert set(rows[1]["tasks"]) == {"bfcl_simple", "bfcl_simple with text calls"}
     assert rows[0]["tasks"]["bfcl_simple with text calls"]["accuracy"] == 0.0
     assert "+50.0 pts (+30.0 to +70.0)" in sweep_markdown(rows)
+
+
+def test_the_sweep_merges_a_models_throughput_runs_of_other_shapes(tmp_path):
+    ref = stored_run(tmp_path / "ref", "smollm2", [False] * 4)
+    run = stored_run(tmp_path / "run", "gemma3", [False] * 4)
+    speeds = {}
+    for name, rate in (("smollm2", 10.0), ("gemma3", 5.0)):
+        for shape in ("short", "long-1024"):
+            path = tmp_path / f"speed-{name}-{shape}"
+            path.mkdir()
+            write_json(
+                path / "summary.json",
+                {f"{shape}@c4": {"output_tokens_per_s": rate * (2 if shape == "short" else 1)}},
+            )
+            speeds.setdefault(name, []).append(path)
+    rows = sweep_rows([ref], [[run]], throughput=speeds)
+    assert rows[1]["speed_ratio"] == {"short@c4": 0.5, "long-1024@c4": 0.5}
