@@ -211,9 +211,11 @@ def _speed_order(key: str) -> tuple[str, int]:
 
 
 def plot_sweep_rows(rows: list[dict[str, Any]], path: Path) -> None:
-    """Accuracy per task and model, with each non-reference model's paired 95% interval drawn around
-    its accuracy (the reference accuracy plus the interval of the difference)."""
+    """Accuracy per task and model, each bar with its Wilson 95% interval (always inside 0–100%; the
+    paired interval of the difference against the reference is in the table: drawn on the accuracy
+    scale it can reach below zero)."""
     from eval.figures import _save, plt
+    from eval.score import wilson_interval
 
     tasks = sorted({task for row in rows for task in row["tasks"]})
     figure, axes = plt.subplots(
@@ -225,19 +227,15 @@ def plot_sweep_rows(rows: list[dict[str, Any]], path: Path) -> None:
             if task not in row["tasks"]:
                 continue
             entry = row["tasks"][task]
-            names.append(row["model"])
+            lo, hi = wilson_interval(round(entry["accuracy"] * entry["n"]), entry["n"])
+            names.append(row["model"] + (" (ref)" if row["reference"] else ""))
             values.append(entry["accuracy"] * 100)
-            if "comparison" in entry:
-                c = entry["comparison"]
-                lo, hi = (c["accuracy_reference"] + d for d in c["difference_ci95"])
-                low.append(values[-1] - lo * 100)
-                high.append(hi * 100 - values[-1])
-            else:
-                low.append(0.0)
-                high.append(0.0)
+            low.append(max(0.0, values[-1] - lo * 100))  # rounding can put 0 of n a hair below 0
+            high.append(max(0.0, hi * 100 - values[-1]))
         axis.bar(range(len(names)), values, yerr=[low, high], capsize=4, color="#4c72b0")
         axis.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
-        axis.set_ylabel("accuracy, %")
+        axis.set_ylabel("accuracy, % (Wilson 95%)")
+        axis.set_ylim(0, max(10.0, max(v + h for v, h in zip(values, high)) * 1.1))
         axis.set_title(task, fontsize=9)
         axis.grid(axis="y", alpha=0.3)
     _save(figure, path)

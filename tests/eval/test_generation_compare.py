@@ -237,6 +237,8 @@ def test_bfcl_is_also_compared_counting_calls_read_from_the_text(tmp_path):
     assert text["outcome"] == "correct_with_text" and text["difference"] == 0.5
     assert text["difference_ci95"] == pytest.approx([0.3, 0.7]) and text["measurable"]
     rows = sweep_rows([ref], [[run]])
+    plot_sweep_rows(rows, tmp_path / "sweep.png")  # 0 of 20: a Wilson interval from exactly 0
+    assert (tmp_path / "sweep.png").stat().st_size > 0
     assert set(rows[1]["tasks"]) == {"bfcl_simple", "bfcl_simple with text calls"}
     assert rows[0]["tasks"]["bfcl_simple with text calls"]["accuracy"] == 0.0
     assert "+50.0 pts (+30.0 to +70.0)" in sweep_markdown(rows)
