@@ -896,6 +896,15 @@ def eval_generate(
     except (ServerRefused, RunRefused, DataMismatch) as error:
         typer.echo(f"refused: {error}", err=True)
         raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:
+        # run_generation recorded the finished rows and an "interrupted" manifest before stopping
+        # (none when the interrupt came before the first request).
+        stopped = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else {}
+        if stopped.get("status") == "interrupted":
+            typer.echo(summary_table(stopped), err=True)
+        else:
+            typer.echo("interrupted: run the same command again to resume", err=True)
+        raise typer.Exit(code=130) from None
     typer.echo(summary_table(manifest))
 
 
@@ -909,6 +918,9 @@ def eval_throughput(
         str | None, typer.Option(help="the served model (default: the server's first)")
     ] = None,
     concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] = "1,4,16",
+    shapes: Annotated[
+        str, typer.Option(help="comma-separated prompt shapes: short (~32 tokens), long-1024, long-3072")
+    ] = "short,long-1024,long-3072",
     passes: Annotated[int, typer.Option(help="passes per prompt shape and concurrency")] = 3,
     waves: Annotated[int, typer.Option(help="requests per pass, in multiples of the concurrency")] = 2,
     output_tokens: Annotated[
@@ -925,17 +937,25 @@ def eval_throughput(
     """Output tokens/s, TTFT and per-token latency at each concurrency, short and ~1,024/3,072-token prompts."""
     import json
 
-    from eval.manifest import Images
-    from eval.throughput import run_throughput, throughput_table
+    from eval.manifest import Images, RunRefused
+    from eval.throughput import PROMPT_TOKENS, run_throughput, throughput_table
 
-    summary = asyncio.run(
-        run_throughput(
-            engine_url, out, model=served_model, concurrencies=tuple(int(c) for c in concurrency.split(",")),
-            passes=passes, waves=waves, output_tokens=output_tokens, seed=seed,
-            engine_log=engine_log.read_text(errors="replace") if engine_log else None,
-            images=Images(engine_image, service_image),
-        )
-    )  # fmt: skip
+    unknown = set(shapes.split(",")) - set(PROMPT_TOKENS)
+    if unknown:
+        raise typer.BadParameter(f"unknown {', '.join(sorted(unknown))}; known: {', '.join(PROMPT_TOKENS)}", param_hint="--shapes")  # fmt: skip
+    try:
+        summary = asyncio.run(
+            run_throughput(
+                engine_url, out, model=served_model, concurrencies=tuple(int(c) for c in concurrency.split(",")),
+                shapes={shape: PROMPT_TOKENS[shape] for shape in shapes.split(",")},
+                passes=passes, waves=waves, output_tokens=output_tokens, seed=seed,
+                engine_log=engine_log.read_text(errors="replace") if engine_log else None,
+                images=Images(engine_image, service_image),
+            )
+        )  # fmt: skip
+    except RunRefused as error:
+        typer.echo(f"refused: {error}", err=True)
+        raise typer.Exit(code=2) from None
     model = json.loads((out / "manifest.json").read_text())["server"]["model"]
     typer.echo(throughput_table(summary, model))
 
@@ -951,7 +971,9 @@ def eval_generation_table(
     ],
     throughput: Annotated[
         list[Path] | None,
-        typer.Option(help="`decide eval throughput` directories (matched to runs by model)"),
+        typer.Option(
+            help="`decide eval throughput` directories (matched to runs by model; several per model merge)"
+        ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="write sweep.md, sweep.json and sweep.png here")] = None,
     quoted: Annotated[
@@ -968,7 +990,11 @@ def eval_generation_table(
     from eval.generation_compare import plot_sweep_rows, sweep_markdown, sweep_rows
     from eval.manifest import write_json
 
-    speeds = {json.loads((p / "manifest.json").read_text())["server"]["model"]: p for p in throughput or []}
+    speeds: dict[str, list[Path]] = {}
+    for path in throughput or []:  # several per model: sweeps of different prompt shapes
+        speeds.setdefault(json.loads((path / "manifest.json").read_text())["server"]["model"], []).append(
+            path
+        )
     groups = [[Path(part) for part in str(item).split(",")] for item in run]
     try:
         rows = sweep_rows(reference, groups, throughput=speeds)

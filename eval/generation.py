@@ -42,13 +42,20 @@ DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": False}
 VARIANT = "greedy"
 TOOLS_SYSTEM_PROMPT = (
-    "You can call this function:\n{functions}\n"
-    'To call it, answer with one JSON object only: {{"name": <function name>, "arguments": <object>}}.'
+    "Answer the user's request by calling a function from this list:\n"
+    "<tools>{functions}</tools>\n"
+    "Reply with the call only, as a JSON list inside tool_call tags, with argument values of the types "
+    "the function declares:\n"
+    '<tool_call>[{{"name": "<function name>", "arguments": {{"<parameter>": <value>}}}}]</tool_call>'
 )
-"""The system message of ``tools_in_prompt`` runs (a prompt version: changing it changes runs)."""
+"""The system message of ``tools_in_prompt`` runs, written in SmolLM2's documented tool format (its
+function-calling system prompt lists the functions inside ``<tools></tools>`` and asks for the calls as a
+JSON list inside ``<tool_call></tool_call>``), decided from that format before any run, never tuned on
+BFCL records. The text is recorded in each run's ``args.tools_prompt``: runs under another text neither
+resume into one directory nor compare."""
 
 # The settings two runs must share to be resumed into one directory or compared record by record.
-SETTINGS = ("task", "max_tokens", "limit", "seed", "chat_template_kwargs", "tools_in_prompt")
+SETTINGS = ("task", "max_tokens", "limit", "seed", "chat_template_kwargs", "tools_in_prompt", "tools_prompt")
 
 
 class ServerRefused(RuntimeError):
@@ -263,6 +270,7 @@ async def run_generation(
             "concurrency": concurrency,
             "chat_template_kwargs": kwargs,
             "tools_in_prompt": tools_in_prompt,
+            "tools_prompt": TOOLS_SYSTEM_PROMPT if tools_in_prompt and task == "bfcl_simple" else None,
             "temperature": 0,
         },  # fmt: skip
         "args_passed": args_passed or {},
@@ -292,27 +300,43 @@ async def run_generation(
     jobs = [GenerationJob(task, problem) for problem in problems]
     started = time.monotonic()
     gate = asyncio.Semaphore(concurrency)
-    async with RecordWriter(out / RECORDS) as sink:
-        finished = sum((task, job.problem.id, VARIANT) in sink.done for job in jobs)
+    interrupted = False
+    try:
+        async with RecordWriter(out / RECORDS) as sink:
+            finished = sum((task, job.problem.id, VARIANT) in sink.done for job in jobs)
 
-        async def one(job: GenerationJob) -> None:
-            nonlocal finished
-            body = request_body(
-                job, max_tokens=max_tokens, chat_template_kwargs=kwargs, tools_in_prompt=tools_in_prompt
-            )
-            async with gate:
-                row = await generate_row(server, job, body)
-            await sink.write(row)
-            finished += 1
-            if progress:
-                progress(finished, len(jobs))
+            async def one(job: GenerationJob) -> None:
+                nonlocal finished
+                body = request_body(
+                    job, max_tokens=max_tokens, chat_template_kwargs=kwargs, tools_in_prompt=tools_in_prompt
+                )
+                async with gate:
+                    row = await generate_row(server, job, body)
+                await sink.write(row)
+                finished += 1
+                if progress:
+                    progress(finished, len(jobs))
 
-        await asyncio.gather(*(one(job) for job in jobs if (task, job.problem.id, VARIANT) not in sink.done))
+            pending = [job for job in jobs if (task, job.problem.id, VARIANT) not in sink.done]
+            await asyncio.gather(*(one(job) for job in pending))
+    except asyncio.CancelledError:
+        # Ctrl-C (asyncio.run cancels this task) or a caller's cancel: requests in flight are dropped
+        # (they are redone on resume), finished rows are already in the record file (RecordWriter
+        # closed above), and the manifest below says how far the run got before the cancel goes on.
+        interrupted = True
     rows = [row for row in load_rows(out / RECORDS) if row["id"] in set(manifest["record_ids"])]
     manifest["summary"] = summarize(rows)
-    manifest["status"] = "success" if manifest["summary"]["errors"] == 0 else "incomplete"
+    missing = len(manifest["record_ids"]) - manifest["summary"]["records"]
+    if interrupted:
+        manifest["status"] = "interrupted"
+    else:
+        manifest["status"] = (
+            "success" if manifest["summary"]["errors"] == 0 and missing == 0 else "incomplete"
+        )
     manifest["wall_s"] = previous_wall_s + time.monotonic() - started  # summed over resumed sessions
     write_json(out / MANIFEST, manifest)
+    if interrupted:
+        raise asyncio.CancelledError
     return manifest
 
 
@@ -343,14 +367,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def summary_table(manifest: dict[str, Any]) -> str:
+    from eval.score import wilson_interval
+
     s, args = manifest["summary"], manifest["args"]
+    lo, hi = wilson_interval(s["correct"], s["scored"])
+    interval = "—" if not s["scored"] else f"{lo:.1%}–{hi:.1%}"
     lines = [
         f"{args['task']} · {manifest['server']['model']} · {s['records']} records (limit {args['limit']}, seed {args['seed']}) · "
         f"max tokens {args['max_tokens']}",
         "",
-        "| scored | correct | accuracy | wrong | truncated | errors |",
-        "|---|---|---|---|---|---|",
-        f"| {s['scored']} | {s['correct']} | {_percent(s['accuracy'])} | {s['wrong']} | {s['truncated']} | {s['errors']} |",
+        "| scored | correct | accuracy | 95% CI (Wilson) | wrong | truncated | errors |",
+        "|---|---|---|---|---|---|---|",
+        f"| {s['scored']} | {s['correct']} | {_percent(s['accuracy'])} | {interval} | {s['wrong']} | {s['truncated']} | {s['errors']} |",
     ]
     if "accuracy_with_text" in s:
         lines += [
@@ -360,6 +388,9 @@ def summary_table(manifest: dict[str, Any]) -> str:
         ]
     if s["errors"]:
         lines += ["", f"{s['errors']} records failed: run the same command again to retry them."]
+    if s["records"] < len(manifest["record_ids"]):
+        lines += ["", f"{manifest['status']} after {s['records']} of {len(manifest['record_ids'])} records: "
+                      "run the same command again to resume."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -25,20 +25,25 @@ from eval.evidence import load_rows
 from eval.generation import SETTINGS
 from eval.manifest import MANIFEST
 
+WITH_TEXT = "correct_with_text"
+OUTCOME_LABELS = {"gsm8k": "final number", "bfcl_simple": "server-parsed calls (headline)", WITH_TEXT: "calls read from the text too"}  # fmt: skip
+
 
 def is_generation_run(run: Path) -> bool:
     path = run / MANIFEST
     return path.is_file() and json.loads(path.read_text()).get("run") == "generate"
 
 
-def _outcomes(run: Path) -> tuple[dict[str, Any], dict[str, bool]]:
+def _outcomes(run: Path, outcome: str = "correct") -> tuple[dict[str, Any], dict[str, bool]]:
+    """Right or wrong per problem by the row field ``outcome``: ``correct`` (for BFCL, calls the server
+    parsed) or ``correct_with_text`` (BFCL counting calls read from the text)."""
     manifest = json.loads((run / MANIFEST).read_text())
     rows = load_rows(run)
     failed = [row["id"] for row in rows if row["status"] != "ok"]
     if failed:
         raise ComparisonRefused(f"{run} has {len(failed)} failed records (e.g. {failed[0]}): resume it first")
     wanted = set(manifest["record_ids"])
-    outcomes = {row["id"]: bool(row["correct"]) for row in rows if row["id"] in wanted}
+    outcomes = {row["id"]: bool(row[outcome]) for row in rows if row["id"] in wanted}
     if len(outcomes) != len(wanted):
         raise ComparisonRefused(
             f"{run} is unfinished: {len(wanted) - len(outcomes)} problems not yet generated"
@@ -46,13 +51,15 @@ def _outcomes(run: Path) -> tuple[dict[str, Any], dict[str, bool]]:
     return manifest, outcomes
 
 
-def compare_generation(reference: Path, run: Path) -> dict[str, Any]:
-    """``run`` against ``reference``, paired by problem (see the module docstring)."""
+def compare_generation(reference: Path, run: Path, *, outcome: str = "correct") -> dict[str, Any]:
+    """``run`` against ``reference``, paired by problem (see the module docstring). BFCL runs also get
+    ``with_text``: the same comparison counting calls read from the text where the server parsed none
+    (a model whose call format no server parser reads is otherwise 0% by construction)."""
     for path in (reference, run):
         if not is_generation_run(path):
             raise ComparisonRefused(f"{path} is not a `decide eval generate` run")
-    ref_manifest, ref = _outcomes(reference)
-    run_manifest, mine = _outcomes(run)
+    ref_manifest, ref = _outcomes(reference, outcome)
+    run_manifest, mine = _outcomes(run, outcome)
     for field, a, b in [
         ("data", ref_manifest["data_sha256"], run_manifest["data_sha256"]),
         *((name, ref_manifest["args"].get(name), run_manifest["args"].get(name)) for name in SETTINGS),
@@ -68,8 +75,9 @@ def compare_generation(reference: Path, run: Path) -> dict[str, Any]:
     a = np.array([ref[i] for i in ids])
     b = np.array([mine[i] for i in ids])
     difference, lo, hi = paired_bootstrap(a, b)
-    return {
+    report = {
         "task": run_manifest["args"]["task"],
+        "outcome": outcome,
         "reference": {"run": str(reference), "model": ref_manifest["server"]["model"]},
         "run": {"run": str(run), "model": run_manifest["server"]["model"]},
         "n": len(ids),
@@ -82,6 +90,9 @@ def compare_generation(reference: Path, run: Path) -> dict[str, Any]:
         "resamples": RESAMPLES,
         "seed": SEED,
     }
+    if outcome == "correct" and report["task"] == "bfcl_simple":
+        report["with_text"] = compare_generation(reference, run, outcome=WITH_TEXT)
+    return report
 
 
 def _points(value: float) -> str:
@@ -95,29 +106,40 @@ def verdict(report: dict[str, Any]) -> str:
 
 
 def compare_generation_table(report: dict[str, Any]) -> str:
-    m = report["mcnemar"]
-    return (
+    lines = [
         f"{report['task']}: reference {report['reference']['model']} ({report['reference']['run']}), "
         f"run {report['run']['model']} ({report['run']['run']}); {report['n']} problems paired, bootstrap "
-        f"({report['resamples']:,} resamples, seed {report['seed']}), exact McNemar.\n\n"
-        "| reference accuracy | run accuracy | run − reference (95% CI) | right in reference only / run only | McNemar p |\n"
-        "|---|---|---|---|---|\n"
-        f"| {report['accuracy_reference']:.1%} | {report['accuracy']:.1%} | {verdict(report)} | "
-        f"{m['only_a_right']} / {m['only_b_right']} | {m['p_value']:.3g} |\n"
-    )
+        f"({report['resamples']:,} resamples, seed {report['seed']}), exact McNemar.",
+        "",
+        "| scored by | reference accuracy | run accuracy | run − reference (95% CI) | right in reference only / run only | McNemar p |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for entry in (report, report.get("with_text")):
+        if entry is not None:
+            m = entry["mcnemar"]
+            lines.append(
+                f"| {OUTCOME_LABELS[entry['task'] if entry['outcome'] == 'correct' else entry['outcome']]} | {entry['accuracy_reference']:.1%} | {entry['accuracy']:.1%} | "
+                f"{verdict(entry)} | {m['only_a_right']} / {m['only_b_right']} | {m['p_value']:.3g} |"
+            )
+    return "\n".join(lines) + "\n"
 
 
 def sweep_rows(
-    reference: list[Path], runs: list[list[Path]], *, throughput: dict[str, Path] | None = None
+    reference: list[Path], runs: list[list[Path]], *, throughput: dict[str, Path | list[Path]] | None = None
 ) -> list[dict[str, Any]]:
     """One row per model: ``reference`` the reference model's runs (one per task), ``runs`` each
-    other model's runs; ``throughput`` model name → its ``decide eval throughput`` directory."""
+    other model's runs; ``throughput`` model name → its ``decide eval throughput`` directory, or
+    several (sweeps of different prompt shapes, merged)."""
     from eval.throughput import load_summary
+
+    def load(model: str) -> dict[str, Any]:
+        paths = throughput[model]
+        return {key: cell for path in ([paths] if isinstance(paths, Path) else paths) for key, cell in load_summary(path).items()}  # fmt: skip
 
     throughput = throughput or {}
     ref_by_task = {json.loads((r / MANIFEST).read_text())["args"]["task"]: r for r in reference}
     ref_model = json.loads((reference[0] / MANIFEST).read_text())["server"]["model"]
-    ref_speed = load_summary(throughput[ref_model]) if ref_model in throughput else None
+    ref_speed = load(ref_model) if ref_model in throughput else None
     rows = []
     for group in [reference, *runs]:
         model = json.loads((group[0] / MANIFEST).read_text())["server"]["model"]
@@ -130,13 +152,16 @@ def sweep_rows(
         for run in group:
             task = json.loads((run / MANIFEST).read_text())["args"]["task"]
             if group is reference:
-                _, outcomes = _outcomes(run)
-                row["tasks"][task] = {"n": len(outcomes), "accuracy": float(np.mean(list(outcomes.values())))}
+                for outcome in ["correct", WITH_TEXT] if task == "bfcl_simple" else ["correct"]:
+                    _, outcomes = _outcomes(run, outcome)
+                    row["tasks"][_column(task, outcome)] = {"n": len(outcomes), "accuracy": float(np.mean(list(outcomes.values())))}  # fmt: skip
             elif task in ref_by_task:
                 report = compare_generation(ref_by_task[task], run)
-                row["tasks"][task] = {"n": report["n"], "accuracy": report["accuracy"], "comparison": report}
+                for entry in (report, report.get("with_text")):
+                    if entry is not None:
+                        row["tasks"][_column(task, entry["outcome"])] = {"n": entry["n"], "accuracy": entry["accuracy"], "comparison": entry}  # fmt: skip
         if ref_speed is not None and model in throughput:
-            speed = load_summary(throughput[model])
+            speed = load(model)
             for key, entry in speed.items():
                 if key in ref_speed and ref_speed[key]["output_tokens_per_s"]:
                     row["speed_ratio"][key] = (
@@ -149,15 +174,16 @@ def sweep_rows(
 def sweep_markdown(rows: list[dict[str, Any]]) -> str:
     tasks = sorted({task for row in rows for task in row["tasks"]})
     speeds = sorted({key for row in rows for key in row["speed_ratio"]}, key=_speed_order)
-    header = ["model"] + [f"{t} accuracy" for t in tasks] + [f"{t} Δ vs reference (95% CI)" for t in tasks]
+    header = (
+        ["model"]
+        + [f"{t} accuracy (95% CI)" for t in tasks]
+        + [f"{t} Δ vs reference (95% CI)" for t in tasks]
+    )
     header += [f"speed ×ref {key}" for key in speeds]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["model"] + (" (reference)" if row["reference"] else "")]
-        cells += [
-            f"{row['tasks'][t]['accuracy']:.1%} (n {row['tasks'][t]['n']})" if t in row["tasks"] else "—"
-            for t in tasks
-        ]
+        cells += [_accuracy(row["tasks"][t]) if t in row["tasks"] else "—" for t in tasks]
         cells += [
             "—" if row["reference"] or t not in row["tasks"] else verdict(row["tasks"][t]["comparison"])
             for t in tasks
@@ -167,15 +193,29 @@ def sweep_markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _accuracy(entry: dict[str, Any]) -> str:
+    """Accuracy with its Wilson 95% interval (a small model's 0% is still an estimate over n problems)."""
+    from eval.score import wilson_interval
+
+    lo, hi = wilson_interval(round(entry["accuracy"] * entry["n"]), entry["n"])
+    return f"{entry['accuracy']:.1%} ({lo:.1%}–{hi:.1%}, n {entry['n']})"
+
+
+def _column(task: str, outcome: str) -> str:
+    return task if outcome == "correct" else f"{task} with text calls"
+
+
 def _speed_order(key: str) -> tuple[str, int]:
     shape, _, concurrency = key.rpartition("@c")
     return (shape, int(concurrency))
 
 
 def plot_sweep_rows(rows: list[dict[str, Any]], path: Path) -> None:
-    """Accuracy per task and model, with each non-reference model's paired 95% interval drawn around
-    its accuracy (the reference accuracy plus the interval of the difference)."""
+    """Accuracy per task and model, each bar with its Wilson 95% interval (always inside 0–100%; the
+    paired interval of the difference against the reference is in the table: drawn on the accuracy
+    scale it can reach below zero)."""
     from eval.figures import _save, plt
+    from eval.score import wilson_interval
 
     tasks = sorted({task for row in rows for task in row["tasks"]})
     figure, axes = plt.subplots(
@@ -187,19 +227,15 @@ def plot_sweep_rows(rows: list[dict[str, Any]], path: Path) -> None:
             if task not in row["tasks"]:
                 continue
             entry = row["tasks"][task]
-            names.append(row["model"])
+            lo, hi = wilson_interval(round(entry["accuracy"] * entry["n"]), entry["n"])
+            names.append(row["model"] + (" (ref)" if row["reference"] else ""))
             values.append(entry["accuracy"] * 100)
-            if "comparison" in entry:
-                c = entry["comparison"]
-                lo, hi = (c["accuracy_reference"] + d for d in c["difference_ci95"])
-                low.append(values[-1] - lo * 100)
-                high.append(hi * 100 - values[-1])
-            else:
-                low.append(0.0)
-                high.append(0.0)
+            low.append(max(0.0, values[-1] - lo * 100))  # rounding can put 0 of n a hair below 0
+            high.append(max(0.0, hi * 100 - values[-1]))
         axis.bar(range(len(names)), values, yerr=[low, high], capsize=4, color="#4c72b0")
         axis.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
-        axis.set_ylabel("accuracy, %")
+        axis.set_ylabel("accuracy, % (Wilson 95%)")
+        axis.set_ylim(0, max(10.0, max(v + h for v, h in zip(values, high)) * 1.1))
         axis.set_title(task, fontsize=9)
         axis.grid(axis="y", alpha=0.3)
     _save(figure, path)

@@ -11,8 +11,8 @@ Per (shape, concurrency): ``passes`` passes of ``waves`` × concurrency requests
 tokens/s is its generated tokens over its wall time; the report gives the median and range over
 passes, and the median time to first token (TTFT) and per-token latency (time after the first token
 over the tokens after it) over all requests. Failed requests are counted beside the rest.
-Evidence: ``throughput.jsonl`` (one line per request), ``manifest.json``, ``summary.json``,
-``throughput.md``.
+Evidence: ``throughput.jsonl`` (one line per request, appended pass by pass: a killed sweep resumes),
+``manifest.json``, ``summary.json``, ``throughput.md``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from typing import Any
 
 import httpx
 
-from eval.manifest import MANIFEST, MANIFEST_VERSION, Images, git_revision, write_json
+from eval.manifest import MANIFEST, MANIFEST_VERSION, Images, RunRefused, git_revision, write_json
 
 CONCURRENCIES = (1, 4, 16)
 PROMPT_TOKENS = {"short": 32, "long-1024": 1024, "long-3072": 3072}
 OUTPUT_TOKENS = 256
+REQUESTS = "throughput.jsonl"
 WORDS = (
     "river stone market window garden letter engine cloud harbor signal forest ladder candle mirror "
     "orbit thread valley canvas anchor pepper silver meadow planet rocket violet tunnel whisper"
@@ -109,53 +110,101 @@ async def run_throughput(
     images: Images | None = None,
     transport=None,
 ) -> dict[str, Any]:
-    """Run the sweep against the server at ``url``; writes the evidence and returns the summary."""
+    """Run the sweep against the server at ``url``; writes the evidence and returns the summary.
+
+    Each pass's requests are appended to ``throughput.jsonl`` as the pass finishes, so a killed sweep
+    keeps every finished pass, and the same call on the same ``out`` resumes it: passes already there
+    are skipped (their prompts' numbers too, so no prompt repeats), under a manifest of the same model
+    and settings (another is refused)."""
     from eval.load import machine_info
 
     shapes = dict(PROMPT_TOKENS if shapes is None else shapes)
     out.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
+    args = {"concurrencies": list(concurrencies), "shapes": shapes, "passes": passes, "waves": waves,
+            "output_tokens": output_tokens, "seed": seed}  # fmt: skip
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=1800, transport=transport) as client:
         models = (await client.get("/v1/models")).json()["data"]
         model = model or models[0]["id"]
         version = await client.get("/version")
-        index = 0  # every request of the run gets its own prompt
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "run": "throughput",
+            "status": "started",
+            "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "git": dict(git_revision()),
+            "server": {"url": url, "model": model, "root": models[0].get("root"),
+                       "server_version": version.json().get("version") if version.status_code == 200 else None},
+            "images": {"engine": (images or Images()).engine, "service": (images or Images()).service},
+            "args": args,
+            "machine": machine_info(),
+        }  # fmt: skip
+        if engine_log is not None:
+            from eval.kv_log import read_engine_log
+
+            manifest.update(read_engine_log(engine_log))
+        rows = _finished_passes(out, manifest)
+        write_json(out / MANIFEST, manifest)
+        done = {(row["shape"], row["concurrency"], row["pass"]) for row in rows}
+        index = 0  # every request of the run gets its own prompt, resumed runs included
         await one_request(
             client, model, await prompt_ids(client, model, -1, seed, 16), 8
         )  # warm-up, not recorded
-        for shape, tokens in shapes.items():
-            for concurrency in concurrencies:
-                for pass_ in range(passes):
-                    count = waves * concurrency
-                    prompts = [await prompt_ids(client, model, index + i, seed, tokens) for i in range(count)]
-                    index += count
-                    started = time.monotonic()
-                    results = await _concurrently(client, model, prompts, concurrency, output_tokens)
-                    wall_s = time.monotonic() - started
-                    rows += [{"shape": shape, "concurrency": concurrency, "pass": pass_, "pass_wall_s": wall_s, **r} for r in results]  # fmt: skip
-    (out / "throughput.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    manifest = {
-        "manifest_version": MANIFEST_VERSION,
-        "run": "throughput",
-        "status": "success",
-        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "git": dict(git_revision()),
-        "server": {"url": url, "model": model, "root": models[0].get("root"),
-                   "server_version": version.json().get("version") if version.status_code == 200 else None},
-        "images": {"engine": (images or Images()).engine, "service": (images or Images()).service},
-        "args": {"concurrencies": list(concurrencies), "shapes": shapes, "passes": passes, "waves": waves,
-                 "output_tokens": output_tokens, "seed": seed},
-        "machine": machine_info(),
-    }  # fmt: skip
-    if engine_log is not None:
-        from eval.kv_log import read_engine_log
-
-        manifest.update(read_engine_log(engine_log))
+        with (out / REQUESTS).open("a", encoding="utf-8") as journal:
+            for shape, tokens in shapes.items():
+                for concurrency in concurrencies:
+                    for pass_ in range(passes):
+                        count = waves * concurrency
+                        first, index = index, index + count
+                        if (shape, concurrency, pass_) in done:
+                            continue
+                        prompts = [
+                            await prompt_ids(client, model, first + i, seed, tokens) for i in range(count)
+                        ]
+                        started = time.monotonic()
+                        results = await _concurrently(client, model, prompts, concurrency, output_tokens)
+                        wall_s = time.monotonic() - started
+                        finished = [{"shape": shape, "concurrency": concurrency, "pass": pass_, "pass_wall_s": wall_s, **r} for r in results]  # fmt: skip
+                        # One write per pass, flushed: a kill leaves whole passes (a torn one is dropped on resume).
+                        journal.write("".join(json.dumps(row) + "\n" for row in finished))
+                        journal.flush()
+                        rows += finished
+    manifest["status"] = "success"
     write_json(out / MANIFEST, manifest)
     summary = summarize(rows)
     write_json(out / "summary.json", summary)
     (out / "throughput.md").write_text(throughput_table(summary, model))
     return summary
+
+
+def _finished_passes(out: Path, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request rows of the passes a previous run on ``out`` finished (rewritten without a torn
+    or partial pass), after checking that it measured the same model with the same settings."""
+    path = out / REQUESTS
+    if not path.is_file():
+        return []
+    if (out / MANIFEST).is_file():
+        existing = json.loads((out / MANIFEST).read_text())
+        for field, mine, theirs in (
+            ("model", manifest["server"]["model"], existing.get("server", {}).get("model")),
+            ("settings", manifest["args"], existing.get("args")),
+        ):
+            if mine != theirs:
+                raise RunRefused(
+                    f"{out} holds a sweep with {field} {theirs!r}, not {mine!r}: use another --out"
+                )
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a torn last line: the pass it belongs to is redone
+    waves = manifest["args"]["waves"]
+    per_pass: dict[tuple, list[dict]] = {}
+    for row in rows:
+        per_pass.setdefault((row["shape"], row["concurrency"], row["pass"]), []).append(row)
+    kept = [row for (_, c, _), group in per_pass.items() if len(group) == waves * c for row in group]
+    path.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    return kept
 
 
 async def _concurrently(

@@ -173,3 +173,54 @@ async def test_bfcl_reads_the_servers_tool_calls(tmp_path):
     # Called with no arguments: every record has a required parameter, so none is right.
     assert manifest["summary"]["correct"] == 0 and rows[0]["reason"].startswith("missing required parameter")
     assert manifest["tool_probe"]["template_shows_tools"] is True
+
+
+async def test_a_cancelled_run_records_what_finished_and_resumes(tmp_path):
+    # Ctrl-C reaches run_generation as a cancel of its task (asyncio.run): the rows answered by then
+    # are in the record file, the manifest says "interrupted", and the next run asks only the rest.
+    import asyncio
+
+    fake = FakeServer()
+    answered, stuck = 0, asyncio.Event()
+
+    async def stalls_after_three(request: httpx.Request) -> httpx.Response:
+        nonlocal answered
+        if request.url.path == "/v1/chat/completions":
+            if answered >= 3:
+                await stuck.wait()  # a long generation, never finished
+            answered += 1
+        return fake(request)
+
+    server = ChatServer("http://fake", transport=httpx.MockTransport(stalls_after_three))
+    run = asyncio.create_task(run_generation(server, "gsm8k", tmp_path, limit=6, concurrency=2))
+    while answered < 3 or len(fake.requests) < 3:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)  # the third row reaches the writer
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted" and manifest["summary"]["records"] == 3
+    assert len(load_rows(tmp_path)) == 3 and not list(tmp_path.glob("*.partial.jsonl"))
+
+    fake.requests = []
+    manifest = await run_generation(server_for(fake), "gsm8k", tmp_path, limit=6, concurrency=2)
+    assert len(fake.requests) == 3 and manifest["summary"]["correct"] == 6 and manifest["status"] == "success"
+
+
+async def test_the_tools_prompt_is_a_setting_of_the_run(tmp_path):
+    # The system message's text is recorded: a run under another text is not resumed into the directory.
+    from eval import generation
+
+    fake = FakeServer(shows_tools=False)
+    manifest = await run_generation(server_for(fake), "bfcl_simple", tmp_path, limit=1, tools_in_prompt=True)
+    assert manifest["args"]["tools_prompt"] == generation.TOOLS_SYSTEM_PROMPT
+    system = fake.requests[-1]["messages"][0]["content"]
+    assert "<tools>[{" in system and "<tool_call>[" in system
+    original = generation.TOOLS_SYSTEM_PROMPT
+    try:
+        generation.TOOLS_SYSTEM_PROMPT = "Call {functions}."
+        with pytest.raises(RunRefused, match="tools_prompt"):
+            await run_generation(server_for(fake), "bfcl_simple", tmp_path, limit=1, tools_in_prompt=True)
+    finally:
+        generation.TOOLS_SYSTEM_PROMPT = original

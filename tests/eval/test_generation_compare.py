@@ -83,9 +83,11 @@ def test_the_sweep_table_and_figure(tmp_path):
         write_json(tmp_path / f"speed-{name}" / "summary.json", summary)
     rows = sweep_rows([ref], [[run]], throughput={m: tmp_path / f"speed-{m}" for m in ("smollm2", "gemma3")})
     table = sweep_markdown(rows)
-    assert "| smollm2 (reference) | 0.0% (n 20) | — | 1.00 | 1.00 |" in table
-    assert "| gemma3 | 50.0% (n 20) | +50.0 pts (+30.0 to +70.0) |" in table and table.rstrip().endswith(
-        "| 0.50 | 0.50 |"
+    # Wilson 95% by hand: 0 of 20 is 0 to 3.84/(20 + 3.84) = 16.1%; 10 of 20 is 50% ± 20.1 pts.
+    assert "| smollm2 (reference) | 0.0% (0.0%–16.1%, n 20) | — | 1.00 | 1.00 |" in table
+    assert (
+        "| gemma3 | 50.0% (29.9%–70.1%, n 20) | +50.0 pts (+30.0 to +70.0) |" in table
+        and table.rstrip().endswith("| 0.50 | 0.50 |")
     )
     plot_sweep_rows(rows, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 1000
@@ -162,3 +164,98 @@ def test_the_commands_compare_and_tabulate_stored_runs(tmp_path):
     other = stored_run(tmp_path / "other", "gemma3", [True] * 20, max_tokens=256)
     result = CliRunner().invoke(app, ["eval", "compare", str(ref), str(other)])
     assert result.exit_code == 2 and "max_tokens" in result.output
+
+
+@pytest.mark.anyio
+async def test_a_killed_throughput_sweep_keeps_its_finished_passes_and_resumes(tmp_path):
+    from eval.manifest import RunRefused
+
+    class Killed(Exception):
+        pass
+
+    prompts, kill_after = [], [4]  # the warm-up, two passes at c1, then the first c4 request
+
+    def server(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m"}]})
+        if path == "/version":
+            return httpx.Response(200, json={"version": "t"})
+        body = json.loads(request.content)
+        if path == "/tokenize":
+            return httpx.Response(200, json={"tokens": [hash(w) % 1000 for w in body["prompt"].split()]})
+        if kill_after and len(prompts) == kill_after[0]:
+            raise Killed  # the process stops mid-pass
+        prompts.append(tuple(body["prompt"]))
+        chunks = [{"choices": [{"text": "x"}]}] * 4 + [{"choices": [], "usage": {"completion_tokens": 4}}]
+        text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    settings = {"concurrencies": (1, 4), "shapes": {"short": 8}, "passes": 2, "waves": 1, "output_tokens": 4}
+    with pytest.raises(Killed):
+        await run_throughput("http://fake", tmp_path, transport=httpx.MockTransport(server), **settings)
+    kept = [json.loads(line) for line in (tmp_path / "throughput.jsonl").read_text().splitlines()]
+    assert [(r["concurrency"], r["pass"]) for r in kept] == [(1, 0), (1, 1)]
+    assert json.loads((tmp_path / MANIFEST).read_text())["status"] == "started"
+
+    kill_after.clear()
+    before = len(prompts)
+    summary = await run_throughput("http://fake", tmp_path, transport=httpx.MockTransport(server), **settings)
+    resumed = prompts[before + 1 :]  # after this session's warm-up: only the two c4 passes
+    assert len(resumed) == 2 * 4
+    measured = prompts[1:3] + resumed
+    assert len(set(measured)) == len(measured)  # no prompt repeats across the two sessions
+    assert summary["short@c1"]["passes"] == 2 and summary["short@c4"]["requests"] == 8
+    assert json.loads((tmp_path / MANIFEST).read_text())["status"] == "success"
+    with pytest.raises(RunRefused, match="settings"):
+        await run_throughput(
+            "http://fake", tmp_path, transport=httpx.MockTransport(server), **settings | {"passes": 3}
+        )
+
+
+def bfcl_run(path, model, parsed, with_text):
+    """A BFCL run directory: per problem, right by the server's parsed calls and counting text calls."""
+    path.mkdir()
+    ids = [f"simple_{i}" for i in range(len(parsed))]
+    args = SETTINGS | {"task": "bfcl_simple", "tools_in_prompt": True}
+    write_json(path / MANIFEST, {"run": "generate", "server": {"model": model}, "data_sha256": {"bfcl": "x"},
+                                 "args": args, "record_ids": ids})  # fmt: skip
+    rows = [{"task": "bfcl_simple", "id": i, "variant": "greedy", "status": "ok", "correct": p,
+             "correct_with_text": t, "truncated": False} for i, p, t in zip(ids, parsed, with_text)]  # fmt: skip
+    write_rows(path / RECORDS, rows)
+    return path
+
+
+def test_bfcl_is_also_compared_counting_calls_read_from_the_text(tmp_path):
+    # No call parsed by the server in either run (0 vs 0: the interval is [0, 0], spanning zero);
+    # counting text calls, 10 of 20 right against none: by hand +50 pts (+30 to +70) as above.
+    ref = bfcl_run(tmp_path / "ref", "smollm2", [False] * 20, [False] * 20)
+    run = bfcl_run(tmp_path / "run", "gemma3", [False] * 20, [True] * 10 + [False] * 10)
+    report = compare_generation(ref, run)
+    assert report["difference_ci95"] == [0.0, 0.0] and not report["measurable"]
+    text = report["with_text"]
+    assert text["outcome"] == "correct_with_text" and text["difference"] == 0.5
+    assert text["difference_ci95"] == pytest.approx([0.3, 0.7]) and text["measurable"]
+    rows = sweep_rows([ref], [[run]])
+    plot_sweep_rows(rows, tmp_path / "sweep.png")  # 0 of 20: a Wilson interval from exactly 0
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+    assert set(rows[1]["tasks"]) == {"bfcl_simple", "bfcl_simple with text calls"}
+    assert rows[0]["tasks"]["bfcl_simple with text calls"]["accuracy"] == 0.0
+    assert "+50.0 pts (+30.0 to +70.0)" in sweep_markdown(rows)
+
+
+def test_the_sweep_merges_a_models_throughput_runs_of_other_shapes(tmp_path):
+    ref = stored_run(tmp_path / "ref", "smollm2", [False] * 4)
+    run = stored_run(tmp_path / "run", "gemma3", [False] * 4)
+    speeds = {}
+    for name, rate in (("smollm2", 10.0), ("gemma3", 5.0)):
+        for shape in ("short", "long-1024"):
+            path = tmp_path / f"speed-{name}-{shape}"
+            path.mkdir()
+            write_json(
+                path / "summary.json",
+                {f"{shape}@c4": {"output_tokens_per_s": rate * (2 if shape == "short" else 1)}},
+            )
+            speeds.setdefault(name, []).append(path)
+    rows = sweep_rows([ref], [[run]], throughput=speeds)
+    assert rows[1]["speed_ratio"] == {"short@c4": 0.5, "long-1024@c4": 0.5}

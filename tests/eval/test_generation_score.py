@@ -248,3 +248,18 @@ def test_seeded_subsets_are_stable_and_nested():
     assert {p.id for p in five} <= {p.id for p in hundred}
     assert [p.id for p in hundred] == sorted((p.id for p in hundred), key=lambda i: int(i.split("-")[1]))
     assert subset(problems, None, 7) == problems
+
+
+def test_licences_ship_beside_the_data():
+    # Each dataset's upstream LICENSE (same commit, byte for byte) is a package file with its sha256.
+    import hashlib
+    from importlib import resources
+
+    import eval.generation_data as data
+
+    for task in ("gsm8k", "bfcl_simple"):
+        ((name, sha),) = data.manifest()["datasets"][task]["licence_file"].items()
+        text = resources.files("eval.data").joinpath(name).read_bytes()
+        assert hashlib.sha256(text).hexdigest() == sha
+    assert b"MIT License" in resources.files("eval.data").joinpath("gsm8k/LICENSE").read_bytes()
+    assert b"Apache License" in resources.files("eval.data").joinpath("bfcl/LICENSE").read_bytes()

@@ -2,9 +2,9 @@
 
 SmolLM2's chat template renders only roles and contents: it has no place for ``tools`` and defines no
 tool-call format, so none of vLLM 0.32.0's parsers fits it. The server runs ``hermes`` (a JSON call in
-``<tool_call>`` tags, the nearest to a plain JSON call) so tool requests are accepted; the plain BFCL run
-is refused (the template drops the tool) and the ``--tools-in-prompt`` run reads calls through the
-JSON-in-text fallback unless the parser found one. Answers are capped at 256 tokens here: these tests
+``<tool_call>`` tags, the nearest to SmolLM2's documented list of calls in those tags) so tool requests
+are accepted; the plain BFCL run is refused (the template drops the tool) and the ``--tools-in-prompt``
+run reads calls through the JSON-in-text fallback unless the parser found one. Answers are capped at 256 tokens here: these tests
 check the path, not accuracy."""
 
 from __future__ import annotations
@@ -113,6 +113,41 @@ def test_a_killed_run_resumes(tool_server, tmp_path):
     assert len(rows) == 6 and all(row["status"] == "ok" for row in rows.values())
     assert all(rows[row["id"]]["text"] == row["text"] for row in before)  # kept, not generated again
     assert json.loads((out / "manifest.json").read_text())["summary"]["records"] == 6
+
+
+def test_ctrl_c_stops_the_run_promptly_and_keeps_what_finished(tool_server, tmp_path):
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-c", "from opendecide.cli import app; app()", "eval", "generate", "--task", "gsm8k",
+        "--engine-url", tool_server, "--out", str(out), "--limit", "6", "--max-tokens", "256", "--concurrency", "1",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Ctrl-C's default action in the child even when pytest runs as a background job (which starts with
+    # SIGINT ignored, and Python keeps an ignored SIGINT ignored).
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    journal = out / "records.partial.jsonl"
+    deadline = time.monotonic() + 300
+    while not (journal.is_file() and journal.read_text().count("\n") >= 1):
+        assert process.poll() is None and time.monotonic() < deadline, "the run ended before Ctrl-C"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, stderr = process.communicate(timeout=60)
+    # Promptly: the request in flight is dropped, not waited for (up to 256 tokens at a few per second).
+    assert process.returncode == 130 and time.monotonic() - sent < 10, stderr[-2000:]
+    assert "run the same command again to resume" in stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    kept = {row["id"]: row for row in load_rows(out)}
+    assert manifest["status"] == "interrupted" and manifest["summary"]["records"] == len(kept) >= 1
+    assert not journal.exists()  # folded into records.jsonl.gz
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    rows = {row["id"]: row for row in load_rows(out)}
+    assert len(rows) == 6 and all(rows[i]["text"] == row["text"] for i, row in kept.items())
+    assert json.loads((out / "manifest.json").read_text())["status"] == "success"
 
 
 async def test_throughput_sweep_runs_small(tool_server, tmp_path):
