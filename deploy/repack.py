@@ -89,6 +89,13 @@ RULES = {
         "text decoder projections; router, vision/audio towers, norms, embedding and lm_head stay",
     ),
 }
+# Gemma 4 12B (``gemma4_unified``): the same decoder; its vision input is ``vision_embedder`` and
+# ``embed_vision``, its audio ``embed_audio`` (no SigLIP tower), all kept.
+RULES["gemma4_unified"] = Rule(
+    _DECODER,
+    (*RULES["gemma4"].kept, "vision_embedder"),
+    "text decoder projections; vision embedder, audio/vision projections, norms, embedding and lm_head stay",
+)
 RULES["gemma3_text"] = RULES["gemma3"]
 RULES["gemma4_text"] = RULES["gemma4"]
 

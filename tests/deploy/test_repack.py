@@ -313,3 +313,40 @@ def test_cli_reports_and_refuses_with_exit_2(source, tmp_path):
     assert again.exit_code == 2 and "exists (--force replaces it)" in again.output
     emb4 = runner.invoke(app, ["repack", "w8a8", str(source), str(tmp_path / "w8"), "--emb4"])
     assert emb4.exit_code == 0 and "int8 per-channel: largest error" in emb4.output
+
+
+@pytest.mark.parametrize(
+    ("model_type", "name", "expected"),
+    [
+        ("llama", "model.layers.0.self_attn.q_proj.weight", "linear"),
+        ("llama", "model.layers.0.input_layernorm.weight", "kept"),
+        ("llama", "lm_head.weight", "kept"),
+        ("gemma3", "model.language_model.layers.3.mlp.down_proj.weight", "linear"),
+        ("gemma3", "model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight", "kept"),
+        ("gemma3", "model.multi_modal_projector.mm_input_projection_weight", "kept"),
+        ("gemma4", "model.language_model.layers.5.self_attn.k_proj.weight", "linear"),
+        ("gemma4", "model.language_model.layers.5.router.proj.weight", "kept"),
+        ("gemma4", "model.audio_tower.layers.0.self_attn.q_proj.weight", "kept"),
+        ("gemma4_unified", "model.vision_embedder.patch_dense.weight", "kept"),
+        ("gemma4_unified", "model.language_model.layers.0.mlp.up_proj.weight", "linear"),
+    ],
+)
+def test_the_tensor_rule_per_architecture(model_type, name, expected):
+    from deploy.repack import RULES, role
+
+    assert role(name, (64, 64), RULES[model_type], emb4=False, lm_head=False) == expected
+
+
+def test_emb4_and_lm_head_only_when_asked():
+    from deploy.repack import RULES, role
+
+    rule = RULES["gemma4"]
+    embed = "model.language_model.embed_tokens.weight"
+    assert role(embed, (64, 64), rule, emb4=False, lm_head=False) == "kept"
+    assert role(embed, (64, 64), rule, emb4=True, lm_head=False) == "embedding"
+    assert role("lm_head.weight", (64, 64), rule, emb4=False, lm_head=True) == "linear"
+    # 3-D expert banks (no ".weight") stay as they are under this rule
+    assert (
+        role("model.language_model.layers.0.experts.gate_up_proj", (8, 64, 64), rule, emb4=True, lm_head=True)
+        == "kept"
+    )
