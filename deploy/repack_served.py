@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from pathlib import Path
 
@@ -51,11 +52,20 @@ def resident_bytes(session: int) -> int:
     return total
 
 
-def refusal(log: Path, lines: int = 3) -> str:
-    """The last error lines a failed server wrote (what to quote)."""
+def refusal(log: Path) -> str:
+    """The error a failed server's log names as the cause, on one line (what to quote): the first
+    ``SomethingError: …`` of an ERROR line (or a bare traceback line) that is not a wrapper's "see the
+    root cause" message."""
     text = log.read_text(errors="replace").splitlines() if log.is_file() else []
-    errors = [line for line in text if "Error" in line or "error" in line]
-    return "\n".join(errors[-lines:]) or "\n".join(text[-lines:])
+    wrappers = ("Engine core initialization failed", "Worker failed with error", "EngineCore encountered")
+    causes = [
+        line[line.index(match.group(0)) :]
+        for line in text
+        if (" ERROR " in line or re.match(r"\w+(Error|Exception): ", line))
+        and (match := re.search(r"\b\w+(Error|Exception): ", line))
+        and not any(w in line for w in wrappers)
+    ]
+    return causes[0].strip() if causes else (text[-1].strip() if text else "")
 
 
 def serve_arm(name: str, folder: Path, out: Path, *, port: int, limit: int, tasks: str) -> dict:
@@ -124,8 +134,8 @@ def served_table(arms: list[dict]) -> str:
     for arm in arms:
         head = f"| {arm['name']} | {arm['weight_bytes'] / 2**20:,.1f} MiB"
         if "refused" in arm:
-            refused = arm["refused"] if isinstance(arm["refused"], str) else " ".join(arm["refused"])
-            lines.append(f"{head} | – | – | refused: `{refused.strip()[-300:]}` | | | |")
+            refused = " ".join(str(arm["refused"]).split())
+            lines.append(f"{head} | – | – | refused: `{refused[:300]}` | | | |")
             continue
         head += f" | {arm['resident_bytes'] / GIB:.2f} GiB | {arm['decisions_per_s_c8']:.2f}"
         versus = arm.get("versus_reference")
@@ -148,6 +158,19 @@ def compare_self(arm: dict) -> list[tuple[str, float]]:
 
     tasks = compare_runs(Path(arm["run"]), Path(arm["run"]))["tasks"]
     return [(task, t["accuracy_a"]) for task, t in sorted(tasks.items())]
+
+
+def render(out: Path) -> list[dict]:
+    """Write ``served.md`` again from ``served.json`` and the server logs beside it (no server runs):
+    each refusal re-read from its log, the comparisons from the runs' evidence."""
+    arms = json.loads((out / "served.json").read_text())
+    for arm in arms:
+        if "refused" in arm:
+            arm["refused"] = refusal(out / f"{arm['name']}.server.log") or arm["refused"]
+    compare_arms(arms)
+    (out / "served.json").write_text(json.dumps(arms, indent=2) + "\n")
+    (out / "served.md").write_text(served_table(arms))
+    return arms
 
 
 def serve_compare(
