@@ -28,7 +28,6 @@ destination and is renamed at the end: an interrupted repack leaves no folder a 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -39,6 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+# The file digest the embedded model's preparation uses, read in 1 MiB blocks.
+from readers.embedded import _sha256
 
 GROUP = 32
 # Rows of a weight matrix worked on at once: bounds the float32 copies of one huge tensor (a 262,144-row
@@ -313,14 +315,6 @@ def role(name: str, shape: tuple[int, ...], rule: Rule, *, emb4: bool, lm_head: 
 
 
 # ---------------------------------------------------------------- the build
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _weights_args(bits: int, strategy: str, group_size: int | None) -> dict:
