@@ -22,6 +22,8 @@ GIB = 1024**3
 # ('"cpu_gemm_wna16" not implemented for 'Float''), and the reference must run in the same dtype.
 DTYPE = "bfloat16"
 READ_TIMEOUT_S = 300.0
+# Starting takes 2-3 minutes on two idle cores; shared with other work it has taken longer.
+START_TIMEOUT_S = 900.0
 
 
 def weight_bytes(folder: Path) -> int:
@@ -65,7 +67,7 @@ def refusal(log: Path) -> str:
         and (match := re.search(r"\b\w+(Error|Exception): ", line))
         and not any(w in line for w in wrappers)
     ]
-    return causes[0].strip() if causes else (text[-1].strip() if text else "")
+    return causes[0].strip() if causes else ""
 
 
 def serve_arm(name: str, folder: Path, out: Path, *, port: int, limit: int, tasks: str) -> dict:
@@ -75,9 +77,11 @@ def serve_arm(name: str, folder: Path, out: Path, *, port: int, limit: int, task
     arm = {"name": name, "folder": str(folder), "weight_bytes": weight_bytes(folder)}
     started = time.monotonic()
     try:
-        server = start(ServerSpec(str(folder), name, port=port, dtype=DTYPE), log=log)
+        server = start(
+            ServerSpec(str(folder), name, port=port, dtype=DTYPE), log=log, timeout_s=START_TIMEOUT_S
+        )
     except Exception as error:  # the server refused the build: quote why
-        arm["refused"] = refusal(log) or str(error)
+        arm["refused"] = refusal(log) or f"{type(error).__name__}: {error}"
         return arm
     try:
         arm["start_s"] = round(time.monotonic() - started, 1)
