@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.runfile import PLACEHOLDER_DIGEST, Run
+from deploy.runfile import PLACEHOLDER_DIGEST, REPACKS, Run
 from deploy.startup import render_startup_script
 from deploy.targets import create_command, gone_command, preflight_command, watch_command
 
@@ -79,15 +79,19 @@ def format_plan(p: Plan) -> str:
     """The dry run's text: every command in order, then the rendered startup script."""
     run = p.run
     where = f"{run.project}, {run.zone}" if run.platform == "gcp" else f"AWS {run.aws.region}"
-    models = ", ".join(m.id for m in run.models)
+    models = ", ".join(m.served for m in run.models)
     evaluation = f"eval {run.eval.run}" if run.eval else "no eval"
     out = [
         f"# decide deploy: {run.name}, target {run.target} ({run.provisioning}) in {where}",
         f"# models: {models}; {evaluation}; run directory to {run.bucket}/{run.name}/<UTC start time>/",
         f"# engine image {run.engine_image}",
         f"# service image {run.service_image}",
-        "",
     ]
+    if any(m.prepared or m.measure is not None for m in run.models) or run.patches:
+        out += [f"# arm {m.tag}: {_arm(run, m)}" for m in run.models]
+    if run.patches:
+        out.append(f"# the TPU patches plugin from {run.patches}, installed in the engine before vllm serve")
+    out.append("")
     for number, step in enumerate(p.steps, 1):
         out += [f"# {number}. {step.title}", format_command(step.argv), ""]
     for step in p.after:
@@ -98,6 +102,23 @@ def format_plan(p: Plan) -> str:
         "# --- end of startup script ---",
     ]
     return "\n".join(out) + "\n"
+
+
+def _arm(run: Run, model) -> str:
+    """One line per arm: where its weights come from, what it measures, its serving flags."""
+    from deploy.startup import measures
+
+    if model.repack is not None:
+        source = f"{model.id} repacked on the machine (decide repack {' '.join(REPACKS[model.repack])})"
+    elif model.build is not None:
+        source = f"the build {model.build} (repacked from {model.id})"
+    else:
+        source = model.id
+    gmu = (
+        f", --gpu-memory-utilization {model.gpu_memory_utilization:g}" if model.gpu_memory_utilization else ""
+    )
+    measured = ", ".join(measures(run, model)) or "nothing (served only)"
+    return f"{source}; measures {measured}; --max-model-len {model.max_model_len}{gmu}; results uploaded when it ends"
 
 
 def execute(

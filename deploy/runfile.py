@@ -43,6 +43,11 @@ _DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+d)?(\d+h)?(\d+m)?(\d+s)?$")
 _MODALITIES = ("image", "audio", "video")
+# What an arm measures (``[[model]] measure``): ``read`` the [eval] run, ``load`` `decide eval load`,
+# ``generation`` the [generate] tasks.
+MEASURES = ("read", "load", "generation")
+# ``[[model]] repack``: `decide repack` on the machine (deploy/repack.py), format → its arguments.
+REPACKS = {"q4": ("q4",), "w8a8": ("w8a8",), "w8a8-emb4": ("w8a8", "--emb4")}
 
 
 class RunFileError(ValueError):
@@ -61,11 +66,26 @@ class Model:
     max_model_len: int
     modalities: tuple[str, ...] = ()  # input modalities besides text; each is limited to 0 per prompt
     extra_flags: tuple[str, ...] = ()
+    name: str | None = None  # the arm's name: its folder and served name (default: from the id)
+    repack: str | None = None  # a REPACKS format built on the machine from the checkpoint ``id``
+    build: str | None = None  # a repacked build's gs:// or s3:// folder, copied onto the machine
+    measure: tuple[str, ...] | None = None  # MEASURES; None: whatever the run file configures
+    gpu_memory_utilization: float | None = None
 
     @property
     def tag(self) -> str:
         """The model's folder name in the run directory."""
-        return re.sub(r"[^A-Za-z0-9._-]", "_", self.id)
+        return re.sub(r"[^A-Za-z0-9._-]", "_", self.name or self.id)
+
+    @property
+    def served(self) -> str:
+        """The name vLLM serves it under: the arm's name, or the checkpoint id."""
+        return self.name or self.id
+
+    @property
+    def prepared(self) -> bool:
+        """Whether the engine loads a build prepared on the machine (repacked or copied in)."""
+        return self.repack is not None or self.build is not None
 
 
 @dataclass(frozen=True)
@@ -120,6 +140,7 @@ class Run:
     eval: Eval | None = None
     aws: Aws | None = None
     generate: Generate | None = None
+    patches: str | None = None  # a bucket folder with the TPU patches plugin's wheel, installed in the engine
 
     @property
     def platform(self) -> str:
@@ -203,7 +224,9 @@ def parse_run(data: dict[str, Any]) -> Run:
     raw_models = data.get("model")
     if not isinstance(raw_models, list) or not raw_models:
         raise RunFileError("model", "give at least one [[model]] table with an id")
-    models = tuple(_parse_model(_Fields(m, f"model[{i}]"), max_model_len) for i, m in enumerate(raw_models))
+    models = tuple(
+        _parse_model(_Fields(m, f"model[{i}]"), max_model_len, scheme) for i, m in enumerate(raw_models)
+    )
     if len({m.tag for m in models}) != len(models):
         raise RunFileError("model", "each model may be served once per run")
     fields.seen.add("model")
@@ -216,6 +239,19 @@ def parse_run(data: dict[str, Any]) -> Run:
     if "generate" in data:
         generate = _parse_generate(_Fields(fields.table("generate"), "generate"))
 
+    for i, model in enumerate(models):
+        for measure in model.measure or ():
+            if measure == "read" and evaluation is None:
+                raise RunFileError(f"model[{i}].measure", "read needs an [eval] table")
+            if measure == "generation" and generate is None:
+                raise RunFileError(f"model[{i}].measure", "generation needs a [generate] table")
+
+    patches = fields.text("patches", default=None)
+    if patches is not None and (not patches.startswith(scheme) or target not in ("v5e", "v6e")):
+        raise RunFileError(
+            "patches",
+            f"a {scheme} folder holding the opendecide_tpu_patches wheel (patches/README.md), TPU targets only",
+        )
     hf_secret = fields.text("hf_secret", default="hf-token")
     fields.done()
     return Run(
@@ -238,15 +274,47 @@ def parse_run(data: dict[str, Any]) -> Run:
         eval=evaluation,
         aws=aws,
         generate=generate,
+        patches=patches,
     )
 
 
-def _parse_model(fields: _Fields, max_model_len: int) -> Model:
+def _parse_model(fields: _Fields, max_model_len: int, scheme: str) -> Model:
+    name = fields.text("name", default=None)
+    if name is not None and not _NAME.match(name):
+        raise RunFileError(f"{fields.prefix}.name", f"lowercase letters, digits and hyphens, got {name!r}")
+    repack = fields.text("repack", default=None)
+    if repack is not None and repack not in REPACKS:
+        raise RunFileError(f"{fields.prefix}.repack", f"one of {', '.join(REPACKS)}, got {repack!r}")
+    build = fields.text("build", default=None)
+    if build is not None and not build.startswith(scheme):
+        raise RunFileError(
+            f"{fields.prefix}.build", f"a {scheme} folder holding a repacked build, got {build!r}"
+        )
+    if repack is not None and build is not None:
+        raise RunFileError(f"{fields.prefix}.build", "either repack on the machine or copy a build, not both")
+    if (repack or build) and name is None:
+        raise RunFileError(
+            f"{fields.prefix}.name", "a repacked arm needs a name (its folder and served name)"
+        )
+    measure = fields.strings("measure", default=None) if "measure" in fields.data else None
+    for item in measure or ():
+        if item not in MEASURES:
+            raise RunFileError(f"{fields.prefix}.measure", f"each one of {', '.join(MEASURES)}, got {item!r}")
+    utilisation = fields._get("gpu_memory_utilization", None, float, "a number in (0, 1]")
+    if utilisation is not None and not 0 < utilisation <= 1:
+        raise RunFileError(
+            f"{fields.prefix}.gpu_memory_utilization", f"a number in (0, 1], got {utilisation!r}"
+        )
     model = Model(
         id=fields.text("id"),
         max_model_len=fields.integer("max_model_len", default=max_model_len),
         modalities=fields.strings("modalities", default=[]),
         extra_flags=fields.strings("extra_flags", default=[]),
+        name=name,
+        repack=repack,
+        build=build,
+        measure=measure,
+        gpu_memory_utilization=utilisation,
     )
     for modality in model.modalities:
         if modality not in _MODALITIES:

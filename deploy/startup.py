@@ -10,7 +10,7 @@ import json
 import shlex
 from importlib import resources
 
-from deploy.runfile import Model, Run
+from deploy.runfile import REPACKS, Model, Run
 from deploy.targets import self_delete_command
 
 TEMPLATE = resources.files("deploy").joinpath("startup.sh")
@@ -26,6 +26,15 @@ SERVICE_PORT = 8080
 # entrypoint is a shell, the vllm-openai image's is `vllm serve`.
 ENGINE_DOCKER_FLAGS = {"tpu": ("--privileged", "--shm-size", "16gb"), "gpu": ("--gpus", "all", "--ipc=host")}
 ENGINE_COMMAND = {"tpu": ("vllm", "serve"), "gpu": ()}
+# With ``patches``: the plugin's wheel (copied to /wheels) installed in the engine container before
+# `vllm serve` starts; it has no dependencies and needs no index (patches/README.md).
+PATCHED_ENGINE_COMMAND = (
+    "bash",
+    "-c",
+    "pip install --quiet --no-deps --no-index --root-user-action=ignore /wheels/opendecide_tpu_patches-*.whl"
+    ' && exec vllm serve "$@"',
+    "vllm-serve",
+)
 
 
 def serve_flags(run: Run, model: Model) -> list[str]:
@@ -49,7 +58,23 @@ def serve_flags(run: Run, model: Model) -> list[str]:
         ]
     if run.generate is not None and run.generate.tool_call_parser is not None:
         flags += ["--enable-auto-tool-choice", "--tool-call-parser", run.generate.tool_call_parser]
+    if model.gpu_memory_utilization is not None:
+        flags += ["--gpu-memory-utilization", f"{model.gpu_memory_utilization:g}"]
     return flags + list(run.engine_flags) + list(model.extra_flags)
+
+
+def preparation(model: Model) -> str:
+    """How an arm's build reaches the machine: ``repack FORMAT ARGS``, ``pull URL``, or nothing."""
+    if model.repack is not None:
+        return "repack " + " ".join(REPACKS[model.repack])
+    return f"pull {model.build}" if model.build is not None else ""
+
+
+def measures(run: Run, model: Model) -> list[str]:
+    """What the arm measures: its ``measure`` list, else what the run file configures."""
+    if model.measure is not None:
+        return list(model.measure)
+    return (["read"] if run.eval else []) + (["generation"] if run.generate else [])
 
 
 def generate_args(run: Run) -> list[str]:
@@ -88,9 +113,14 @@ def settings(run: Run) -> dict[str, str | list[str]]:
         "ENGINE_IMAGE": run.engine_image,
         "SERVICE_IMAGE": run.service_image,
         "ENGINE_DOCKER_FLAGS": list(ENGINE_DOCKER_FLAGS[run.accelerator]),
-        "ENGINE_COMMAND": list(ENGINE_COMMAND[run.accelerator]),
-        "MODELS": [m.id for m in run.models],
+        "ENGINE_COMMAND": list(PATCHED_ENGINE_COMMAND if run.patches else ENGINE_COMMAND[run.accelerator]),
+        "MODELS": [m.served for m in run.models],
         "MODEL_TAGS": [m.tag for m in run.models],
+        "MODEL_SOURCES": [m.id for m in run.models],
+        "MODEL_LOAD": [f"/builds/{m.tag}" if m.prepared else m.id for m in run.models],
+        "MODEL_PREP": [preparation(m) for m in run.models],
+        "MODEL_MEASURE": [" ".join(measures(run, m)) for m in run.models],
+        "PATCHES": run.patches or "",
     }
     for index, model in enumerate(run.models):
         values[f"SERVE_FLAGS_{index}"] = serve_flags(run, model)

@@ -20,6 +20,11 @@ ENGINE_DOCKER_FLAGS=(--privileged --shm-size 16gb)
 ENGINE_COMMAND=(vllm serve)
 MODELS=(google/gemma-4-E2B-it)
 MODEL_TAGS=(google_gemma-4-E2B-it)
+MODEL_SOURCES=(google/gemma-4-E2B-it)
+MODEL_LOAD=(google/gemma-4-E2B-it)
+MODEL_PREP=('')
+MODEL_MEASURE=('read generation')
+PATCHES=
 # shellcheck disable=SC2034  # read through a nameref in serve_model
 SERVE_FLAGS_0=(--max-model-len 2048 --max-num-seqs 16 --max-logprobs 32 --generation-config vllm --enable-prefix-caching --enable-prompt-tokens-details)
 SERVICE_FLAGS=(--host 0.0.0.0 --port 8080 --engine vllm --engine-url http://127.0.0.1:8000)
@@ -37,6 +42,8 @@ WORK=${OPENDECIDE_WORK:-/opt/opendecide}
 CONSOLE=${OPENDECIDE_CONSOLE:-/dev/console}
 RUN_DIR=$WORK/run
 DATA_DIR=$WORK/data
+BUILDS_DIR=$WORK/builds  # repacked builds, mounted into the engine at /builds
+WHEELS_DIR=$WORK/wheels  # the TPU patches plugin's wheel, mounted into the engine at /wheels
 HF_ENGINE=$WORK/hf-engine
 HF_SERVICE=$WORK/hf-service
 SERVICE_UID=10001  # the USER of deploy/service.Dockerfile: it writes eval results into $RUN_DIR
@@ -46,8 +53,8 @@ READY_TIMEOUT_S=1800
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 DEST=$BUCKET/$RUN_NAME/$STAMP
 
-mkdir -p "$RUN_DIR" "$DATA_DIR" "$HF_ENGINE" "$HF_SERVICE"
-chown "$SERVICE_UID" "$RUN_DIR" "$HF_SERVICE"
+mkdir -p "$RUN_DIR" "$DATA_DIR" "$BUILDS_DIR" "$WHEELS_DIR" "$HF_ENGINE" "$HF_SERVICE"
+chown "$SERVICE_UID" "$RUN_DIR" "$HF_SERVICE" "$BUILDS_DIR"
 exec > >(tee -a "$RUN_DIR/startup.out" "$CONSOLE") 2>&1
 
 log() { echo "[opendecide $(date -u +%FT%TZ)] $*" | tee -a "$RUN_DIR/deploy.log"; }
@@ -125,6 +132,40 @@ copy_in() {
   esac
 }
 
+# A repacked arm's build on the machine's disk, before its engine starts: copied from the bucket, or
+# the checkpoint downloaded and repacked by the service image's `decide repack` (deploy/repack.py). The
+# build's manifest (source revision, checksums, counts) goes into the arm's folder.
+prepare_model() {
+  local source=${MODEL_SOURCES[$1]} tag=${MODEL_TAGS[$1]} prep=${MODEL_PREP[$1]} start
+  local -a args
+  [ -z "$prep" ] && return 0
+  mkdir -p "$RUN_DIR/$tag" && chown "$SERVICE_UID" "$RUN_DIR/$tag"
+  start=$(date +%s)
+  case $prep in
+    pull\ *)
+      log "copying the build ${prep#pull } for $tag"
+      copy_in "${prep#pull }" "$BUILDS_DIR/$tag" || { log "FAILED $tag: could not copy ${prep#pull }"; return 1; } ;;
+    repack\ *)
+      read -r -a args <<< "${prep#repack }"
+      log "downloading $source and repacking it (${args[*]}) for $tag"
+      if ! docker run --rm --net=host -e HF_TOKEN -e HF_HOME=/hf -v "$HF_SERVICE:/hf" -v "$BUILDS_DIR:/builds" \
+        --entrypoint python "$SERVICE_IMAGE" -c \
+        'import sys; from huggingface_hub import snapshot_download; snapshot_download(sys.argv[1], local_dir=sys.argv[2])' \
+        "$source" "/builds/source-$tag" > "$RUN_DIR/$tag/repack.log" 2>&1; then
+        log "FAILED $tag: could not download $source (see $tag/repack.log)"; return 1
+      fi
+      if ! docker run --rm -v "$BUILDS_DIR:/builds" "$SERVICE_IMAGE" \
+        repack "${args[0]}" "/builds/source-$tag" "/builds/$tag" "${args[@]:1}" >> "$RUN_DIR/$tag/repack.log" 2>&1; then
+        log "FAILED $tag: decide repack ${args[*]} (see $tag/repack.log)"; return 1
+      fi
+      rm -rf "${BUILDS_DIR:?}/source-$tag" ;;
+  esac
+  cp "$BUILDS_DIR/$tag/opendecide-repack.json" "$RUN_DIR/$tag/" 2>/dev/null
+  log "build $tag ready after $(elapsed "$start")s"
+}
+
+measures() { [[ " ${MODEL_MEASURE[$1]} " == *" $2 "* ]]; }
+
 serve_model() {
   local model=${MODELS[$1]} tag=${MODEL_TAGS[$1]} start
   local -n flags="SERVE_FLAGS_$1"
@@ -132,7 +173,8 @@ serve_model() {
   docker rm -f vllm >/dev/null 2>&1
   log "serving $model"
   docker run -d --name vllm --net=host "${ENGINE_DOCKER_FLAGS[@]}" -e HF_TOKEN -e HF_HOME=/hf -v "$HF_ENGINE:/hf" \
-    "$ENGINE_IMAGE" "${ENGINE_COMMAND[@]}" "$model" --served-model-name "$model" --host 127.0.0.1 --port 8000 \
+    -v "$BUILDS_DIR:/builds:ro" -v "$WHEELS_DIR:/wheels:ro" \
+    "$ENGINE_IMAGE" "${ENGINE_COMMAND[@]}" "${MODEL_LOAD[$1]}" --served-model-name "$model" --host 127.0.0.1 --port 8000 \
     "${flags[@]}" >/dev/null || { log "FAILED $model: the engine container did not start"; return 1; }
   start=$(date +%s)
   until curl -sf "$ENGINE_URL/v1/models" | grep -q '"id"'; do
@@ -152,7 +194,7 @@ start_service() {
   docker rm -f decide-service >/dev/null 2>&1
   docker run -d --name decide-service --net=host -e HF_TOKEN -e HF_HOME=/hf -v "$HF_SERVICE:/hf" \
     -v "$RUN_DIR:/out" -v "$DATA_DIR:/data:ro" "$SERVICE_IMAGE" \
-    serve "${SERVICE_FLAGS[@]}" --tokenizer "$model" --engine-image "$ENGINE_IMAGE" --service-image "$SERVICE_IMAGE" \
+    serve "${SERVICE_FLAGS[@]}" --tokenizer "${MODEL_SOURCES[$1]}" --engine-image "$ENGINE_IMAGE" --service-image "$SERVICE_IMAGE" \
     >/dev/null || { log "FAILED service for $model: the container did not start"; return 1; }
   start=$(date +%s)
   # Any HTTP answer means it is up (an auth-protected /v1/models answers 401).
@@ -182,6 +224,16 @@ run_eval() {
   docker exec decide-service "${command[@]}" "${EVAL_ARGS[@]}" > "$RUN_DIR/$tag/eval.log" 2>&1
   status=$?
   log "eval $EVAL_RUN on $model: exit $status after $(elapsed "$start")s"
+}
+
+run_load() {
+  local model=${MODELS[$1]} tag=${MODEL_TAGS[$1]} start status
+  log "load on $model"
+  start=$(date +%s)
+  docker exec decide-service decide eval load --out "/out/$tag/load" --engine "vllm@$ENGINE_URL" \
+    > "$RUN_DIR/$tag/load.log" 2>&1
+  status=$?
+  log "load on $model: exit $status after $(elapsed "$start")s"
 }
 
 # The generation arms: each task through the service container's `decide eval generate` against the
@@ -254,11 +306,19 @@ if [ -n "$EVAL_DATA" ]; then
   copy_in "$EVAL_DATA" "$DATA_DIR" || { log "FAILED: could not copy $EVAL_DATA"; exit 1; }
   log "copied $EVAL_DATA"
 fi
+if [ -n "$PATCHES" ]; then
+  copy_in "$PATCHES" "$WHEELS_DIR" || { log "FAILED: could not copy the patches plugin $PATCHES"; exit 1; }
+  log "copied the patches plugin from $PATCHES: $(ls "$WHEELS_DIR")"
+fi
+# One arm at a time: build, serve, measure, stop, upload (a later arm's failure keeps the earlier results).
 for i in "${!MODELS[@]}"; do
-  if serve_model "$i" && start_service "$i"; then
-    if [ -n "$EVAL_RUN" ]; then run_eval "$i"; fi
-    if [ "${#GEN_TASKS[@]}" -gt 0 ] || [ -n "$GEN_THROUGHPUT" ]; then run_generate "$i"; fi
+  if prepare_model "$i" && serve_model "$i" && start_service "$i"; then
+    if [ -n "$EVAL_RUN" ] && measures "$i" read; then run_eval "$i"; fi
+    if measures "$i" load; then run_load "$i"; fi
+    if { [ "${#GEN_TASKS[@]}" -gt 0 ] || [ -n "$GEN_THROUGHPUT" ]; } && measures "$i" generation; then run_generate "$i"; fi
   fi
   stop_model "$i"
+  if [ -n "${MODEL_PREP[$i]}" ]; then rm -rf "${BUILDS_DIR:?}/${MODEL_TAGS[$i]}"; fi
+  if [ "${#MODELS[@]}" -gt 1 ]; then upload || log "upload after ${MODEL_TAGS[$i]} failed"; fi
 done
 log "DONE"

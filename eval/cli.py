@@ -224,6 +224,18 @@ def cost(
         typer.echo(break_even_table(unmeasured))
 
 
+@app.command("survey-study")
+def survey_study(
+    reserve_gib: Annotated[
+        float, typer.Option(help="activation reserve subtracted from usable memory")
+    ] = 0.25,
+) -> None:
+    """The survey's weight formats against the reference study's published v5e figures (12B w8a8-emb4, 26B repack)."""
+    from eval.survey import study_check, study_table
+
+    typer.echo(study_table(study_check(reserve_gib=reserve_gib)))
+
+
 @app.command()
 def survey(
     models: Annotated[list[str], typer.Argument(help="Hugging Face model ids")],
@@ -259,6 +271,18 @@ def survey(
             help="MODEL=PATH: a server start-up log, or a run directory/manifest that recorded one (repeatable)"
         ),
     ] = [],  # noqa: B006
+    weight_format: Annotated[
+        str | None,
+        typer.Option(
+            help="size the weights as a quantized build stores them: bf16, fp8, w8a8, w8a8-emb4, w4a16, w4a16-emb8 (docs/quantization.md)"
+        ),
+    ] = None,
+    sliding_kv: Annotated[
+        str,
+        typer.Option(
+            help="window: a sliding layer keeps its window of KV; full: the whole length (tpu-inference, Gemma 4)"
+        ),
+    ] = "window",
 ) -> None:
     """Which models fit a chip: weights, KV bytes per token, KV tokens and concurrency, verdict; predicted vs measured."""
     from eval.survey import measured_table, survey_models, survey_table
@@ -268,7 +292,7 @@ def survey(
         rows, skipped = survey_models(
             models, chip=chip, metadata=metadata, licences=licences, measured=measured, max_model_len=max_model_len,
             reserve_gib=reserve_gib, kv_cache_gib=kv_cache_gib, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-            memory_utilisation=gpu_memory_utilization,
+            memory_utilisation=gpu_memory_utilization, weight_format=weight_format, sliding_kv=sliding_kv,
         )  # fmt: skip
     except ValueError as exc:  # an option out of range, a bad --measured, a model --metadata lacks
         raise typer.BadParameter(str(exc)) from None

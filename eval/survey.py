@@ -124,19 +124,81 @@ def parameter_count(config: dict) -> int:
     return embeddings + layers * per_layer + hidden
 
 
-def kv_bytes_per_token(config: dict, *, max_model_len: int, dtype_bytes: int) -> float:
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    per_layer = 2 * kv_heads * head_dim * dtype_bytes
+def kv_bytes_per_token(
+    config: dict, *, max_model_len: int, dtype_bytes: int, sliding_kv: str = "window"
+) -> float:
+    """KV bytes one token costs. Full-attention layers use ``global_head_dim`` and
+    ``num_global_key_value_heads`` where the config has them (Gemma 4: 512-wide, fewer heads).
+    ``sliding_kv="window"`` charges a sliding layer window / max_model_len of a token; ``"full"`` charges
+    it the whole token, as tpu-inference allocated Gemma 4 12B's cache in the reference study (its
+    9,728 tokens beside 11.31 GiB of weights are 336 KiB a token: every layer at full length)."""
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    sliding_layer = 2 * kv_heads * head_dim * dtype_bytes
+    full_layer = (
+        2
+        * (config.get("num_global_key_value_heads") or kv_heads)
+        * (config.get("global_head_dim") or head_dim)
+        * dtype_bytes
+    )
     layers = config["num_hidden_layers"]
     types = config.get("layer_types") or ["full_attention"] * layers
     shared = config.get("num_kv_shared_layers", 0) or 0
     window = config.get("sliding_window") or max_model_len
+    share = 1.0 if sliding_kv == "full" else min(1.0, window / max_model_len)
     total = 0.0
     for kind in types[: layers - shared]:
-        total += per_layer * (min(1.0, window / max_model_len) if kind == "sliding_attention" else 1.0)
+        total += sliding_layer * share if kind == "sliding_attention" else full_layer
     return total
+
+
+# Weight formats (``--weight-format``): bytes per parameter of the quantized linear layers, and how the
+# token embedding is stored. Group-scaled 4-bit stores half a byte per value plus one bf16 scale per 32;
+# per-channel int8/fp8 add one float32 scale per output row, under 0.1% of the layer, left out.
+# ``-emb4``: the embedding as int4 groups of 32, and a tied output head as a second int4 copy (vLLM
+# ties a head by copying ``.weight``, which a packed table lacks: the study wrote an untied int4
+# lm_head); ``-emb8``: the embedding as int8 with a bf16 scale per 32 columns, the head reading the same
+# table (the study's 26B v5e build). Everything else (norms, router, towers) stays bf16.
+GROUP_INT4_BYTES = 0.5 + 2 / 32
+GROUP_INT8_BYTES = 1 + 2 / 32
+# format: (bytes per linear parameter, bytes per embedding parameter or None for bf16, tied head copied)
+WEIGHT_FORMATS = {
+    "bf16": (2.0, None, False),
+    "fp8": (1.0, None, False),
+    "w8a8": (1.0, None, False),
+    "w8a8-emb4": (1.0, GROUP_INT4_BYTES, True),
+    "w4a16": (GROUP_INT4_BYTES, None, False),
+    "w4a16-emb8": (GROUP_INT4_BYTES, GROUP_INT8_BYTES, False),
+}
+SLIDING_KV = ("window", "full")
+
+
+def parameter_classes(meta: dict, config: dict) -> dict:
+    """Parameters by how a weight format stores them: ``linear`` (the decoder's projections, experts
+    included), ``embedding`` (the token table), ``head`` (an untied lm_head), ``other`` (norms, router,
+    towers). From the metadata's ``parameters`` when it has them, else counted from a llama-like config."""
+    if "parameters" in meta:
+        classes = dict(meta["parameters"])
+        classes.setdefault("head", 0)
+        return classes
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    total = parameter_count(config)
+    embedding = vocab * hidden
+    head = 0 if config.get("tie_word_embeddings", False) else embedding
+    norms = config["num_hidden_layers"] * 2 * hidden + hidden
+    if config.get("model_type") == "gemma3_text":
+        norms += config["num_hidden_layers"] * 2 * hidden
+    return {"linear": total - embedding - head - norms, "embedding": embedding, "head": head, "other": norms}
+
+
+def format_weight_bytes(classes: dict, weight_format: str, *, tied: bool) -> float:
+    """Bytes of weights in ``weight_format`` (``WEIGHT_FORMATS``)."""
+    linear_bytes, table_bytes, head_copied = WEIGHT_FORMATS[weight_format]
+    total = classes["linear"] * linear_bytes + classes["other"] * 2
+    if table_bytes is None:
+        return total + (classes["embedding"] + classes["head"]) * 2
+    head = classes["embedding"] if tied and head_copied else classes["head"]
+    return total + (classes["embedding"] + head) * table_bytes
 
 
 @dataclass(frozen=True)
@@ -183,10 +245,15 @@ def survey_model(
     kv_cache_dtype: str = "auto",
     memory_utilisation: float | None = None,
     measured: dict | None = None,
+    weight_format: str | None = None,
+    sliding_kv: str = "window",
 ) -> SurveyRow:
     """One model on one chip. ``kv_cache_dtype`` is vLLM's ``--kv-cache-dtype`` (see ``kv_dtype``).
     ``measured`` is ``eval.kv_log.measured_capacity``'s dict; without it the metadata's
-    ``measured_kv_tokens[chip]`` (if any) is shown."""
+    ``measured_kv_tokens[chip]`` (if any) is shown. ``weight_format`` (``WEIGHT_FORMATS``) sizes the
+    weights as that build stores them (``parameter_classes``); None: every parameter in ``dtype``."""
+    if weight_format is not None and weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format {weight_format!r} is not one of {', '.join(WEIGHT_FORMATS)}")
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
     outer = meta["config"]
@@ -200,15 +267,27 @@ def survey_model(
         or config.get("dtype")
         or "bfloat16"
     )
+    if weight_format is not None:
+        dtype = "bfloat16"  # quantized builds compute (and, with kv-cache-dtype auto, keep KV) in bf16
     dtype_bytes = DTYPE_BYTES[dtype]
     params = meta.get("safetensors_total")
-    if not params and "vision_config" in outer:
+    if weight_format is not None and "parameters" not in meta and "vision_config" in outer:
+        raise ValueError(
+            f"{model}: a weight format needs the metadata's parameters by class (the config counts no vision tower)"
+        )
+    if weight_format is not None:
+        tied = bool(config.get("tie_word_embeddings", outer.get("tie_word_embeddings", False)))
+        weights = format_weight_bytes(parameter_classes(meta, config), weight_format, tied=tied) / GIB
+    elif not params and "vision_config" in outer:
         raise ValueError(
             f"{model}: the config counts the language model only, not its vision tower; give the Hub's safetensors total"
         )
-    weights = (params or parameter_count(config)) * dtype_bytes / GIB
+    else:
+        weights = (params or parameter_count(config)) * dtype_bytes / GIB
     stored_kv = kv_dtype(chip, kv_cache_dtype, dtype)
-    kv_per_token = kv_bytes_per_token(config, max_model_len=max_model_len, dtype_bytes=DTYPE_BYTES[stored_kv])
+    kv_per_token = kv_bytes_per_token(
+        config, max_model_len=max_model_len, dtype_bytes=DTYPE_BYTES[stored_kv], sliding_kv=sliding_kv
+    )
     usable = usable_gib(chip, memory_utilisation)
     why_not = None
     if kv_cache_gib is not None:
@@ -337,6 +416,8 @@ def survey_models(
     dtype: str = "auto",
     kv_cache_dtype: str = "auto",
     memory_utilisation: float | None = None,
+    weight_format: str | None = None,
+    sliding_kv: str = "window",
 ) -> tuple[list[SurveyRow], list[str]]:
     """``decide survey``: each model on ``chip`` (offline from ``metadata``, else from the Hub); models
     whose licence is not in ``licences`` are left out and named. ``measured`` holds ``MODEL=PATH``
@@ -349,6 +430,10 @@ def survey_models(
         chip=chip, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, dtype=dtype,
         kv_cache_dtype=kv_cache_dtype, memory_utilisation=memory_utilisation,
     )  # fmt: skip
+    if weight_format is not None and weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"--weight-format {weight_format!r}: choose one of {', '.join(WEIGHT_FORMATS)}")
+    if sliding_kv not in SLIDING_KV:
+        raise ValueError(f"--sliding-kv {sliding_kv!r}: choose one of {', '.join(SLIDING_KV)}")
     measurements = measured_capacities(measured, models=models, chip=chip, max_model_len=max_model_len)
     saved = load_metadata(metadata) if metadata else {}
     rows, skipped = [], []
@@ -373,6 +458,8 @@ def survey_models(
                 kv_cache_dtype=kv_cache_dtype,
                 memory_utilisation=memory_utilisation,
                 measured=measurements.get(model),
+                weight_format=weight_format,
+                sliding_kv=sliding_kv,
             )  # fmt: skip
         )
     return rows, skipped
@@ -426,3 +513,70 @@ def measured_capacities(
         if why := measurement_mismatch(measurements[model], chip=chip, max_model_len=max_model_len):
             raise ValueError(f"--measured {item}: {why}")
     return measurements
+
+
+# ---------------------------------------------------------------- the reference study's quantized builds
+
+STUDY = "quantization-study.json"
+
+
+def study_reference() -> dict:
+    """The reference study's Gemma 4 configs, parameters by class and published v5e figures (shipped
+    data: eval/data/reference/quantization-study.json, with its source and dates)."""
+    from importlib import resources
+
+    data = json.loads(resources.files("eval.data.reference").joinpath(STUDY).read_text())
+    for meta in data["models"].values():
+        config = meta["config"]
+        if config.get("layer_types_rule", "").startswith("full_attention where i % 6 == 5"):
+            config["layer_types"] = [
+                "full_attention" if i % 6 == 5 else "sliding_attention"
+                for i in range(config["num_hidden_layers"])
+            ]
+    return data
+
+
+def study_check(*, reserve_gib: float = DEFAULT_RESERVE_GIB) -> list[dict]:
+    """Each published build sized by ``survey_model`` (its weight format, chip, utilisation and
+    --max-model-len; sliding layers at full length, as tpu-inference allocated them there), beside the
+    published weights and KV tokens, with the differences."""
+    data = study_reference()
+    rows = []
+    for figure in data["published"]:
+        row = survey_model(
+            figure["model"], data["models"][figure["model"]], chip=figure["chip"],
+            max_model_len=figure["max_model_len"], reserve_gib=reserve_gib,
+            memory_utilisation=figure["gpu_memory_utilization"], weight_format=figure["weight_format"],
+            sliding_kv="full",
+        )  # fmt: skip
+        rows.append(
+            {
+                **{
+                    key: figure[key]
+                    for key in ("model", "build", "weight_format", "chip", "max_model_len", "where")
+                },
+                "predicted_weights_gib": row.weights_gib,
+                "published_weights_gib": figure["weights_gib"],
+                "weights_difference_gib": row.weights_gib - figure["weights_gib"],
+                "predicted_kv_tokens": row.kv_tokens,
+                "published_kv_tokens": figure["kv_tokens"],
+                "kv_tokens_difference": (row.kv_tokens - figure["kv_tokens"]) / figure["kv_tokens"],
+                "kv_bytes_per_token": row.kv_bytes_per_token,
+            }
+        )
+    return rows
+
+
+def study_table(rows: list[dict]) -> str:
+    lines = [
+        "| model | build (format) | chip, max-model-len | weights GiB predicted | published | Δ | KV bytes/token | KV tokens predicted | published | Δ |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['build']} ({r['weight_format']}) | {r['chip']}, {r['max_model_len']:,} | "
+            f"{r['predicted_weights_gib']:.2f} | {r['published_weights_gib']:.2f} | {r['weights_difference_gib']:+.2f} | "
+            f"{r['kv_bytes_per_token']:,.0f} | {r['predicted_kv_tokens']:,} | {r['published_kv_tokens']:,} | "
+            f"{r['kv_tokens_difference']:+.1%} |"
+        )
+    return "\n".join(lines) + "\n"

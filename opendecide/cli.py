@@ -1,7 +1,7 @@
 """``decide``: one command line, mounted from each layer's own commands.
 
 Each layer owns its commands (``service/cli.py``: serve, ask; ``eval/cli.py``: eval, cost, survey;
-``deploy/cli.py``: engine, deploy). This module only puts them under one name, so ``decide --help``
+``deploy/cli.py``: engine, deploy; ``deploy/repack_cli.py``: repack). This module only puts them under one name, so ``decide --help``
 imports typer and the three command modules, never a model library.
 """
 
@@ -10,11 +10,12 @@ from __future__ import annotations
 import typer
 
 from deploy.cli import app as deploy_commands
+from deploy.repack_cli import app as repack_commands
 from eval.cli import app as eval_commands
 from service.cli import app as service_commands
 
 app = typer.Typer(
     help="Typed decisions with probabilities from open models, in Jev's wire format.", no_args_is_help=True
 )
-for commands in (service_commands, eval_commands, deploy_commands):
+for commands in (service_commands, eval_commands, deploy_commands, repack_commands):
     app.add_typer(commands)
