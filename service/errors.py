@@ -3,7 +3,7 @@
     DecideError (readers/errors.py; engine errors 502/503/504, prompt_too_long 413, …)
     ├── UnknownDecision (404 unknown_decision)      feedback for a decision id never recorded (or another tenant's)
     ├── PermissionDenied (403 permission_error)     the key lacks the scope the route needs
-    ├── RequestTooCostly (413 request_too_large)    prompt tokens × questions over the per-request cap
+    ├── RequestTooCostly (413 request_too_large)    tokens to compute over the per-request cap or deadline
     ├── Overloaded (529 overloaded_error)           the admission queue is full or too slow; Retry-After
     ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
     ├── DeadlineExceeded (504 deadline_exceeded)    the request ran past the server's deadline
@@ -64,7 +64,8 @@ class PermissionDenied(DecideError):
 
 
 class RequestTooCostly(DecideError):
-    """One request whose cost (prompt tokens × questions) exceeds what one request may take."""
+    """One request whose cost (the prompt tokens its reads compute: service/admission.py) exceeds what one
+    request may take."""
 
     status_code = 413
     error_type = "request_too_large"
