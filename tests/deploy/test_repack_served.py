@@ -28,7 +28,11 @@ def test_a_q4_build_serves_and_reads_like_its_source(tmp_path, embedded_model_di
     manifest = repack("q4", fixture, tmp_path / "q4")
     assert manifest["groups_rounded"] == 0
     arms = serve_compare(
-        [("bf16-fixture", fixture), ("q4", tmp_path / "q4")], tmp_path / "served", port=PORT, limit=2, tasks="sst2"
+        [("bf16-fixture", fixture), ("q4", tmp_path / "q4")],
+        tmp_path / "served",
+        port=PORT,
+        limit=2,
+        tasks="sst2",
     )
     assert [arm.get("refused") for arm in arms] == [None, None], arms
     reference, q4 = arms
