@@ -37,6 +37,9 @@ def pytest_sessionstart(session):
     # once (eval.manifest.git_revision is cached); asked here, before any test runs, the fast tier's
     # runs start no process and record the real commit and dirty flag.
     git_revision()
+    # matplotlib builds its font cache on its first import on a machine, by running fc-list (a process):
+    # built here, before any test, the fast tier's figure tests start none on a fresh machine.
+    import matplotlib.font_manager  # noqa: F401
 
 
 def pytest_collection_modifyitems(config, items):
