@@ -287,9 +287,12 @@ def test_an_input_longer_than_the_context_is_413_naming_it(client, local_engine)
 
 
 def test_400_questions_over_the_cost_cap_are_413_at_once(client):
-    questions = [{"type": "predicate", "instructions": f"Claim {i} holds."} for i in range(400)]
+    # Admission prices the tokens the reads compute: the state once, each question's own tokens. 400
+    # questions of ~200 tokens each are ~80,000 tokens, over the default cap of 65,536.
+    claim = " ".join(["the parcel was left by the bins"] * 25)
+    questions = [{"type": "predicate", "instructions": f"Claim {i}: {claim}."} for i in range(400)]
     with pytest.raises(openai.APIStatusError) as raised:
-        client.decisions.create(model="gpt-6-luna", input="word " * 1000, questions=questions, timeout=30)
+        client.decisions.create(model="gpt-6-luna", input="word " * 100, questions=questions, timeout=30)
     assert raised.value.status_code == 413 and raised.value.code == "request_too_large"
 
 
@@ -362,8 +365,9 @@ def test_an_engine_fault_raises_internal_server_error(local_engine):
 
 def test_a_full_queue_is_503_with_retry_after_and_the_sdk_retries_it(local_engine):
     """The admission queue's 529 is 503 on this route (the SDK retries 5xx, and no client knows 529),
-    with Retry-After, which the SDK waits out: the held request is released when the 503 is sent, and
-    the SDK's retry one second later is answered."""
+    with Retry-After, which the SDK waits out: one request in flight and one at the head of the queue
+    (let in over queued_cost), the held requests are released when the third's 503 is sent, and the
+    SDK's retry one second later is answered."""
     reading, gate = threading.Event(), threading.Event()
 
     async def held(request):
@@ -377,15 +381,21 @@ def test_a_full_queue_is_503_with_retry_after_and_the_sdk_retries_it(local_engin
     request = {"model": "gpt-6-luna", "questions": [{"type": "predicate", "instructions": "x"}]}
     with serving(app) as url:
         first = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        holder = threading.Thread(target=first.decisions.create, kwargs={**request, "input": "first"})
-        holder.start()
+        holders = [
+            threading.Thread(target=first.decisions.create, kwargs={**request, "input": state})
+            for state in ("first", "second")
+        ]
+        holders[0].start()
         assert reading.wait(30)
+        holders[1].start()
+        time.sleep(1.0)  # the second is parsed and waits at the head of the queue
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=2)
         started = time.monotonic()
-        raw = client.decisions.with_raw_response.create(**request, input="second")
+        raw = client.decisions.with_raw_response.create(**request, input="third")
         elapsed = time.monotonic() - started
-        holder.join(timeout=30)
+        for holder in holders:
+            holder.join(timeout=30)
     assert raw.retries_taken == 1 and raw.parse().answers[0].type == "predicate"
-    assert app.statuses[0] == 503 and sorted(app.statuses[1:]) == [200, 200]
+    assert app.statuses[0] == 503 and sorted(app.statuses[1:]) == [200, 200, 200]
     assert app.headers[0]["retry-after"] == "1"
     assert elapsed >= 0.9  # Retry-After: 1 was waited out, not the SDK's own sub-second backoff
