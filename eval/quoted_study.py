@@ -9,7 +9,8 @@ path, commit, URL) and date:
   768-token GSM8K run), reference and test accuracy, difference with its 95% range and the discordant
   counts;
 - ``study-quantization.json``: QUANTIZATION.md's v5e table (suite accuracy against bf16 and output
-  tokens/s at 1 / 4 / 16 requests per build) and its v6e W4A16-against-bf16 suite table.
+  tokens/s at 1 / 4 / 16 requests per build) and its two v6e tables of Google's W4A16 exports (suite
+  against bf16; HBM, KV cache and output tokens/s through the W4A16 kernel).
 
 The numeric fields are parsed from ``columns`` by the functions below (a test re-derives them, and
 recomputes each difference from the discordant counts), so nothing here is typed twice. The study's
@@ -63,7 +64,7 @@ def parse_generation(columns: dict[str, str]) -> dict[str, Any]:
 
 
 def parse_quantization(table: str, columns: dict[str, str]) -> dict[str, Any]:
-    """The numbers of one row of QUANTIZATION.md's v5e build table or its v6e W4A16 suite table."""
+    """The numbers of one row of QUANTIZATION.md's v5e build table or one of its v6e W4A16 tables."""
     if table == "v5e-builds":
         suite = _SUITE.fullmatch(columns["Suite (vs bf16, points, 95% range)"])
         build = _BUILD.search(columns["Build (slot 5)"])
@@ -95,6 +96,17 @@ def parse_quantization(table: str, columns: dict[str, str]) -> dict[str, Any]:
             if difference
             else None,
         }
+    if table == "v6e-w4a16-speed":
+        model = _BUILD.search(columns["Model"])
+        ratio = columns["vs bf16"]
+        return {
+            "size": columns["Model"].split(" ")[0],
+            "build": model[1] if model else columns["Model"],
+            "hbm_gib": float(columns["HBM used"].removesuffix(" GiB")),
+            "kv_tokens": int(columns["KV cache"].removesuffix(" tokens").replace(",", "")),
+            "output_tokens_per_s": {"16": int(columns["Output tok/s"].replace(",", ""))},
+            "speed_vs_bf16": float(ratio[:-1]) if ratio.endswith("x") else None,
+        }
     raise ValueError(f"unknown quoted quantization table {table!r}")
 
 
@@ -119,24 +131,38 @@ def _sources(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(cited))
 
 
+def _section(intro: str, header: list[str], right: set[int], cells: list[list[str]]) -> list[str]:
+    """An intro line and a Markdown table; the columns numbered in ``right`` align right."""
+    rule = "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"
+    return [intro, "", "| " + " | ".join(header) + " |", rule, *("| " + " | ".join(c) + " |" for c in cells)]
+
+
 def generation_table(rows: list[dict[str, Any]] | None = None) -> str:
     """The study's GSM8K / BFCL comparisons as Markdown, every row labelled quoted."""
     rows = generation_rows() if rows is None else rows
-    lines = [
+    cells = [
+        [
+            f"{row['test']} (quoted)",
+            row["task"],
+            f"{row['max_tokens']:,}",
+            f"{row['n']:,}",
+            row["reference"],
+            f"{row['reference_accuracy']:.3f}",
+            f"{row['test_accuracy']:.3f}",
+            f"{row['difference']:+.3f} ({row['difference_range'][0]:+.3f} to {row['difference_range'][1]:+.3f})",
+            f"{row['reference_only']} / {row['test_only']}",
+            f"study {row['date']}",
+        ]  # fmt: skip
+        for row in rows
+    ]
+    lines = _section(
         "Quoted, not measured here: the study's GSM8K and BFCL v3 simple reads of its QAT builds on one TPU "
         "v5e chip (xbill9/gemma4-dev), paired per problem; 95% range from 10,000 bootstrap resamples.",
-        "",
-        "| test (quoted) | task | max tokens | n | reference | reference acc. | test acc. | Δ (95% range) "
-        "| ref only / test only | source, date |",
-        "|---|---|---:|---:|---|---:|---:|---|---:|---|",
-    ]
-    for row in rows:
-        lo, hi = row["difference_range"]
-        lines.append(
-            f"| {row['test']} (quoted) | {row['task']} | {row['max_tokens']:,} | {row['n']:,} | {row['reference']} "
-            f"| {row['reference_accuracy']:.3f} | {row['test_accuracy']:.3f} | {row['difference']:+.3f} "
-            f"({lo:+.3f} to {hi:+.3f}) | {row['reference_only']} / {row['test_only']} | study {row['date']} |"
-        )
+        ["test (quoted)", "task", "max tokens", "n", "reference", "reference acc.", "test acc.", "Δ (95% range)",
+         "ref only / test only", "source, date"],
+        {2, 3, 5, 6, 8},
+        cells,
+    )  # fmt: skip
     return "\n".join([*lines, "", "Sources:", *_sources(rows)]) + "\n"
 
 
@@ -144,52 +170,59 @@ def _points(value: float) -> str:
     return f"{value:+.1f}".replace("-", "−")
 
 
+def _delta_points(row: dict[str, Any], absent: str) -> str:
+    if row["difference_points"] is None:
+        return absent
+    lo, hi = row["difference_range_points"]
+    return f"{_points(row['difference_points'])} ({_points(lo)} to {_points(hi)})"
+
+
 def quantization_table(rows: list[dict[str, Any]] | None = None) -> str:
     """The study's QAT build tables as Markdown, every row labelled quoted."""
     rows = quantization_rows() if rows is None else rows
-    v5e = [row for row in rows if row["table"] == "v5e-builds"]
-    v6e = [row for row in rows if row["table"] == "v6e-w4a16"]
-    lines = [
+    table = {
+        name: [row for row in rows if row["table"] == name]
+        for name in ("v5e-builds", "v6e-w4a16", "v6e-w4a16-speed")
+    }
+    lines = _section(
         "Quoted, not measured here: the study's builds of Google's QAT weights on one TPU v5e chip (the "
         "3,880-record public suite paired per record against bf16, points with 95% range; output tokens/s "
         "at 1 / 4 / 16 requests). E4B and 12B were paired against bf16 read on a v6e chip.",
-        "",
-        "| size | build (quoted) | suite | Δ vs bf16, points (95% range) | output tok/s at 1 / 4 / 16 "
-        "| source, date |",
-        "|---|---|---:|---|---:|---|",
-    ]
-    for row in v5e:
-        delta = (
-            "reference"
-            if row["difference_points"] is None
-            else f"{_points(row['difference_points'])} ({_points(row['difference_range_points'][0])} to "
-            f"{_points(row['difference_range_points'][1])})"
-        )
-        speed = " / ".join(f"{row['output_tokens_per_s'][level]:,}" for level in ("1", "4", "16"))
-        lines.append(
-            f"| {row['size']} | {row['build']} (quoted) | {row['suite_accuracy']:.3f} | {delta} | {speed} "
-            f"| study {row['measured']} |"
-        )
-    lines += [
-        "",
+        ["size", "build (quoted)", "suite", "Δ vs bf16, points (95% range)", "output tok/s at 1 / 4 / 16",
+         "source, date"],
+        {2, 4},
+        [
+            [row["size"], f"{row['build']} (quoted)", f"{row['suite_accuracy']:.3f}", _delta_points(row, "reference"),
+             " / ".join(f"{row['output_tokens_per_s'][level]:,}" for level in ("1", "4", "16")),
+             f"study {row['measured']}"]
+            for row in table["v5e-builds"]
+        ],
+    )  # fmt: skip
+    lines += ["", *_section(
         "Quoted, not measured here: Google's `-qat-w4a16-ct` exports against their bf16 checkpoints on one "
         "TPU v6e chip, the same suite paired per record.",
-        "",
-        "| size | build (quoted) | bf16 | W4A16 | Δ, points (95% range) | source, date |",
-        "|---|---|---:|---:|---|---|",
-    ]
-    for row in v6e:
-        bf16 = "does not fit one chip" if row["bf16_accuracy"] is None else f"{row['bf16_accuracy']:.1%}"
-        delta = (
-            "—"
-            if row["difference_points"] is None
-            else f"{_points(row['difference_points'])} ({_points(row['difference_range_points'][0])} to "
-            f"{_points(row['difference_range_points'][1])})"
-        )
-        lines.append(
-            f"| {row['size']} | {row['build']} (quoted) | {bf16} | {row['suite_accuracy']:.1%} | {delta} "
-            f"| study {row['measured']} |"
-        )
+        ["size", "build (quoted)", "bf16", "W4A16", "Δ, points (95% range)", "source, date"],
+        {2, 3},
+        [
+            [row["size"], f"{row['build']} (quoted)",
+             "does not fit one chip" if row["bf16_accuracy"] is None else f"{row['bf16_accuracy']:.1%}",
+             f"{row['suite_accuracy']:.1%}", _delta_points(row, "—"), f"study {row['measured']}"]
+            for row in table["v6e-w4a16"]
+        ],
+    )]  # fmt: skip
+    lines += ["", *_section(
+        "Quoted, not measured here: the same exports' speed on one TPU v6e chip through the W4A16 kernel "
+        "(16 concurrent requests of 256 output tokens, median of 3 passes).",
+        ["size", "build (quoted)", "HBM used", "KV cache tokens", "output tok/s at 16", "× bf16", "source, date"],
+        {2, 3, 4, 5},
+        [
+            [row["size"], f"{row['build']} (quoted)", f"{row['hbm_gib']:.2f} GiB", f"{row['kv_tokens']:,}",
+             f"{row['output_tokens_per_s']['16']:,}",
+             "bf16 does not fit" if row["speed_vs_bf16"] is None else f"{row['speed_vs_bf16']:.2f}",
+             f"study {row['measured']}"]
+            for row in table["v6e-w4a16-speed"]
+        ],
+    )]  # fmt: skip
     return "\n".join([*lines, "", "Sources:", *_sources(rows)]) + "\n"
 
 
