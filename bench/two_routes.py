@@ -1,6 +1,6 @@
 """Both decision routes on the same requests: latency per question count, and its ratio to 1 question.
 
-    PYTHONPATH=$PWD python -m bench.two_routes                 # 1, 10, 64, 100, 400 questions, 3 repeats
+    PYTHONPATH=$PWD python -m bench.two_routes                 # 1, 10, 100, 400 questions, 3 repeats
     PYTHONPATH=$PWD python -m bench.two_routes --sizes 1 10 --repeats 1
 
 For each size n, n yes/no questions (``noul`` on ``/v1/systemone``, ``predicate`` on
@@ -9,8 +9,8 @@ process (``service.app.create_app`` over ``httpx.ASGITransport``, the embedded m
 prior correction, no store). Each request reads an input tagged with the run's start time, the
 size, the route and the repeat, so no request finds another's state in the engine's cache: each does
 the same fresh work. Each size is asked ``--repeats`` times per route, the routes alternating which
-goes first, and the median is shown with the range. Jev's route takes at most 64 questions (``MAX_QUESTIONS``); above that its row says
-"refused" with the status it answered. Admission runs with the service's defaults (``AdmissionLimits()``):
+goes first, and the median is shown with the range. Both routes take up to ``MAX_QUESTIONS`` (400); a size
+either refuses shows "refused" with the status it answered. Admission runs with the service's defaults (``AdmissionLimits()``):
 400 questions on this input are priced at the ~11,600 tokens the engine computes (the state once), within
 them. ``--request-cost`` raises the per-request cap alone, to try a longer ``INPUT``.
 
@@ -77,7 +77,7 @@ async def main(sizes: list[int], request_cost: int, repeats: int, engine: LocalE
     app = create_app(engine, admission=AdmissionLimits(request_cost=request_cost))
     print(json.dumps({"bench": "two_routes", "run": run, "sizes": sizes, "repeats": repeats, "request_cost": request_cost,
                       "engine": engine.kind, "model": engine.info.name, "input_chars": len(INPUT),
-                      "input_tokens": len(engine.tokenizer.encode(INPUT)), "jev_max_questions": MAX_QUESTIONS}))  # fmt: skip
+                      "input_tokens": len(engine.tokenizer.encode(INPUT)), "max_questions": MAX_QUESTIONS}))  # fmt: skip
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://bench.test", timeout=3600) as client:
         # One read before timing: the model loaded and the system prompt's keys kept, for both routes.
@@ -90,8 +90,8 @@ async def main(sizes: list[int], request_cost: int, repeats: int, engine: LocalE
                     status, ms = await one(client, route, n, f"{run}-{route}-{n}-{repeat}")
                     previous = results.setdefault((route, n), (status, []))
                     results[route, n] = (max(previous[0], status), [*previous[1], ms])
-                if results["jev", n][0] != 200 and repeat == 0:
-                    break  # refused by Jev's question cap: once is enough, and the other route once too
+                if repeat == 0 and 200 not in (results["jev", n][0], results["openai", n][0]):
+                    break  # refused: once is enough, and the other route once too
     print(
         f"{'route':7} {'n':>4} {'status':>6} {'median_ms':>10} {'range_ms':>19} {'x_1q':>6} {'openai/jev':>10}"
     )
@@ -120,7 +120,7 @@ async def main(sizes: list[int], request_cost: int, repeats: int, engine: LocalE
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 64, 100, 400])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 100, 400])
     parser.add_argument(
         "--request-cost",
         type=int,

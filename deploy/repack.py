@@ -16,9 +16,17 @@ stores the grid indices as they are:
   int4 groups of 32 (the QAT grid, exact) instead of bf16: half a byte per value.
 
 Which tensors are quantized is a rule per architecture (``RULES``), not a guess from shapes: the
-decoder layers' attention and MLP projections. Norms, biases, the MoE router, the vision/audio
-towers and their projectors stay in the source dtype; the token embedding only with ``--emb4``; an
-untied ``lm_head`` only with ``--lm-head``.
+decoder layers' attention and MLP projections, and a mixture-of-experts layer's expert banks. Norms,
+biases, the MoE router, the vision/audio towers and their projectors stay in the source dtype; the
+token embedding only with ``--emb4``; an untied ``lm_head`` only with ``--lm-head``.
+
+Expert banks (Gemma 4 26B): the checkpoint stores each MoE layer's experts as two 3-D parameters
+without ``.weight``, ``experts.gate_up_proj`` ``[E, 2I, H]`` (per expert the first ``I`` rows are the
+gate, the rest the up projection) and ``experts.down_proj`` ``[E, H, I]``. vLLM's fused-MoE loader
+takes per-expert 2-D matrices named ``experts.{e}.gate_proj`` / ``up_proj`` / ``down_proj`` (the
+layout the reference study served), so the repack splits each bank one expert at a time and quantizes
+every matrix as any linear: groups of 32 still run along the input dimension, which the split does not
+touch.
 
 Memory: tensors are read one at a time through ``safe_open`` (memory-mapped) and each output shard is
 written when its input shard is done, so the peak is one shard's output plus one tensor's work
@@ -71,6 +79,9 @@ class Rule:
     kept: tuple[str, ...]
     why: str
     embedding: str = "embed_tokens"
+    # Fused 3-D expert banks ``<...>.experts.<bank>`` ([experts, out, in]): each bank's name → the
+    # per-expert projections its rows split into, in row order (equal parts).
+    experts: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 _DECODER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -85,10 +96,14 @@ RULES = {
     ),
     # Gemma 4: vision and audio towers and their embedders stay; an MoE layer's router stays (its
     # logits choose experts: an error there changes which weights run, not how precisely).
+    # The 26B's expert banks (transformers' Gemma4TextExperts: gate, up = linear(x,
+    # gate_up_proj[e]).chunk(2)) split into the per-expert names vLLM's fused-MoE loader maps.
     "gemma4": Rule(
         _DECODER,
         ("vision_tower", "audio_tower", "embed_vision", "embed_audio", "multi_modal_projector", "router"),
-        "text decoder projections; router, vision/audio towers, norms, embedding and lm_head stay",
+        "text decoder projections and expert banks (split per expert); router, vision/audio towers, "
+        "norms, embedding and lm_head stay",
+        experts=(("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))),
     ),
 }
 # Gemma 4 12B (``gemma4_unified``): the same decoder; its vision input is ``vision_embedder`` and
@@ -108,6 +123,7 @@ class Report:
 
     quantized: int = 0
     kept: int = 0
+    expert_matrices: int = 0  # per-expert matrices written from split expert banks
     groups: int = 0
     groups_rounded: int = 0
     max_rounding_error: float = 0.0
@@ -302,9 +318,14 @@ def read_source(folder: Path) -> Source:
 
 
 def role(name: str, shape: tuple[int, ...], rule: Rule, *, emb4: bool, lm_head: bool) -> str:
-    """``linear``, ``embedding`` (int4 groups) or ``kept`` for one tensor, by the architecture's rule."""
+    """``linear``, ``embedding`` (int4 groups), ``experts`` (a 3-D bank split per expert) or ``kept``
+    for one tensor, by the architecture's rule."""
     parts = name.split(".")
-    if any(part in rule.kept for part in parts) or len(shape) != 2 or parts[-1] != "weight":
+    if any(part in rule.kept for part in parts):
+        return "kept"
+    if len(shape) == 3 and len(parts) > 1 and parts[-2] == "experts" and parts[-1] in dict(rule.experts):
+        return "experts"
+    if len(shape) != 2 or parts[-1] != "weight":
         return "kept"
     module = parts[-2]
     if module in rule.linear or (lm_head and module == "lm_head"):
@@ -408,6 +429,41 @@ def _module(name: str) -> str:
     return name[: -len(".weight")]
 
 
+def expert_matrices(name: str, bank, rule: Rule) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """``(module, label, matrix)`` for each per-expert 2-D matrix of a 3-D expert bank, read one expert
+    at a time from ``bank`` (a safetensors slice). ``module`` is the name vLLM's fused-MoE loader maps,
+    ``<...>.experts.{e}.{projection}``; ``label`` names the bank, expert and projection for a refusal."""
+    prefix, bank_name = name.rsplit(".", 1)
+    projections = dict(rule.experts)[bank_name]
+    shape = tuple(bank.get_shape())
+    rows = shape[1] // len(projections)
+    if rows * len(projections) != shape[1]:
+        raise RepackError(f"{name}: {shape[1]} rows do not split into {', '.join(projections)}")
+    for expert in range(shape[0]):
+        matrix = bank[expert : expert + 1][0]
+        for i, projection in enumerate(projections):
+            part = matrix[i * rows : (i + 1) * rows].contiguous()
+            yield f"{prefix}.{expert}.{projection}", f"{name}: expert {expert} ({projection})", part
+
+
+def _quantize(
+    fmt: str, kind: str, module: str, weight: torch.Tensor, label: str, allow_rounding: bool, report: Report
+) -> dict[str, torch.Tensor]:
+    """The compressed tensors of one 2-D weight, named as compressed-tensors' formats name them."""
+    if fmt == "q4" or kind == "embedding":
+        q, steps = grid_indices(weight, name=label, allow_rounding=allow_rounding, report=report)
+        return {
+            f"{module}.weight_packed": pack_int4(q),
+            f"{module}.weight_scale": steps,
+            f"{module}.weight_shape": torch.tensor(tuple(weight.shape), dtype=torch.int64),
+        }
+    # The 4-bit grid is checked (and q4_0's changes counted) for int8 builds too: int8 "from QAT" only
+    # means something when the source is on the grid.
+    grid_indices(weight, name=label, allow_rounding=allow_rounding, report=report)
+    q, scales = int8_channels(weight, report)
+    return {f"{module}.weight": q, f"{module}.weight_scale": scales}
+
+
 def repack(
     fmt: str,
     src: Path,
@@ -444,31 +500,33 @@ def repack(
             tensors: dict[str, torch.Tensor] = {}
             with safe_open(shard, framework="pt") as reader:
                 for name in reader.keys():
+                    bank = reader.get_slice(name)
+                    kind = role(name, tuple(bank.get_shape()), source.rule, emb4=emb4, lm_head=lm_head)
+                    if kind == "experts":
+                        # One expert at a time (a 26B bank is 1 GB of bf16): the slice reads only
+                        # that expert's rows from the memory-mapped shard.
+                        for module, label, matrix in expert_matrices(name, bank, source.rule):
+                            tensors |= _quantize(
+                                fmt,
+                                "linear",
+                                module,
+                                matrix,
+                                f"{shard.name}: {label}",
+                                allow_rounding,
+                                report,
+                            )
+                            report.expert_matrices += 1
+                        report.quantized += 1
+                        continue
                     tensor = reader.get_tensor(name)
-                    kind = role(name, tuple(tensor.shape), source.rule, emb4=emb4, lm_head=lm_head)
                     if kind == "kept":
                         tensors[name] = tensor
                         report.kept += 1
                         report.kept_names.append(name)
                         continue
-                    module = _module(name)
-                    label = f"{shard.name}: {name}"
-                    if fmt == "q4" or kind == "embedding":
-                        q, steps = grid_indices(
-                            tensor, name=label, allow_rounding=allow_rounding, report=report
-                        )
-                        tensors[f"{module}.weight_packed"] = pack_int4(q)
-                        tensors[f"{module}.weight_scale"] = steps
-                        tensors[f"{module}.weight_shape"] = torch.tensor(
-                            tuple(tensor.shape), dtype=torch.int64
-                        )
-                    else:
-                        # The 4-bit grid is checked (and q4_0's changes counted) for int8 builds too:
-                        # int8 "from QAT" only means something when the source is on the grid.
-                        grid_indices(tensor, name=label, allow_rounding=allow_rounding, report=report)
-                        q, scales = int8_channels(tensor, report)
-                        tensors[f"{module}.weight"] = q
-                        tensors[f"{module}.weight_scale"] = scales
+                    tensors |= _quantize(
+                        fmt, kind, _module(name), tensor, f"{shard.name}: {name}", allow_rounding, report
+                    )
                     report.quantized += 1
                     del tensor
             out = staging / shard.name
@@ -504,9 +562,14 @@ def repack(
                 + (["lm_head"] if lm_head else [])
                 + (["embed_tokens (int4)"] if emb4 else []),
                 "kept_by_path": list(source.rule.kept),
+                "expert_banks": {bank: list(split) for bank, split in source.rule.experts},
                 "why": source.rule.why,
             },
-            "tensors": {"quantized": report.quantized, "kept": report.kept},
+            "tensors": {
+                "quantized": report.quantized,
+                "kept": report.kept,
+                "expert_matrices": report.expert_matrices,
+            },
             "groups": report.groups,
             "groups_rounded": report.groups_rounded,
             "max_rounding_error": report.max_rounding_error,
@@ -533,11 +596,11 @@ def repack(
 
 
 def snap_to_grid(src: Path, dst: Path, *, force: bool = False) -> dict:
-    """A QAT-like **test fixture**: every tensor the q4 rule quantizes (and the token embedding) with
-    each group of 32 moved to the nearest point of a symmetric 16-level grid. The step is absmax / 7
-    rounded up to 4 significant bits, so ``step × q`` (q ≤ 8) is exact in bf16 and the largest value
-    lands on ±7 (or less), as trained QAT groups may: this is not Google's training, only a source
-    on the grid for the repack to recover. Other files are copied."""
+    """A QAT-like **test fixture**: every tensor the q4 rule quantizes (expert banks included) and the
+    token embedding with each group of 32 moved to the nearest point of a symmetric 16-level grid. The
+    step is absmax / 7 rounded up to 4 significant bits, so ``step × q`` (q ≤ 8) is exact in bf16 and
+    the largest value lands on ±7 (or less), as trained QAT groups may: this is not Google's training,
+    only a source on the grid for the repack to recover. Other files are copied."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -555,8 +618,9 @@ def snap_to_grid(src: Path, dst: Path, *, force: bool = False) -> dict:
                 for name in reader.keys():
                     tensor = reader.get_tensor(name)
                     kind = role(name, tuple(tensor.shape), source.rule, emb4=True, lm_head=False)
-                    if kind != "kept" and tensor.shape[1] % GROUP == 0:
-                        tensor = _snap(tensor)
+                    if kind != "kept" and tensor.shape[-1] % GROUP == 0:
+                        # an expert bank's groups run along its last (input) dimension too
+                        tensor = _snap(tensor.reshape(-1, tensor.shape[-1])).reshape(tensor.shape)
                         snapped += 1
                     tensors[name] = tensor
             save_file(tensors, staging / shard.name, metadata={"format": "pt"})

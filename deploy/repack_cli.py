@@ -36,10 +36,12 @@ def _run(fmt: str, src: Path, dst: Path, **options) -> None:
     except RepackError as error:
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(code=2) from None
-    export = manifest["q4_0_reexport"]
+    export, tensors = manifest["q4_0_reexport"], manifest["tensors"]
+    # an MoE checkpoint's banks count once each in "quantized"; the matrices they split into are said apart
+    split = f" ({tensors['expert_matrices']:,} expert matrices)" if tensors["expert_matrices"] else ""
     typer.echo(
-        f"{manifest['build']} ({manifest['format']}) → {dst}: {manifest['tensors']['quantized']} tensors quantized, "
-        f"{manifest['tensors']['kept']} kept; {manifest['groups']:,} groups of 32, "
+        f"{manifest['build']} ({manifest['format']}) → {dst}: {tensors['quantized']} tensors quantized{split}, "
+        f"{tensors['kept']} kept; {manifest['groups']:,} groups of 32, "
         f"{manifest['groups_rounded']:,} rounded (largest error {manifest['max_rounding_error']:.3g})"
     )
     typer.echo(

@@ -984,6 +984,27 @@ def eval_throughput(
     typer.echo(throughput_table(summary, model))
 
 
+@eval_app.command("quoted")
+def eval_quoted(
+    family: Annotated[
+        str,
+        typer.Argument(
+            help="sweep (v6e-1 decision reads), generation (GSM8K/BFCL), quantization (QAT builds) or all"
+        ),
+    ] = "all",
+) -> None:
+    """The study's published tables, every row labelled quoted with its source and date."""
+    from eval.quoted_study import generation_table, quantization_table
+    from eval.quoted_sweep import quoted_table
+
+    tables = {"sweep": quoted_table, "generation": generation_table, "quantization": quantization_table}
+    if family != "all" and family not in tables:
+        typer.echo(f"family: expected one of {', '.join([*tables, 'all'])}, got {family!r}", err=True)
+        raise typer.Exit(code=2)
+    chosen = tables.values() if family == "all" else [tables[family]]
+    typer.echo("\n".join(render() for render in chosen), nl=False)
+
+
 @eval_app.command("generation-table")
 def eval_generation_table(
     reference: Annotated[
@@ -1003,7 +1024,8 @@ def eval_generation_table(
     quoted: Annotated[
         bool,
         typer.Option(
-            help="also print the study's published v6e-1 sweep, labelled quoted, with source and date"
+            help="also print the study's published v6e-1 sweep and its GSM8K/BFCL reads, labelled quoted, "
+            "with source and date"
         ),
     ] = False,
 ) -> None:
@@ -1027,9 +1049,10 @@ def eval_generation_table(
         raise typer.Exit(code=2) from None
     table = sweep_markdown(rows)
     if quoted:
+        from eval.quoted_study import generation_table
         from eval.quoted_sweep import quoted_table
 
-        table += "\n" + quoted_table()
+        table += "\n" + quoted_table() + "\n" + generation_table()
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "sweep.md").write_text(table)

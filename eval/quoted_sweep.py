@@ -7,8 +7,8 @@ re-derives the JSON from the Markdown, so the two cannot drift). Every row carri
 date and is printed labelled "quoted".
 
 What the table measures: the study's *decision reads* (label log-probabilities) on SST-2, AG News,
-emotion and irony, per Gemma arm on a TPU v6e-1. It holds no GSM8K, BFCL or throughput figures, and
-the reference folder holds no QAT table; those parts of the study's sweep are not quoted here.
+emotion and irony, per Gemma arm on a TPU v6e-1. It holds no GSM8K, BFCL or throughput figures; the
+study's GSM8K/BFCL reads and QAT build tables (a later v5e run) are quoted by :mod:`eval.quoted_study`.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from service.protocol.questions import (
     MAX_OPTION_NAME_CHARS,
     MAX_OPTIONS,
     MAX_QUESTION_NAME_CHARS,
+    MAX_QUESTIONS,
     MIN_LEVELS,
     MIN_OPTIONS,
     ChoiceQuestion,
@@ -35,10 +36,6 @@ from service.protocol.questions import (
     ScoreQuestion,
     option_identity,
 )
-
-MAX_DECISION_QUESTIONS = 400
-"""OpenAI's documented limit ("Ask 1–400 questions"); admission still prices every read."""
-
 
 # -- input parts ---------------------------------------------------------------------------------
 
@@ -372,9 +369,7 @@ class DecisionRequest(BodyModel):
 
     input: str | list[InputItem]
     model: str
-    questions: list[DecisionQuestion] = Field(
-        json_schema_extra={"minItems": 1, "maxItems": MAX_DECISION_QUESTIONS}
-    )
+    questions: list[DecisionQuestion] = Field(json_schema_extra={"minItems": 1, "maxItems": MAX_QUESTIONS})
     prompt_cache_key: str | None = Field(default=None, max_length=1024)
     prompt_cache_options: PromptCacheOptions | None = None
     safety_identifier: str | None = Field(default=None, max_length=256)
@@ -382,8 +377,8 @@ class DecisionRequest(BodyModel):
     @field_validator("questions")
     @classmethod
     def check_question_count(cls, questions: list) -> list:
-        if not 1 <= len(questions) <= MAX_DECISION_QUESTIONS:
-            raise ValueError(f"a request asks 1 to {MAX_DECISION_QUESTIONS} questions, got {len(questions)}")
+        if not 1 <= len(questions) <= MAX_QUESTIONS:
+            raise ValueError(f"a request asks 1 to {MAX_QUESTIONS} questions, got {len(questions)}")
         return questions
 
     def images_in(self) -> tuple[str | int, ...] | None:

@@ -17,7 +17,10 @@ from service.protocol.base import BodyModel, Content, RequestModel, described
 
 MIN_OPTIONS, MAX_OPTIONS = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
-MAX_QUESTIONS = 64
+# Jev answers hundreds of questions about one state in one request, and OpenAI's Decisions API documents
+# 1–400: one cap for both routes (one decision path). Admission prices what the reads compute, so the
+# cap bounds the answer's size, not the work.
+MAX_QUESTIONS = 400
 MAX_QUESTION_NAME_CHARS = 200
 MAX_OPTION_NAME_CHARS = 200
 """Option names are read token by token (one engine call per trie depth), so their tokens are bounded

@@ -345,8 +345,17 @@ def test_emb4_and_lm_head_only_when_asked():
     assert role(embed, (64, 64), rule, emb4=False, lm_head=False) == "kept"
     assert role(embed, (64, 64), rule, emb4=True, lm_head=False) == "embedding"
     assert role("lm_head.weight", (64, 64), rule, emb4=False, lm_head=True) == "linear"
-    # 3-D expert banks (no ".weight") stay as they are under this rule
+    # 3-D expert banks (no ".weight") are split per expert (tests/deploy/test_repack_experts.py)
     assert (
         role("model.language_model.layers.0.experts.gate_up_proj", (8, 64, 64), rule, emb4=True, lm_head=True)
+        == "experts"
+    )
+    assert (
+        role("model.language_model.layers.0.router.proj.weight", (8, 64), rule, emb4=True, lm_head=True)
+        == "kept"
+    )
+    # an architecture without expert banks keeps a 3-D tensor as it is
+    assert (
+        role("model.layers.0.experts.gate_up_proj", (8, 64, 64), RULES["llama"], emb4=False, lm_head=False)
         == "kept"
     )

@@ -58,7 +58,7 @@ CASES = [
         ["body", "questions", "q"],
         "'noul', 'choice', 'score'",
     ),
-    ("no questions", {"state": "s", "questions": {}}, ["body", "questions"], "1 to 64 questions"),
+    ("no questions", {"state": "s", "questions": {}}, ["body", "questions"], "1 to 400 questions"),
     (
         "no state",
         {"questions": {"q": {"type": "noul", "instructions": "?"}}},
@@ -78,10 +78,10 @@ CASES = [
         "needs instructions",
     ),
     (
-        "65 questions",
-        {"state": "s", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(65)}},
+        "401 questions",
+        {"state": "s", "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(401)}},
         ["body", "questions"],
-        "got 65",
+        "got 401",
     ),
     (
         "image assets",
