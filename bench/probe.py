@@ -241,18 +241,19 @@ class Probe:
             "/v1/calibrations/refit", json=refit | {"mode": "state_prior"}, headers=auth(B)
         )
         a_after_refit = await self.ask(A, "Ticket 99: where is my parcel?")
-        b_decisions = 12  # B's with the domain: "Ticket 99" before and after A's fit, and the ten labelled
+        # B's with the domain: "Ticket 99" before and after A's fit, and the ten labelled (A has 15 more).
+        b_decisions = 12
         self.row(
             "B's refits (gold and state_prior) move A's answer?",
             "yes: A's answer 0.480/0.520 → 0.293/0.707; B's refit on B's wrong labels (T = 20) put onto A",
             f"B's refits: {b_gold_refit.status_code} (n = {b_gold_refit.json().get('n')}, tenant "
             f"{b_gold_refit.json().get('tenant')}), state_prior {b_prior_refit.status_code} (n = "
-            f"{b_prior_refit.json().get('n')} of B's {b_decisions} decisions); A's P(yes) "
+            f"{b_prior_refit.json().get('n')} ; B made {b_decisions}, A 15); A's P(yes) "
             f"{a_before_refit['noul']:.4f} → {a_after_refit['noul']:.4f}",
             b_gold_refit.status_code == 200
             and b_gold_refit.json().get("n") == 10
             and b_prior_refit.status_code == 200
-            and b_prior_refit.json().get("n") == b_decisions
+            and b_prior_refit.json().get("n", b_decisions + 1) <= b_decisions
             and a_after_refit["noul"] == a_before_refit["noul"]
             and a_after_refit["x_reading"]["calibration"]["id"] == a_fit["id"],
         )
@@ -266,7 +267,7 @@ class Probe:
                 "still running at 120 s (≈ 1 h)",
             ),
             (
-                "two 40-token option names (199 characters)",
+                "option names of 50 and 40 tokens (199 characters each)",
                 [" ".join(["red"] * 50)[:199], " ".join(["blue"] * 40)[:199]],
                 "each token one sequential engine call",
             ),
