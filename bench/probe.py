@@ -178,7 +178,9 @@ class Probe:
             "yes: B's answer moved 0.464/0.536 → 0.498/0.502 (also an unrelated question of the type)",
             f"A's fit {a_fit['id']} on A's answer: {a_used == a_fit['id']}; B's P(yes) "
             f"{b_before['noul']:.4f} → {b_after['noul']:.4f}, unrelated {b_other_before['noul']:.4f} → "
-            f"{b_other_after['noul']:.4f}, calibration null",
+            f"{b_other_after['noul']:.4f}; calibrations on B's answers: "
+            f"{[(x['x_reading']['calibration'] or {}).get('id') for x in (b_after, b_other_after)]}, P(yes) changes "
+            f"{b_after['noul'] - b_before['noul']:.2g}, {b_other_after['noul'] - b_other_before['noul']:.2g}",
             unchanged and a_used == a_fit["id"],
         )
 
@@ -425,9 +427,13 @@ class Probe:
             response.status_code == 200 and after - before < 512,
         )
 
-    async def overload(self, n: int) -> dict:
+    async def overload(self, n: int, padding_tokens: int = 0) -> dict:
+        """``n`` concurrent one-question requests, each state distinct; ``padding_tokens`` lengthen every
+        state so that the flood's work exceeds the queue's bound (529s to time)."""
+
         async def one(i: int) -> tuple[int, float, str | None]:
-            body = {"state": f"Flood {i}: my order {i * 7919 % 10_000} is late.", "questions": {"q": NOUL}}
+            state = f"Flood {i}: my order {i * 7919 % 10_000} is late." + " word" * padding_tokens
+            body = {"state": state, "questions": {"q": NOUL}}
             started = time.monotonic()
             response = await self.client.post("/v1/systemone", json=body, headers=auth(A if i % 2 else B))
             return response.status_code, time.monotonic() - started, response.headers.get("retry-after")
@@ -444,8 +450,11 @@ class Probe:
             return ms(values[min(len(values) - 1, int(q * len(values)))]) if values else "–"
 
         self.row(
-            f"overload: {n} concurrent one-question requests",
-            "151 × 200 (p50 110 s, p99 191 s), 49 × 529 (Retry-After 2) after 1.8–2.1 s",
+            f"overload: {n} concurrent one-question requests"
+            + (f", states padded by {padding_tokens} tokens" if padding_tokens else ""),
+            "151 × 200 (p50 110 s, p99 191 s), 49 × 529 (Retry-After 2) after 1.8–2.1 s"
+            if not padding_tokens
+            else "(not asked: the issue's flood had short states)",
             f"{', '.join(f'{c} × {s}' for s, c in sorted(statuses.items()))}; 200s p50 {pct(answered, 0.5)}, p99 "
             f"{pct(answered, 0.99)}; 529s after p50 {pct(refused, 0.5)}, max {pct(refused, 1.0)} (Retry-After "
             f"{', '.join(f'{r} × {c}' for r, c in retry_after.items()) or '–'}); all done in {ms(wall)}",
@@ -535,6 +544,7 @@ async def probe(args: argparse.Namespace, folder: Path) -> list[Row]:
                 checks.rotation,
                 lambda: checks.memory(args.long_state_sentences, baseline),
                 lambda: checks.overload(args.concurrency),
+                lambda: checks.overload(args.concurrency, args.flood_padding_tokens),
             ):
                 print(f"{datetime.now(UTC):%H:%M:%S} {getattr(step, '__name__', 'step')}", file=sys.stderr)
                 await step()
@@ -570,6 +580,10 @@ def main() -> int:
     parser.add_argument(
         "--long-state-sentences", type=int, default=504,
         help="10-token sentences in the long state of the memory row (504: about 5,040 tokens)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--flood-padding-tokens", type=int, default=400,
+        help="a second flood with each state this many tokens longer: more work than the queue holds",
     )  # fmt: skip
     args = parser.parse_args()
     started = datetime.now(UTC)
