@@ -58,6 +58,7 @@ ROTATED = f"""# rotated: b's key gone, c's new
 NOUL = {"type": "noul", "instructions": "Does the customer ask for money back?"}
 OTHER_NOUL = {"type": "noul", "instructions": "Is the customer angry?"}  # an unrelated question, same type
 DOMAIN = "refund-desk"
+NOISE = 1e-4  # a probability difference no calibration makes: float noise of a cached read
 
 
 @dataclass
@@ -167,11 +168,13 @@ class Probe:
         b_after = await self.ask(B, "Ticket 99: where is my parcel?")
         b_other_after = await self.ask(B, "Ticket 98: nobody answers my mails.", OTHER_NOUL, domain=None)
         a_used = (a_answer["x_reading"]["calibration"] or {}).get("id")
+        # Unchanged up to float noise: a state read again reuses its cached keys and values (the local
+        # engine's prefix cache), which sums in another order; the issue's leak moved B's answer by 0.034.
         unchanged = (
             b_after["x_reading"]["calibration"] is None
             and b_other_after["x_reading"]["calibration"] is None
-            and b_after["noul"] == b_before["noul"]
-            and b_other_after["noul"] == b_other_before["noul"]
+            and abs(b_after["noul"] - b_before["noul"]) < NOISE
+            and abs(b_other_after["noul"] - b_other_before["noul"]) < NOISE
         )
         self.row(
             "A's fit applied to B's answers?",
@@ -180,7 +183,8 @@ class Probe:
             f"{b_before['noul']:.4f} → {b_after['noul']:.4f}, unrelated {b_other_before['noul']:.4f} → "
             f"{b_other_after['noul']:.4f}; calibrations on B's answers: "
             f"{[(x['x_reading']['calibration'] or {}).get('id') for x in (b_after, b_other_after)]}, P(yes) changes "
-            f"{b_after['noul'] - b_before['noul']:.2g}, {b_other_after['noul'] - b_other_before['noul']:.2g}",
+            f"{b_after['noul'] - b_before['noul']:.2g}, {b_other_after['noul'] - b_other_before['noul']:.2g} "
+            f"(tolerance {NOISE:g}; tokens reused on the second read: {b_after['x_reading']['tokens_reused']})",
             unchanged and a_used == a_fit["id"],
         )
 
@@ -476,7 +480,7 @@ class Probe:
                 "a server-side deadline",
                 "none: work stopped only when the client left",
                 "tests/service/test_bounds.py::test_a_request_past_the_deadline_gets_504_and_its_read_is_stopped "
-                "(default 60 s; every answer in the overload row above came within it)",
+                "(default 60 s; the overload rows require every answer within 65 s)",
             ),
             (
                 "/readyz after the vLLM engine is stopped",
