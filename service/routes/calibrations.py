@@ -75,6 +75,7 @@ def stored(caller: Caller, calibration: Calibration, how: str) -> CalibrationOut
 )
 async def create_calibrations(request: Request) -> CalibrationList:
     require_scope(request.scope["state"], "calibrate", "POST /v1/calibrations")  # before the body is read
+    request.app.state.admission.refuse_if_full()  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, CalibrationRequest)
     caller = caller_for(request, "POST /v1/calibrations", shared=body.shared)
 

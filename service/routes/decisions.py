@@ -35,6 +35,7 @@ def observed(request: Request, model: str, answer_sets) -> None:
 
 async def answer(request: Request) -> JSONResponse:
     caller = require_scope(request.scope["state"], "decide", f"POST {request.url.path}")
+    request.app.state.admission.refuse_if_full()  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, SystemOneRequest)
     state = request.app.state
     request_id = request.scope["state"]["request_id"]
@@ -53,6 +54,7 @@ async def answer(request: Request) -> JSONResponse:
 
 async def answer_batch(request: Request) -> JSONResponse:
     caller = require_scope(request.scope["state"], "decide", "POST /decide/batch")
+    request.app.state.admission.refuse_if_full()  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, BatchRequest)
     state = request.app.state
     request_id = request.scope["state"]["request_id"]

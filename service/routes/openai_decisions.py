@@ -56,6 +56,7 @@ MAX_LOGGED_ID = 64
 
 async def create_decision(request: Request) -> JSONResponse:
     caller = require_scope(request.scope["state"], "decide", "POST /v1/decisions")
+    request.app.state.admission.refuse_if_full()  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, DecisionRequest, aliases=(*JEV_ALIASES, *OPENAI_ALIASES))
     try:
         jev = to_systemone(body)
