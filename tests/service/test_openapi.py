@@ -77,7 +77,7 @@ def test_every_post_has_its_request_schema_and_errors(document):
 def test_limits_are_in_the_schemas(document):
     schemas = document["components"]["schemas"]
     questions = schemas["SystemOneRequest"]["properties"]["questions"]
-    assert (questions["minProperties"], questions["maxProperties"]) == (1, 64)
+    assert (questions["minProperties"], questions["maxProperties"]) == (1, 400)
     criteria = schemas["ChoiceQuestion"]["properties"]["criteria"]
     assert (criteria["minProperties"], criteria["maxProperties"]) == (2, 255)
     levels = schemas["ScoreQuestion"]["properties"]["criteria"]
