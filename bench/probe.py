@@ -128,8 +128,11 @@ def reason(response: httpx.Response) -> str:
 
 
 class Probe:
-    def __init__(self, client: httpx.AsyncClient, server: subprocess.Popen, keys: Path, metrics_url: str):
+    def __init__(
+        self, client: httpx.AsyncClient, server: subprocess.Popen, keys: Path, metrics_url: str, log: Path
+    ):
         self.client, self.server, self.keys, self.metrics_url = client, server, keys, metrics_url
+        self.log = log  # the server's output: its access-log lines say how long it took itself
         self.rows: list[Row] = []
 
     def row(self, probe: str, then: str, now: str, passed: bool | None) -> None:
@@ -433,22 +436,38 @@ class Probe:
 
     async def overload(self, n: int, padding_tokens: int = 0) -> dict:
         """``n`` concurrent one-question requests, each state distinct; ``padding_tokens`` lengthen every
-        state so that the flood's work exceeds the queue's bound (529s to time)."""
+        state so that the flood's work exceeds the queue's bound (529s to time).
 
-        async def one(i: int) -> tuple[int, float, str | None]:
+        The flood comes from its own client, each request on a new connection, as ``n`` callers send it.
+        Sent through the probe's one pool of ``n`` kept-alive connections (after the first flood), the
+        client itself took seconds to put the requests on the wire (httpcore walks its idle connections
+        for each request) while the engine held the cores: the server then saw the last of them ~3 s
+        late and refused each within milliseconds, and the row measured the client. The server's own
+        time per request, from its access log, is printed beside the client's."""
+
+        async def one(client: httpx.AsyncClient, i: int) -> tuple[int, float, str | None, str | None]:
             state = f"Flood {i}: my order {i * 7919 % 10_000} is late." + " word" * padding_tokens
             body = {"state": state, "questions": {"q": NOUL}}
             started = time.monotonic()
-            response = await self.client.post("/v1/systemone", json=body, headers=auth(A if i % 2 else B))
-            return response.status_code, time.monotonic() - started, response.headers.get("retry-after")
+            response = await client.post("/v1/systemone", json=body, headers=auth(A if i % 2 else B))
+            return (
+                response.status_code,
+                time.monotonic() - started,
+                response.headers.get("retry-after"),
+                response.headers.get("x-request-id"),
+            )
 
-        started = time.monotonic()
-        results = await asyncio.gather(*(one(i) for i in range(n)))
-        wall = time.monotonic() - started
-        statuses = collections.Counter(s for s, _, _ in results)
-        answered = sorted(t for s, t, _ in results if s == 200)
-        refused = sorted(t for s, t, _ in results if s == 529)
-        retry_after = collections.Counter(r for s, _, r in results if s == 529)
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=self.client.base_url, timeout=300, limits=limits) as client:
+            started = time.monotonic()
+            results = await asyncio.gather(*(one(client, i) for i in range(n)))
+            wall = time.monotonic() - started
+        statuses = collections.Counter(s for s, *_ in results)
+        answered = sorted(t for s, t, *_ in results if s == 200)
+        refused = sorted(t for s, t, *_ in results if s == 529)
+        retry_after = collections.Counter(r for s, _, r, _ in results if s == 529)
+        served = self.server_latencies_s()
+        refused_served = sorted(served[rid] for s, _, _, rid in results if s == 529 and rid in served)
 
         def pct(values: list[float], q: float) -> str:
             return ms(values[min(len(values) - 1, int(q * len(values)))]) if values else "–"
@@ -460,7 +479,8 @@ class Probe:
             if not padding_tokens
             else "(not asked: the issue's flood had short states)",
             f"{', '.join(f'{c} × {s}' for s, c in sorted(statuses.items()))}; 200s p50 {pct(answered, 0.5)}, p99 "
-            f"{pct(answered, 0.99)}; 529s after p50 {pct(refused, 0.5)}, max {pct(refused, 1.0)} (Retry-After "
+            f"{pct(answered, 0.99)}; 529s after p50 {pct(refused, 0.5)}, max {pct(refused, 1.0)} at the client, "
+            f"p50 {pct(refused_served, 0.5)}, max {pct(refused_served, 1.0)} in the server (Retry-After "
             f"{', '.join(f'{r} × {c}' for r, c in retry_after.items()) or '–'}); all done in {ms(wall)}",
             set(statuses) <= {200, 529, 504}
             and bool(answered)
@@ -468,6 +488,19 @@ class Probe:
             and answered[-1] < 65,
         )
         return {"statuses": dict(statuses), "wall_s": wall}
+
+    def server_latencies_s(self) -> dict[str, float]:
+        """Request id → the server's own latency (its access-log lines: service/observe.py)."""
+        latencies = {}
+        for line in self.log.read_text(errors="replace").splitlines():
+            start = line.find("{")
+            try:
+                entry = json.loads(line[start:]) if start >= 0 else None
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "latency_ms" in entry and entry.get("request_id"):
+                latencies[entry["request_id"]] = entry["latency_ms"] / 1000
+        return latencies
 
     def covered_by_tests(self) -> None:
         for probe, then, test in (
@@ -537,7 +570,7 @@ async def probe(args: argparse.Namespace, folder: Path) -> list[Row]:
             max_connections=args.concurrency + 16, max_keepalive_connections=args.concurrency + 16
         )
         async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
-            checks = Probe(client, server, keys, f"http://127.0.0.1:{metrics_port}")
+            checks = Probe(client, server, keys, f"http://127.0.0.1:{metrics_port}", log)
             for step in (
                 checks.wrong_keys,
                 checks.isolation,
