@@ -283,8 +283,9 @@ async def raw_limit(kind: str, engine: Any, engine_client: httpx.AsyncClient | N
         # Every thread of this process, and one: on cores where other work also runs, all threads can
         # be the slower (OpenMP threads wait on each other), and a limit below what one thread reaches
         # would not be a limit. The faster is the limit; both are kept. Each count on a fresh thread of
-        # its own, as the engine's workers run (the main thread's OpenMP team, after the engine's
-        # workers ran, measured up to 10x slower at two threads on this machine).
+        # its own, which ends after it: a thread that ran torch keeps its OpenMP team, and with more
+        # such threads than cores every team's helpers sleep between parallel regions (the engine's
+        # module docstring, 4), which made the main thread's count up to 10x slower here.
         def on_own_thread(threads: int) -> list[float]:
             def run() -> list[float]:
                 torch.get_num_threads()  # torch's per-thread setup first, then this thread's count

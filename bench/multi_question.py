@@ -97,7 +97,6 @@ def serve_child(args: argparse.Namespace) -> None:
             url=args.engine_url,
             share_prefix=args.share_prefix,
             prefill_first=args.prefill_first,
-            workers=args.workers,
             timeout_s=120,
         )
 
@@ -139,7 +138,7 @@ def start(variant: dict, args: argparse.Namespace) -> tuple[subprocess.Popen, st
             variant["kind"],
             "--port",
             str(port),
-        ] + (["--workers", str(args.workers)] if args.workers is not None else [])
+        ]
         command += [
             "--engine-url",
             args.engine_url or "",
@@ -470,12 +469,6 @@ if __name__ == "__main__":
         "--single-requests", type=int, default=48, help="one-question requests at concurrency 8"
     )
     parser.add_argument("--batch-requests", type=int, default=3, help="/decide/batch requests of 16 states")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="local engine: batch worker threads (default: the engine's, one per core, at most 2)",
-    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--serve-child", action="store_true", help=argparse.SUPPRESS)

@@ -67,7 +67,7 @@ async def main(args: argparse.Namespace) -> dict:
     else:
 
         async def opener():
-            return await open_engine("local", model_dir=model_dir, workers=2)
+            return await open_engine("local", model_dir=model_dir)
 
     events: dict[str, float] = {}
     statuses: collections.Counter = collections.Counter()

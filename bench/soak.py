@@ -300,7 +300,7 @@ async def soak(args: argparse.Namespace) -> dict:
     store_path = folder / "soak.sqlite3"
 
     async def opener():
-        return await open_engine("local", model_dir=model_dir, workers=args.workers)
+        return await open_engine("local", model_dir=model_dir)
 
     key_file = folder / "keys"
     key_file.write_text(
@@ -432,7 +432,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--clients", type=int, default=2, help="concurrent request loops per tenant")
-    parser.add_argument("--workers", type=int, default=2, help="embedded engine batch threads")
     parser.add_argument("--slices", type=int, default=10, help="time slices for p50/p99")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

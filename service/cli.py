@@ -57,12 +57,6 @@ def serve(
     model_dir: ModelDirOption = None,
     chat_template: ChatTemplateOption = None,
     tokenizer: TokenizerOption = None,
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            help="local engine: batch threads, the cores shared among them (default: one per core, at most 2)"
-        ),
-    ] = None,
     batch_window_ms: Annotated[
         float, typer.Option(help="local engine: how long a batch waits for more reads")
     ] = DEFAULT.batching.batch_window_ms,
@@ -155,7 +149,7 @@ def serve(
     try:
         options = ServeOptions(
             host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model=model, model_dir=model_dir,
-            chat_template=chat_template, tokenizer=tokenizer, workers=workers, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
+            chat_template=chat_template, tokenizer=tokenizer, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost,

@@ -40,8 +40,6 @@ class ServeOptions:
     chat_template: Path | None = None
     """A jinja file replacing the tokenizer's chat template (as vLLM's ``--chat-template``)."""
     tokenizer: str | None = None
-    workers: int | None = None
-    """Local engine batch threads; None: one per core (``LocalEngine``)."""
     batching: LocalBatching = LocalBatching()
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     engine_timeout_s: float = DEFAULT_TIMEOUT_S
@@ -124,7 +122,7 @@ def open_local_engine(options: ServeOptions, folder: Path, chat_template: str | 
     try:
         return asyncio.run(
             open_engine(
-                "local", model_dir=folder, top_k=options.top_k, workers=options.workers,
+                "local", model_dir=folder, top_k=options.top_k,
                 batching=options.batching, chat_template=chat_template,
             )
         )  # fmt: skip

@@ -37,7 +37,6 @@ async def open_engine(
     top_k: int | None = None,
     tokenizer: str | None = None,
     read_mode: ReadMode | None = None,
-    workers: int | None = None,
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     share_prefix: bool = True,
@@ -66,7 +65,6 @@ async def open_engine(
         engine: Engine = LocalEngine(
             folder,
             top_k=top_k,
-            workers=workers,
             share_prefix=share_prefix,
             batching=batching or LocalBatching(),
         )

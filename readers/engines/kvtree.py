@@ -14,7 +14,7 @@ chunks, each chunk attending to the keys of its tokens' ancestors (``Chunk.visib
 
 Concurrency: plans are made and finished under one lock, computed outside it. A batch whose prompts
 run into tokens another batch is computing waits for that batch to finish, then plans again, so a
-shared state arriving on two workers at once is computed once. A batch that fails takes its
+shared state arriving in two batches at once is computed once. A batch that fails takes its
 uncomputed nodes out of the tree.
 
 Memory: the tree keeps at most ``max_bytes`` of keys and values, least recently used leaves evicted
@@ -217,11 +217,18 @@ class KVTree:
     # Planning ---------------------------------------------------------------------------------
 
     def plan(
-        self, prompts: Sequence[Sequence[int]], reuse: Sequence[bool], keep: Sequence[bool] | None = None
-    ) -> Plan:
+        self,
+        prompts: Sequence[Sequence[int]],
+        reuse: Sequence[bool],
+        keep: Sequence[bool] | None = None,
+        *,
+        wait: bool = True,
+    ) -> Plan | None:
         """The work of reading ``prompts``; a prompt with ``reuse`` False is computed whole, on its
         own (the per-question path, kept to measure what reuse gains). Tokens only prompts with
-        ``keep`` False compute leave the tree when the batch is done (they are still shared in it)."""
+        ``keep`` False compute leave the tree when the batch is done (they are still shared in it).
+        Where prompts run into tokens another batch is computing: wait for it, or with ``wait``
+        False return None at once (the engine's compute thread runs that batch meanwhile)."""
         prompts = [tuple(ids) for ids in prompts]
         if any(not ids for ids in prompts):
             raise ValueError("a read needs at least one prompt token")
@@ -229,6 +236,8 @@ class KVTree:
         batch = object()
         with self._lock:
             while any(self._blocked(ids) for ids, shared in zip(prompts, reuse) if shared):
+                if not wait:
+                    return None
                 self._done.wait()
             for ids, shared, kept in zip(prompts, reuse, keep):
                 if shared:
@@ -389,6 +398,11 @@ class KVTree:
                     if node.parent.children.get(node.tokens[0]) is node:
                         del node.parent.children[node.tokens[0]]
             self._done.notify_all()
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        """Until a batch finishes or is abandoned, at most ``timeout_s``."""
+        with self._lock:
+            self._done.wait(timeout_s)
 
     def clear(self) -> None:
         """Forgets every kept token (tokens a batch is computing stay until it is done): the next

@@ -16,8 +16,15 @@ How a batch of reads is computed (``share_prefix=True``, the default):
    so every read equals the same prompt read alone (to float rounding). A chunk holds at most
    ``chunk_tokens`` tokens and a bounded number of attention scores, so a read of many options
    works in bounded memory.
-4. The thread budget follows the work: one batch in flight computes on every thread, concurrent
-   batches split them.
+4. One compute thread runs every batch on the whole thread budget, a chunk at a time, taking turns
+   between the batches in flight (``RUNNING_BATCHES``): a batch that arrives while a long one runs
+   waits for one chunk, not for the long batch to end. Why one thread (``COMPUTE_THREADS``): torch's OpenMP on Linux
+   (libgomp) keeps a team of helper threads for every thread that ran a parallel region, and once it
+   manages more threads than there are cores its helpers spin only ~100 times before they sleep. A
+   forward is thousands of small parallel regions, so each then waits for its helpers to wake: with
+   two batch threads that had each used both cores of a 2-core machine, a lone 143-token chunk kept
+   1.5 cores busy and took 268 ms, against 180 ms and 1.99 cores from one thread
+   (docs/shared-state.md, "One compute thread").
 
 ``share_prefix=False`` is the per-question path: every read's whole prompt is computed on its own
 (still micro-batched), nothing kept. It is kept to measure what reuse gains.
@@ -29,15 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import copy
 import ctypes
 import ctypes.util
 import itertools
-import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +87,65 @@ class ReadsAbandoned(Exception):
     """A batch stopped between chunks: every caller of its reads was cancelled."""
 
 
+class _JobQueue:
+    """Reads waiting for the compute thread."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._closed = False
+        self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
+
+    def put(self, job: _Job) -> None:
+        with self._ready:
+            self._jobs.append(job)
+            self._ready.notify_all()
+
+    def close(self) -> None:
+        """The compute thread takes what is queued, then ends."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+
+    def take(self, *, idle: bool, window_s: float, max_rows: int) -> list[_Job] | None:
+        """The next batch: queued jobs up to ``max_rows`` reads (at least one job), a job whose caller
+        was cancelled while it queued dropped (nothing is computed for it). ``idle`` (nothing else to
+        compute): wait for a first job, then for those arriving within ``window_s`` of it; otherwise
+        take only what is queued, maybe nothing ([]). None: closed and nothing queued."""
+        with self._ready:
+            batch: list[_Job] = []
+            rows = 0
+            while not batch:
+                if not self._jobs:
+                    if self._closed:
+                        return None
+                    if not idle:
+                        return batch
+                    self._ready.wait()
+                    continue
+                rows = self._take_queued(batch, rows, max_rows)
+            deadline = time.monotonic() + window_s
+            while idle and rows < max_rows and not self._closed:
+                if self._jobs:
+                    rows = self._take_queued(batch, rows, max_rows)
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._ready.wait(remaining)
+            return batch
+
+    def _take_queued(self, batch: list[_Job], rows: int, max_rows: int) -> int:
+        while self._jobs and (not batch or rows < max_rows):
+            job = self._jobs.popleft()
+            if job.future.set_running_or_notify_cancel():
+                batch.append(job)
+                rows += len(job.requests)
+            else:
+                self.dropped_reads += len(job.requests)
+        return rows
+
+
 @dataclass
 class Computed:
     """A batch's reads: the final hidden state of each prompt and the plan that computed them."""
@@ -90,12 +156,12 @@ class Computed:
     """The largest chunk's past and new keys and values plus its attention scores (an estimate)."""
 
 
-# Read once, at import: a thread that has not used torch yet reports the count the last worker set.
+# Read once, at import: a thread that has not used torch yet reports the count the last batch set.
 _THREAD_BUDGET = max(1, torch.get_num_threads())
-DEFAULT_MAX_WORKERS = 2
-"""The default's cap. Measured on two cores (evidence/multi-question-4); idle workers each take
-the next job (the queue wakes a different one per job), so many of them would split concurrent
-reads into batches of one instead of batching them."""
+RUNNING_BATCHES = 2
+"""Batches the compute thread takes turns between: a batch that arrives while a long one runs starts
+at the long one's next chunk; more wait in the queue, in order (a read whose caller leaves while it
+is queued costs nothing), and a running batch's working memory is held at most twice."""
 
 
 def thread_budget() -> int:
@@ -104,12 +170,8 @@ def thread_budget() -> int:
 
 
 class LocalEngine(ClosingEngine):
-    """Batches run on ``workers`` threads (torch releases the GIL during the forward). The thread
-    budget is shared by the batches in flight: a batch alone computes on all of it, two at once on
-    half each (each chunk takes its share when it starts).
-
-    The default is one worker per thread of the budget, at most ``DEFAULT_MAX_WORKERS``, so that a
-    second request's batch need not wait for the first one's to end."""
+    """Batches run on one compute thread (torch releases the GIL during the forward), on the whole
+    thread budget, the batches in flight taking turns a chunk at a time (module docstring, 4)."""
 
     kind = "local"
 
@@ -118,18 +180,13 @@ class LocalEngine(ClosingEngine):
         model_dir: Path,
         *,
         top_k: int | None = None,
-        workers: int | None = None,
         dtype: str = "float32",
         share_prefix: bool = True,
         batching: LocalBatching = LocalBatching(),
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        budget = thread_budget()
-        workers = min(budget, DEFAULT_MAX_WORKERS) if workers is None else workers
-        if workers < 1:
-            raise ValueError("workers must be at least 1")
-        self.thread_budget = budget
+        self.thread_budget = thread_budget()
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # sdpa takes the boolean 4-D masks built below as they are.
@@ -158,8 +215,8 @@ class LocalEngine(ClosingEngine):
         self.share_prefix = share_prefix
         self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
         self.batched_reads = 0
-        self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
         self.stopped_batches = 0  # batches stopped between chunks, every caller cancelled
+        self._in_flight = 0  # batches the compute thread is taking turns between
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self.chunk_tokens = batching.chunk_tokens
@@ -171,9 +228,6 @@ class LocalEngine(ClosingEngine):
         bytes_per = torch.finfo(getattr(torch, dtype)).bits // 8
         self.kv_bytes_per_token = int(config.num_hidden_layers) * 2 * kv_heads * head_dim * bytes_per
         self._score_bytes = heads * 4  # float32 scores per query × key pair, over the heads
-        self._in_flight = 0  # batches being computed: they share the thread budget
-        self._in_flight_lock = threading.Lock()
-        self._threads = threading.local()
         self._probe = {
             "engine": "local",
             "model_dir": str(model_dir),
@@ -184,21 +238,22 @@ class LocalEngine(ClosingEngine):
             "prefix_cache_mib": batching.prefix_cache_mib,
             "chunk_tokens": batching.chunk_tokens,
             "chunk_scores": batching.chunk_scores,
-            "workers": workers,
-            "thread_budget": budget,
+            "compute_threads": 1,
+            "thread_budget": self.thread_budget,
         }
         self._set_top_k(top_k)
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._workers = [
-            threading.Thread(target=self._serve, name=f"local-engine-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        for worker in self._workers:
-            worker.start()
-        self._owns_workers = True
-        # Worker threads that used torch must be gone before the interpreter finalises, or the C++
-        # runtime aborts the process at exit ("terminate called without an active exception").
-        atexit.register(_stop_workers, self._jobs, self._workers)
+        self._jobs = _JobQueue()
+        self._worker = threading.Thread(target=self._serve, name="local-engine", daemon=True)
+        self._worker.start()
+        self._owns_worker = True
+        # A thread that used torch must be gone before the interpreter finalises, or the C++ runtime
+        # aborts the process at exit ("terminate called without an active exception").
+        atexit.register(_stop_worker, self._jobs, self._worker)
+
+    @property
+    def dropped_reads(self) -> int:
+        """Queued reads whose callers were cancelled before a batch took them."""
+        return self._jobs.dropped_reads
 
     def _set_top_k(self, top_k: int | None) -> None:
         vocab_size = self.info.vocab_size
@@ -214,10 +269,10 @@ class LocalEngine(ClosingEngine):
         )
 
     def with_top_k(self, top_k: int | None) -> LocalEngine:
-        """The same loaded model read another way (exact, or top-k), sharing weights, workers and cache."""
+        """The same loaded model read another way (exact, or top-k), sharing weights, compute thread and cache."""
         variant = copy.copy(self)
         variant._set_top_k(top_k)
-        variant._owns_workers = False
+        variant._owns_worker = False
         return variant
 
     def with_share_prefix(self, share_prefix: bool) -> LocalEngine:
@@ -226,7 +281,7 @@ class LocalEngine(ClosingEngine):
         variant.share_prefix = share_prefix
         variant._probe = {**self._probe, "share_prefix": share_prefix}
         variant._set_top_k(self.top_k)
-        variant._owns_workers = False
+        variant._owns_worker = False
         return variant
 
     def next_token_logprobs(self, prompt_ids: Sequence[int]) -> torch.Tensor:
@@ -266,53 +321,53 @@ class LocalEngine(ClosingEngine):
         ]
 
     async def aclose(self) -> None:
-        if self._owns_workers:
-            await asyncio.to_thread(_stop_workers, self._jobs, self._workers)
+        if self._owns_worker:
+            await asyncio.to_thread(_stop_worker, self._jobs, self._worker)
 
     # Worker side ------------------------------------------------------------------------------
 
     def _serve(self) -> None:
+        """The compute thread: batches in flight take turns, one step (a chunk) each."""
         # torch's per-thread setup runs on a thread's first torch call and reloads the process-wide
-        # count, which any other thread may have set since: run it first (``_use_threads`` then sets
-        # this worker's own count before each chunk).
+        # count, which another thread may have set since: run it first, then this thread's own count.
         torch.get_num_threads()
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            if not job.future.set_running_or_notify_cancel():
-                self.dropped_reads += len(
-                    job.requests
-                )  # its caller went away while it queued: compute nothing for it
-                continue
-            jobs, rows = [job], len(job.requests)
-            deadline = time.monotonic() + self.batch_window_s
-            while rows < self.max_batch:
+        torch.set_num_threads(self.thread_budget)
+        running: collections.deque[Generator[bool, None, None]] = collections.deque()
+        waiting = 0  # batches in a row that yielded waiting for a tree node another thread computes
+        with torch.inference_mode():
+            while True:
+                jobs = (
+                    self._jobs.take(idle=not running, window_s=self.batch_window_s, max_rows=self.max_batch)
+                    if len(running) < RUNNING_BATCHES
+                    else []
+                )
+                if jobs is None and not running:
+                    return
+                if jobs:
+                    running.append(self._run(jobs))
+                self._in_flight = len(running)
+                if not running:
+                    continue
+                steps = running.popleft()
                 try:
-                    more = (
-                        self._jobs.get(timeout=max(deadline - time.monotonic(), 0))
-                        if self.batch_window_s
-                        else self._jobs.get_nowait()
-                    )
-                except queue.Empty:
-                    break
-                if more is None:
-                    self._jobs.put(None)  # the next loop ends this worker
-                    break
-                if more.future.set_running_or_notify_cancel():
-                    jobs.append(more)
-                    rows += len(more.requests)
-                else:
-                    self.dropped_reads += len(more.requests)
-            self._run(jobs)
+                    blocked = next(steps)
+                except StopIteration:
+                    self._in_flight = len(running)
+                    waiting = 0
+                    continue
+                running.append(steps)
+                waiting = waiting + 1 if blocked else 0
+                if waiting >= len(running):  # all wait on a batch computed outside this thread
+                    self.prefix_cache.wait_for_change(timeout_s=0.05)
+                    waiting = 0
 
-    def _run(self, jobs: list[_Job]) -> None:
+    def _run(self, jobs: list[_Job]) -> Generator[bool, None, None]:
+        """One batch, a step at a time (yields True while it waits for tree nodes another batch is
+        computing, False after each chunk); its callers' futures get its replies or its error."""
         started = time.monotonic()
         requests = [(job, request) for job in jobs for request in job.requests]
-        with self._in_flight_lock:
-            self._in_flight += 1
         try:
-            computed = self.compute(
+            computed = yield from self._compute_steps(
                 [request.prompt_ids for _, request in requests],
                 [job.share_prefix for job, _ in requests],
                 keep=[request.keep for _, request in requests],
@@ -325,15 +380,12 @@ class LocalEngine(ClosingEngine):
                     _pick(row, request.label_ids, job.top_k)
                     for row, (job, request) in zip(rows, requests[start : start + PICK_ROWS])
                 ]
-        except BaseException as error:
+        except Exception as error:
             if isinstance(error, ReadsAbandoned):
                 self.stopped_batches += 1
             for job in jobs:
                 job.future.set_exception(error)
             return
-        finally:
-            with self._in_flight_lock:
-                self._in_flight -= 1
         if computed.peak_bytes > TRIM_ABOVE_BYTES:
             _return_freed_memory()
         latency_ms = (time.monotonic() - started) * 1000
@@ -343,7 +395,7 @@ class LocalEngine(ClosingEngine):
         results = list(zip(picks, plan.computed_tokens, plan.cached_tokens))
         at = 0
         for job in jobs:
-            # A running future cannot be cancelled (set_running_or_notify_cancel above), so this always lands.
+            # A running future cannot be cancelled (``_JobQueue.take``), so this always lands.
             job.future.set_result(
                 (results[at : at + len(job.requests)], (started - job.submitted) * 1000, latency_ms)
             )
@@ -365,36 +417,57 @@ class LocalEngine(ClosingEngine):
         stop: Callable[[], bool] | None = None,
     ) -> Computed:
         """The final hidden state of each prompt, every distinct token computed once (module
-        docstring); ``keep`` False: that prompt's new tokens are not kept after the batch. ``stop``
-        True before a chunk: raise ``ReadsAbandoned`` there, the tree left as if the batch never ran
-        (a chunk already running cannot be stopped: torch finishes it)."""
+        docstring), on the calling thread; ``keep`` False: that prompt's new tokens are not kept
+        after the batch. ``stop`` True before a chunk: raise ``ReadsAbandoned`` there, the tree left
+        as if the batch never ran (a chunk already running cannot be stopped: torch finishes it)."""
+        steps = self._compute_steps(prompts, reuse, keep=keep, stop=stop, wait=True)
+        with torch.inference_mode():
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+
+    def _compute_steps(
+        self,
+        prompts: Sequence[Sequence[int]],
+        reuse: bool | Sequence[bool],
+        *,
+        keep: Sequence[bool] | None,
+        stop: Callable[[], bool] | None,
+        wait: bool = False,
+    ) -> Generator[bool, None, Computed]:
+        """``compute`` a step at a time: yields True while its plan waits for tree nodes another batch
+        is computing (``wait`` False: the compute thread runs that batch meanwhile), False after each
+        chunk; returns the ``Computed``. The caller holds ``torch.inference_mode``."""
         if isinstance(reuse, bool):
             reuse = [reuse] * len(prompts)
-        with torch.inference_mode():
-            plan = self.prefix_cache.plan(prompts, reuse, keep)
-            try:
-                wanted = {(id(segment), offset) for segment, offset in plan.outputs}
-                hidden: dict[tuple[int, int], torch.Tensor] = {}
-                peak = 0
-                for queries in plan.chunks(self.chunk_tokens, self.chunk_scores):
-                    if stop is not None and stop():
-                        raise ReadsAbandoned
-                    chunk = plan.chunk_keys(queries)
-                    peak = max(peak, self.chunk_bytes(chunk))
-                    new_kv, states = self._forward(chunk)
-                    at = 0
-                    for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
-                        n = sum(1 for _ in group)
-                        segment.pieces.append(new_kv[:, :, :, at : at + n])
-                        at += n
-                    for row, (segment, offset) in enumerate(queries):
-                        if (id(segment), offset) in wanted:
-                            hidden[(id(segment), offset)] = states[row].clone()
-                self.prefix_cache.finish(plan)
-            except BaseException:
-                self.prefix_cache.abandon(plan)
-                raise
-            return Computed([hidden[(id(segment), offset)] for segment, offset in plan.outputs], plan, peak)
+        while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait)) is None:
+            yield True
+        try:
+            wanted = {(id(segment), offset) for segment, offset in plan.outputs}
+            hidden: dict[tuple[int, int], torch.Tensor] = {}
+            peak = 0
+            for queries in plan.chunks(self.chunk_tokens, self.chunk_scores):
+                if stop is not None and stop():
+                    raise ReadsAbandoned
+                chunk = plan.chunk_keys(queries)
+                peak = max(peak, self.chunk_bytes(chunk))
+                new_kv, states = self._forward(chunk)
+                at = 0
+                for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
+                    n = sum(1 for _ in group)
+                    segment.pieces.append(new_kv[:, :, :, at : at + n])
+                    at += n
+                for row, (segment, offset) in enumerate(queries):
+                    if (id(segment), offset) in wanted:
+                        hidden[(id(segment), offset)] = states[row].clone()
+                yield False
+            self.prefix_cache.finish(plan)
+        except BaseException:
+            self.prefix_cache.abandon(plan)
+            raise
+        return Computed([hidden[(id(segment), offset)] for segment, offset in plan.outputs], plan, peak)
 
     def chunk_bytes(self, chunk: Chunk) -> int:
         """A chunk's working memory, estimated: its past and new keys and values, held twice (the
@@ -408,7 +481,6 @@ class LocalEngine(ClosingEngine):
         [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
         from transformers import DynamicCache
 
-        self._use_threads()
         past_tokens = chunk.key_tokens
         cache = DynamicCache()
         if past_tokens:
@@ -431,15 +503,6 @@ class LocalEngine(ClosingEngine):
             ]
         )
         return new_kv, hidden
-
-    def _use_threads(self) -> None:
-        """This worker's share of the thread budget for its next chunk: all of it when its batch is
-        the only one in flight."""
-        with self._in_flight_lock:
-            share = max(1, self.thread_budget // max(1, self._in_flight))
-        if getattr(self._threads, "count", None) != share:
-            torch.set_num_threads(share)
-            self._threads.count = share
 
     def _logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Full-vocabulary log-softmax rows from final hidden states."""
@@ -488,10 +551,7 @@ def _return_freed_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-def _stop_workers(jobs: queue.Queue, workers: list[threading.Thread]) -> None:
-    """Let queued batches finish, then end every worker (idempotent)."""
-    if any(worker.is_alive() for worker in workers):
-        for _ in workers:
-            jobs.put(None)
-        for worker in workers:
-            worker.join()
+def _stop_worker(jobs: _JobQueue, worker: threading.Thread) -> None:
+    """Let queued batches finish, then end the compute thread (idempotent)."""
+    jobs.close()
+    worker.join()

@@ -60,7 +60,7 @@ async def test_one_shape_end_to_end_on_the_embedded_model(tmp_path):
     limit = local["limit"]
     assert limit["prompt_tokens"] == 256 and "1" in limit["by_threads_tokens_per_s"]
     assert limit["tokens_per_s"] == pytest.approx(max(limit["by_threads_tokens_per_s"].values()))
-    assert local["threads"]["workers"] >= 1
+    assert local["threads"]["compute_threads"] == 1
     rows = {row["variant"]: row for row in local["rows"]}
     assert set(rows) == {"first-seen", "again"} and {row["shape"] for row in local["rows"]} == {"choice4"}
     first, again = rows["first-seen"], rows["again"]

@@ -75,7 +75,7 @@ def gemma_dir():
 
 @pytest.fixture(scope="session")
 def gemma_engine(gemma_dir):
-    return LocalEngine(gemma_dir, workers=1)
+    return LocalEngine(gemma_dir)
 
 
 @pytest.mark.slow
@@ -194,8 +194,8 @@ def folder_without_template(source, target):
 async def test_chat_template_replaces_the_models_own(embedded_model_dir, tmp_path):
     bare = folder_without_template(embedded_model_dir, tmp_path / "bare")
     with pytest.raises(NoChatTemplate, match="--chat-template"):
-        await open_engine("local", model_dir=bare, workers=1)
-    async with await open_engine("local", model_dir=bare, workers=1, chat_template=CUSTOM_TEMPLATE) as engine:
+        await open_engine("local", model_dir=bare)
+    async with await open_engine("local", model_dir=bare, chat_template=CUSTOM_TEMPLATE) as engine:
         reader = Reader(engine)
         slot, _ = reader.prepare(GEMMA_QUESTIONS[0], STATE)
         prompt = engine.tokenizer.decode(slot.prompt_ids)
@@ -210,4 +210,4 @@ async def test_chat_template_replaces_the_models_own(embedded_model_dir, tmp_pat
 async def test_a_template_that_cannot_render_the_turns_is_refused(embedded_model_dir):
     broken = "{% for m in messages %}{{ raise_exception('no system turns here') }}{% endfor %}"
     with pytest.raises(NoChatTemplate, match="no system turns here"):
-        await open_engine("local", model_dir=embedded_model_dir, workers=1, chat_template=broken)
+        await open_engine("local", model_dir=embedded_model_dir, chat_template=broken)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import threading
 
 import pytest
 import torch
@@ -193,8 +194,7 @@ async def test_readings_do_not_depend_on_the_other_questions_or_their_order(loca
             assert reading.label_probabilities.probabilities == pytest.approx(alone[question][0], abs=EXACT)
 
 
-def test_engine_options_are_checked(embedded_model_dir):
-    from readers.engines.local import LocalEngine
+def test_engine_options_are_checked():
 
     for option, value in (
         ("max_batch", 0),
@@ -205,34 +205,37 @@ def test_engine_options_are_checked(embedded_model_dir):
     ):
         with pytest.raises(ValueError, match=option):
             LocalBatching(**{option: value})
-    with pytest.raises(ValueError, match="workers"):
-        LocalEngine(embedded_model_dir, workers=0)
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="one thread: every split is the same")
 @pytest.mark.slow  # another engine loaded
-async def test_a_lone_batch_takes_every_thread_and_concurrent_batches_split_them(embedded_model_dir):
-    """One batch in flight computes on the whole thread budget; two at once on half each."""
-    from readers.engines.local import DEFAULT_MAX_WORKERS, LocalEngine, thread_budget
+async def test_batches_take_turns_on_one_thread_with_every_core(embedded_model_dir):
+    """Every chunk runs on the one compute thread on the whole thread budget (module docstring, 4);
+    a short read that arrives while a long batch runs is answered at the long one's next chunk,
+    before the long one ends, and equals the same read alone."""
+    from readers.engines.local import LocalEngine, thread_budget
 
-    class ThreadCounting(LocalEngine):
+    class Recording(LocalEngine):
         def _forward(self, chunk):
             result = super()._forward(chunk)
-            self.seen.append(torch.get_num_threads())  # on the worker thread, as the chunk ran
+            self.seen.append((threading.current_thread().name, torch.get_num_threads(), len(chunk.queries)))
             return result
 
-    budget = thread_budget()
-    engine = ThreadCounting(
+    engine = Recording(
         embedded_model_dir, batching=LocalBatching(max_batch=1, prefix_cache_mib=0, chunk_tokens=32)
     )
     try:
-        assert len(engine._workers) == min(budget, DEFAULT_MAX_WORKERS)
         engine.seen = []
-        await engine.read(ReadRequest((1, 2, 3), (4,), ("x",)))
-        assert engine.seen == [budget]
-        engine.seen = []
-        long = tuple(range(10, 300))  # in ten chunks: the two batches overlap
-        await asyncio.gather(*(engine.read(ReadRequest(long + (i,), (4,), ("x",))) for i in range(2)))
-        assert min(engine.seen) == budget // 2 and max(engine.seen) <= budget
+        long = tuple(range(10, 330))  # ten chunks of 32 tokens
+        long_read = asyncio.ensure_future(engine.read(ReadRequest(long, (4,), ("x",))))
+        while len(engine.seen) < 2:
+            await asyncio.sleep(0.002)
+        short = await engine.read(ReadRequest((1, 2, 3), (4,), ("x",)))
+        assert not long_read.done()
+        await long_read
+        assert {name for name, _, _ in engine.seen} == {"local-engine"}
+        assert {threads for _, threads, _ in engine.seen} == {thread_budget()}
+        sizes = [n for _, _, n in engine.seen]
+        assert sizes.count(3) == 1 and 2 <= sizes.index(3) < len(sizes) - 1, sizes
+        assert short.logprobs[4] == pytest.approx(float(engine.next_token_logprobs((1, 2, 3))[4]), abs=1e-4)
     finally:
         await engine.aclose()

@@ -297,7 +297,7 @@ async def test_an_abandoned_embedded_read_stops_between_chunks(local_engine, mon
         chunks.append(1)
         return forward(chunk)
 
-    # The session's engine, its workers computing in small chunks for this test (restored after).
+    # The session's engine, computing in small chunks for this test (restored after).
     monkeypatch.setattr(local_engine, "chunk_tokens", 16)
     monkeypatch.setattr(local_engine, "_forward", counting)
     stopped = local_engine.stopped_batches

@@ -2,8 +2,8 @@
 is not delayed by them, and the disconnect is its own outcome in metrics and logs (never a 500).
 
 A real uvicorn server on a loopback port and the real embedded model; a subclass of the local engine
-counts the reads its worker actually computes. One worker, batches of at most two reads: what may
-still run after clients leave is the batch already taken, two reads.
+counts the reads its compute thread actually starts. Batches of at most two reads, at most
+``RUNNING_BATCHES`` of them taken at once: what may still run after clients leave is those batches.
 """
 
 from __future__ import annotations
@@ -17,23 +17,23 @@ import pytest
 
 from deploy.processes import serving
 from readers.engines.base import LocalBatching
-from readers.engines.local import LocalEngine
+from readers.engines.local import RUNNING_BATCHES, LocalEngine
 from service.admission import AdmissionLimits
 from service.app import create_app
 
 
 class CountingEngine(LocalEngine):
-    """The embedded engine, counting the reads its worker computes."""
+    """The embedded engine, counting the reads its compute thread starts."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.computed = 0
         self._lock = threading.Lock()
 
-    def compute(self, prompts, reuse=True, **options):
+    def _compute_steps(self, prompts, reuse, **options):
         with self._lock:
             self.computed += len(prompts)
-        return super().compute(prompts, reuse, **options)
+        return (yield from super()._compute_steps(prompts, reuse, **options))
 
 
 BATCH = 2
@@ -41,7 +41,7 @@ BATCH = 2
 
 @pytest.fixture(scope="module")
 def counting_engine(embedded_model_dir):
-    engine = CountingEngine(embedded_model_dir, workers=1, batching=LocalBatching(max_batch=BATCH))
+    engine = CountingEngine(embedded_model_dir, batching=LocalBatching(max_batch=BATCH))
     yield engine
     asyncio.run(engine.aclose())
 
@@ -94,7 +94,7 @@ async def timed_answer(url: str) -> float:
         return time.monotonic() - started
 
 
-# Admission off in effect: every read reaches the engine's worker queue, which is what cancellation must
+# Admission off in effect: every read reaches the engine's queue, which is what cancellation must
 # empty; no deadline either, so only the client leaving stops work (a loaded CI core is slow).
 UNBOUNDED = AdmissionLimits(
     in_flight_cost=10**9, queued_cost=10**9, request_cost=10**9, max_wait_s=3600, deadline_s=3600
@@ -105,7 +105,7 @@ UNBOUNDED = AdmissionLimits(
 @pytest.mark.anyio
 async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
     """The probe: 152 of 200 clients gave up after 5 s, the server still computed every one, and a
-    later request waited 15 s. Now only the batch already on the worker runs."""
+    later request waited 15 s. Now only the batches the engine had taken run."""
     app = create_app(counting_engine, admission=UNBOUNDED)
     with serving(app) as url:
         await timed_answer(url)  # warm
@@ -123,10 +123,10 @@ async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
         f"gave up {gave_up}, answered {answered}, computed {computed}, one read {one_read_s:.2f} s, later {later:.2f} s"
     )
     assert gave_up >= 30 and gave_up + answered == 60
-    # Besides the answered ones, only the batch on the worker when the clients left ran.
-    assert computed <= answered + BATCH, (computed, answered, gave_up)
-    # The later request waits for at most that batch, not for the ~30 batches the flood queued.
-    assert later < (BATCH + 1) * one_read_s + 2.0, (later, one_read_s)
+    # Besides the answered ones, only the batches taken when the clients left ran.
+    assert computed <= answered + RUNNING_BATCHES * BATCH, (computed, answered, gave_up)
+    # The later request waits for at most those, not for the ~30 batches the flood queued.
+    assert later < (RUNNING_BATCHES * BATCH + 1) * one_read_s + 2.0, (later, one_read_s)
     disconnected = next(
         line for line in metrics.splitlines() if 'status="disconnected"' in line and "/v1/systemone" in line
     )
@@ -136,7 +136,7 @@ async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
 
 @pytest.mark.anyio
 @pytest.mark.slow  # its own engine, loaded again, and long reads
-async def test_an_abandoned_long_request_does_not_hold_the_worker(counting_engine):
+async def test_an_abandoned_long_request_does_not_hold_the_engine(counting_engine):
     """The probe: one ~7,000-token state with 4 questions, abandoned, blocked both workers and made
     the next small request wait 81 s. Now its questions share the state's KV and run as one job: if
     a batch took it before the client left, it runs once (torch cannot stop a forward pass), and the

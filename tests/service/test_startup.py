@@ -20,7 +20,9 @@ async def test_requests_get_503_until_the_engine_opens(local_engine):
         attempts.append(1)
         if len(attempts) < 3:
             raise EngineUnavailable("engine at http://127.0.0.1:1 is unreachable")
-        return local_engine.with_top_k(None)  # a view that does not own the shared workers: the app closes it
+        return local_engine.with_top_k(
+            None
+        )  # a view that does not own the shared compute thread: the app closes it
 
     app = create_app(open_engine=opener)
     async with app.router.lifespan_context(app):
