@@ -21,10 +21,10 @@ How a batch of reads is computed (``share_prefix=True``, the default):
    waits for one chunk, not for the long batch to end. Why one thread (``COMPUTE_THREADS``): torch's OpenMP on Linux
    (libgomp) keeps a team of helper threads for every thread that ran a parallel region, and once it
    manages more threads than there are cores its helpers spin only ~100 times before they sleep. A
-   forward is thousands of small parallel regions, so each then waits for its helpers to wake: with
-   two batch threads that had each used both cores of a 2-core machine, a lone 143-token chunk kept
-   1.5 cores busy and took 268 ms, against 180 ms and 1.99 cores from one thread
-   (docs/shared-state.md, "One compute thread").
+   forward is thousands of small parallel regions, so each then waits for its helpers to wake: on a
+   2-core machine, a 143-token chunk took 288 ms with 1.50 cores busy on a second thread with a team
+   of its own, against 202 ms and 1.99 cores on the only one (``bench/openmp_teams.py``,
+   docs/shared-state.md, "One compute thread").
 
 ``share_prefix=False`` is the per-question path: every read's whole prompt is computed on its own
 (still micro-batched), nothing kept. It is kept to measure what reuse gains.
