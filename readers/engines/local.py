@@ -5,8 +5,9 @@ tokens come back), to measure what top-k costs on the same model.
 
 How a batch of reads is computed (``share_prefix=True``, the default):
 
-1. Reads arriving within ``batch_window_ms`` of each other, up to ``max_batch`` reads, form one
-   batch (micro-batching: concurrent requests share forward passes).
+1. Reads arriving within ``batch_window_ms`` of each other on an idle engine (while it computes:
+   those queued at its next chunk), up to ``max_batch`` reads, form one batch (micro-batching:
+   concurrent requests share forward passes).
 2. Every distinct prompt token of the batch is computed once, and none whose keys and values the
    engine keeps from earlier batches (``readers/engines/kvtree.py``, a radix tree of prompt tokens
    bounded by ``prefix_cache_mib``): the state shared by a request's questions, the question above a
@@ -18,7 +19,8 @@ How a batch of reads is computed (``share_prefix=True``, the default):
    works in bounded memory.
 4. One compute thread runs every batch on the whole thread budget, a chunk at a time, taking turns
    between the batches in flight (``RUNNING_BATCHES``): a batch that arrives while a long one runs
-   waits for one chunk, not for the long batch to end. Why one thread (``COMPUTE_THREADS``): torch's OpenMP on Linux
+   waits for one chunk, not for the long batch to end (unless it needs tokens the long one is still
+   computing: then it waits for them, not to compute them twice). Why one thread: torch's OpenMP on Linux
    (libgomp) keeps a team of helper threads for every thread that ran a parallel region, and once it
    manages more threads than there are cores its helpers spin only ~100 times before they sleep. A
    forward is thousands of small parallel regions, so each then waits for its helpers to wake: on a
@@ -78,13 +80,17 @@ class _Job:
     share_prefix: bool
     submitted: float
     future: concurrent.futures.Future
-    # Set when the caller is cancelled after a worker took the job (its future can no longer be
+    # Set when the caller is cancelled after the compute thread took the job (its future can no longer be
     # cancelled): a batch whose every job is abandoned stops at its next chunk.
     abandoned: threading.Event = field(default_factory=threading.Event)
 
 
 class ReadsAbandoned(Exception):
     """A batch stopped between chunks: every caller of its reads was cancelled."""
+
+
+class EngineClosed(RuntimeError):
+    """A read sent to a local engine that was closed, or whose compute thread stopped."""
 
 
 class _JobQueue:
@@ -98,6 +104,8 @@ class _JobQueue:
 
     def put(self, job: _Job) -> None:
         with self._ready:
+            if self._closed:  # nothing would ever take it
+                raise EngineClosed("the local engine is closed")
             self._jobs.append(job)
             self._ready.notify_all()
 
@@ -107,8 +115,18 @@ class _JobQueue:
             self._closed = True
             self._ready.notify_all()
 
+    def fail(self, error: BaseException) -> None:
+        """Closes the queue and fails every queued job with ``error`` (the compute thread stopped)."""
+        with self._ready:
+            self._closed = True
+            while self._jobs:
+                job = self._jobs.popleft()
+                if job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(error)
+
     def take(self, *, idle: bool, window_s: float, max_rows: int) -> list[_Job] | None:
-        """The next batch: queued jobs up to ``max_rows`` reads (at least one job), a job whose caller
+        """The next batch: queued jobs up to ``max_rows`` reads (the last one taken may pass it; at
+        least one job), a job whose caller
         was cancelled while it queued dropped (nothing is computed for it). ``idle`` (nothing else to
         compute): wait for a first job, then for those arriving within ``window_s`` of it; otherwise
         take only what is queued, maybe nothing ([]). None: closed and nothing queued."""
@@ -327,13 +345,27 @@ class LocalEngine(ClosingEngine):
     # Worker side ------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        """The compute thread: batches in flight take turns, one step (a chunk) each."""
+        """The compute thread: batches in flight take turns, one step (a chunk) each. Should it stop
+        on an error of its own, every read taken or queued fails with it rather than wait forever."""
+        running: collections.deque[tuple[list[_Job], Generator[bool, None, None]]] = collections.deque()
+        try:
+            self._take_turns(running)
+        except BaseException as error:
+            stopped = EngineClosed(f"the local engine's compute thread stopped: {error!r}")
+            for jobs, steps in running:
+                steps.close()  # a started batch fails its callers itself (``_run``)
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(stopped)
+            self._jobs.fail(stopped)
+            raise
+
+    def _take_turns(self, running: collections.deque[tuple[list[_Job], Generator[bool, None, None]]]) -> None:
         # torch's per-thread setup runs on a thread's first torch call and reloads the process-wide
         # count, which another thread may have set since: run it first, then this thread's own count.
         torch.get_num_threads()
         torch.set_num_threads(self.thread_budget)
-        running: collections.deque[Generator[bool, None, None]] = collections.deque()
-        waiting = 0  # batches in a row that yielded waiting for a tree node another thread computes
+        waiting = 0  # batches in a row whose plan waited for tokens another batch is computing
         with torch.inference_mode():
             while True:
                 jobs = (
@@ -344,20 +376,20 @@ class LocalEngine(ClosingEngine):
                 if jobs is None and not running:
                     return
                 if jobs:
-                    running.append(self._run(jobs))
+                    running.append((jobs, self._run(jobs)))
                 self._in_flight = len(running)
                 if not running:
                     continue
-                steps = running.popleft()
+                jobs, steps = running.popleft()
                 try:
                     blocked = next(steps)
                 except StopIteration:
                     self._in_flight = len(running)
                     waiting = 0
                     continue
-                running.append(steps)
+                running.append((jobs, steps))
                 waiting = waiting + 1 if blocked else 0
-                if waiting >= len(running):  # all wait on a batch computed outside this thread
+                if waiting >= len(running):  # every batch waits: on one computed outside this thread
                     self.prefix_cache.wait_for_change(timeout_s=0.05)
                     waiting = 0
 
@@ -380,11 +412,15 @@ class LocalEngine(ClosingEngine):
                     _pick(row, request.label_ids, job.top_k)
                     for row, (job, request) in zip(rows, requests[start : start + PICK_ROWS])
                 ]
-        except Exception as error:
+                yield False  # a full-vocabulary head per group of rows: another batch's turn between
+        except BaseException as error:
             if isinstance(error, ReadsAbandoned):
                 self.stopped_batches += 1
+            failure = error if isinstance(error, Exception) else EngineClosed("the local engine stopped")
             for job in jobs:
-                job.future.set_exception(error)
+                job.future.set_exception(failure)
+            if not isinstance(error, Exception):  # the generator closed, the thread stopping: go on
+                raise
             return
         if computed.peak_bytes > TRIM_ABOVE_BYTES:
             _return_freed_memory()
@@ -443,6 +479,8 @@ class LocalEngine(ClosingEngine):
         if isinstance(reuse, bool):
             reuse = [reuse] * len(prompts)
         while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait)) is None:
+            if stop is not None and stop():
+                raise ReadsAbandoned  # nothing planned yet: nothing to take out of the tree
             yield True
         try:
             wanted = {(id(segment), offset) for segment, offset in plan.outputs}

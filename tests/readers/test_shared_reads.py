@@ -239,3 +239,18 @@ async def test_batches_take_turns_on_one_thread_with_every_core(embedded_model_d
         assert short.logprobs[4] == pytest.approx(float(engine.next_token_logprobs((1, 2, 3))[4]), abs=1e-4)
     finally:
         await engine.aclose()
+
+
+@pytest.mark.slow  # another engine loaded
+async def test_a_read_sent_to_a_closed_engine_is_refused(embedded_model_dir):
+    """Once closed, nothing would ever take a read: it is refused, not left waiting forever (a
+    variant that shares the engine's compute thread included)."""
+    from readers.engines.local import EngineClosed, LocalEngine
+
+    engine = LocalEngine(embedded_model_dir, batching=LocalBatching(prefix_cache_mib=0))
+    variant = engine.with_top_k(5)
+    assert (await variant.read(ReadRequest((1, 2, 3), (4,), ("x",)))).logprobs
+    await engine.aclose()
+    for closed in (engine, variant):
+        with pytest.raises(EngineClosed, match="closed"):
+            await asyncio.wait_for(closed.read(ReadRequest((1, 2, 3), (4,), ("x",))), timeout=10)

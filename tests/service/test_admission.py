@@ -141,7 +141,7 @@ async def test_over_the_queue_is_a_529_with_retry_after_and_never_a_500(client_f
 async def test_a_flood_is_refused_fast_not_queued_for_seconds(client_factory, local_engine):
     """The probe: 200 concurrent one-question requests all queued (p99 24 s, never a 429/503).
     With admission, what does not fit is refused at once and the rest are answered."""
-    slots = asyncio.Semaphore(2)  # like the embedded engine's two workers
+    slots = asyncio.Semaphore(2)  # two batches in flight, as the embedded engine takes turns between
 
     async def slow(request):
         async with slots:
