@@ -2,10 +2,12 @@
 
 ``unless_disconnected`` races the work against the ASGI ``http.disconnect`` message and the app's
 per-request deadline (``AdmissionLimits.deadline_s``, ``decide serve --deadline``). When the client
-leaves first, or the deadline passes (504 ``deadline_exceeded``), the work's task is cancelled: a request waiting for admission leaves the queue; reads
-not yet started are dropped (the embedded engine's queued reads are dropped before its compute thread takes them, and a batch
-whose every caller left stops at its next chunk; a vLLM request's HTTP call is closed, which vLLM aborts); a forward pass already running on the
-embedded engine finishes (torch cannot stop one mid-way), bounded by the admission limits.
+leaves first, or the deadline passes (504 ``deadline_exceeded``), the work's task is cancelled: a
+request waiting for admission leaves the queue; reads not yet started are dropped (the embedded
+engine drops queued reads before its compute thread takes them, and a batch whose every caller left
+stops at its next chunk; a vLLM request's HTTP call is closed, which vLLM aborts); a forward pass
+already running on the embedded engine finishes (torch cannot stop one mid-way), bounded by the
+admission limits.
 """
 
 from __future__ import annotations

@@ -20,13 +20,13 @@ How a batch of reads is computed (``share_prefix=True``, the default):
 4. One compute thread runs every batch on the whole thread budget, a chunk at a time, taking turns
    between the batches in flight (``RUNNING_BATCHES``): a batch that arrives while a long one runs
    waits for one chunk, not for the long batch to end (unless it needs tokens the long one is still
-   computing: then it waits for them, not to compute them twice). Why one thread: torch's OpenMP on Linux
-   (libgomp) keeps a team of helper threads for every thread that ran a parallel region, and once it
-   manages more threads than there are cores its helpers spin only ~100 times before they sleep. A
-   forward is thousands of small parallel regions, so each then waits for its helpers to wake: on a
-   2-core machine, a 143-token chunk took 288 ms with 1.50 cores busy on a second thread with a team
-   of its own, against 202 ms and 1.99 cores on the only one (``bench/openmp_teams.py``,
-   docs/shared-state.md, "One compute thread").
+   computing: then it waits for them rather than compute them twice). Why one thread: torch's
+   OpenMP on Linux (libgomp) keeps a team of helper threads for every thread that ran a parallel
+   region, and once it manages more threads than there are cores its helpers spin only ~100 times
+   before they sleep. A forward is thousands of small parallel regions, so each then waits for its
+   helpers to wake: on a 2-core machine, a 143-token chunk took 288 ms with 1.50 cores busy on a
+   second thread with a team of its own, against 202 ms and 1.99 cores on the only one
+   (``bench/openmp_teams.py``; docs/shared-state.md, "One compute thread").
 
 ``share_prefix=False`` is the per-question path: every read's whole prompt is computed on its own
 (still micro-batched), nothing kept. It is kept to measure what reuse gains.
@@ -80,8 +80,8 @@ class _Job:
     share_prefix: bool
     submitted: float
     future: concurrent.futures.Future
-    # Set when the caller is cancelled after the compute thread took the job (its future can no longer be
-    # cancelled): a batch whose every job is abandoned stops at its next chunk.
+    # Set when the caller is cancelled after the compute thread took the job (its future can no
+    # longer be cancelled): a batch whose every job is abandoned stops at its next chunk.
     abandoned: threading.Event = field(default_factory=threading.Event)
 
 
@@ -126,10 +126,10 @@ class _JobQueue:
 
     def take(self, *, idle: bool, window_s: float, max_rows: int) -> list[_Job] | None:
         """The next batch: queued jobs up to ``max_rows`` reads (the last one taken may pass it; at
-        least one job), a job whose caller
-        was cancelled while it queued dropped (nothing is computed for it). ``idle`` (nothing else to
-        compute): wait for a first job, then for those arriving within ``window_s`` of it; otherwise
-        take only what is queued, maybe nothing ([]). None: closed and nothing queued."""
+        least one job), a job whose caller was cancelled while it queued dropped (nothing is
+        computed for it). ``idle`` (nothing else to compute): wait for a first job, then for those
+        arriving within ``window_s`` of it; otherwise take only what is queued, maybe nothing ([]).
+        None: closed and nothing queued."""
         with self._ready:
             batch: list[_Job] = []
             rows = 0
@@ -287,7 +287,8 @@ class LocalEngine(ClosingEngine):
         )
 
     def with_top_k(self, top_k: int | None) -> LocalEngine:
-        """The same loaded model read another way (exact, or top-k), sharing weights, compute thread and cache."""
+        """The same loaded model read another way (exact, or top-k), sharing weights, compute thread
+        and cache."""
         variant = copy.copy(self)
         variant._set_top_k(top_k)
         variant._owns_worker = False
