@@ -234,7 +234,8 @@ class LocalEngine(ClosingEngine):
         self.batches = 0  # forward batches run, and the reads in them: how much micro-batching happened
         self.batched_reads = 0
         self.stopped_batches = 0  # batches stopped between chunks, every caller cancelled
-        self._in_flight = 0  # batches the compute thread is taking turns between
+        # The batches the compute thread takes turns between, with their jobs (variants share it).
+        self._running: collections.deque[tuple[list[_Job], Generator[bool, None, None]]] = collections.deque()
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self.chunk_tokens = batching.chunk_tokens
@@ -267,6 +268,11 @@ class LocalEngine(ClosingEngine):
         # A thread that used torch must be gone before the interpreter finalises, or the C++ runtime
         # aborts the process at exit ("terminate called without an active exception").
         atexit.register(_stop_worker, self._jobs, self._worker)
+
+    @property
+    def _in_flight(self) -> int:
+        """Batches the compute thread is taking turns between."""
+        return len(self._running)
 
     @property
     def dropped_reads(self) -> int:
@@ -348,7 +354,7 @@ class LocalEngine(ClosingEngine):
     def _serve(self) -> None:
         """The compute thread: batches in flight take turns, one step (a chunk) each. Should it stop
         on an error of its own, every read taken or queued fails with it rather than wait forever."""
-        running: collections.deque[tuple[list[_Job], Generator[bool, None, None]]] = collections.deque()
+        running = self._running
         try:
             self._take_turns(running)
         except BaseException as error:
@@ -378,17 +384,16 @@ class LocalEngine(ClosingEngine):
                     return
                 if jobs:
                     running.append((jobs, self._run(jobs)))
-                self._in_flight = len(running)
                 if not running:
                     continue
-                jobs, steps = running.popleft()
+                _, steps = running[0]  # stays counted in flight while it takes its step
                 try:
                     blocked = next(steps)
                 except StopIteration:
-                    self._in_flight = len(running)
+                    running.popleft()
                     waiting = 0
                     continue
-                running.append((jobs, steps))
+                running.rotate(-1)
                 waiting = waiting + 1 if blocked else 0
                 if waiting >= len(running):  # every batch waits: on one computed outside this thread
                     self.prefix_cache.wait_for_change(timeout_s=0.05)

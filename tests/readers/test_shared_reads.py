@@ -195,7 +195,6 @@ async def test_readings_do_not_depend_on_the_other_questions_or_their_order(loca
 
 
 def test_engine_options_are_checked():
-
     for option, value in (
         ("max_batch", 0),
         ("batch_window_ms", -1),
