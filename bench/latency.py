@@ -494,6 +494,28 @@ def fmt(value: float | None, spec: str = ".0f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def questions_floor(rows: Sequence[dict], limit_tokens_per_s: float) -> dict | None:
+    """What 8 questions on a cached state cost at least, beside one: one question's measured latency
+    plus the tokens the 8 compute beyond it at the raw limit. The ratio of that floor to one question
+    is the best any engine that computes those tokens at this machine's raw speed can reach; None
+    unless both cached rows ran and reported the tokens they computed."""
+    by_shape = {(row["shape"], row["variant"]): row for row in rows}
+    one, eight = by_shape.get(("q1", "cached")), by_shape.get(("q8", "cached"))
+    if not one or not eight or None in (one["median_ms"], eight["median_ms"]):
+        return None
+    if None in (one["computed_tokens"], eight["computed_tokens"]):
+        return None
+    extra = eight["computed_tokens"] - one["computed_tokens"]
+    floor_ms = one["median_ms"] + extra / limit_tokens_per_s * 1000
+    return {
+        "one_ms": one["median_ms"],
+        "extra_tokens": extra,
+        "floor_ms": floor_ms,
+        "floor_ratio": floor_ms / one["median_ms"],
+        "measured_ratio": eight["median_ms"] / one["median_ms"],
+    }
+
+
 def threads(count: int) -> str:
     return f"{count} thread" + ("s" if count != 1 else "")
 
@@ -545,6 +567,14 @@ def report(result: dict) -> str:
             if vllm:
                 cells += [fmt(row["cached_tokens"]), fmt(row.get("prefix_cache_hit_rate"), ".1%")]
             lines.append("| " + " | ".join(cells) + " |")
+        floor = questions_floor(engine["rows"], limit["tokens_per_s"])
+        if floor:
+            lines += [
+                "",
+                f"8 questions on a cached state: {floor['measured_ratio']:.2f}× one question; floor "
+                f"{floor['floor_ratio']:.2f}× at the limit (one question's {fmt(floor['one_ms'])} ms + "
+                f"{fmt(floor['extra_tokens'])} more tokens computed = {fmt(floor['floor_ms'])} ms)",
+            ]
         memory = engine.get("memory")
         if memory:
             lines += [

@@ -44,6 +44,24 @@ def test_tokens_computed_are_known_only_when_every_read_reports_them():
     assert bench.token_counts([(a, reply(3, 0)), (b, reply(None, None))])["computed_tokens"] is None
 
 
+def test_the_eight_question_floor_adds_only_the_extra_tokens_at_the_limit():
+    def row(shape: str, ms: float, computed: int | None) -> dict:
+        return {"shape": shape, "variant": "cached", "median_ms": ms, "computed_tokens": computed}
+
+    # One question 100 ms computing 20 tokens; eight compute 120 more: at 1,000 tokens/s that is
+    # 120 ms more, so no engine at that speed answers the eight in under 220 ms (2.2× one).
+    floor = bench.questions_floor([row("q1", 100, 20), row("q8", 250, 140)], 1000.0)
+    assert floor == {
+        "one_ms": 100,
+        "extra_tokens": 120,
+        "floor_ms": pytest.approx(220),
+        "floor_ratio": pytest.approx(2.2),
+        "measured_ratio": pytest.approx(2.5),
+    }
+    assert bench.questions_floor([row("q1", 100, 20)], 1000.0) is None  # no eight-question row
+    assert bench.questions_floor([row("q1", 100, None), row("q8", 250, 140)], 1000.0) is None
+
+
 @pytest.mark.slow  # loads a second copy of the model and runs ~256-token forwards: about 20 s on two cores
 @pytest.mark.anyio
 async def test_one_shape_end_to_end_on_the_embedded_model(tmp_path):
