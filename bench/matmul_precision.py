@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.load import bench_args, machine_info, run_bench
-from eval.manifest import git_revision
+from eval.manifest import run_manifest
 
 # (rows, in features, out features): SmolLM2-135M's projections (q/o 576→576, k/v 576→192, MLP
 # 576→1536 and 1536→576) at one question's new tokens and a fresh state's.
@@ -47,6 +47,11 @@ SHAPES = [
     for rows in (16, 128, 256)
     for n_in, n_out in ((576, 576), (576, 192), (576, 1536), (1536, 576))
 ]
+
+
+def _cpuinfo() -> list[str]:
+    path = Path("/proc/cpuinfo")
+    return path.read_text().splitlines() if path.is_file() else []
 
 
 def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,15 +104,16 @@ async def main(args: argparse.Namespace) -> dict:
                 "rel_error": error,
             }
         rows.append(row)
+    flags = set(next((line for line in _cpuinfo() if line.startswith("flags")), "").split())
     return {
-        "run": "bench:matmul_precision",
-        "git": git_revision(),
-        "args": bench_args(args),
+        "manifest": run_manifest("bench:matmul_precision", engines={}, args=bench_args(args)),
         "machine": machine_info()
         | {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            # torch's capability stops at AVX512; whether oneDNN has AMX for bfloat16 is the kernel's flags.
+            "bf16_units": sorted(flags & {"amx_bf16", "amx_tile", "avx512_bf16"}),
         },
         "rows": rows,
     }
@@ -117,8 +123,9 @@ def report(result: dict) -> str:
     machine = result["machine"]
     names = list(result["rows"][0]["methods"])
     lines = [
-        f"torch {machine['torch']}, {machine['threads']} threads, CPU capability {machine['cpu_capability']}; "
-        f"median ms over {result['args']['repeats']} repeats (range); × = float32's time ÷ the method's; "
+        f"torch {machine['torch']}, {machine['threads']} threads, CPU capability {machine['cpu_capability']} "
+        f"(bfloat16 units: {', '.join(machine['bf16_units']) or 'none'}); "
+        f"median ms over {result['manifest']['args']['repeats']} repeats (range); × = float32's time ÷ the method's; "
         "error = largest |product − float64| ÷ largest |float64|",
         "",
         "| rows × in → out | " + " | ".join(f"{name} ms | {name} × | {name} error" for name in names) + " |",

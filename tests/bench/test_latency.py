@@ -45,12 +45,14 @@ def test_tokens_computed_are_known_only_when_every_read_reports_them():
 
 
 def test_the_eight_question_floor_adds_only_the_extra_tokens_at_the_limit():
-    def row(shape: str, ms: float, computed: int | None) -> dict:
-        return {"shape": shape, "variant": "cached", "median_ms": ms, "computed_tokens": computed}
+    def row(shape: str, ms: float, computed: int | None, variant: str = "cached") -> dict:
+        return {"shape": shape, "variant": variant, "median_ms": ms, "computed_tokens": computed}
 
     # One question 100 ms computing 20 tokens; eight compute 120 more: at 1,000 tokens/s that is
-    # 120 ms more, so no engine at that speed answers the eight in under 220 ms (2.2× one).
-    floor = bench.questions_floor([row("q1", 100, 20), row("q8", 250, 140)], 1000.0)
+    # 120 ms more, so no engine at that speed answers the eight in under 220 ms (2.2× one). The
+    # fresh-state rows beside them are not the cached ones.
+    fresh = [row("q1", 900, 200, "fresh"), row("q8", 1500, 330, "fresh")]
+    floor = bench.questions_floor(fresh + [row("q1", 100, 20), row("q8", 250, 140)], 1000.0)
     assert floor == {
         "one_ms": 100,
         "extra_tokens": 120,
@@ -59,6 +61,7 @@ def test_the_eight_question_floor_adds_only_the_extra_tokens_at_the_limit():
         "measured_ratio": pytest.approx(2.5),
     }
     assert bench.questions_floor([row("q1", 100, 20)], 1000.0) is None  # no eight-question row
+    assert bench.questions_floor(fresh, 1000.0) is None  # fresh states only
     assert bench.questions_floor([row("q1", 100, None), row("q8", 250, 140)], 1000.0) is None
 
 
@@ -95,3 +98,26 @@ async def test_one_shape_end_to_end_on_the_embedded_model(tmp_path):
     memory = local["memory"]
     assert memory["after_shape"] == "choice4" and memory["peak_rss_mib"] >= memory["retained_rss_mib"] > 0
     assert "| choice4 | first-seen |" in bench.report(result)
+
+
+def test_the_report_prints_the_floor_beside_the_measured_ratio():
+    def row(shape: str, ms: float, computed: int) -> dict:
+        return {
+            "shape": shape, "variant": "cached", "failed": 0, "median_ms": ms, "min_ms": ms, "max_ms": ms,
+            "reads": 1, "distinct_tokens": 232, "computed_tokens": computed, "computed_over_distinct": 0.1,
+            "effective_tokens_per_s": 1.0, "effective_over_limit": 0.1,
+        }  # fmt: skip
+
+    limit = {"tokens_per_s": 1000.0, "range_tokens_per_s": [990.0, 1010.0], "prompt_tokens": 256,
+             "threads": 2, "by_threads_tokens_per_s": {"2": 1000.0}}  # fmt: skip
+    result = {
+        "machine": {"cpu": "cpu", "cores": 2},
+        "manifest": {"args": {"repeats": 3, "state": "short"}},
+        "engines": {
+            "local": {"kind": "local", "limit": limit, "rows": [row("q1", 100, 20), row("q8", 250, 140)]}
+        },
+    }
+    assert (
+        "8 questions on a cached state: 2.50× one question; floor 2.20× at the limit "
+        "(one question's 100 ms + 120 more tokens computed = 220 ms)"
+    ) in bench.report(result)

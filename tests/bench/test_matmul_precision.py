@@ -24,7 +24,9 @@ _spec.loader.exec_module(bench)
 async def test_every_shape_and_method_is_measured_against_float64():
     result = await bench.main(bench.parser().parse_args(["--repeats", "1", "--inner", "1"]))
     json.dumps(result)  # the file --out writes
-    assert result["run"] == "bench:matmul_precision" and "commit" in result["git"]
+    manifest = result["manifest"]
+    assert manifest["run"] == "bench:matmul_precision" and manifest["git"]["commit"]
+    assert manifest["args"]["repeats"] == 1 and isinstance(result["machine"]["bf16_units"], list)
     assert [(r["rows"], r["in"], r["out"]) for r in result["rows"]] == bench.SHAPES
     for row in result["rows"]:
         errors = {name: m["rel_error"] for name, m in row["methods"].items()}
