@@ -37,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.load import bench_args, machine_info, run_bench
+from eval.load import bench_args, cpu_flags, machine_info, run_bench
 from eval.manifest import run_manifest
 
 # (rows, in features, out features): SmolLM2-135M's projections (q/o 576→576, k/v 576→192, MLP
@@ -47,11 +47,6 @@ SHAPES = [
     for rows in (16, 128, 256)
     for n_in, n_out in ((576, 576), (576, 192), (576, 1536), (1536, 576))
 ]
-
-
-def _cpuinfo() -> list[str]:
-    path = Path("/proc/cpuinfo")
-    return path.read_text().splitlines() if path.is_file() else []
 
 
 def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +99,6 @@ async def main(args: argparse.Namespace) -> dict:
                 "rel_error": error,
             }
         rows.append(row)
-    flags = set(next((line for line in _cpuinfo() if line.startswith("flags")), "").split())
     return {
         "manifest": run_manifest("bench:matmul_precision", engines={}, args=bench_args(args)),
         "machine": machine_info()
@@ -113,7 +107,7 @@ async def main(args: argparse.Namespace) -> dict:
             "threads": torch.get_num_threads(),
             "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             # torch's capability stops at AVX512; whether oneDNN has AMX for bfloat16 is the kernel's flags.
-            "bf16_units": sorted(flags & {"amx_bf16", "amx_tile", "avx512_bf16"}),
+            "bf16_units": sorted(cpu_flags() & {"amx_bf16", "amx_tile", "avx512_bf16"}),
         },
         "rows": rows,
     }

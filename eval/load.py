@@ -21,10 +21,21 @@ import numpy as np
 Send = Callable[[int], Awaitable[bool]]
 
 
+def _cpuinfo_lines() -> list[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+
+
+def cpu_flags() -> set[str]:
+    """The first CPU's feature flags from /proc/cpuinfo (empty where the kernel has none to give)."""
+    return set(
+        next((line for line in _cpuinfo_lines() if line.startswith("flags")), ":").split(":", 1)[1].split()
+    )
+
+
 def machine_info() -> dict:
     """The machine a measurement ran on, for every benchmark and load report."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    lines = _cpuinfo_lines()
     system = os.uname()
     cpu = next(
         (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), system.machine
