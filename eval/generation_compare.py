@@ -210,17 +210,45 @@ def _speed_order(key: str) -> tuple[str, int]:
     return (shape, int(concurrency))
 
 
+def speed_series(rows: list[dict[str, Any]]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(model, prompt shape) → [(concurrency, output tok/s ÷ the reference's), …] in concurrency
+    order, for every model but the reference (whose ratios are 1 by definition)."""
+    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for row in rows:
+        if row["reference"]:
+            continue
+        for key in sorted(row["speed_ratio"], key=_speed_order):
+            shape, concurrency = _speed_order(key)
+            series.setdefault((row["model"], shape), []).append((concurrency, row["speed_ratio"][key]))
+    return series
+
+
 def plot_sweep_rows(rows: list[dict[str, Any]], path: Path) -> None:
     """Accuracy per task and model, each bar with its Wilson 95% interval (always inside 0–100%; the
     paired interval of the difference against the reference is in the table: drawn on the accuracy
-    scale it can reach below zero)."""
+    scale it can reach below zero), and, when throughput was given, a last panel of each model's
+    speed against the reference's per prompt shape and concurrency."""
     from eval.figures import _save, plt
     from eval.score import wilson_interval
 
     tasks = sorted({task for row in rows for task in row["tasks"]})
-    figure, axes = plt.subplots(
-        1, max(1, len(tasks)), figsize=(4.0 * max(1, len(tasks)), 3.6), dpi=120, squeeze=False
-    )
+    speeds = speed_series(rows)
+    panels = max(1, len(tasks) + bool(speeds))
+    figure, axes = plt.subplots(1, panels, figsize=(4.0 * panels, 3.6), dpi=120, squeeze=False)
+    if speeds:
+        axis = axes[0][-1]
+        for (model, shape), points in speeds.items():
+            axis.plot([c for c, _ in points], [r for _, r in points], marker="o", label=f"{model}, {shape}")
+        concurrencies = sorted({c for points in speeds.values() for c, _ in points})
+        axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")  # the reference
+        axis.set_xscale("log")
+        axis.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        axis.minorticks_off()
+        axis.set_xlabel("concurrent requests")
+        axis.set_ylabel("output tok/s ÷ reference")
+        axis.set_title("speed against the reference", fontsize=9)
+        axis.legend(fontsize=7)
+        axis.grid(alpha=0.3)
     for axis, task in zip(axes[0], tasks):
         names, values, low, high = [], [], [], []
         for row in rows:

@@ -9,7 +9,13 @@ import pytest
 
 from eval.compare import ComparisonRefused
 from eval.evidence import RECORDS, write_rows
-from eval.generation_compare import compare_generation, plot_sweep_rows, sweep_markdown, sweep_rows
+from eval.generation_compare import (
+    compare_generation,
+    plot_sweep_rows,
+    speed_series,
+    sweep_markdown,
+    sweep_rows,
+)
 from eval.manifest import MANIFEST, write_json
 from eval.throughput import run_throughput, summarize
 
@@ -89,6 +95,9 @@ def test_the_sweep_table_and_figure(tmp_path):
         "| gemma3 | 50.0% (29.9%–70.1%, n 20) | +50.0 pts (+30.0 to +70.0) |" in table
         and table.rstrip().endswith("| 0.50 | 0.50 |")
     )
+    assert speed_series(rows) == {
+        ("gemma3", "short"): [(1, 0.5), (16, 0.5)]
+    }  # the reference is the line at 1
     plot_sweep_rows(rows, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 1000
 
