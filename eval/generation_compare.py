@@ -134,7 +134,15 @@ def sweep_rows(
 
     def load(model: str) -> dict[str, Any]:
         paths = throughput[model]
-        return {key: cell for path in ([paths] if isinstance(paths, Path) else paths) for key, cell in load_summary(path).items()}  # fmt: skip
+        cells: dict[str, Any] = {}
+        for path in [paths] if isinstance(paths, Path) else paths:
+            for key, cell in load_summary(path).items():
+                if key in cells:  # two sweeps of one cell: neither may silently stand for the other
+                    raise ComparisonRefused(
+                        f"{model}: {key} is in more than one throughput directory ({path})"
+                    )
+                cells[key] = cell
+        return cells
 
     throughput = throughput or {}
     ref_by_task = {json.loads((r / MANIFEST).read_text())["args"]["task"]: r for r in reference}
@@ -240,14 +248,14 @@ def plot_sweep_rows(rows: list[dict[str, Any]], path: Path) -> None:
         for (model, shape), points in speeds.items():
             axis.plot([c for c, _ in points], [r for _, r in points], marker="o", label=f"{model}, {shape}")
         concurrencies = sorted({c for points in speeds.values() for c, _ in points})
-        axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--")  # the reference
+        axis.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="reference")
         axis.set_xscale("log")
         axis.set_xticks(concurrencies, [str(c) for c in concurrencies])
         axis.minorticks_off()
         axis.set_xlabel("concurrent requests")
         axis.set_ylabel("output tok/s ÷ reference")
         axis.set_title("speed against the reference", fontsize=9)
-        axis.legend(fontsize=7)
+        axis.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside: inside it hides points
         axis.grid(alpha=0.3)
     for axis, task in zip(axes[0], tasks):
         names, values, low, high = [], [], [], []

@@ -6,6 +6,7 @@ import json
 
 import httpx
 import pytest
+from matplotlib import pyplot as plt
 
 from eval.compare import ComparisonRefused
 from eval.evidence import RECORDS, write_rows
@@ -95,11 +96,33 @@ def test_the_sweep_table_and_figure(tmp_path):
         "| gemma3 | 50.0% (29.9%–70.1%, n 20) | +50.0 pts (+30.0 to +70.0) |" in table
         and table.rstrip().endswith("| 0.50 | 0.50 |")
     )
-    assert speed_series(rows) == {
-        ("gemma3", "short"): [(1, 0.5), (16, 0.5)]
-    }  # the reference is the line at 1
+    # the reference is the dashed line at 1, not a series
+    assert speed_series(rows) == {("gemma3", "short"): [(1, 0.5), (16, 0.5)]}
     plot_sweep_rows(rows, tmp_path / "sweep.png")
-    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    assert plt.imread(tmp_path / "sweep.png").shape[1] == 2 * 4.0 * 120  # accuracy panel, speed panel
+    plot_sweep_rows(sweep_rows([ref], [[run]]), tmp_path / "no-speed.png")
+    assert plt.imread(tmp_path / "no-speed.png").shape[1] == 4.0 * 120
+
+
+def test_speed_series_follow_the_shapes_each_model_has():
+    rows = [
+        {
+            "model": "ref",
+            "reference": True,
+            "speed_ratio": {"short@c1": 1.0, "short@c4": 1.0, "long-1024@c1": 1.0},
+        },
+        {"model": "b", "reference": False, "speed_ratio": {"short@c4": 0.8, "short@c1": 0.5}},
+    ]
+    assert speed_series(rows) == {("b", "short"): [(1, 0.5), (4, 0.8)]}  # sorted by concurrency
+
+
+def test_one_cell_in_two_throughput_directories_is_refused(tmp_path):
+    ref = stored_run(tmp_path / "ref", "smollm2", [False] * 4)
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        write_json(tmp_path / name / "summary.json", {"short@c1": {"output_tokens_per_s": 10.0}})
+    with pytest.raises(ComparisonRefused, match="short@c1 is in more than one"):
+        sweep_rows([ref], [], throughput={"smollm2": [tmp_path / "one", tmp_path / "two"]})
 
 
 def test_the_throughput_summary_takes_medians_over_passes():
