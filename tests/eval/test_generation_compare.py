@@ -6,10 +6,10 @@ import json
 
 import httpx
 import pytest
-from matplotlib import pyplot as plt
 
 from eval.compare import ComparisonRefused
 from eval.evidence import RECORDS, write_rows
+from eval.figures import plt  # the project's pyplot, on the file-only backend
 from eval.generation_compare import (
     compare_generation,
     plot_sweep_rows,
