@@ -22,7 +22,9 @@ from readers.engines.local import LocalEngine
 from service.app import create_app
 from tests.tiers import TierGuard
 
-pytest_plugins = ("pytester",)  # tests/test_tiers.py runs the guard on planted tests
+# pytester: tests/test_tiers.py runs the guard on planted tests. The store fixtures live in a plain
+# module that any test may use (the store contract and the tenant tests share them).
+pytest_plugins = ("pytester", "tests.calibration.stores")
 
 ROOT = Path(__file__).resolve().parents[1]
 INTEGRATION_DIR = ROOT / "tests" / "integration"

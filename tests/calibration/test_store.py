@@ -23,73 +23,16 @@ from psycopg.types.json import Jsonb
 
 from calibration.open import open_store
 from calibration.postgres_store import LISTENER_NAME, SCHEMA_VERSION, PostgresStore, migrate
-from calibration.sqlite_store import MIGRATIONS as SQLITE_MIGRATIONS
 from calibration.sqlite_store import SQLiteStore
 from calibration.store import (
     LEGACY_READ_VERSION,
     CalibrationKey,
-    CalibrationStore,
     DecisionRecord,
     SchemaTooNew,
 )
+from tests.calibration.stores import KEY, VERSION, decision, eventually, query, schema_at
 
 ROOT = Path(__file__).resolve().parents[2]
-VERSION = "decide-prompt/2"  # any version string: the store compares, never parses, it
-KEY = CalibrationKey("smol", "rev1", "choice", 3, "support", read_version=VERSION)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
-def location(request, tmp_path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "cal.sqlite3")
-    return request.getfixturevalue("postgres_url")
-
-
-@pytest.fixture
-def new_store(location):
-    """``new_store()`` → a store on ``location``; every one opened is closed at the end."""
-    opened = []
-
-    def open_() -> CalibrationStore:
-        opened.append(open_store(location))
-        return opened[-1]
-
-    yield open_
-    for store in opened:
-        store.close()
-
-
-def query(location: str, sql: str) -> list[tuple]:
-    """Read the backend directly, not through the store under test."""
-    if location.startswith("postgresql://"):
-        with psycopg.connect(location) as db:
-            return db.execute(sql).fetchall()
-    with sqlite3.connect(location) as db:
-        return db.execute(sql).fetchall()
-
-
-def eventually(check, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while not (result := check()):
-        assert time.monotonic() < deadline, "not seen in time"
-        time.sleep(0.005)
-    return result
-
-
-def decision(id_: str, key: CalibrationKey = KEY, *, informative: bool = True) -> DecisionRecord:
-    """A recorded decision of ``key``; an uninformative one carries the floor's tie, as served."""
-    return DecisionRecord(
-        id_,
-        key.model,
-        key.revision,
-        key.question_type,
-        key.option_count,
-        key.domain,
-        ["a", "b", "c"],
-        [0.5, 0.3, 0.2] if informative else [1 / 3] * 3,
-        informative=informative,
-        read_version=VERSION,
-    )
 
 
 def test_lookup_takes_the_most_specific_calibration(new_store):
@@ -400,26 +343,6 @@ def test_every_acknowledged_feedback_survives_a_kill(location):
         stored = {seq for (seq,) in query(location, f"SELECT seq FROM feedback WHERE decision_id = '{name}'")}
         assert set(acknowledged[name]) <= stored, name
     open_store(location).close()  # and it still opens as a store
-
-
-def schema_at(location: str, version: int, *, recorded: bool = True) -> None:
-    """An empty store at schema ``version``, built by the released migrations themselves (never
-    edited, so they are what that opendecide ran); ``recorded=False``: a SQLite file from before
-    ``schema_migrations`` existed."""
-    if location.startswith("postgresql://"):
-        with psycopg.connect(location, autocommit=True) as db:
-            assert migrate(db, target=version) == version
-        return
-    with sqlite3.connect(location) as db:
-        if recorded:
-            db.execute(
-                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_at TEXT NOT NULL)"
-            )
-        for number, description, statements in SQLITE_MIGRATIONS[:version]:
-            for statement in statements:
-                db.execute(statement)
-            if recorded:
-                db.execute("INSERT INTO schema_migrations VALUES (?, ?, 'then')", (number, description))
 
 
 def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):

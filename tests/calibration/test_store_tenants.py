@@ -15,10 +15,7 @@ from psycopg.types.json import Jsonb
 from calibration import postgres_store, sqlite_store
 from calibration.open import open_store
 from calibration.store import DEFAULT_TENANT, SchemaTooNew
-from tests.calibration import test_store as contract
-from tests.calibration.test_store import KEY, VERSION, decision, query, schema_at
-
-location, new_store = contract.location, contract.new_store  # the contract suite's fixtures: both backends
+from tests.calibration.stores import KEY, VERSION, decision, query, schema_at
 
 A, B = replace(KEY, tenant="a"), replace(KEY, tenant="b")
 

@@ -19,8 +19,6 @@ from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from service.app import create_app
 from service.auth import Keyring, digest, key_id
 from service.errors import OPENAI_PATHS
-from tests.calibration import test_store as contract
-from tests.calibration.conftest import postgres_server, postgres_url  # noqa: F401 - the real server fixtures
 from tests.service.conftest import function_engine
 
 pytestmark = pytest.mark.anyio
@@ -48,11 +46,9 @@ def varied_read(request: ReadRequest) -> EngineReply:
     return EngineReply(logprobs, ReadMode.EXACT, len(request.prompt_ids), 1.0)
 
 
-store_location = contract.location  # the store contract's fixture: a SQLite file, a Postgres database
-
-
 @pytest.fixture
-def tenants_app(client_factory, local_engine, store_location, tmp_path):
+def tenants_app(client_factory, local_engine, location, tmp_path):
+    # ``location``: the store fixture (tests/calibration/stores.py), a SQLite file or a Postgres database
     """``async with tenants_app(**options) as (client, store)``: the app over ASGI with the five keys."""
     from contextlib import asynccontextmanager
 
@@ -62,7 +58,7 @@ def tenants_app(client_factory, local_engine, store_location, tmp_path):
 
     @asynccontextmanager
     async def factory(**options):
-        store = open_store(store_location)
+        store = open_store(location)
         opened.append(store)
         engine = function_engine(local_engine, varied_read, ReadMode.EXACT)
         async with client_factory(engine, store=store, api_keys=Keyring(keys, {}), **options) as client:
