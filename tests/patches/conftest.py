@@ -6,7 +6,6 @@ The wheel is cached in ``$OPENDECIDE_CACHE/wheels`` (default ``~/.cache/opendeci
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -85,18 +84,3 @@ def plugin_site(tmp_path_factory) -> Path:
         check=True,
     )
     return site
-
-
-def run_harness(script: Path, site: Path, *args: str | Path) -> dict:
-    """Run a harness script in a fresh interpreter with the plugin's site on its path; its last line is JSON."""
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    done = subprocess.run(
-        [sys.executable, str(script), *map(str, args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.splitlines()[-1])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.patches.conftest import run_harness
+from tests.patches.harness import run_harness
 
 pytestmark = pytest.mark.integration  # pip downloads the wheel and installs the plugin; a harness process
 
