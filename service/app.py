@@ -25,9 +25,6 @@ from readers.engines.base import Engine
 from readers.errors import DecideError, EngineError
 from readers.reader import Reader
 from service.admission import Admission, AdmissionLimits
-from service.auth import AuthMiddleware, Keyring
-from service.content_type import JsonBodyMiddleware
-from service.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
 from service.errors import (
     OPENAI_PATHS,
     error_response,
@@ -35,14 +32,18 @@ from service.errors import (
     openai_error,
     validation_response,
 )
+from service.keys import Keyring
 from service.metrics import ServiceMetrics
-from service.observe import ObserveMiddleware
-from service.openai_errors import OpenAIErrorShape
+from service.middleware.auth import AuthMiddleware
+from service.middleware.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
+from service.middleware.json_body import JsonBodyMiddleware
+from service.middleware.observe import ObserveMiddleware
+from service.middleware.openai_error_shape import OpenAIErrorShape
+from service.middleware.rate_limit import RateLimitMiddleware
+from service.middleware.request_id import RequestIdMiddleware
 from service.openapi import complete_openapi
 from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
-from service.ratelimit import RateLimitMiddleware
-from service.request_id import RequestIdMiddleware
 from service.retention import prune_periodically
 from service.routes import calibrations, decisions, models, openai_decisions, operations
 

@@ -10,11 +10,11 @@
     ├── NotUtf8 (415 unsupported_media_type)        a JSON body that is not UTF-8 (UTF-16, Latin-1)
     └── ClientDisconnected (never sent)             the client left; its work was cancelled
 
-Middleware answers before any route, with ``send_error``:
+Middleware (``service/middleware/``) answers before any route, with ``send_error``:
 
-    401 authentication_error   missing or wrong API key            (service/auth.py)
-    429 rate_limit_error       the key's token bucket is empty     (service/ratelimit.py)
-    408 request_timeout        the body did not arrive in time     (service/decompress.py)
+    401 authentication_error   missing or wrong API key            (middleware/auth.py)
+    429 rate_limit_error       the key's token bucket is empty     (middleware/rate_limit.py)
+    408 request_timeout        the body did not arrive in time     (middleware/decompress.py)
     413 body_too_large         the (decoded) body is over the limit
     415 unsupported_media_type not application/json, or an unknown Content-Encoding
     400 bad_encoding           a body that does not decode
@@ -25,8 +25,8 @@ No error carries a stack trace or request text.
 
 On OpenAI's route (``OPENAI_PATHS``) every one of these bodies leaves in OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``, by :func:`openai_error` (applied by
-``service/openai_errors.py`` to whatever answered: a middleware, a route or a handler): validation
-errors are 400 there (OpenAI's status for a bad request; its SDK raises ``BadRequestError``; an
+``service/middleware/openai_error_shape.py`` to whatever answered: a middleware, a route or a
+handler): validation errors are 400 there (OpenAI's status for a bad request; its SDK raises ``BadRequestError``; an
 unknown model 404, a question the model cannot be asked 422), the
 queue's 529 is 503 (a status every HTTP client knows; the SDK retries it after Retry-After), the rest
 keep their status, and headers (Retry-After, WWW-Authenticate) are kept.
@@ -54,7 +54,7 @@ class UnknownDecision(DecideError):
 
 
 class PermissionDenied(DecideError):
-    """The caller's key lacks the scope a route needs (``service/auth.py``'s ``require_scope``)."""
+    """The caller's key lacks the scope a route needs (``service/scopes.py``'s ``require_scope``)."""
 
     status_code = 403
     error_type = "permission_error"

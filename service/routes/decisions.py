@@ -10,12 +10,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.admission import admitted
-from service.auth import require_scope
 from service.cancel import unless_disconnected
 from service.openapi import body_schema, error_responses
 from service.parse import parse_for_model
 from service.pipeline.decide import decide, decide_batch
 from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, SystemOneResponse
+from service.scopes import require_scope
 
 router = APIRouter()
 

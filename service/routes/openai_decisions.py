@@ -3,7 +3,7 @@
 The body is parsed and checked as Jev's is (``service/parse.py``: NaN, lone surrogates and duplicate
 keys refused), translated onto Jev's questions (``service/pipeline/openai_decide.py``), admitted by
 the same cost and read by the same ``decide``. Errors leave this route in OpenAI's shape
-(``service/openai_errors.py``).
+(``service/middleware/openai_error_shape.py``).
 
 ``prompt_cache_key`` is the fleet router's affinity key for the request's reads (readers/engines/
 routing.py); ``safety_identifier`` goes to the access log as an id (ascii, cut short), nothing else.
@@ -15,7 +15,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.admission import admitted
-from service.auth import require_scope
 from service.cancel import unless_disconnected
 from service.errors import validation_error
 from service.openapi import body_schema, error_responses
@@ -26,10 +25,11 @@ from service.pipeline.transcript import TranscriptError
 from service.protocol.models import JEV_ALIASES, OPENAI_ALIASES
 from service.protocol.openai_decisions import DecisionRequest, DecisionResponse, OpenAIErrorResponse
 from service.routes.decisions import observed
+from service.scopes import require_scope
 
 router = APIRouter()
 
-# Every error here is in OpenAI's shape (service/openai_errors.py): validation is 400, an unknown
+# Every error here is in OpenAI's shape (service/middleware/openai_error_shape.py): validation is 400, an unknown
 # model 404, the admission queue's 529 a 503; a key without the decide scope 403 permission_error.
 OPENAI_ERRORS = {
     code: {**spec, "model": OpenAIErrorResponse}

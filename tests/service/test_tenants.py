@@ -17,8 +17,8 @@ import pytest
 from calibration.open import open_store
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from service.app import create_app
-from service.auth import Keyring, digest, key_id
 from service.errors import OPENAI_PATHS
+from service.keys import Keyring, digest, key_id
 from tests.calibration import test_store as contract
 from tests.calibration.conftest import postgres_server, postgres_url  # noqa: F401 - the real server fixtures
 from tests.service.conftest import function_engine

@@ -16,7 +16,8 @@ import pytest
 
 from deploy.processes import serving
 from service.app import create_app
-from service.auth import DEFAULT_SCOPES, KEYS_ENV, Keyring, digest, env_items, key_id, load_key_set
+from service.keys import KEYS_ENV, Keyring, digest, env_items, key_id, load_key_set
+from service.scopes import DEFAULT_SCOPES
 from tests.service.conftest import RUN_SUMMARIES
 
 A = "rotation-key-a-0123456789abcd"
@@ -206,13 +207,13 @@ def test_a_key_file_edited_in_place_while_read_is_read_again(tmp_path, monkeypat
     """An editor writing the file in place: the reload reads it half-written (one key of two), and the
     writer finishes while it reads. Taken as read, B's key would fail until the next poll; the stamp
     taken after the read differs from the one before, so the file is read again, whole."""
-    import service.auth
+    import service.keys
 
     path = tmp_path / "keys"
     path.write_text(f"{C} tenant=c\n")
     ring = Keyring(path, {}, poll_s=3600)
     path.write_text(f"{A} tenant=a\n")  # in place: the writer's first half
-    real_load = service.auth.load_key_set
+    real_load = service.keys.load_key_set
     reads = []
 
     def load_while_the_writer_finishes(*args):
@@ -223,7 +224,7 @@ def test_a_key_file_edited_in_place_while_read_is_read_again(tmp_path, monkeypat
                 file.write(f"{B} tenant=b\n")
         return keys
 
-    monkeypatch.setattr(service.auth, "load_key_set", load_while_the_writer_finishes)
+    monkeypatch.setattr(service.keys, "load_key_set", load_while_the_writer_finishes)
     assert ring.reload("file changed") is True
     assert reads == [1, 2] and [k["tenant"] for k in ring.current.describe()] == ["a", "b"]
     assert not ring.changed_on_disk()

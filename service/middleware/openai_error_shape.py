@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from service.decompress import ASGIApp, Message, Receive, Scope, Send
 from service.errors import OPENAI_PATHS, openai_error
+from service.middleware.asgi import ASGIApp, Message, Receive, Scope, Send
 
 
 class OpenAIErrorShape:
