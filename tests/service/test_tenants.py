@@ -21,7 +21,7 @@ from service.errors import OPENAI_PATHS
 from service.keys import Keyring, digest, key_id
 from tests.calibration import test_store as contract
 from tests.calibration.conftest import postgres_server, postgres_url  # noqa: F401 - the real server fixtures
-from tests.service.conftest import function_engine
+from tests.service.support import function_engine
 
 pytestmark = pytest.mark.anyio
 

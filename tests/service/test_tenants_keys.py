@@ -18,7 +18,7 @@ from deploy.processes import serving
 from service.app import create_app
 from service.keys import KEYS_ENV, Keyring, digest, env_items, key_id, load_key_set
 from service.scopes import DEFAULT_SCOPES
-from tests.service.conftest import RUN_SUMMARIES
+from tests.service.support import RUN_SUMMARIES
 
 A = "rotation-key-a-0123456789abcd"
 B = "rotation-key-b-0123456789abcd"
@@ -144,23 +144,36 @@ def test_keys_rotate_under_load_without_failing_a_key_that_stays(quick_engine, t
                     statuses.append(await status(A))
 
             async def until(key: str, wanted: int) -> None:
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + 10  # a hang guard, 200 poll intervals: not a speed bound
                 while await status(key) != wanted:
                     assert time.monotonic() < deadline, f"rotation not seen: {key[:16]} is not {wanted}"
                     await asyncio.sleep(0.02)
 
+            async def after_requests(count: int) -> None:
+                # Counted, not timed: the load is so many requests whatever the machine's speed.
+                target = len(statuses) + count
+                while len(statuses) < target:
+                    await asyncio.sleep(0.01)
+
+            async def refused_seen() -> None:
+                deadline = time.monotonic() + 10  # a hang guard, as in until()
+                while not any(line["event"] == "key_set_reload_refused" for line in audit_lines(caplog)):
+                    assert time.monotonic() < deadline, "the bad key file was not read"
+                    await asyncio.sleep(0.02)
+
             workers = [asyncio.create_task(keep_asking()) for _ in range(8)]
-            await asyncio.sleep(0.3)
+            await after_requests(20)
             assert await status(B) == 200 and await status(C) == 401
             write_keys(path, f"{A} tenant=a\n{C} tenant=c\n")
             await until(C, 200)
             assert await status(B) == 401
             write_keys(path, f"{A} tenant=a\nnot-a-key\n")  # refused: the set in use stays
-            await asyncio.sleep(0.5)
+            await refused_seen()
+            await after_requests(20)
             assert await status(C) == 200
             write_keys(path, f"{A} tenant=a\n{C} tenant=c\n{D} tenant=d scopes=decide\n")
             await until(D, 200)
-            await asyncio.sleep(0.3)
+            await after_requests(20)
             stop.set()
             await asyncio.gather(*workers)
 
