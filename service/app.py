@@ -1,7 +1,9 @@
 """The HTTP service: ``create_app`` assembles middleware, error handlers and routers; nothing else.
 
-Routes live in ``service/routes/`` (decisions, models, calibrations, operations); what they share is
-on ``app.state`` (``service/state.py``). The decisions themselves are the pipeline's
+The middlewares live in ``service/middleware/``, one module each, and are stacked here in one list.
+Routes live in ``service/routes/`` (decisions, openai_decisions, models, calibrations, operations);
+every decision route takes the one path in ``service/decision_route.py``; what routes share is on
+``app.state`` (``service/state.py``). The decisions themselves are the pipeline's
 (``service/pipeline/``), which imports no web framework.
 """
 
@@ -26,19 +28,18 @@ from readers.errors import DecideError, EngineError
 from readers.reader import Reader
 from service.admission import Admission, AdmissionLimits
 from service.errors import (
-    OPENAI_PATHS,
+    ERROR_SHAPES,
     error_response,
     internal_error_response,
-    openai_error,
     validation_response,
 )
 from service.keys import Keyring
 from service.metrics import ServiceMetrics
 from service.middleware.auth import AuthMiddleware
 from service.middleware.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
+from service.middleware.error_shape import ErrorShapeMiddleware
 from service.middleware.json_body import JsonBodyMiddleware
 from service.middleware.observe import ObserveMiddleware
-from service.middleware.openai_error_shape import OpenAIErrorShape
 from service.middleware.rate_limit import RateLimitMiddleware
 from service.middleware.request_id import RequestIdMiddleware
 from service.openapi import complete_openapi
@@ -180,7 +181,7 @@ def create_app(
         middleware=[
             Middleware(RequestIdMiddleware),
             Middleware(ObserveMiddleware, metrics=metrics),
-            Middleware(OpenAIErrorShape),
+            Middleware(ErrorShapeMiddleware, shapes=ERROR_SHAPES),
             Middleware(AuthMiddleware, keys=keyring),
             *(
                 [Middleware(RateLimitMiddleware, requests_per_s=rate_limit[0], burst=rate_limit[1])]
@@ -218,8 +219,9 @@ def create_app(
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
         logger.exception("unexpected error serving %s", request.url.path)
         response = internal_error_response(error)
-        if request.url.path in OPENAI_PATHS:  # answered outside the middleware that reshapes the others
-            status, body = openai_error(500, json.loads(response.body))
+        shape = ERROR_SHAPES.get(request.url.path)
+        if shape is not None:  # answered outside the middleware that reshapes the others
+            status, body = shape(500, json.loads(response.body))
             return JSONResponse(body, status_code=status)
         return response
 

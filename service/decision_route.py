@@ -16,9 +16,12 @@ between is here, once, in this order:
 7. each answer is counted, and the model and decision ids go to the access log (``observed``);
 8. the format renders the answer (``render``).
 
-Errors leave by the app's exception handlers in this service's shape; a format whose errors have
-another shape reshapes them by path in a middleware (OpenAI's: ``service/middleware/openai_error_shape.py``),
-so none of the steps above needs to know which format a route speaks.
+Errors are raised, not rendered, here: the app's exception handlers answer in this service's shape,
+and a format whose errors look otherwise names its paths and its shape once in
+``service/errors.py:ERROR_SHAPES`` (OpenAI's: ``openai_error``), which
+``service/middleware/error_shape.py`` applies to whatever answered. So none of the steps above needs
+to know which format a route speaks, and a new format adds a body model, ``ask``, ``render`` and one
+``ERROR_SHAPES`` entry.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The body is parsed and checked as Jev's is (``service/parse.py``: NaN, lone surrogates and duplicate
 keys refused), translated onto Jev's questions (``service/pipeline/openai_decide.py``), and answered
 by the same decision path (``service/decision_route.py``: admission by cost, cancellation, metrics).
-Errors leave this route in OpenAI's shape (``service/middleware/openai_error_shape.py``).
+Errors leave this route in OpenAI's shape (``service/middleware/error_shape.py``).
 
 ``prompt_cache_key`` is the fleet router's affinity key for the request's reads (readers/engines/
 routing.py); ``safety_identifier`` goes to the access log as an id (ascii, cut short), nothing else.
@@ -20,11 +20,12 @@ from service.openapi import body_schema, error_responses
 from service.pipeline.openai_decide import to_decision_response, to_systemone
 from service.pipeline.transcript import TranscriptError
 from service.protocol.models import JEV_ALIASES, OPENAI_ALIASES
-from service.protocol.openai_decisions import DecisionRequest, DecisionResponse, OpenAIErrorResponse
+from service.protocol.openai_answers import DecisionResponse, OpenAIErrorResponse
+from service.protocol.openai_decisions import DecisionRequest
 
 router = APIRouter()
 
-# Every error here is in OpenAI's shape (service/middleware/openai_error_shape.py): validation is 400,
+# Every error here is in OpenAI's shape (service/middleware/error_shape.py): validation is 400,
 # an unknown model 404, the admission queue's 529 a 503; a key without the decide scope 403
 # permission_error.
 OPENAI_ERRORS = {
