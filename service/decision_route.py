@@ -53,6 +53,10 @@ class Asked:
     jev: SystemOneRequest | BatchRequest
     affinity_key: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.affinity_key is not None and isinstance(self.jev, BatchRequest):
+            raise ValueError("the batch pipeline (decide_batch) takes no affinity key")
+
     def states(self) -> list[str]:
         """The states the reads are about, each priced once by admission."""
         if isinstance(self.jev, BatchRequest):
