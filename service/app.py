@@ -14,7 +14,6 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -33,7 +32,7 @@ from service.errors import (
     internal_error_response,
     validation_response,
 )
-from service.keys import Keyring
+from service.keys import Keyring, watch_key_file
 from service.metrics import ServiceMetrics
 from service.middleware.auth import AuthMiddleware
 from service.middleware.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
@@ -80,24 +79,6 @@ async def _open_until_ready(
             return
         await asyncio.sleep(wait)
         wait = min(wait * 2, max_wait_s)
-
-
-def _watch_keys(keyring: Keyring) -> Callable[[], None]:
-    """Poll the key file and re-read it on SIGHUP; returns what stops both."""
-    loop = asyncio.get_running_loop()
-    task = loop.create_task(keyring.watch())
-    try:
-        loop.add_signal_handler(signal.SIGHUP, keyring.reload, "SIGHUP")
-        hup = True
-    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread (a server in a thread)
-        hup = False
-
-    def stop() -> None:
-        task.cancel()
-        if hup:
-            loop.remove_signal_handler(signal.SIGHUP)
-
-    return stop
 
 
 def create_app(
@@ -153,7 +134,7 @@ def create_app(
             else None
         )
         # Only a key file can change under a running process; keys given in code or the environment cannot.
-        watching = _watch_keys(keyring) if keyring is not None and keyring.path is not None else None
+        watching = watch_key_file(keyring) if keyring is not None and keyring.path is not None else None
         try:
             yield
         finally:

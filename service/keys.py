@@ -31,7 +31,8 @@ import ipaddress
 import logging
 import os
 import re
-from collections.abc import Iterable
+import signal
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,6 +267,24 @@ class Keyring:
             await asyncio.sleep(self.poll_s)
             if self.changed_on_disk():
                 self.reload("file changed")
+
+
+def watch_key_file(keyring: Keyring) -> Callable[[], None]:
+    """Poll the key file and re-read it on SIGHUP; returns what stops both."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(keyring.watch())
+    try:
+        loop.add_signal_handler(signal.SIGHUP, keyring.reload, "SIGHUP")
+        hup = True
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread (a server in a thread)
+        hup = False
+
+    def stop() -> None:
+        task.cancel()
+        if hup:
+            loop.remove_signal_handler(signal.SIGHUP)
+
+    return stop
 
 
 def check_bind(host: str, *, has_keys: bool, no_auth: bool) -> str | None:
