@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deploy.processes import free_port, wait_for_models
-from service.auth import digest, key_id
+from service.keys import digest, key_id
 
 A = "probe-tenant-a-0123456789abcdef"
 B = "probe-tenant-b-0123456789abcdef"

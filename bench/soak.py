@@ -54,7 +54,7 @@ from deploy.processes import serving
 from readers.embedded import prepare_embedded_model
 from readers.engines import open_engine
 from service.app import create_app
-from service.auth import Keyring
+from service.keys import Keyring
 from service.pipeline.options import quiet_loaders
 
 TENANTS = ("t0", "t1", "t2")

@@ -1,7 +1,9 @@
 """The HTTP service: ``create_app`` assembles middleware, error handlers and routers; nothing else.
 
-Routes live in ``service/routes/`` (decisions, models, calibrations, operations); what they share is
-on ``app.state`` (``service/state.py``). The decisions themselves are the pipeline's
+The middlewares live in ``service/middleware/``, one module each, and are stacked here in one list.
+Routes live in ``service/routes/`` (decisions, openai_decisions, models, calibrations, operations);
+every decision route takes the one path in ``service/decision_route.py``; what routes share is on
+``app.state`` (``service/state.py``). The decisions themselves are the pipeline's
 (``service/pipeline/``), which imports no web framework.
 """
 
@@ -12,7 +14,6 @@ import contextlib
 import datetime as dt
 import json
 import logging
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
@@ -25,24 +26,24 @@ from readers.engines.base import Engine
 from readers.errors import DecideError, EngineError
 from readers.reader import Reader
 from service.admission import Admission, AdmissionLimits
-from service.auth import AuthMiddleware, Keyring
-from service.content_type import JsonBodyMiddleware
-from service.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
 from service.errors import (
-    OPENAI_PATHS,
+    ERROR_SHAPES,
     error_response,
     internal_error_response,
-    openai_error,
     validation_response,
 )
+from service.keys import Keyring, watch_key_file
 from service.metrics import ServiceMetrics
-from service.observe import ObserveMiddleware
-from service.openai_errors import OpenAIErrorShape
+from service.middleware.auth import AuthMiddleware
+from service.middleware.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
+from service.middleware.error_shape import ErrorShapeMiddleware
+from service.middleware.json_body import JsonBodyMiddleware
+from service.middleware.observe import ObserveMiddleware
+from service.middleware.rate_limit import RateLimitMiddleware
+from service.middleware.request_id import RequestIdMiddleware
 from service.openapi import complete_openapi
 from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
-from service.ratelimit import RateLimitMiddleware
-from service.request_id import RequestIdMiddleware
 from service.retention import prune_periodically
 from service.routes import calibrations, decisions, models, openai_decisions, operations
 
@@ -78,24 +79,6 @@ async def _open_until_ready(
             return
         await asyncio.sleep(wait)
         wait = min(wait * 2, max_wait_s)
-
-
-def _watch_keys(keyring: Keyring) -> Callable[[], None]:
-    """Poll the key file and re-read it on SIGHUP; returns what stops both."""
-    loop = asyncio.get_running_loop()
-    task = loop.create_task(keyring.watch())
-    try:
-        loop.add_signal_handler(signal.SIGHUP, keyring.reload, "SIGHUP")
-        hup = True
-    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread (a server in a thread)
-        hup = False
-
-    def stop() -> None:
-        task.cancel()
-        if hup:
-            loop.remove_signal_handler(signal.SIGHUP)
-
-    return stop
 
 
 def create_app(
@@ -151,7 +134,7 @@ def create_app(
             else None
         )
         # Only a key file can change under a running process; keys given in code or the environment cannot.
-        watching = _watch_keys(keyring) if keyring is not None and keyring.path is not None else None
+        watching = watch_key_file(keyring) if keyring is not None and keyring.path is not None else None
         try:
             yield
         finally:
@@ -179,7 +162,7 @@ def create_app(
         middleware=[
             Middleware(RequestIdMiddleware),
             Middleware(ObserveMiddleware, metrics=metrics),
-            Middleware(OpenAIErrorShape),
+            Middleware(ErrorShapeMiddleware, shapes=ERROR_SHAPES),
             Middleware(AuthMiddleware, keys=keyring),
             *(
                 [Middleware(RateLimitMiddleware, requests_per_s=rate_limit[0], burst=rate_limit[1])]
@@ -217,8 +200,9 @@ def create_app(
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
         logger.exception("unexpected error serving %s", request.url.path)
         response = internal_error_response(error)
-        if request.url.path in OPENAI_PATHS:  # answered outside the middleware that reshapes the others
-            status, body = openai_error(500, json.loads(response.body))
+        shape = ERROR_SHAPES.get(request.url.path)
+        if shape is not None:  # answered outside the middleware that reshapes the others
+            status, body = shape(500, json.loads(response.body))
             return JSONResponse(body, status_code=status)
         return response
 

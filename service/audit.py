@@ -14,7 +14,7 @@ audit_log = logging.getLogger("opendecide.audit")
 
 
 def audit(event: str, caller, **what) -> None:
-    """Log ``event`` made by ``caller`` (a ``service.auth.Caller``, or None for the operator)."""
+    """Log ``event`` made by ``caller`` (a ``service.scopes.Caller``, or None for the operator)."""
     line = {
         "event": event,
         "tenant": None if caller is None else caller.tenant,

@@ -10,11 +10,11 @@
     ├── NotUtf8 (415 unsupported_media_type)        a JSON body that is not UTF-8 (UTF-16, Latin-1)
     └── ClientDisconnected (never sent)             the client left; its work was cancelled
 
-Middleware answers before any route, with ``send_error``:
+Middleware (``service/middleware/``) answers before any route, with ``send_error``:
 
-    401 authentication_error   missing or wrong API key            (service/auth.py)
-    429 rate_limit_error       the key's token bucket is empty     (service/ratelimit.py)
-    408 request_timeout        the body did not arrive in time     (service/decompress.py)
+    401 authentication_error   missing or wrong API key            (middleware/auth.py)
+    429 rate_limit_error       the key's token bucket is empty     (middleware/rate_limit.py)
+    408 request_timeout        the body did not arrive in time     (middleware/decompress.py)
     413 body_too_large         the (decoded) body is over the limit
     415 unsupported_media_type not application/json, or an unknown Content-Encoding
     400 bad_encoding           a body that does not decode
@@ -24,9 +24,9 @@ Validation errors keep FastAPI's (and Jev's) ``{"detail": [{"loc", "msg", "type"
 No error carries a stack trace or request text.
 
 On OpenAI's route (``OPENAI_PATHS``) every one of these bodies leaves in OpenAI's shape,
-``{"error": {"message", "type", "param", "code"}}``, by :func:`openai_error` (applied by
-``service/openai_errors.py`` to whatever answered: a middleware, a route or a handler): validation
-errors are 400 there (OpenAI's status for a bad request; its SDK raises ``BadRequestError``; an
+``{"error": {"message", "type", "param", "code"}}``, by :func:`openai_error` (its entry in
+``ERROR_SHAPES``, applied by ``service/middleware/error_shape.py`` to whatever answered: a
+middleware, a route or a handler): validation errors are 400 there (OpenAI's status for a bad request; its SDK raises ``BadRequestError``; an
 unknown model 404, a question the model cannot be asked 422), the
 queue's 529 is 503 (a status every HTTP client knows; the SDK retries it after Retry-After), the rest
 keep their status, and headers (Retry-After, WWW-Authenticate) are kept.
@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -54,7 +55,7 @@ class UnknownDecision(DecideError):
 
 
 class PermissionDenied(DecideError):
-    """The caller's key lacks the scope a route needs (``service/auth.py``'s ``require_scope``)."""
+    """The caller's key lacks the scope a route needs (``service/scopes.py``'s ``require_scope``)."""
 
     status_code = 403
     error_type = "permission_error"
@@ -281,3 +282,13 @@ def openai_error(status: int, body: Any) -> tuple[int, dict[str, Any]]:
         message, code, param = str(detail or "error"), None, None
     error_type = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return status, {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+ErrorShape = Callable[[int, Any], tuple[int, dict[str, Any]]]
+"""How a wire format renders an error: (status, the body this service sends elsewhere) → (status,
+the format's body). The one hook a wire format whose errors look otherwise adds, once, below."""
+
+ERROR_SHAPES: dict[str, ErrorShape] = dict.fromkeys(OPENAI_PATHS, openai_error)
+"""Path → the error shape of the wire format that path speaks; paths not here answer in this
+service's own shape. Applied to whatever answered (``service/middleware/error_shape.py``) and to
+the app's last-resort 500 (``service/app.py``)."""

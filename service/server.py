@@ -180,7 +180,7 @@ def run_server(options: ServeOptions) -> None:
     from readers.embedded import default_cache_dir
     from readers.engines import open_engine
     from service.app import create_app
-    from service.auth import Keyring, check_bind
+    from service.keys import Keyring, check_bind
 
     check_engine(options)
     if options.metrics_port is not None and options.metrics_port == options.port:

@@ -6,8 +6,8 @@ store         the calibration store, or None (no calibration routes, nothing rec
 metrics       the app's ServiceMetrics
 images        the serving images (engine, service), reported in every answer's provenance
 priors        the content-free option priors (service.pipeline.prior.OptionPriors), or None (no prior correction)
-keyring       the live API keys (service.auth.Keyring), or None (auth off); the caller of a request is
-              ``request.scope["state"]["caller"]`` (service.auth.Caller)
+keyring       the live API keys (service.keys.Keyring), or None (auth off); the caller of a request is
+              ``request.scope["state"]["caller"]`` (service.scopes.Caller)
 """
 
 from __future__ import annotations

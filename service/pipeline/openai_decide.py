@@ -23,23 +23,21 @@ from pydantic import ValidationError
 
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse
-from service.protocol.openai_decisions import (
+from service.protocol.openai_answers import (
     ChoiceProbability,
     DecisionAnswer,
     DecisionChoiceAnswer,
-    DecisionChoiceQuestion,
     DecisionPredicateAnswer,
     DecisionProvenance,
     DecisionRefusal,
-    DecisionRequest,
     DecisionResponse,
     DecisionScoreAnswer,
-    DecisionScoreQuestion,
     DecisionUsage,
     InputTokensDetails,
     OutputTokensDetails,
     ScoreProbability,
 )
+from service.protocol.openai_decisions import DecisionChoiceQuestion, DecisionRequest, DecisionScoreQuestion
 
 
 def question_key(index: int) -> str:

@@ -5,7 +5,8 @@ questions     POST /v1/systemone, /decide and /decide/batch bodies
 answers       their responses, with the ``x_reading`` and ``x_provenance`` extensions
 calibrations  /v1/calibrations, /v1/feedback, /v1/calibrations/refit
 models        GET /v1/models, the model names accepted, and the error body
-openai_decisions  OpenAI's POST /v1/decisions: request, answers, its error body (imported from there)
+openai_decisions  OpenAI's POST /v1/decisions request (imported from there)
+openai_answers    its response and error body (imported from there)
 """
 
 from service.protocol.answers import (

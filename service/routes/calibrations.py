@@ -23,7 +23,6 @@ from calibration.store import Calibration, CalibrationKey
 from readers.prompt import PROMPT_VERSION, content_text
 from service.admission import admitted
 from service.audit import audit
-from service.auth import Caller, require_scope
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
 from service.openapi import body_schema, error_responses
@@ -38,6 +37,7 @@ from service.protocol import (
     FeedbackResponse,
     RefitRequest,
 )
+from service.scopes import Caller, require_scope
 from service.state import reader_of, store_of
 
 router = APIRouter()

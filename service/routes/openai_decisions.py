@@ -1,9 +1,9 @@
 """``POST /v1/decisions``: OpenAI's Decisions API over the same pipeline as ``/v1/systemone``.
 
 The body is parsed and checked as Jev's is (``service/parse.py``: NaN, lone surrogates and duplicate
-keys refused), translated onto Jev's questions (``service/pipeline/openai_decide.py``), admitted by
-the same cost and read by the same ``decide``. Errors leave this route in OpenAI's shape
-(``service/openai_errors.py``).
+keys refused), translated onto Jev's questions (``service/pipeline/openai_decide.py``), and answered
+by the same decision path (``service/decision_route.py``: admission by cost, cancellation, metrics).
+Errors leave this route in OpenAI's shape (``service/middleware/error_shape.py``).
 
 ``prompt_cache_key`` is the fleet router's affinity key for the request's reads (readers/engines/
 routing.py); ``safety_identifier`` goes to the access log as an id (ascii, cut short), nothing else.
@@ -14,23 +14,20 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service.admission import admitted
-from service.auth import require_scope
-from service.cancel import unless_disconnected
+from service.decision_route import Asked, serve_decisions
 from service.errors import validation_error
 from service.openapi import body_schema, error_responses
-from service.parse import parse_for_model
-from service.pipeline.decide import decide
 from service.pipeline.openai_decide import to_decision_response, to_systemone
 from service.pipeline.transcript import TranscriptError
 from service.protocol.models import JEV_ALIASES, OPENAI_ALIASES
-from service.protocol.openai_decisions import DecisionRequest, DecisionResponse, OpenAIErrorResponse
-from service.routes.decisions import observed
+from service.protocol.openai_answers import DecisionResponse, OpenAIErrorResponse
+from service.protocol.openai_decisions import DecisionRequest
 
 router = APIRouter()
 
-# Every error here is in OpenAI's shape (service/openai_errors.py): validation is 400, an unknown
-# model 404, the admission queue's 529 a 503; a key without the decide scope 403 permission_error.
+# Every error here is in OpenAI's shape (service/middleware/error_shape.py): validation is 400,
+# an unknown model 404, the admission queue's 529 a 503; a key without the decide scope 403
+# permission_error.
 OPENAI_ERRORS = {
     code: {**spec, "model": OpenAIErrorResponse}
     for code, spec in error_responses(400, 401, 403, 408, 413, 415, 422, 429, 502, 503, 504).items()
@@ -54,37 +51,22 @@ OPENAI_ERRORS = {
 MAX_LOGGED_ID = 64
 
 
-async def create_decision(request: Request) -> JSONResponse:
-    caller = require_scope(request.scope["state"], "decide", "POST /v1/decisions")
-    request.app.state.admission.refuse_if_full()  # before the body is read and parsed: a flood costs no work
-    reader, body = await parse_for_model(request, DecisionRequest, aliases=(*JEV_ALIASES, *OPENAI_ALIASES))
+def asked(body: DecisionRequest, scope_state: dict) -> Asked:
+    """OpenAI's body as Jev's request, read with the caller's ``prompt_cache_key`` as routing key."""
     try:
         jev = to_systemone(body)
     except TranscriptError as error:
         raise validation_error(error.loc, error.message, error.code) from None
-    scope_state = request.scope["state"]
     if body.safety_identifier is not None:
         # An opaque end-user id, logged so abuse can be traced to it; never the key, never request text.
         scope_state["safety_identifier"] = ascii(body.safety_identifier[:MAX_LOGGED_ID])[1:-1]
-    state = request.app.state
-    request_id = scope_state["request_id"]
+    return Asked(jev, affinity_key=body.prompt_cache_key)
 
-    async def work():
-        return await decide(
-            jev,
-            reader,
-            request_id=request_id,
-            store=state.store,
-            images=state.images,
-            priors=state.priors,
-            affinity_key=body.prompt_cache_key,
-            tenant=caller.tenant,
-        )
 
-    jobs = [([jev.state_text()], jev.questions, ("body",))]
-    response = await unless_disconnected(request, admitted(request, reader, jobs, work))
-    observed(request, response.model, [response.answers])
-    return JSONResponse(to_decision_response(body, response).model_dump(mode="json"))
+async def create_decision(request: Request) -> JSONResponse:
+    return await serve_decisions(
+        request, DecisionRequest, asked, to_decision_response, aliases=(*JEV_ALIASES, *OPENAI_ALIASES)
+    )
 
 
 router.add_api_route(

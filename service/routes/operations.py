@@ -24,10 +24,10 @@ from fastapi.responses import Response
 from readers.engines.base import ReadRequest
 from readers.errors import EngineTimeout, EngineUnavailable
 from readers.reader import Reader
-from service.auth import require_scope
 from service.metrics import ServiceMetrics
 from service.openapi import error_responses
 from service.protocol import ResponseModel
+from service.scopes import require_scope
 from service.state import reader_of
 
 READY_CACHE_S = 2.0

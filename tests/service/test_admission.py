@@ -13,7 +13,7 @@ from readers.reader import Reader
 from service.admission import Admission, AdmissionLimits, request_cost
 from service.errors import Overloaded, RequestTooCostly
 from service.protocol import SystemOneRequest
-from tests.service.conftest import favour_first, function_engine
+from tests.service.support import favour_first, function_engine
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,8 @@ import logging
 import pytest
 from typer.testing import CliRunner
 
-from service.auth import DEFAULT_SCOPES, KEYS_ENV, Keyring, check_bind, digest, load_key_set
+from service.keys import KEYS_ENV, Keyring, check_bind, digest, load_key_set
+from service.scopes import DEFAULT_SCOPES
 
 KEY = "od-live-4f9a1c2b7e8d6a5f"
 OTHER = "od-live-0000000000000000"

@@ -17,7 +17,7 @@ from deploy.processes import free_port
 from readers.engines.base import ReadMode
 from readers.errors import EngineUnavailable
 from service.routes import operations
-from tests.service.conftest import favour_first, function_engine
+from tests.service.support import favour_first, function_engine
 
 pytestmark = pytest.mark.anyio
 
@@ -117,8 +117,6 @@ async def test_ready_within_the_kubernetes_probe_timeout_while_a_long_read_is_in
     """A function engine whose reads wait on a gate: a decision holds it (a long read in flight), and
     the probe's own read queues behind it, as on a busy embedded engine. /readyz must say ready, and
     say it before the kubelet's timeoutSeconds, or two such probes take a serving pod out."""
-    import time
-
     import yaml
 
     manifest = yaml.safe_load_all(open("deploy/k8s/base/service-deployment.yaml"))
@@ -139,9 +137,12 @@ async def test_ready_within_the_kubernetes_probe_timeout_while_a_long_read_is_in
             )
         )
         await asyncio.sleep(0.2)
-        started = time.monotonic()
         ready = await client.get("/readyz")
-        took_s = time.monotonic() - started
+        # Answered while the decision still holds the engine: the probe gave up on its read at its own
+        # timeout and said busy, rather than waiting for the read in flight.
+        assert not decision.done()
         gate.set()
         assert (await decision).status_code == 200
-    assert ready.status_code == 200 and took_s < k8s_timeout_s - 1, took_s
+    assert ready.status_code == 200
+    # The probe's timeout, not a measured time, is what must sit under the kubelet's.
+    assert operations.PROBE_TIMEOUT_S <= k8s_timeout_s - 1, (operations.PROBE_TIMEOUT_S, k8s_timeout_s)

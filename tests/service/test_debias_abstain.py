@@ -6,7 +6,7 @@ import pytest
 
 from service.pipeline.abstain import abstains
 from service.pipeline.confidence import answer_confidence
-from tests.service.test_metrics import samples, value
+from tests.service.support import samples, value
 
 pytestmark = pytest.mark.anyio
 

@@ -14,8 +14,7 @@ import pytest
 from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadRequest
 from readers.engines.vllm import VLLMEngine
 from readers.errors import EngineBadReply, EngineTimeout, EngineUnavailable
-from tests.service.conftest import function_engine
-from tests.service.test_metrics import samples, value
+from tests.service.support import function_engine, samples, value
 
 pytestmark = pytest.mark.anyio
 

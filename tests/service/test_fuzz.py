@@ -23,7 +23,7 @@ from calibration.open import open_store
 from readers.engines.base import ReadMode
 from service.app import create_app
 from service.errors import OPENAI_PATHS
-from tests.service.conftest import RUN_SUMMARIES, favour_first, function_engine
+from tests.service.support import RUN_SUMMARIES, favour_first, function_engine
 
 KEY = "od-fuzz-key-0123456789abcdef"
 CASES_PER_BODY_ROUTE = {GenerationMode.POSITIVE: 110, GenerationMode.NEGATIVE: 70}

@@ -6,11 +6,11 @@ import json
 import logging
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from readers.engines.base import Capabilities
 from readers.engines.function import FunctionEngine
 from readers.errors import EngineTimeout, EngineUnavailable
+from tests.service.support import samples, value
 
 pytestmark = pytest.mark.anyio
 
@@ -21,18 +21,6 @@ BODY = {
         "tone": {"type": "choice", "criteria": {"calm": None, "angry": None}},
     },
 }
-
-
-def samples(text: str) -> dict[tuple[str, tuple], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
-
-
-def value(found, name, **labels) -> float:
-    return found.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 async def test_counters_and_histograms_move_with_real_decisions(client_factory, local_engine):

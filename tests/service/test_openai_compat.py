@@ -20,8 +20,7 @@ from service.pipeline.openai_decide import to_systemone
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol.openai_decisions import DecisionRequest
 from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS
-from tests.service.conftest import favour_first, function_engine
-from tests.service.test_bounds import stalled_engine
+from tests.service.support import favour_first, function_engine, stalled_engine
 
 QUESTION = {"type": "predicate", "instructions": "The parcel arrived."}
 

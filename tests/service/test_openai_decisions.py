@@ -25,7 +25,7 @@ from readers.prompt import PROMPT_VERSION
 from service.admission import AdmissionLimits
 from service.app import create_app
 from service.pipeline.prior import read_version
-from tests.service.conftest import favour_first, function_engine
+from tests.service.support import favour_first, function_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]  # real uvicorn servers on loopback ports
 

@@ -13,7 +13,7 @@ from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader
 from service.pipeline.prior import OptionPriors, PriorCorrection, measure_prior, read_version
 from service.protocol import SystemOneRequest
-from tests.service.conftest import function_engine
+from tests.service.support import function_engine
 
 pytestmark = pytest.mark.anyio
 

@@ -17,9 +17,9 @@ import pytest
 from calibration.open import open_store
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from service.app import create_app
-from service.auth import Keyring, digest, key_id
 from service.errors import OPENAI_PATHS
-from tests.service.conftest import function_engine
+from service.keys import Keyring, digest, key_id
+from tests.service.support import function_engine
 
 pytestmark = pytest.mark.anyio
 

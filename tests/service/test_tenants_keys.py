@@ -16,8 +16,9 @@ import pytest
 
 from deploy.processes import serving
 from service.app import create_app
-from service.auth import DEFAULT_SCOPES, KEYS_ENV, Keyring, digest, env_items, key_id, load_key_set
-from tests.service.conftest import RUN_SUMMARIES
+from service.keys import KEYS_ENV, Keyring, digest, env_items, key_id, load_key_set
+from service.scopes import DEFAULT_SCOPES
+from tests.service.support import RUN_SUMMARIES
 
 A = "rotation-key-a-0123456789abcd"
 B = "rotation-key-b-0123456789abcd"
@@ -143,23 +144,36 @@ def test_keys_rotate_under_load_without_failing_a_key_that_stays(quick_engine, t
                     statuses.append(await status(A))
 
             async def until(key: str, wanted: int) -> None:
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + 10  # a hang guard, 200 poll intervals: not a speed bound
                 while await status(key) != wanted:
                     assert time.monotonic() < deadline, f"rotation not seen: {key[:16]} is not {wanted}"
                     await asyncio.sleep(0.02)
 
+            async def after_requests(count: int) -> None:
+                # Counted, not timed: the load is so many requests whatever the machine's speed.
+                target = len(statuses) + count
+                while len(statuses) < target:
+                    await asyncio.sleep(0.01)
+
+            async def refused_seen() -> None:
+                deadline = time.monotonic() + 10  # a hang guard, as in until()
+                while not any(line["event"] == "key_set_reload_refused" for line in audit_lines(caplog)):
+                    assert time.monotonic() < deadline, "the bad key file was not read"
+                    await asyncio.sleep(0.02)
+
             workers = [asyncio.create_task(keep_asking()) for _ in range(8)]
-            await asyncio.sleep(0.3)
+            await after_requests(20)
             assert await status(B) == 200 and await status(C) == 401
             write_keys(path, f"{A} tenant=a\n{C} tenant=c\n")
             await until(C, 200)
             assert await status(B) == 401
             write_keys(path, f"{A} tenant=a\nnot-a-key\n")  # refused: the set in use stays
-            await asyncio.sleep(0.5)
+            await refused_seen()
+            await after_requests(20)
             assert await status(C) == 200
             write_keys(path, f"{A} tenant=a\n{C} tenant=c\n{D} tenant=d scopes=decide\n")
             await until(D, 200)
-            await asyncio.sleep(0.3)
+            await after_requests(20)
             stop.set()
             await asyncio.gather(*workers)
 
@@ -206,13 +220,13 @@ def test_a_key_file_edited_in_place_while_read_is_read_again(tmp_path, monkeypat
     """An editor writing the file in place: the reload reads it half-written (one key of two), and the
     writer finishes while it reads. Taken as read, B's key would fail until the next poll; the stamp
     taken after the read differs from the one before, so the file is read again, whole."""
-    import service.auth
+    import service.keys
 
     path = tmp_path / "keys"
     path.write_text(f"{C} tenant=c\n")
     ring = Keyring(path, {}, poll_s=3600)
     path.write_text(f"{A} tenant=a\n")  # in place: the writer's first half
-    real_load = service.auth.load_key_set
+    real_load = service.keys.load_key_set
     reads = []
 
     def load_while_the_writer_finishes(*args):
@@ -223,7 +237,7 @@ def test_a_key_file_edited_in_place_while_read_is_read_again(tmp_path, monkeypat
                 file.write(f"{B} tenant=b\n")
         return keys
 
-    monkeypatch.setattr(service.auth, "load_key_set", load_while_the_writer_finishes)
+    monkeypatch.setattr(service.keys, "load_key_set", load_while_the_writer_finishes)
     assert ring.reload("file changed") is True
     assert reads == [1, 2] and [k["tenant"] for k in ring.current.describe()] == ["a", "b"]
     assert not ring.changed_on_disk()

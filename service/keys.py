@@ -1,5 +1,6 @@
-"""API keys: ``Authorization: Bearer <key>`` (what Jev's SDKs send), checked by an ASGI middleware;
-each key names its tenant and its scopes.
+"""API keys: the key file's format, the key set, and its live reload. Each key names its tenant and
+its scopes (``service/scopes.py``); the middleware that checks ``Authorization: Bearer <key>``
+against the live set is ``service/middleware/auth.py``.
 
 The key file holds one key a line (blank lines and ``#`` comments skipped), optionally followed by
 fields::
@@ -30,31 +31,22 @@ import ipaddress
 import logging
 import os
 import re
-from collections.abc import Iterable
+import signal
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibration.store import DEFAULT_TENANT
 from service.audit import audit
-from service.decompress import ASGIApp, Receive, Scope, Send
-from service.errors import PermissionDenied, send_error
+from service.scopes import DEFAULT_SCOPES, SCOPES, Caller
 
 logger = logging.getLogger("opendecide.auth")
 
 KEYS_ENV = "OPENDECIDE_API_KEYS"
 MIN_KEY_CHARS = 16
-SCOPES = ("decide", "calibrate", "admin")
-"""decide: decisions and batches; calibrate: fits, lists, refits and feedback of the key's tenant;
-admin: shared fits, /metrics on the main port, the key set's description."""
-DEFAULT_SCOPES = frozenset({"decide", "calibrate"})
-"""A bare key's scopes: what every key could do before scopes existed, less nothing (admin is new)."""
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_KEY_POLL_S = 2.0
 SETTLE_READS = 5
-# Liveness and readiness answer orchestrators' probes, which carry no key; neither says anything a
-# caller could use (readiness names the model, as /v1/models would). The OpenAPI document is the
-# public contract, fetched by generators before they hold a key.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 
 
 def digest(key: str) -> bytes:
@@ -63,19 +55,6 @@ def digest(key: str) -> bytes:
 
 def key_id(key_digest: bytes) -> str:
     return key_digest.hex()[:12]
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who a request comes from, as the middleware puts it in ``scope["state"]["caller"]``."""
-
-    tenant: str
-    key_id: str | None  # None: authentication is off
-    scopes: frozenset[str]
-
-
-ANONYMOUS = Caller(DEFAULT_TENANT, None, frozenset(SCOPES))
-"""With auth off every caller is the operator (loopback, or ``--no-auth`` on purpose): every scope."""
 
 
 @dataclass(frozen=True)
@@ -290,14 +269,22 @@ class Keyring:
                 self.reload("file changed")
 
 
-def require_scope(state: dict, scope: str, what: str) -> Caller:
-    """The request's caller, or 403 ``permission_error`` naming the ``scope`` that ``what`` needs."""
-    caller: Caller = state.get("caller", ANONYMOUS)
-    if scope not in caller.scopes:
-        raise PermissionDenied(
-            f"this API key lacks the '{scope}' scope, which {what} needs (its scopes: {','.join(sorted(caller.scopes))})"
-        )
-    return caller
+def watch_key_file(keyring: Keyring) -> Callable[[], None]:
+    """Poll the key file and re-read it on SIGHUP; returns what stops both."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(keyring.watch())
+    try:
+        loop.add_signal_handler(signal.SIGHUP, keyring.reload, "SIGHUP")
+        hup = True
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread (a server in a thread)
+        hup = False
+
+    def stop() -> None:
+        task.cancel()
+        if hup:
+            loop.remove_signal_handler(signal.SIGHUP)
+
+    return stop
 
 
 def check_bind(host: str, *, has_keys: bool, no_auth: bool) -> str | None:
@@ -319,63 +306,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-class AuthMiddleware:
-    """401 unless the request carries a key of ``keys`` (a ``Keyring``, or bare keys); ``keys=None``
-    turns auth off (the header is then accepted and ignored, every caller is ``ANONYMOUS``).
-    ``open_paths`` need no key. Puts the ``Caller`` (tenant, key id, scopes) in the request's state."""
-
-    def __init__(
-        self, app: ASGIApp, *, keys: Keyring | Iterable[str] | None, open_paths: Iterable[str] = OPEN_PATHS
-    ) -> None:
-        self.app = app
-        if keys is None or isinstance(keys, Keyring):
-            self.keyring = keys
-        else:
-            self.keyring = Keyring.of(keys)
-        if self.keyring is not None and not self.keyring.current.keys:
-            raise ValueError("auth is on but no API keys were given (pass keys=None to turn auth off)")
-        self.open_paths = frozenset(open_paths)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        state = scope.setdefault("state", {})
-        if self.keyring is None or scope["path"] in self.open_paths:
-            state["caller"] = ANONYMOUS if self.keyring is None else Caller(DEFAULT_TENANT, None, frozenset())
-            await self.app(scope, receive, send)
-            return
-        presented = _bearer(scope)
-        if presented is None:
-            await _refuse(send, "missing API key: send 'Authorization: Bearer <key>'")
-            return
-        matched = self.keyring.current.match(presented)  # one read of the live set: old or new, not a mix
-        if matched is None:
-            await _refuse(send, "invalid API key")
-            return
-        state["caller"] = matched.caller
-        state["key_id"] = key_id(matched.digest)
-        await self.app(scope, receive, send)
-
-
-def _bearer(scope: Scope) -> str | None:
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            scheme, _, credentials = value.decode("latin-1").strip().partition(" ")
-            if scheme.lower() == "bearer" and credentials.strip():
-                return credentials.strip()
-            return None
-    return None
-
-
-async def _refuse(send: Send, message: str) -> None:
-    await send_error(
-        send,
-        401,
-        "authentication_error",
-        message,
-        param="Authorization",
-        headers={"WWW-Authenticate": "Bearer"},
-    )

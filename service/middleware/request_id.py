@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 
-from service.decompress import ASGIApp, Message, Receive, Scope, Send
+from service.middleware.asgi import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "x-request-id"
 SDK_HEADER = "x-typesafe-request-id"

@@ -14,8 +14,8 @@ import json
 import logging
 import time
 
-from service.decompress import ASGIApp, Message, Receive, Scope, Send
 from service.metrics import ServiceMetrics
+from service.middleware.asgi import ASGIApp, Message, Receive, Scope, Send
 
 access_log = logging.getLogger("opendecide.access")
 

@@ -1,27 +1,30 @@
-"""ASGI middleware: errors on OpenAI's route leave in OpenAI's shape, whoever answered them.
+"""ASGI middleware: errors leave in the shape of the wire format their path speaks, whoever answered them.
 
 Auth, rate limits, body limits, validation, admission and engine faults each answer in this service's
-one error shape (``service/errors.py``); on ``OPENAI_PATHS`` this middleware rewrites such an answer
-with ``errors.openai_error`` (status and body; headers such as Retry-After kept), so no component
-needs to know which API a path speaks. It sits inside the metrics middleware, which then counts the
-status the client got. Successful answers pass through untouched and unbuffered.
+one error shape (``service/errors.py``); on a path of ``shapes`` (``errors.ERROR_SHAPES``: OpenAI's
+``/v1/decisions``) this middleware rewrites such an answer with that format's shape (status and body;
+headers such as Retry-After kept), so no component needs to know which API a path speaks. It sits
+inside the metrics middleware, which then counts the status the client got. Successful answers pass
+through untouched and unbuffered.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
-from service.decompress import ASGIApp, Message, Receive, Scope, Send
-from service.errors import OPENAI_PATHS, openai_error
+from service.errors import ERROR_SHAPES, ErrorShape
+from service.middleware.asgi import ASGIApp, Message, Receive, Scope, Send
 
 
-class OpenAIErrorShape:
-    def __init__(self, app: ASGIApp, *, paths: frozenset[str] = OPENAI_PATHS) -> None:
+class ErrorShapeMiddleware:
+    def __init__(self, app: ASGIApp, *, shapes: Mapping[str, ErrorShape] = ERROR_SHAPES) -> None:
         self.app = app
-        self.paths = paths
+        self.shapes = dict(shapes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] not in self.paths:
+        shape = self.shapes.get(scope["path"]) if scope["type"] == "http" else None
+        if shape is None:
             await self.app(scope, receive, send)
             return
         start: Message | None = None
@@ -38,17 +41,17 @@ class OpenAIErrorShape:
             chunks.append(message.get("body", b""))
             if message.get("more_body", False):
                 return
-            await _send_reshaped(send, start, b"".join(chunks))
+            await _send_reshaped(send, shape, start, b"".join(chunks))
 
         await self.app(scope, receive, reshape)
 
 
-async def _send_reshaped(send: Send, start: Message, body: bytes) -> None:
+async def _send_reshaped(send: Send, shape: ErrorShape, start: Message, body: bytes) -> None:
     try:
         original = json.loads(body) if body else None
     except ValueError:
         original = None
-    status, reshaped = openai_error(
+    status, reshaped = shape(
         start["status"], original if original is not None else {"detail": body.decode("utf-8", "replace")}
     )
     encoded = json.dumps(reshaped, allow_nan=False).encode()

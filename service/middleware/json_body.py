@@ -7,8 +7,8 @@ given, must be UTF-8, the only encoding JSON allows between systems (RFC 8259).
 
 from __future__ import annotations
 
-from service.decompress import ASGIApp, Receive, Scope, Send
 from service.errors import send_error
+from service.middleware.asgi import ASGIApp, Receive, Scope, Send
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 

@@ -14,8 +14,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from service.decompress import ASGIApp, Receive, Scope, Send
 from service.errors import retry_after_s, send_error
+from service.middleware.asgi import ASGIApp, Receive, Scope, Send
 
 LIMITED_PATHS = frozenset(
     {

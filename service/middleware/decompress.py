@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 import zstandard
 
 from service.errors import send_error
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from service.middleware.asgi import ASGIApp, Message, Receive, Scope, Send
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_S = 30.0

@@ -6,7 +6,7 @@ import pytest
 
 from deploy.processes import serving
 from service.app import create_app
-from service.ratelimit import TokenBuckets
+from service.middleware.rate_limit import TokenBuckets
 
 BODY = {"state": "Refund me.", "questions": {"q": {"type": "noul", "instructions": "Is it about money?"}}}
 KEYS = ["od-key-aaaaaaaaaaaaaaaa", "od-key-bbbbbbbbbbbbbbbb"]

@@ -1,0 +1,131 @@
+"""The one path every decision route takes, whatever wire format it speaks.
+
+Jev's ``/v1/systemone`` (= ``/decide``) and ``/decide/batch``, OpenAI's ``/v1/decisions``, and any
+later format are adapters: each parses its own body model, translates it into Jev's request (the one
+question model the pipeline reads, ``Asked``), and renders the pipeline's answer back. Everything
+between is here, once, in this order:
+
+1. the caller must hold the ``decide`` scope (403 before the body is read);
+2. a full admission queue refuses at once (529 before the body is read or priced: a flood costs no work);
+3. the body is parsed within the limits (``service/parse.py``: 422 naming the field; ``model`` must be
+   the served model or one of the format's aliases);
+4. the format translates it (``ask``; a translation error is its own 422/400 naming the field);
+5. the reads are admitted by the prompt tokens they schedule (``service/admission.py:admitted``);
+6. the pipeline runs, cancelled if the client leaves or the app's deadline passes
+   (``service/cancel.py``);
+7. each answer is counted, and the model and decision ids go to the access log (``observed``);
+8. the format renders the answer (``render``).
+
+Errors are raised, not rendered, here: the app's exception handlers answer in this service's shape,
+and a format whose errors look otherwise names its paths and its shape once in
+``service/errors.py:ERROR_SHAPES`` (OpenAI's: ``openai_error``), which
+``service/middleware/error_shape.py`` applies to whatever answered. So none of the steps above needs
+to know which format a route speaks, and a new format adds a body model, ``ask``, ``render`` and one
+``ERROR_SHAPES`` entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from service.admission import admitted
+from service.cancel import unless_disconnected
+from service.parse import parse_for_model
+from service.pipeline.decide import decide, decide_batch
+from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, SystemOneResponse
+from service.protocol.models import JEV_ALIASES
+from service.scopes import require_scope
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A parsed body in the pipeline's terms: Jev's request (one state, or a batch of states asking
+    the same questions), and the caller's routing key for its reads (single requests only)."""
+
+    jev: SystemOneRequest | BatchRequest
+    affinity_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.affinity_key is not None and isinstance(self.jev, BatchRequest):
+            raise ValueError("the batch pipeline (decide_batch) takes no affinity key")
+
+    def states(self) -> list[str]:
+        """The states the reads are about, each priced once by admission."""
+        if isinstance(self.jev, BatchRequest):
+            return [one.state_text() for one in self.jev.requests()]
+        return [self.jev.state_text()]
+
+
+Decided = SystemOneResponse | BatchResponse
+
+
+def as_asked(body: SystemOneRequest | BatchRequest, scope_state: dict) -> Asked:
+    """Jev's own bodies need no translation."""
+    return Asked(body)
+
+
+def as_answered(body: Any, decided: Decided) -> BaseModel:
+    """Jev's own answers need no renaming."""
+    return decided
+
+
+async def serve_decisions(
+    request: Request,
+    wire: type[BodyT],
+    ask: Callable[[BodyT, dict], Asked] = as_asked,
+    render: Callable[[BodyT, Decided], BaseModel] = as_answered,
+    *,
+    aliases: tuple[str, ...] = JEV_ALIASES,
+) -> JSONResponse:
+    """Answer one decision request whose body is a ``wire`` model.
+
+    ``ask(body, scope_state)`` translates the parsed body into Jev's request; it may raise a
+    validation error naming a field, and may note what the access log should carry in the request's
+    ``scope_state``. ``render(body, decided)`` turns the pipeline's answer into the format's response.
+    ``aliases``: model names, besides the served one, a body's ``model`` may give."""
+    caller = require_scope(request.scope["state"], "decide", f"POST {request.url.path}")
+    request.app.state.admission.refuse_if_full()  # before the body is read and parsed: a flood costs no work
+    reader, body = await parse_for_model(request, wire, aliases=aliases)
+    asked = ask(body, request.scope["state"])
+    state = request.app.state
+    context = {
+        "request_id": request.scope["state"]["request_id"],
+        "store": state.store,
+        "images": state.images,
+        "priors": state.priors,
+        "tenant": caller.tenant,
+    }
+
+    async def work() -> Decided:
+        if isinstance(asked.jev, BatchRequest):
+            return await decide_batch(asked.jev, reader, **context)
+        return await decide(asked.jev, reader, affinity_key=asked.affinity_key, **context)
+
+    jobs = [(asked.states(), asked.jev.questions, ("body",))]
+    decided = await unless_disconnected(request, admitted(request, reader, jobs, work))
+    answer_sets = (
+        [result.answers for result in decided.results]
+        if isinstance(decided, BatchResponse)
+        else [decided.answers]
+    )
+    observed(request, decided.model, answer_sets)
+    return JSONResponse(render(body, decided).model_dump(mode="json"))
+
+
+def observed(request: Request, model: str, answer_sets: Iterable[dict]) -> None:
+    """Per-question metrics, and the model and decision ids for the access log."""
+    metrics = request.app.state.metrics
+    ids = request.scope["state"].setdefault("decision_ids", [])
+    request.scope["state"]["model"] = model
+    for answers in answer_sets:
+        for answer in answers.values():
+            metrics.observe_answer(model, answer.type, answer.reading)
+            ids.append(answer.reading.decision_id)

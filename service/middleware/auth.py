@@ -1,0 +1,81 @@
+"""ASGI middleware: ``Authorization: Bearer <key>`` (what Jev's SDKs send) → the request's ``Caller``.
+
+The keys, their file format and live reload are ``service/keys.py``; the scopes a caller holds and
+``require_scope`` are ``service/scopes.py``. A request without a key of the live set gets 401 before
+its body is read; ``OPEN_PATHS`` need none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from calibration.store import DEFAULT_TENANT
+from service.errors import send_error
+from service.keys import Keyring, key_id
+from service.middleware.asgi import ASGIApp, Receive, Scope, Send
+from service.scopes import ANONYMOUS, Caller
+
+# Liveness and readiness answer orchestrators' probes, which carry no key; neither says anything a
+# caller could use (readiness names the model, as /v1/models would). The OpenAPI document is the
+# public contract, fetched by generators before they hold a key.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+
+
+class AuthMiddleware:
+    """401 unless the request carries a key of ``keys`` (a ``Keyring``, or bare keys); ``keys=None``
+    turns auth off (the header is then accepted and ignored, every caller is ``ANONYMOUS``).
+    ``open_paths`` need no key. Puts the ``Caller`` (tenant, key id, scopes) in the request's state."""
+
+    def __init__(
+        self, app: ASGIApp, *, keys: Keyring | Iterable[str] | None, open_paths: Iterable[str] = OPEN_PATHS
+    ) -> None:
+        self.app = app
+        if keys is None or isinstance(keys, Keyring):
+            self.keyring = keys
+        else:
+            self.keyring = Keyring.of(keys)
+        if self.keyring is not None and not self.keyring.current.keys:
+            raise ValueError("auth is on but no API keys were given (pass keys=None to turn auth off)")
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        if self.keyring is None or scope["path"] in self.open_paths:
+            state["caller"] = ANONYMOUS if self.keyring is None else Caller(DEFAULT_TENANT, None, frozenset())
+            await self.app(scope, receive, send)
+            return
+        presented = _bearer(scope)
+        if presented is None:
+            await _refuse(send, "missing API key: send 'Authorization: Bearer <key>'")
+            return
+        matched = self.keyring.current.match(presented)  # one read of the live set: old or new, not a mix
+        if matched is None:
+            await _refuse(send, "invalid API key")
+            return
+        state["caller"] = matched.caller
+        state["key_id"] = key_id(matched.digest)
+        await self.app(scope, receive, send)
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, credentials = value.decode("latin-1").strip().partition(" ")
+            if scheme.lower() == "bearer" and credentials.strip():
+                return credentials.strip()
+            return None
+    return None
+
+
+async def _refuse(send: Send, message: str) -> None:
+    await send_error(
+        send,
+        401,
+        "authentication_error",
+        message,
+        param="Authorization",
+        headers={"WWW-Authenticate": "Bearer"},
+    )

@@ -1,0 +1,41 @@
+"""Who a request comes from (``Caller``: tenant, key id, scopes) and what each scope allows.
+
+The auth middleware (``service/middleware/auth.py``) puts the caller in ``scope["state"]["caller"]``;
+a route asks ``require_scope`` for it, naming what it is about to do, before it reads the body.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calibration.store import DEFAULT_TENANT
+from service.errors import PermissionDenied
+
+SCOPES = ("decide", "calibrate", "admin")
+"""decide: decisions and batches; calibrate: fits, lists, refits and feedback of the key's tenant;
+admin: shared fits, /metrics on the main port, the key set's description."""
+DEFAULT_SCOPES = frozenset({"decide", "calibrate"})
+"""A bare key's scopes: what every key could do before scopes existed, less nothing (admin is new)."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a request comes from, as the middleware puts it in ``scope["state"]["caller"]``."""
+
+    tenant: str
+    key_id: str | None  # None: authentication is off
+    scopes: frozenset[str]
+
+
+ANONYMOUS = Caller(DEFAULT_TENANT, None, frozenset(SCOPES))
+"""With auth off every caller is the operator (loopback, or ``--no-auth`` on purpose): every scope."""
+
+
+def require_scope(state: dict, scope: str, what: str) -> Caller:
+    """The request's caller, or 403 ``permission_error`` naming the ``scope`` that ``what`` needs."""
+    caller: Caller = state.get("caller", ANONYMOUS)
+    if scope not in caller.scopes:
+        raise PermissionDenied(
+            f"this API key lacks the '{scope}' scope, which {what} needs (its scopes: {','.join(sorted(caller.scopes))})"
+        )
+    return caller
