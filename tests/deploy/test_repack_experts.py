@@ -21,7 +21,7 @@ from compressed_tensors.utils.match import match_name
 from safetensors.torch import load_file, save_file
 
 from deploy.repack import RepackError, repack
-from tests.deploy.test_repack import all_tensors, decompressed, grid_tensor, same_bits_but_zero_sign
+from tests.deploy.repack_support import all_tensors, decompressed, grid_tensor, same_bits_but_zero_sign
 
 HIDDEN, DENSE, EXPERTS, MOE, LAYERS, VOCAB = 64, 96, 4, 32, 2, 80
 PREFIX = "model.language_model"
