@@ -69,6 +69,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.tickets import QUESTIONS
 from eval.load import bench_args, machine_info, run_bench, vllm_prefix_counters
 from readers.engines import open_engine
 from readers.engines.base import EngineReply, ReadRequest
@@ -87,16 +88,6 @@ LONG_STATE = (
     "Honestly this is very frustrating, I have recommended you to friends and now I am thinking of "
     "cancelling. Please fix the billing today and tell me when the app will work again. If I do not hear "
     "back by Friday I will dispute the charge with my bank, and I will post about it."
-)
-QUESTIONS = (
-    "Does the customer report a duplicate charge?",
-    "Is the customer asking for a refund?",
-    "Does the customer threaten to cancel?",
-    "Is there a problem with the mobile app?",
-    "Is the customer angry or frustrated?",
-    "Does the message mention a deadline?",
-    "Has the customer contacted support before?",
-    "Is the customer on a premium plan?",
 )
 # Option names as the reader's 255-name trie test has them (tests/readers/test_label_styles.py): a
 # colour and a number, several tokens each, so the token trie of the names grows with their count

@@ -40,10 +40,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench import ROOT
+from bench.tickets import QUESTIONS
 from deploy.processes import free_port, wait_for_models
 from eval.load import machine_info, run_bench, run_load, vllm_prefix_counters
-
-ROOT = Path(__file__).resolve().parents[1]  # the checkout: child processes run from it
 
 # A support ticket of about 180 tokens (SmolLM2 tokenizer); "{ticket}" makes every request's state fresh.
 STATE = (
@@ -55,24 +55,6 @@ STATE = (
     "recommended you to friends and now I am thinking of cancelling. Please fix the billing today and tell me "
     "when the app will work again. If I do not hear back by Friday I will dispute the charge with my bank."
 )
-QUESTIONS = [
-    "Does the customer report a duplicate charge?",
-    "Is the customer asking for a refund?",
-    "Does the customer threaten to cancel?",
-    "Is there a problem with the mobile app?",
-    "Is the customer angry or frustrated?",
-    "Does the message mention a deadline?",
-    "Has the customer contacted support before?",
-    "Is the customer on a premium plan?",
-    "Does the customer mention a chargeback or bank dispute?",
-    "Is this a question about shipping?",
-    "Does the customer praise the product?",
-    "Is a password reset requested?",
-    "Does the message mention an Android device?",
-    "Is the amount charged more than $100?",
-    "Should this ticket be escalated to a human?",
-    "Is the message written in English?",
-]
 SIZES = (1, 2, 4, 8, 16)
 
 

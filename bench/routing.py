@@ -46,6 +46,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench import ROOT
 from deploy.processes import free_port, wait_for_models
 from deploy.vllm_cpu import ServerSpec, install, start, stop
 from eval.load import machine_info, run_load
@@ -57,8 +58,6 @@ from readers.embedded import prepare_embedded_model
 from readers.engines.base import ReadMode, ReadRequest
 from readers.engines.routed import RoutedEngine
 from readers.engines.routing import ROUTINGS
-
-ROOT = Path(__file__).resolve().parents[1]  # the checkout: child processes run from it
 
 SERVED_NAME = "smollm2-135m-instruct"
 SYSTEM = "You read a document and answer one question about it. Reply with exactly one word: Yes or No."

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench import ROOT
 from deploy.processes import free_port, wait_for_models
 from eval.load import bench_args, machine_info, run_bench, run_load, vllm_prefix_counters
 from eval.manifest import run_manifest
@@ -39,8 +40,6 @@ from readers.engines import open_engine_spec
 from readers.engines.vllm import completion_body
 from readers.prompt import QuestionSpec, prompt_layout
 from readers.reader import Reader
-
-ROOT = Path(__file__).resolve().parents[1]  # the checkout: child processes run from it
 
 # A production-sized question: the static part (instructions, options, descriptions) spans several
 # of vLLM-CPU's 128-token KV blocks, which is what prefix caching can reuse across states.
