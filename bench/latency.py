@@ -43,9 +43,9 @@ noisy, so medians and ranges are reported, never a pass or fail.
 Run:
 
     decide engine start --port 8237
-    .venv/bin/python bench/latency.py --engine-url http://127.0.0.1:8237 \\
+    .venv/bin/python -m bench.latency --engine-url http://127.0.0.1:8237 \\
         --out evidence/latency/latency.json
-    .venv/bin/python bench/latency.py --shapes noul choice4 choice26 q1-fresh q8-fresh q1-cached \\
+    .venv/bin/python -m bench.latency --shapes noul choice4 choice26 q1-fresh q8-fresh q1-cached \\
         q8-cached --repeats 3 --out evidence/latency/before/latency.json
 
 The JSON opens with the run manifest of ``eval/manifest.py`` (model, revision, engine probe, git
@@ -69,9 +69,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench.tickets import QUESTIONS
 from eval.load import bench_args, machine_info, run_bench, vllm_prefix_counters
 from readers.engines import open_engine
 from readers.engines.base import EngineReply, ReadRequest
@@ -90,16 +88,6 @@ LONG_STATE = (
     "Honestly this is very frustrating, I have recommended you to friends and now I am thinking of "
     "cancelling. Please fix the billing today and tell me when the app will work again. If I do not hear "
     "back by Friday I will dispute the charge with my bank, and I will post about it."
-)
-QUESTIONS = (
-    "Does the customer report a duplicate charge?",
-    "Is the customer asking for a refund?",
-    "Does the customer threaten to cancel?",
-    "Is there a problem with the mobile app?",
-    "Is the customer angry or frustrated?",
-    "Does the message mention a deadline?",
-    "Has the customer contacted support before?",
-    "Is the customer on a premium plan?",
 )
 # Option names as the reader's 255-name trie test has them (tests/readers/test_label_styles.py): a
 # colour and a number, several tokens each, so the token trie of the names grows with their count

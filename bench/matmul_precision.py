@@ -19,7 +19,7 @@ Per shape: median ms over ``--repeats`` (range), the speed ratio to float32, and
 relative to the largest reference entry. The engine's exactness tests hold probabilities to 1e-4;
 a product error well above float32's (~1e-7) reaches them through 30 layers.
 
-Run: ``.venv/bin/python bench/matmul_precision.py --out evidence/latency/matmul-precision/precision.json``
+Run: ``.venv/bin/python -m bench.matmul_precision --out evidence/latency/matmul-precision/precision.json``
 (the markdown beside the JSON is the printed report)
 """
 
@@ -27,15 +27,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from eval.load import bench_args, cpu_flags, machine_info, run_bench
 from eval.manifest import run_manifest

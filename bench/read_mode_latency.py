@@ -7,7 +7,7 @@ each mode's p50 ÷ exact's.
 Run (the engine from ``make engine``):
 
     make engine
-    .venv/bin/python bench/read_mode_latency.py --engine-url http://127.0.0.1:8100 \
+    .venv/bin/python -m bench.read_mode_latency --engine-url http://127.0.0.1:8100 \
         --out evidence/bench/read-mode-latency-vllm-cpu.json
 
 The JSON opens with the run manifest of ``eval/manifest.py`` (engines, git commit, args).
@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from eval.load import bench_args, machine_info, run_bench, run_load
 from eval.manifest import run_manifest

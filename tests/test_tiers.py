@@ -9,11 +9,12 @@ starting one.
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
 from tests.tiers import violation
-from tests.tools import missing_tool, require_tool
+from tests.tools import missing_tool, require_module, require_tool, require_vllm_cpu
 
 GUARD_CONFTEST = """
 from tests.tiers import TierGuard
@@ -146,3 +147,31 @@ def test_a_tool_in_the_venv_is_found_before_path(monkeypatch, tmp_path):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI needs it: hadolint is not installed"):
         require_tool("hadolint")
+
+
+def test_a_missing_vllm_cpu_venv_fails_under_ci_naming_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setattr("deploy.vllm_cpu.venv_dir", lambda: tmp_path / "venv")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(
+        pytest.fail.Exception, match=r"CI needs it: vllm-cpu is not installed; .*decide engine start"
+    ):
+        require_vllm_cpu()
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception, match="vllm-cpu is not installed"):
+        require_vllm_cpu()
+    (tmp_path / "venv").mkdir()
+    (tmp_path / "venv" / ".installed").touch()
+    assert require_vllm_cpu() == tmp_path / "venv" / "bin" / "python"
+
+
+def test_a_missing_package_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setitem(sys.modules, "typesafe_sdk", None)  # an import of it raises ImportError
+    monkeypatch.setenv("CI", "1")
+    with pytest.raises(
+        pytest.fail.Exception, match="CI needs it: typesafe_sdk is not installed; install it from PyPI"
+    ):
+        require_module("typesafe_sdk")
+    monkeypatch.setenv("CI", "no")
+    with pytest.raises(pytest.skip.Exception, match="typesafe_sdk is not installed"):
+        require_module("typesafe_sdk")
+    assert require_module("json").dumps([]) == "[]"

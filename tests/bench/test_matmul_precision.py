@@ -7,30 +7,26 @@ accumulate in float32, the second assertion fails and the bench's conclusion mus
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_matmul_precision", Path(__file__).resolve().parents[2] / "bench" / "matmul_precision.py"
-)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from bench import matmul_precision
 
 
 @pytest.mark.anyio
 async def test_every_shape_and_method_is_measured_against_float64():
-    result = await bench.main(bench.parser().parse_args(["--repeats", "1", "--inner", "1"]))
+    result = await matmul_precision.main(
+        matmul_precision.parser().parse_args(["--repeats", "1", "--inner", "1"])
+    )
     json.dumps(result)  # the file --out writes
     manifest = result["manifest"]
     assert manifest["run"] == "bench:matmul_precision" and manifest["git"]["commit"]
     assert manifest["args"]["repeats"] == 1 and isinstance(result["machine"]["bf16_units"], list)
-    assert [(r["rows"], r["in"], r["out"]) for r in result["rows"]] == bench.SHAPES
+    assert [(r["rows"], r["in"], r["out"]) for r in result["rows"]] == matmul_precision.SHAPES
     for row in result["rows"]:
         errors = {name: m["rel_error"] for name, m in row["methods"].items()}
         assert errors["float32"] < 1e-5
         assert errors["bfloat16"] > 1e-4 and errors["bf16 split"] > 1e-4
         assert all(len(m["samples_ms"]) == 1 and m["median_ms"] > 0 for m in row["methods"].values())
-    assert "| 16 × 576 → 576 |" in bench.report(result)
+    assert "| 16 × 576 → 576 |" in matmul_precision.report(result)

@@ -21,7 +21,8 @@ from compressed_tensors.utils.match import match_name
 from safetensors.torch import load_file, save_file
 
 from deploy.repack import RepackError, repack
-from tests.deploy.test_repack import all_tensors, decompressed, grid_tensor, same_bits_but_zero_sign
+from tests.deploy.repack_support import all_tensors, decompressed, grid_tensor, same_bits_but_zero_sign
+from tests.tools import require_vllm_cpu
 
 HIDDEN, DENSE, EXPERTS, MOE, LAYERS, VOCAB = 64, 96, 4, 32, 2, 80
 PREFIX = "model.language_model"
@@ -293,15 +294,12 @@ print(json.dumps({"loads": loads, "schemes": schemes}))
 def test_vllm_maps_every_expert_matrix_and_picks_its_moe_method(source, tmp_path, fmt):
     import subprocess
 
-    from deploy.vllm_cpu import venv_dir
-
-    if not (venv_dir() / ".installed").is_file():
-        pytest.skip("the vLLM-CPU venv is not installed (decide engine start)")
+    python = require_vllm_cpu()
     repack(fmt, source, tmp_path / fmt)
     names = sorted(n for n in all_tensors(tmp_path / fmt) if ".experts." in n)
     quantization = json.loads((tmp_path / fmt / "config.json").read_text())["quantization_config"]
     done = subprocess.run(
-        [str(venv_dir() / "bin" / "python"), "-c", _VLLM_CHECK],
+        [str(python), "-c", _VLLM_CHECK],
         input=json.dumps([names, quantization, EXPERTS, "model.layers.0.experts"]),
         capture_output=True,
         text=True,

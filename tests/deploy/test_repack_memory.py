@@ -1,7 +1,7 @@
 """``decide repack`` streams: peak memory bounded by one shard, measured on a 1 GB+ sharded source.
 
 The source is a synthetic QAT-like llama checkpoint (every group of 32 on a 16-level grid, as in
-test_repack.py) of three ~400 MB shards, written here; the repack runs as the real command in its own
+repack_support.py) of three ~400 MB shards, written here; the repack runs as the real command in its own
 process, whose peak RSS (``wait4``'s ``ru_maxrss``) is compared with the same interpreter importing
 the same modules and nothing else. Run with ``-s`` to see the figures (evidence/quantization/memory.txt).
 """
@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tests.deploy.test_repack import grid_tensor
+from tests.deploy.repack_support import grid_tensor
 
 pytestmark = pytest.mark.integration
 

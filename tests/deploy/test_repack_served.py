@@ -12,6 +12,7 @@ import pytest
 
 from deploy.repack import repack, snap_to_grid
 from deploy.repack_served import serve_compare
+from tests.tools import require_vllm_cpu
 
 pytestmark = pytest.mark.integration
 
@@ -19,10 +20,7 @@ PORT = 8103
 
 
 def test_a_q4_build_serves_and_reads_like_its_source(tmp_path, embedded_model_dir):
-    from deploy.vllm_cpu import venv_dir
-
-    if not (venv_dir() / ".installed").is_file():
-        pytest.skip("the vLLM-CPU venv is not installed (decide engine start)")
+    require_vllm_cpu()  # installed beforehand, not by serve_compare inside the test (minutes)
     fixture = tmp_path / "fixture"
     snap_to_grid(embedded_model_dir, fixture)
     manifest = repack("q4", fixture, tmp_path / "q4")

@@ -21,7 +21,7 @@ from eval.survey import (
     survey_models,
 )
 from opendecide.cli import app
-from tests.deploy.test_repack import write_source
+from tests.deploy.repack_support import write_source
 
 
 def test_parameter_classes_of_a_config_add_up_to_its_count():

@@ -8,12 +8,11 @@ in the shared-prefix layout by ``bench/routing.py``'s workload. Kept short: the 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from pathlib import Path
 
 import httpx
 import pytest
 
+from bench import routing as routing_bench
 from deploy.processes import free_port
 from deploy.vllm_cpu import ServerSpec, install, start, stop
 from eval.sweep import long_states
@@ -23,12 +22,6 @@ from readers.engines.routing import prefix_key, rendezvous_order
 from service.app import create_app
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
-
-_spec = importlib.util.spec_from_file_location(
-    "bench_routing", Path(__file__).resolve().parents[2] / "bench" / "routing.py"
-)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +33,7 @@ def two_engines(embedded_model_dir, tmp_path_factory):
         for i, port in enumerate(ports):
             spec = ServerSpec(
                 str(embedded_model_dir),
-                bench.SERVED_NAME,
+                routing_bench.SERVED_NAME,
                 port=port,
                 kv_cache_bytes=400 << 20,
                 max_num_seqs=8,
@@ -59,7 +52,9 @@ def spread_requests(tokenizer, urls: list[str], first_seed: int):
     rendezvous order gives each engine at least one."""
     ids = [url.removeprefix("http://") for url in urls]  # an engine's id is its URL's netloc
     for seed in range(first_seed, first_seed + 20):
-        requests = bench.shared_prefix_requests(tokenizer, long_states(tokenizer, 256, 6, seed=seed), 3)
+        requests = routing_bench.shared_prefix_requests(
+            tokenizer, long_states(tokenizer, 256, 6, seed=seed), 3
+        )
         if len({rendezvous_order(prefix_key(reads[0]), ids)[0] for reads in requests}) == len(ids):
             return requests
     raise AssertionError("no draw of six states favoured both engines")
@@ -72,7 +67,7 @@ async def test_affinity_keeps_requests_together_and_beats_round_robin_on_the_pre
     for seed, routing in enumerate(("affinity", "round_robin")):
         requests = spread_requests(tokenizer, two_engines, first_seed=50 + 100 * seed)
         assert all(read.prefix_tokens > 256 for reads in requests for read in reads)
-        rows[routing] = await bench.routing_pass(
+        rows[routing] = await routing_bench.routing_pass(
             two_engines, routing, requests, visits=2, concurrency=2, seed=seed
         )
     affinity, round_robin = rows["affinity"], rows["round_robin"]
@@ -95,7 +90,7 @@ async def test_the_service_counts_reads_per_engine_and_a_stopped_engine_is_eject
         async with httpx.AsyncClient(
             transport=transport, base_url="http://decide.test", timeout=300
         ) as client:
-            bodies = bench.case_bodies(6, seed=7)
+            bodies = routing_bench.case_bodies(6, seed=7)
             replies = await asyncio.gather(*(client.post("/decide", json=body) for body in bodies))
             assert [reply.status_code for reply in replies] == [200] * 6
             metrics = (await client.get("/metrics")).text
@@ -112,7 +107,7 @@ async def test_the_service_counts_reads_per_engine_and_a_stopped_engine_is_eject
 
             stop(int(ids[1].rsplit(":", 1)[1]))  # the second engine goes away
             replies = await asyncio.gather(
-                *(client.post("/decide", json=body) for body in bench.case_bodies(12, seed=8))
+                *(client.post("/decide", json=body) for body in routing_bench.case_bodies(12, seed=8))
             )
             assert [reply.status_code for reply in replies] == [200] * 12  # its reads retried on the first
             stats = engine.stats()

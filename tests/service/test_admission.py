@@ -14,6 +14,7 @@ from service.admission import Admission, AdmissionLimits, request_cost
 from service.errors import Overloaded, RequestTooCostly
 from service.protocol import SystemOneRequest
 from tests.service.support import favour_first, function_engine
+from tests.tools import require_module
 
 pytestmark = pytest.mark.anyio
 
@@ -180,7 +181,7 @@ def test_the_sdk_sees_529_with_its_retry_after(local_engine):
     Retry-After (which its default policy honours when it retries 5xx)."""
     import threading
 
-    typesafe_sdk = pytest.importorskip("typesafe_sdk")
+    typesafe_sdk = require_module("typesafe_sdk")
     from deploy.processes import serving
     from service.app import create_app
 

@@ -7,6 +7,7 @@ import pytest
 from deploy.processes import serving
 from service.app import create_app
 from service.middleware.rate_limit import TokenBuckets
+from tests.tools import require_module
 
 BODY = {"state": "Refund me.", "questions": {"q": {"type": "noul", "instructions": "Is it about money?"}}}
 KEYS = ["od-key-aaaaaaaaaaaaaaaa", "od-key-bbbbbbbbbbbbbbbb"]
@@ -50,7 +51,7 @@ async def test_over_the_limit_is_a_429_per_key(client_factory, quick_engine):
 
 def test_the_sdk_raises_its_rate_limit_error_with_retry_after(quick_engine):
     """Jev's SDK, retries off, against a real server: its own 429 error, carrying Retry-After."""
-    typesafe_sdk = pytest.importorskip("typesafe_sdk")
+    typesafe_sdk = require_module("typesafe_sdk")
     app = create_app(quick_engine, api_keys=KEYS, rate_limit=(0.2, 1))
     with serving(app) as url:
         with typesafe_sdk.TypeSafeClient(

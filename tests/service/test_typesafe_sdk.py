@@ -14,8 +14,9 @@ import pytest
 import uvicorn
 
 from service.app import create_app
+from tests.tools import require_module
 
-typesafe_sdk = pytest.importorskip("typesafe_sdk")
+typesafe_sdk = require_module("typesafe_sdk")
 
 pytestmark = pytest.mark.integration  # a real uvicorn server on a loopback port
 SDK_KEY = "od-test-key-0123456789abcdef"

@@ -10,9 +10,9 @@ decisions/s and p50/p99 are over the 200s.
 
 Run:
 
-    .venv/bin/python bench/service_faults.py --engine local --out evidence/trust/local-load/result.json
-    .venv/bin/python bench/service_faults.py --engine vllm --out evidence/trust/vllm-load/result.json
-    .venv/bin/python bench/service_faults.py --engine vllm --requests 400 --rate 4 --kill-at 20 --restart-after 2 \
+    python -m deploy.acceptance.service_faults --engine local --out evidence/trust/local-load/result.json
+    python -m deploy.acceptance.service_faults --engine vllm --out evidence/trust/vllm-load/result.json
+    python -m deploy.acceptance.service_faults --engine vllm --requests 400 --rate 4 --kill-at 20 --restart-after 2 \
         --max-seconds 150 --out evidence/trust/vllm-kill-restart/result.json
 """
 
@@ -23,6 +23,7 @@ import asyncio
 import collections
 import json
 import random
+import shlex
 import sys
 import threading
 import time
@@ -30,9 +31,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from deploy.processes import free_port, serving
 from deploy.vllm_cpu import ServerSpec, install, session_members, start, status, stop
@@ -172,7 +170,8 @@ if __name__ == "__main__":
     if args.kill_at is not None and args.engine != "vllm":
         parser.error("--kill-at needs --engine vllm (the local engine runs inside the service)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    (args.out.parent / "command.txt").write_text("python " + " ".join(sys.argv) + "\n")
+    command = ["python", "-m", "deploy.acceptance.service_faults", *sys.argv[1:]]
+    (args.out.parent / "command.txt").write_text(shlex.join(command) + "\n")
     print("args:", json.dumps(args_json(args)))
     outcome = asyncio.run(main(args))
     print(report(outcome))

@@ -1,22 +1,14 @@
-"""bench/soak.py's 2-minute mode on the embedded model: three tenants' mixed traffic through the real
-service and a real SQLite file; no 5xx but those by design, every acknowledged feedback stored,
+"""deploy/acceptance/soak.py's 2-minute mode on the embedded model: three tenants' mixed traffic through
+the real service and a real SQLite file; no 5xx but those by design, every acknowledged feedback stored,
 every kind of request sent. (The memory goal is the 20-minute run's: two minutes barely warm up.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "bench_soak", Path(__file__).resolve().parents[2] / "bench" / "soak.py"
-)
-soak = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = soak  # its dataclasses look their module up
-_spec.loader.exec_module(soak)
+from deploy.acceptance import soak
 
 
 @pytest.mark.slow  # two minutes of real-model reads

@@ -22,8 +22,8 @@ acknowledged lost.
 
 Run:
 
-    .venv/bin/python bench/soak.py                      # 20 minutes
-    .venv/bin/python bench/soak.py --minutes 2 --out evidence/soak/2min.json
+    python -m deploy.acceptance.soak                      # 20 minutes
+    python -m deploy.acceptance.soak --minutes 2 --out evidence/soak/2min.json
 """
 
 from __future__ import annotations
@@ -44,9 +44,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from calibration.fit import MIN_GOLD
 from calibration.open import open_store
