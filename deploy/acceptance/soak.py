@@ -2,7 +2,7 @@
 
 The service is the real app on a real uvicorn server in this process (loopback HTTP), the embedded
 model in process, a real SQLite store file, and a key file with three keys, one per tenant
-(``KEY tenant=t0 scopes=decide,calibrate``…; service/auth.py), so each tenant's records, feedback and
+(``KEY tenant=t0 scopes=decide,calibrate``…; service/keys.py), so each tenant's records, feedback and
 fits are its own. Each tenant runs ``--clients`` loops; each loop picks its next request at random
 (seeded): decisions of every question type on Jev's route and on OpenAI's ``POST /v1/decisions``,
 batches, feedback on the tenant's own earlier decisions (a few at a time, on one question type, so a

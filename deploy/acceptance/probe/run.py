@@ -6,7 +6,7 @@ the issue found then, what this run measured now, and PASS/FAIL against what iss
 
 The service is ``python -m opendecide serve`` in its own process (the embedded model, the local engine)
 with its own SQLite store file and key file in a temporary folder, ``--metrics-port`` on a second
-loopback port. The key file (service/auth.py's format) holds tenant ``a``'s key, tenant ``b``'s key and
+loopback port. The key file (service/keys.py's format) holds tenant ``a``'s key, tenant ``b``'s key and
 an ``admin`` key of tenant ``ops``; the rotation row rewrites it while the server runs. Resident memory
 is the server process's ``VmRSS`` (``/proc``). Rows that need a vLLM engine (readiness after the engine
 stops, orphans after the server is killed) and the abandoned-request row are printed with the test that

@@ -122,7 +122,7 @@ class Probe:
         return response, time.monotonic() - started
 
     def server_latencies_s(self) -> dict[str, float]:
-        """Request id → the server's own latency (its access-log lines: service/observe.py)."""
+        """Request id → the server's own latency (its access-log lines: service/middleware/observe.py)."""
         latencies = {}
         for line in self.log.read_text(errors="replace").splitlines():
             start = line.find("{")

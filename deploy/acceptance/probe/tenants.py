@@ -27,7 +27,7 @@ from deploy.acceptance.probe.session import (
     one_choice,
     reason,
 )
-from service.auth import digest, key_id
+from service.keys import digest, key_id
 
 
 async def wrong_keys(probe: Probe) -> None:
