@@ -96,7 +96,7 @@ def survey_study(
     ] = 0.25,
 ) -> None:
     """The survey's weight formats against the reference study's published v5e figures (12B w8a8-emb4, 26B repack)."""
-    from eval.capacity.survey import study_check, study_table
+    from eval.capacity.survey_study import study_check, study_table
 
     typer.echo(study_table(study_check(reserve_gib=reserve_gib)))
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eval.decisions.runner import plan
+from eval.decisions.runner import plan, run_through_spec
 from eval.decisions.score import score_task
 from eval.evidence.manifest import MANIFEST, check_directory, run_manifest, write_json
 from eval.evidence.rows import RECORDS, RecordWriter, load_rows
@@ -213,7 +213,6 @@ async def evaluate_debias(
     engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options: Any
 ) -> dict:
     """Open the engine ``engine_spec`` names and :func:`run_debias` into ``out``."""
-    from readers.engines import open_engine_spec
-
-    async with await open_engine_spec(engine_spec, top_k=top_k, engine_url=engine_url) as engine:
-        return await run_debias(engine, out, **options)
+    return await run_through_spec(
+        run_debias, engine_spec, out, engine_options={"top_k": top_k, "engine_url": engine_url}, **options
+    )

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from calibration.metrics import brier_loss, level_absolute_error, level_spearman_score
-from eval.decisions.runner import run_tasks
+from eval.decisions.runner import run_tasks, run_through_spec
 from eval.decisions.tasks import TASKS
 from eval.evidence.rows import RECORDS, load_rows, raw_probabilities, rows_arrays
 from readers.engines.base import Engine
@@ -222,7 +222,6 @@ async def evaluate_dev_reads(
     engine_spec: str, out: Path, *, engine_url: str | None = None, model: str | None = None, **options
 ) -> dict:
     """Open the engine ``engine_spec`` names (``model``: an embedded model's name) and :func:`run_dev_reads` through it."""
-    from readers.engines import open_engine_spec
-
-    async with await open_engine_spec(engine_spec, engine_url=engine_url, model=model) as engine:
-        return await run_dev_reads(engine, out, **options)
+    return await run_through_spec(
+        run_dev_reads, engine_spec, out, engine_options={"engine_url": engine_url, "model": model}, **options
+    )

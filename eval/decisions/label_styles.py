@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from calibration.metrics import level_absolute_error, level_spearman_score
-from eval.decisions.runner import run_tasks
+from eval.decisions.runner import run_tasks, run_through_spec
 from eval.decisions.score import wilson_interval
 from eval.decisions.tasks import TASKS
 from eval.evidence.manifest import MANIFEST, write_json
@@ -178,7 +178,10 @@ async def evaluate_label_styles(
     engine_spec: str, out: Path, *, engine_url: str | None = None, top_k: int | None = None, **options
 ) -> list[dict]:
     """Open the engine ``engine_spec`` names and :func:`run_label_styles` into ``out``."""
-    from readers.engines import open_engine_spec
-
-    async with await open_engine_spec(engine_spec, top_k=top_k, engine_url=engine_url) as engine:
-        return await run_label_styles(engine, out, **options)
+    return await run_through_spec(
+        run_label_styles,
+        engine_spec,
+        out,
+        engine_options={"top_k": top_k, "engine_url": engine_url},
+        **options,
+    )

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from eval.decisions.compare import mcnemar_exact, paired_bootstrap
-from eval.decisions.runner import run_tasks
+from eval.decisions.runner import run_tasks, run_through_spec
 from eval.decisions.score import wilson_interval
 from eval.decisions.tasks import TASKS
 from eval.evidence.manifest import MANIFEST
@@ -176,10 +176,9 @@ async def evaluate_regression(
     engine_spec: str, out: Path, *, engine_url: str | None = None, model: str | None = None, **options
 ) -> dict:
     """Open the engine ``engine_spec`` names (``model``: an embedded model's name) and :func:`run_regression` through it."""
-    from readers.engines import open_engine_spec
-
-    async with await open_engine_spec(engine_spec, engine_url=engine_url, model=model) as engine:
-        return await run_regression(engine, out, **options)
+    return await run_through_spec(
+        run_regression, engine_spec, out, engine_options={"engine_url": engine_url, "model": model}, **options
+    )
 
 
 def side_by_side_table(runs: dict[str, Path]) -> str:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eval.decisions.tasks import TASKS, Record, Split, Task, load_sample, spread
 from eval.evidence.manifest import MANIFEST, Images, RunRefused, check_directory, run_manifest, write_json
@@ -29,6 +29,7 @@ from readers.reader import Reader
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 
 SMOKE_RECORDS = 5
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,22 @@ async def evaluate_tasks(
         if latency:
             await measure_latency(engine, out)
     return manifest
+
+
+async def run_through_spec(
+    run: Callable[..., Awaitable[T]],
+    engine_spec: str,
+    out: Path,
+    *,
+    engine_options: dict[str, Any],
+    **options: Any,
+) -> T:
+    """Open the engine ``engine_spec`` names (``engine_options``: what :func:`readers.engines.open_engine_spec`
+    takes besides the spec), ``run(engine, out, **options)`` through it, close the engine; ``run``'s result."""
+    from readers.engines import open_engine_spec
+
+    async with await open_engine_spec(engine_spec, **engine_options) as engine:
+        return await run(engine, out, **options)
 
 
 async def measure_latency(engine: Engine, out: Path, *, requests_c1: int = 30, requests_c8: int = 64) -> dict:

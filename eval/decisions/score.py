@@ -266,5 +266,7 @@ def write_score(run: Path, *, seed: int = 0) -> dict:
     write_json(run / "score.json", report)
     (run / "score.md").write_text(score_table(report))
     write_figures(run, report)
-    write_risk_coverage(run)  # risk-coverage.json and risk-coverage-<task>.png (eval/decisions/risk_coverage.py)
+    write_risk_coverage(
+        run
+    )  # risk-coverage.json and risk-coverage-<task>.png (eval/decisions/risk_coverage.py)
     return report

@@ -16,10 +16,9 @@ from eval.capacity.survey import (
     kv_bytes_per_token,
     parameter_classes,
     parameter_count,
-    study_check,
-    study_reference,
     survey_models,
 )
+from eval.capacity.survey_study import study_check, study_reference
 from opendecide.cli import app
 from tests.deploy.test_repack import write_source
 from tests.eval.support import SURVEY_METADATA
