@@ -264,6 +264,8 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--write"]:
-        raise SystemExit("usage: python -m eval.generation.quoted_study --write   (regenerate the docs' quoted tables)")
+        raise SystemExit(
+            "usage: python -m eval.generation.quoted_study --write   (regenerate the docs' quoted tables)"
+        )
     for path in write_docs(Path(__file__).resolve().parents[2]):
         print(f"wrote {path}")
