@@ -9,10 +9,7 @@ from typing import Annotated
 import typer
 
 from eval.options import EngineImageOption, ServiceImageOption
-from service.pipeline.options import (
-    EngineUrlOption,
-    quiet_loaders,
-)
+from service.pipeline.options import EngineUrlOption, quiet_loaders
 
 decide_commands = typer.Typer()
 eval_commands = typer.Typer()

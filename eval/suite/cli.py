@@ -10,11 +10,7 @@ import typer
 
 from eval.options import EngineImageOption, ServiceImageOption
 from readers.prompt import PROMPT_VERSION
-from service.pipeline.options import (
-    EngineUrlOption,
-    PriorCorrectionOption,
-    TopKOption,
-)
+from service.pipeline.options import EngineUrlOption, PriorCorrectionOption, TopKOption
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION
 
 suite_commands = typer.Typer(help="The public suite in Nimble's record format.", invoke_without_command=True)
