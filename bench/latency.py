@@ -70,7 +70,7 @@ import httpx
 import numpy as np
 
 from bench.tickets import QUESTIONS
-from eval.load import bench_args, machine_info, run_bench, vllm_prefix_counters
+from eval.capacity.load import bench_args, machine_info, run_bench, vllm_prefix_counters
 from readers.engines import open_engine
 from readers.engines.base import EngineReply, ReadRequest
 
@@ -460,7 +460,7 @@ async def measure_engine(name: str, engine: Any, engine_url: str | None, args: a
 
 
 async def main(args: argparse.Namespace) -> dict:
-    from eval.manifest import describe_engine, run_manifest
+    from eval.evidence.manifest import describe_engine, run_manifest
 
     random.seed(args.seed)
     np.random.seed(args.seed)

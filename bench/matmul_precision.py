@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from eval.load import bench_args, cpu_flags, machine_info, run_bench
-from eval.manifest import run_manifest
+from eval.capacity.load import bench_args, cpu_flags, machine_info, run_bench
+from eval.evidence.manifest import run_manifest
 
 # (rows, in features, out features): SmolLM2-135M's projections (q/o 576→576, k/v 576→192, MLP
 # 576→1536 and 1536→576) at one question's new tokens and a fresh state's.

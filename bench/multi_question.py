@@ -43,7 +43,7 @@ import numpy as np
 from bench import ROOT
 from bench.tickets import QUESTIONS
 from deploy.processes import free_port, wait_for_models
-from eval.load import machine_info, run_bench, run_load, vllm_prefix_counters
+from eval.capacity.load import machine_info, run_bench, run_load, vllm_prefix_counters
 
 # A support ticket of about 180 tokens (SmolLM2 tokenizer); "{ticket}" makes every request's state fresh.
 STATE = (

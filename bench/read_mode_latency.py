@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.load import bench_args, machine_info, run_bench, run_load
-from eval.manifest import run_manifest
-from eval.tasks import TASKS, load_sample, spread
+from eval.capacity.load import bench_args, machine_info, run_bench, run_load
+from eval.decisions.tasks import TASKS, load_sample, spread
+from eval.evidence.manifest import run_manifest
 from readers.engines import open_engine_spec
 from readers.engines.base import ReadMode, ReadRequest
 from readers.reader import Reader

@@ -49,11 +49,11 @@ import numpy as np
 from bench import ROOT
 from deploy.processes import free_port, wait_for_models
 from deploy.vllm_cpu import ServerSpec, install, start, stop
-from eval.load import machine_info, run_load
-from eval.manifest import run_manifest, write_json
-from eval.plan import OperatingPoint, Sweep, predicted_p99_ms
-from eval.sweep import long_states
-from eval.tasks import TASKS, load_sample
+from eval.capacity.load import machine_info, run_load
+from eval.capacity.plan import OperatingPoint, Sweep, predicted_p99_ms
+from eval.capacity.sweep import long_states
+from eval.decisions.tasks import TASKS, load_sample
+from eval.evidence.manifest import run_manifest, write_json
 from readers.embedded import prepare_embedded_model
 from readers.engines.base import ReadMode, ReadRequest
 from readers.engines.routed import RoutedEngine

@@ -33,9 +33,9 @@ import numpy as np
 
 from bench import ROOT
 from deploy.processes import free_port, wait_for_models
-from eval.load import bench_args, machine_info, run_bench, run_load, vllm_prefix_counters
-from eval.manifest import run_manifest
-from eval.tasks import load_sample, spread
+from eval.capacity.load import bench_args, machine_info, run_bench, run_load, vllm_prefix_counters
+from eval.decisions.tasks import load_sample, spread
+from eval.evidence.manifest import run_manifest
 from readers.engines import open_engine_spec
 from readers.engines.vllm import completion_body
 from readers.prompt import QuestionSpec, prompt_layout

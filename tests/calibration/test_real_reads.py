@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from calibration.temperature import TemperatureScaler, as_logits, nll_at
-from eval.evidence import read_rows, rows_arrays
-from eval.tasks import TASKS, load_sample, spread
+from eval.decisions.tasks import TASKS, load_sample, spread
+from eval.evidence.rows import read_rows, rows_arrays
 from readers.reader import Reader
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # 4 tasks × 120 records read

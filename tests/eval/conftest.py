@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -10,17 +9,13 @@ import pytest
 from deploy.processes import free_port
 
 
-def copy_run(source: Path, tmp_path: Path, name: str = "run") -> Path:
-    return Path(shutil.copytree(source, tmp_path / name))
-
-
 @pytest.fixture(scope="session")
 def tasks_run(local_engine, tmp_path_factory) -> Path:
     """A real, small `decide eval tasks` run on the embedded engine, scored: records, manifest, latency, scores."""
     import asyncio
 
-    from eval.runner import measure_latency, run_tasks
-    from eval.score import write_score
+    from eval.decisions.runner import measure_latency, run_tasks
+    from eval.decisions.score import write_score
 
     out = tmp_path_factory.mktemp("tasks-run") / "embedded-exact"
 
@@ -41,7 +36,7 @@ def load_run(local_engine, tmp_path_factory) -> Path:
     """A real, small `decide eval load` sweep through the service on the embedded engine."""
     import asyncio
 
-    from eval.sweep import run_sweep, write_sweep_report
+    from eval.capacity.sweep import run_sweep, write_sweep_report
     from service.app import create_app
 
     out = tmp_path_factory.mktemp("load-run") / "load"
@@ -65,7 +60,7 @@ def emulator():
 @pytest.fixture
 def bucket(emulator, request):
     """A fresh bucket per test, and a real google-cloud-storage client talking to the emulator over HTTP."""
-    from eval.storage import storage_client
+    from eval.evidence.storage import storage_client
 
     client = storage_client(emulator)
     name = request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:60].strip("-")

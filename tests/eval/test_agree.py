@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from eval.agree import agreement, margin
-from eval.tasks import spread
+from eval.decisions.agree import agreement, margin
+from eval.decisions.tasks import spread
 
 
 def read(id_: str, p_pos: float, returned: int = 2, variant: str = "original") -> dict:
@@ -52,10 +52,10 @@ def test_a_failed_read_is_named_not_compared():
 @pytest.mark.slow  # two agreement runs, each reading both sides
 @pytest.mark.anyio
 async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
-    from eval.agree import agreement_reads, run_agreement
-    from eval.evidence import load_rows
-    from eval.manifest import RunRefused
-    from eval.read_modes import mode_rows
+    from eval.decisions.agree import agreement_reads, run_agreement
+    from eval.decisions.read_modes import mode_rows
+    from eval.evidence.manifest import RunRefused
+    from eval.evidence.rows import load_rows
 
     first, second = tmp_path / "top2", tmp_path / "top5"
     options = {"tasks": ["irony"], "limit": 6, "concurrency": 2}
@@ -83,7 +83,7 @@ async def test_agree_writes_evidence_and_a_second_run_reuses_side_a(tmp_path):
 
 @pytest.mark.anyio
 async def test_reuse_a_without_out_is_refused_by_name_before_any_engine_opens(tmp_path):
-    from eval.agree import run_agreement
+    from eval.decisions.agree import run_agreement
 
     # An engine spec that cannot open: had anything been opened or read first, that error would win.
     with pytest.raises(ValueError, match="^--reuse-a needs --out"):

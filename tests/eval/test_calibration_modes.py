@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from eval.calibration_modes import PRIORS, calibration_modes, measure_priors
-from eval.evidence import RECORDS, write_rows
-from eval.manifest import write_json
-from eval.tasks import TASKS, load_sample
+from eval.decisions.calibration_modes import PRIORS, calibration_modes, measure_priors
+from eval.decisions.tasks import TASKS, load_sample
+from eval.evidence.manifest import write_json
+from eval.evidence.rows import RECORDS, write_rows
 from readers.prompt import PROMPT_VERSION
 
 pytestmark = pytest.mark.anyio

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import eval.cost
-from eval.cost import (
+import eval.capacity.cost
+from eval.capacity.cost import (
     Throughput,
     break_even_rows,
     cost_per_million,
@@ -18,14 +18,15 @@ from eval.cost import (
     jev_cost_per_million,
     load_prices,
 )
-from eval.evidence import RECORDS, write_rows
-from eval.kv_log import parse_kv_capacity, parse_memory_statistics, read_engine_log
+from eval.capacity.kv_log import parse_kv_capacity, parse_memory_statistics, read_engine_log
+from eval.evidence.rows import RECORDS, write_rows
+from tests.eval.support import copy_run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def test_doctests():
-    assert doctest.testmod(eval.cost).failed == 0
+    assert doctest.testmod(eval.capacity.cost).failed == 0
 
 
 @pytest.mark.parametrize(
@@ -198,7 +199,7 @@ def test_the_price_rows_the_hardware_issue_names():
 
 
 def test_quoted_v6e_rates_reproduce_the_published_costs():
-    from eval.cost import quoted_v6e_throughputs
+    from eval.capacity.cost import quoted_v6e_throughputs
 
     prices, jev = load_prices()
     rows = {
@@ -241,9 +242,8 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path, task
 
     from typer.testing import CliRunner
 
-    from eval.storage import download_run, upload_run
+    from eval.evidence.storage import download_run, upload_run
     from opendecide.cli import app
-    from tests.eval.conftest import copy_run
 
     client, name = bucket
     runner = CliRunner()
@@ -283,9 +283,8 @@ def test_cost_reads_a_run_that_went_through_cloud_storage(bucket, tmp_path, task
 def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path, tasks_run, load_run):
     import json
 
-    from eval.cost import throughput_of_run
-    from eval.kv_log import read_engine_log
-    from tests.eval.conftest import copy_run
+    from eval.capacity.cost import throughput_of_run
+    from eval.capacity.kv_log import read_engine_log
 
     embedded = copy_run(tasks_run, tmp_path, "embedded")
     with pytest.raises(
@@ -324,8 +323,7 @@ def test_cost_follows_the_chip_a_run_was_measured_on(tmp_path, tasks_run, load_r
 
 @pytest.mark.slow  # the session's load_run: a load sweep on the embedded model
 def test_a_load_run_without_its_summary_is_summarised_from_load_jsonl(tmp_path, load_run):
-    from eval.cost import throughput_of_run
-    from tests.eval.conftest import copy_run
+    from eval.capacity.cost import throughput_of_run
 
     run = copy_run(load_run, tmp_path)
     with_summary = throughput_of_run(run, label="r", chip="cpu")

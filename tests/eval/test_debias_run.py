@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from eval.debias_run import question_options, run_debias
-from eval.evidence import load_rows
+from eval.decisions.debias import question_options, run_debias
+from eval.evidence.rows import load_rows
 
 pytestmark = pytest.mark.anyio
 

@@ -8,10 +8,16 @@ import asyncio
 import pytest
 from typer.testing import CliRunner
 
-from eval.dev_reads import NOUL_LIFT_MARGIN, choose, dev_reads_report, dev_reads_table, run_dev_reads
-from eval.evidence import load_rows
-from eval.regression import ReadPolicy, regression_table, run_regression, side_by_side_table
-from eval.tasks import TASKS
+from eval.decisions.dev_reads import (
+    NOUL_LIFT_MARGIN,
+    choose,
+    dev_reads_report,
+    dev_reads_table,
+    run_dev_reads,
+)
+from eval.decisions.regression import ReadPolicy, regression_table, run_regression, side_by_side_table
+from eval.decisions.tasks import TASKS
+from eval.evidence.rows import load_rows
 from opendecide.cli import app
 from service.pipeline.prior import PriorCorrection
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eval.evidence import (
+from eval.decisions.runner import run_tasks
+from eval.evidence.rows import (
     RECORDS,
     load_rows,
     pack_plain,
@@ -22,7 +23,6 @@ from eval.evidence import (
     split_timings,
     timings_path,
 )
-from eval.runner import run_tasks
 from opendecide.cli import app
 
 FOUR_TASKS = ["sst2", "ag_news", "emotion", "irony"]
@@ -105,7 +105,7 @@ def test_plain_record_files_convert_with_their_content(tmp_path):
 
 
 def test_a_figure_that_reports_latency_needs_the_timings_file(tmp_path):
-    from eval.evidence import write_rows
+    from eval.evidence.rows import write_rows
 
     row = {"id": "x-1", "task": "x", "variant": "original", "status": "ok", "latency_ms": 7.0, "reading": {}}
     write_rows(tmp_path / RECORDS, [row])

@@ -7,11 +7,11 @@ import json
 import httpx
 import pytest
 
-from eval.evidence import load_rows
-from eval.generation import ChatServer, ServerRefused, run_generation
-from eval.generation_data import load_dataset
-from eval.generation_score import gsm8k_gold
-from eval.manifest import RunRefused
+from eval.evidence.manifest import RunRefused
+from eval.evidence.rows import load_rows
+from eval.generation.datasets import load_dataset
+from eval.generation.run import ChatServer, ServerRefused, run_generation
+from eval.generation.score import gsm8k_gold
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +83,7 @@ def server_for(fake: FakeServer) -> ChatServer:
 
 
 def questions(limit: int, seed: int = 3) -> list[str]:
-    from eval.generation_data import subset
+    from eval.generation.datasets import subset
 
     return [p.messages[0]["content"] for p in subset(load_dataset("gsm8k").problems, limit, seed)]
 
@@ -210,7 +210,7 @@ async def test_a_cancelled_run_records_what_finished_and_resumes(tmp_path):
 
 async def test_the_tools_prompt_is_a_setting_of_the_run(tmp_path):
     # The system message's text is recorded: a run under another text is not resumed into the directory.
-    from eval import generation
+    from eval.generation import run as generation
 
     fake = FakeServer(shows_tools=False)
     manifest = await run_generation(server_for(fake), "bfcl_simple", tmp_path, limit=1, tools_in_prompt=True)

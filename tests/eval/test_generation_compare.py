@@ -7,33 +7,19 @@ import json
 import httpx
 import pytest
 
-from eval.compare import ComparisonRefused
-from eval.evidence import RECORDS, write_rows
-from eval.figures import plt  # the project's pyplot, on the file-only backend
-from eval.generation_compare import (
+from eval.decisions.compare import ComparisonRefused
+from eval.evidence.figures import plt  # the project's pyplot, on the file-only backend
+from eval.evidence.manifest import MANIFEST, write_json
+from eval.evidence.rows import RECORDS, write_rows
+from eval.generation.compare import (
     compare_generation,
     plot_sweep_rows,
     speed_series,
     sweep_markdown,
     sweep_rows,
 )
-from eval.manifest import MANIFEST, write_json
-from eval.throughput import run_throughput, summarize
-
-SETTINGS = {"task": "gsm8k", "max_tokens": 2048, "limit": None, "seed": 0,
-            "chat_template_kwargs": {"enable_thinking": False}, "tools_in_prompt": False}  # fmt: skip
-
-
-def stored_run(path, model, outcomes, *, status="ok", **args):
-    """A run directory as ``decide eval generate`` writes it, with ``outcomes`` (right/wrong by problem)."""
-    path.mkdir()
-    ids = [f"gsm8k-{i}" for i in range(len(outcomes))]
-    write_json(path / MANIFEST, {"run": "generate", "server": {"model": model}, "data_sha256": {"gsm8k/test.jsonl": "x"},
-                                 "args": SETTINGS | args, "record_ids": ids})  # fmt: skip
-    rows = [{"task": "gsm8k", "id": i, "variant": "greedy", "status": status, "correct": c, "truncated": False}
-            for i, c in zip(ids, outcomes)]  # fmt: skip
-    write_rows(path / RECORDS, rows)
-    return path
+from eval.generation.throughput import run_throughput, summarize
+from tests.eval.support import GENERATION_SETTINGS, stored_run
 
 
 def test_two_problems_one_discordant_span_zero(tmp_path):
@@ -200,7 +186,7 @@ def test_the_commands_compare_and_tabulate_stored_runs(tmp_path):
 
 @pytest.mark.anyio
 async def test_a_killed_throughput_sweep_keeps_its_finished_passes_and_resumes(tmp_path):
-    from eval.manifest import RunRefused
+    from eval.evidence.manifest import RunRefused
 
     class Killed(Exception):
         pass
@@ -249,7 +235,7 @@ def bfcl_run(path, model, parsed, with_text):
     """A BFCL run directory: per problem, right by the server's parsed calls and counting text calls."""
     path.mkdir()
     ids = [f"simple_{i}" for i in range(len(parsed))]
-    args = SETTINGS | {"task": "bfcl_simple", "tools_in_prompt": True}
+    args = GENERATION_SETTINGS | {"task": "bfcl_simple", "tools_in_prompt": True}
     write_json(path / MANIFEST, {"run": "generate", "server": {"model": model}, "data_sha256": {"bfcl": "x"},
                                  "args": args, "record_ids": ids})  # fmt: skip
     rows = [{"task": "bfcl_simple", "id": i, "variant": "greedy", "status": "ok", "correct": p,

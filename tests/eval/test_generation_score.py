@@ -1,11 +1,11 @@
-"""Scoring tables: GSM8K final-number extraction and BFCL simple AST match (eval/generation_score.py)."""
+"""Scoring tables: GSM8K final-number extraction and BFCL simple AST match (eval/generation/score.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from eval.generation_data import DataMismatch, load_dataset, subset
-from eval.generation_score import (
+from eval.generation.datasets import DataMismatch, load_dataset, subset
+from eval.generation.score import (
     check_call,
     extract_last_number,
     gsm8k_gold,
@@ -226,7 +226,7 @@ def test_datasets_load_checked():
 
 
 def test_a_changed_file_is_refused_unless_allowed(monkeypatch):
-    import eval.generation_data as data
+    import eval.generation.datasets as data
 
     real = data.manifest()
     changed = {
@@ -255,7 +255,7 @@ def test_licences_ship_beside_the_data():
     import hashlib
     from importlib import resources
 
-    import eval.generation_data as data
+    import eval.generation.datasets as data
 
     for task in ("gsm8k", "bfcl_simple"):
         ((name, sha),) = data.manifest()["datasets"][task]["licence_file"].items()

@@ -8,8 +8,8 @@ import numpy as np
 
 from calibration.metrics import ece, reliability_bins
 from calibration.temperature import apply_temperature
-from eval.evidence import write_rows
-from eval.gold_curve import gold_curve, run_gold_curve
+from eval.decisions.gold_curve import gold_curve, run_gold_curve
+from eval.evidence.rows import write_rows
 
 
 def overconfident(n: int, seed: int = 0):

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from eval.evidence import RECORDS, load_rows
-from eval.label_styles import label_styles_table, run_dir, run_label_styles
+from eval.decisions.label_styles import label_styles_table, run_dir, run_label_styles
+from eval.evidence.rows import RECORDS, load_rows
 from readers.prompt import PROMPT_VERSION
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION
 
@@ -133,9 +133,9 @@ async def test_unknown_prompt_version_is_refused_before_reading(local_engine, tm
 
 def test_score_tasks_get_the_answers_level_figures(tmp_path):
     """Rows written here (no engine): sst3's answers get MAE and Spearman, sst2's a dash."""
-    from eval.evidence import write_rows
-    from eval.label_styles import style_rows
-    from eval.manifest import write_json
+    from eval.decisions.label_styles import style_rows
+    from eval.evidence.manifest import write_json
+    from eval.evidence.rows import write_rows
 
     def row(task, i, probabilities, gold, variant="original"):
         reading = {"raw_probabilities": probabilities, "prior_correction": None, "label_style": "words"}

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from eval.load import run_load
+from eval.capacity.load import run_load
 
 pytestmark = pytest.mark.anyio
 

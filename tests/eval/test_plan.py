@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from eval.cost import Price, load_prices
-from eval.plan import (
+from eval.capacity.cost import Price, load_prices
+from eval.capacity.plan import (
     OperatingPoint,
     Sweep,
     closed_loop_p99_ms,

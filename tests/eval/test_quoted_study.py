@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.quoted_study import (
+from eval.generation.quoted_study import (
     DOCS,
     docs_section,
     generation_rows,
@@ -18,6 +18,7 @@ from eval.quoted_study import (
     quantization_rows,
     quantization_table,
 )
+from tests.eval.support import stored_run
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -123,7 +124,9 @@ def test_printed_rows_are_labelled_quoted_with_their_source():
 def test_the_docs_show_the_tables_the_data_give():
     for relative, (name, render) in DOCS.items():
         section = docs_section((ROOT / relative).read_text(encoding="utf-8"), name)
-        assert section == "\n" + render() + "\n", f"{relative} is stale: python -m eval.quoted_study --write"
+        assert section == "\n" + render() + "\n", (
+            f"{relative} is stale: python -m eval.generation.quoted_study --write"
+        )
 
 
 def test_decide_eval_quoted_prints_a_family_or_refuses_an_unknown_one():
@@ -143,7 +146,6 @@ def test_the_generation_table_prints_the_quoted_tables_after_our_runs(tmp_path):
     from typer.testing import CliRunner
 
     from eval.cli import app
-    from tests.eval.test_generation_compare import stored_run
 
     ref = stored_run(tmp_path / "ref", "smollm2", [False] * 20)
     run = stored_run(tmp_path / "run", "gemma3", [True] * 10 + [False] * 10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from eval.quoted_sweep import parse_sweep, quoted_rows, quoted_table
+from eval.generation.quoted_sweep import parse_sweep, quoted_rows, quoted_table
 
 REFERENCE = Path(__file__).resolve().parents[2] / "eval" / "data" / "reference"
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from eval.evidence import write_rows
-from eval.read_modes import mode_rows, read_modes_table, write_read_modes
+from eval.decisions.read_modes import mode_rows, read_modes_table, write_read_modes
+from eval.evidence.rows import write_rows
 
 
 def write(path, reads):

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-import eval.risk_coverage
-from eval.evidence import load_rows
-from eval.risk_coverage import risk_coverage, row_confidence
+import eval.decisions.risk_coverage
+from eval.decisions.risk_coverage import risk_coverage, row_confidence
+from eval.evidence.rows import load_rows
 
 
 def test_doctests():
-    assert doctest.testmod(eval.risk_coverage).failed == 0
+    assert doctest.testmod(eval.decisions.risk_coverage).failed == 0
 
 
 def test_hand_computed_points_with_ties():

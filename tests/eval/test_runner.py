@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from eval.evidence import (
+from eval.decisions.runner import run_tasks
+from eval.decisions.score import score_run, score_table, write_score
+from eval.evidence.manifest import Images, RunRefused
+from eval.evidence.rows import (
     RECORDS,
     journal_path,
     load_rows,
@@ -20,9 +23,6 @@ from eval.evidence import (
     write_jsonl_gz,
     write_rows,
 )
-from eval.manifest import Images, RunRefused
-from eval.runner import run_tasks
-from eval.score import score_run, score_table, write_score
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,8 +141,8 @@ def test_scores_do_not_depend_on_the_order_records_were_written(tmp_path):
     enough for the after-50 protocol, with seeded probabilities."""
     import random
 
-    from eval.manifest import write_json
-    from eval.tasks import TASKS, load_sample
+    from eval.decisions.tasks import TASKS, load_sample
+    from eval.evidence.manifest import write_json
 
     rng = random.Random(3)
     lines = []

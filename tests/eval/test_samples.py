@@ -9,8 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from eval.samples import DEV_SIZE, SAMPLE_SIZE, build_samples, dev_rows, stratified_rows, unsampled_records
-from eval.tasks import TASKS, load_sample, sample_file
+from eval.decisions.samples import (
+    DEV_SIZE,
+    SAMPLE_SIZE,
+    build_samples,
+    dev_rows,
+    stratified_rows,
+    unsampled_records,
+)
+from eval.decisions.tasks import TASKS, load_sample, sample_file
+from tests.eval.support import fake_irony
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 MANIFEST = json.loads(resources.files("eval.data").joinpath("MANIFEST.json").read_text())
@@ -81,13 +89,6 @@ def test_samples_rebuild_byte_for_byte_from_shared_data(tmp_path):
         for split in ("test", "dev"):
             name = sample_file(sample, split)
             assert (tmp_path / name).read_bytes() == resources.files("eval.data").joinpath(name).read_bytes()
-
-
-def fake_irony(data: Path, rows: int = 620) -> None:
-    """An upstream irony split of ``rows`` tweets, two in five ironic, in TweetEval's file layout."""
-    (data / "irony").mkdir(parents=True)
-    (data / "irony" / "test_text.txt").write_text("".join(f"tweet {row} \n" for row in range(rows)))
-    (data / "irony" / "test_labels.txt").write_text("".join(f"{int(row % 5 < 2)}\n" for row in range(rows)))
 
 
 def test_unsampled_records_are_the_upstream_rows_neither_split_holds(tmp_path):

@@ -9,14 +9,14 @@ import math
 import numpy as np
 import pytest
 
-import eval.score
-from eval.compare import ComparisonRefused, compare_runs, mcnemar_exact, paired_bootstrap
-from eval.evidence import RECORDS, write_rows
-from eval.score import at_top_k_bound, wilson_interval
+import eval.decisions.score
+from eval.decisions.compare import ComparisonRefused, compare_runs, mcnemar_exact, paired_bootstrap
+from eval.decisions.score import at_top_k_bound, wilson_interval
+from eval.evidence.rows import RECORDS, write_rows
 
 
 def test_doctests():
-    assert doctest.testmod(eval.score).failed == 0
+    assert doctest.testmod(eval.decisions.score).failed == 0
 
 
 def test_wilson_interval_hand_computed():
@@ -101,7 +101,7 @@ def test_compare_refuses_other_images_unless_allowed(tmp_path, role):
         compare_runs(tmp_path / "a", tmp_path / "b")
     report = compare_runs(tmp_path / "a", tmp_path / "b", allow_different_image=True)
     assert report["warnings"] and report["tasks"]["sst2"]["same_label"] == 1
-    from eval.compare import compare_table
+    from eval.decisions.compare import compare_table
 
     assert compare_table(report).startswith(f"WARNING: the runs were served from different {role} images")
 
@@ -132,7 +132,7 @@ def test_compare_command_refuses_with_exit_code_2(tmp_path):
 
 def write_scored_run(path, tasks: dict[str, list[tuple[dict, str]]]) -> None:
     """A run's evidence made here: per task, (probabilities, gold) per record, reads all succeeded."""
-    from eval.manifest import write_json
+    from eval.evidence.manifest import write_json
 
     path.mkdir()
     rows = []
@@ -162,7 +162,7 @@ SST3 = [
 
 
 def test_score_tasks_get_level_figures_and_other_tasks_report_as_before(tmp_path):
-    from eval.score import score_run, score_table
+    from eval.decisions.score import score_run, score_table
 
     write_scored_run(tmp_path / "both", {"sst2": SST2, "sst3": SST3})
     write_scored_run(tmp_path / "choice", {"sst2": SST2})
@@ -183,7 +183,7 @@ def test_score_tasks_get_level_figures_and_other_tasks_report_as_before(tmp_path
 
 
 def test_a_constant_side_leaves_spearman_undefined_not_zero(tmp_path):
-    from eval.score import score_run, score_table
+    from eval.decisions.score import score_run, score_table
 
     write_scored_run(tmp_path / "run", {"sst3": [(levels(0.2, 0.3, 0.5), "1"), (levels(0.6, 0.3, 0.1), "1")]})
     report = score_run(tmp_path / "run")

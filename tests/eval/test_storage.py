@@ -8,10 +8,17 @@ import pytest
 import requests
 from typer.testing import CliRunner
 
-from eval.evidence import RECORDS
-from eval.storage import TransferRefused, download_run, run_files, storage_client, upload_run, verify_run
+from eval.evidence.rows import RECORDS
+from eval.evidence.storage import (
+    TransferRefused,
+    download_run,
+    run_files,
+    storage_client,
+    upload_run,
+    verify_run,
+)
 from opendecide.cli import app
-from tests.eval.conftest import copy_run
+from tests.eval.support import copy_run
 
 pytestmark = pytest.mark.integration
 

@@ -6,13 +6,14 @@ import json
 
 import pytest
 
-from eval.evidence import load_rows, timings_path
-from eval.manifest import RunRefused
-from eval.suite import run_suite, score_suite_with_engine
-from eval.suite_records import build_from_tasks, load_suite
-from eval.suite_score import jev_minus_arm, score_suite
-from eval.suite_table import suite_table
-from eval.tasks import TASKS
+from eval.decisions.tasks import TASKS
+from eval.evidence.manifest import RunRefused
+from eval.evidence.rows import load_rows, timings_path
+from eval.suite.records import build_from_tasks, load_suite
+from eval.suite.run import run_suite, score_suite_with_engine
+from eval.suite.score import jev_minus_arm, score_suite
+from eval.suite.table import suite_table
+from tests.eval.support import fake_irony
 
 pytestmark = pytest.mark.anyio
 
@@ -51,9 +52,8 @@ def test_decide_eval_suite_build_from_tasks_prints_each_subsets_sha256(tmp_path)
 def test_build_from_tasks_writes_the_rows_both_samples_leave(tmp_path):
     from typer.testing import CliRunner
 
-    from eval.samples import unsampled_records
+    from eval.decisions.samples import unsampled_records
     from opendecide.cli import app
-    from tests.eval.test_samples import fake_irony
 
     fake_irony(tmp_path / "upstream")
     args = ["eval", "suite", "build-from-tasks", "--out", str(tmp_path / "suite"), "--tasks", "irony"]

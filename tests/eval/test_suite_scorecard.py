@@ -13,11 +13,15 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-import eval.scorecard
+import eval.suite.scorecard
 from calibration.metrics import level_absolute_error
-from eval.evidence import RECORDS, load_rows, rows_arrays, timings_path
-from eval.manifest import RunRefused
-from eval.scorecard import (
+from eval.decisions.tasks import TASKS, load_sample, spread
+from eval.evidence.manifest import RunRefused
+from eval.evidence.rows import RECORDS, load_rows, rows_arrays, timings_path
+from eval.suite.records import load_suite, write_subset
+from eval.suite.run import run_suite
+from eval.suite.score import score_suite
+from eval.suite.scorecard import (
     checksum_status,
     families_complete,
     family_bootstrap,
@@ -26,17 +30,14 @@ from eval.scorecard import (
     published_checksums,
     total_variation,
 )
-from eval.suite import run_suite
-from eval.suite_records import load_suite, write_subset
-from eval.suite_score import score_suite
-from eval.suite_table import suite_table
-from eval.tasks import TASKS, load_sample, spread
+from eval.suite.table import suite_table
+from tests.eval.support import copy_run
 
 # -- metrics, by hand
 
 
 def test_doctests():
-    result = doctest.testmod(eval.scorecard)
+    result = doctest.testmod(eval.suite.scorecard)
     assert result.attempted >= 4 and result.failed == 0
 
 
@@ -336,7 +337,6 @@ def test_the_command_refuses_a_mismatch_and_scores_with_the_flag(scorecard_run, 
     from typer.testing import CliRunner
 
     from eval.cli import app
-    from tests.eval.conftest import copy_run
 
     data, out = scorecard_run
     out = copy_run(out, tmp_path)

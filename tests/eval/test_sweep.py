@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from eval.cost import throughput_of_run
-from eval.sweep import long_states, plot_sweep, run_sweep, summarise, sweep_table
+from eval.capacity.cost import throughput_of_run
+from eval.capacity.sweep import long_states, plot_sweep, run_sweep, summarise, sweep_table
 from service.app import create_app
 
 pytestmark = pytest.mark.anyio
@@ -49,8 +49,8 @@ async def test_load_sweep_opens_the_engine_and_writes_the_report(tmp_path):
     """What ``decide eval load`` calls: engine by spec, sweep, then summary.json, load.md and load.png."""
     import json
 
-    from eval.manifest import Images
-    from eval.sweep import load_sweep
+    from eval.capacity.sweep import load_sweep
+    from eval.evidence.manifest import Images
 
     summary = await load_sweep(
         "local",

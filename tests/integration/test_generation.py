@@ -21,9 +21,9 @@ import pytest
 
 from deploy.processes import free_port
 from deploy.vllm_cpu import ServerSpec, install, start, stop
-from eval.evidence import load_rows
-from eval.generation import ChatServer, ServerRefused, run_generation
-from eval.throughput import run_throughput
+from eval.evidence.rows import load_rows
+from eval.generation.run import ChatServer, ServerRefused, run_generation
+from eval.generation.throughput import run_throughput
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 from bench import routing as routing_bench
 from deploy.processes import free_port
 from deploy.vllm_cpu import ServerSpec, install, start, stop
-from eval.sweep import long_states
+from eval.capacity.sweep import long_states
 from readers.engines.base import ReadMode
 from readers.engines.routed import RoutedEngine
 from readers.engines.routing import prefix_key, rendezvous_order

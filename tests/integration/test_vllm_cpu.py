@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from eval.agree import agreement
-from eval.evidence import read_rows
-from eval.tasks import TASKS, load_sample, spread
+from eval.decisions.agree import agreement
+from eval.decisions.tasks import TASKS, load_sample, spread
+from eval.evidence.rows import read_rows
 from readers.engines.base import ReadMode, ReadRequest
 from readers.engines.vllm import VLLMEngine
 from readers.prompt import CURRENT_LAYOUT, DEFAULT_LABEL_STYLES, MASKED_LABEL_STYLES, masked_score_styles
@@ -179,8 +179,8 @@ def test_the_survey_predicts_the_kv_capacity_this_server_logged(vllm_server, emb
     import json
     from pathlib import Path
 
-    from eval.kv_log import measured_capacity
-    from eval.survey import GIB, survey_model
+    from eval.capacity.kv_log import measured_capacity
+    from eval.capacity.survey import GIB, survey_model
 
     server, spec = vllm_server
     measured = measured_capacity(Path(server.log))

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from calibration.open import open_store
-from eval.tasks import TASKS, load_sample, spread
+from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
 from service.app import create_app
 from service.pipeline.prior import read_version

@@ -10,7 +10,7 @@ import pytest
 from calibration.bias import CONTENT_FREE_STATES, state_prior_bias
 from calibration.open import open_store
 from calibration.store import LEGACY_READ_VERSION, CalibrationKey
-from eval.tasks import TASKS, load_sample, spread
+from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION, LabelStyle
 from readers.reader import Reader
 from service.pipeline.decide import decide

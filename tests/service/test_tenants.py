@@ -258,7 +258,7 @@ async def test_a_shared_fit_on_real_reads_serves_both_tenants_until_one_fits_its
     client_factory, local_engine, tmp_path
 ):
     """The same on the embedded model's own reads (SST-2 reviews) and a real SQLite file."""
-    from eval.tasks import TASKS, load_sample, spread
+    from eval.decisions.tasks import TASKS, load_sample, spread
 
     question = TASKS["sst2"].question()
     records = spread(load_sample("sst2"), 24)
