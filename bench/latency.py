@@ -48,7 +48,7 @@ Run:
     .venv/bin/python -m bench.latency --shapes noul choice4 choice26 q1-fresh q8-fresh q1-cached \\
         q8-cached --repeats 3 --out evidence/latency/before/latency.json
 
-The JSON opens with the run manifest of ``eval/manifest.py`` (model, revision, engine probe, git
+The JSON opens with the run manifest of ``eval/evidence/manifest.py`` (model, revision, engine probe, git
 commit, args) and the machine; the markdown beside it is the printed report.
 """
 

@@ -10,7 +10,7 @@ Run (the engine from ``make engine``):
     .venv/bin/python -m bench.read_mode_latency --engine-url http://127.0.0.1:8100 \
         --out evidence/bench/read-mode-latency-vllm-cpu.json
 
-The JSON opens with the run manifest of ``eval/manifest.py`` (engines, git commit, args).
+The JSON opens with the run manifest of ``eval/evidence/manifest.py`` (engines, git commit, args).
 """
 
 from __future__ import annotations

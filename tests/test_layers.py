@@ -161,3 +161,39 @@ def test_planted_http_imports_below_http_are_named_with_file_and_line(tmp_path):
         "eval/capacity/sweep.py:2: eval imports service.app",
         "eval/decisions/runner.py:2: eval imports service.cli",
     ]
+
+
+def route_to_route_imports(root: Path) -> list[str]:
+    """``path:line: imports module`` for every route module importing another route module: what routes
+    share lives in a module of its own (``service/decision_route.py``, ``service/state.py``), so each
+    wire format's route reaches only that."""
+    folder = root / "service" / "routes"
+    routes = {f"service.routes.{path.stem}" for path in folder.glob("*.py") if path.stem != "__init__"}
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # ``from service.routes import decisions`` names the module in the alias
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(root)}:{node.lineno}: imports {name}" for name in names if name in routes
+            ]
+    return found
+
+
+def test_no_route_module_imports_another():
+    assert route_to_route_imports(ROOT) == []
+
+
+def test_a_planted_route_to_route_import_is_named(tmp_path):
+    plant(tmp_path, "service/routes/decisions.py", "from service.decision_route import serve_decisions\n")
+    plant(tmp_path, "service/routes/openai_decisions.py", "\nfrom service.routes.decisions import answer\n")
+    plant(tmp_path, "service/routes/models.py", "def f():\n    from service.routes import decisions\n")
+    assert route_to_route_imports(tmp_path) == [
+        "service/routes/models.py:2: imports service.routes.decisions",
+        "service/routes/openai_decisions.py:2: imports service.routes.decisions",
+    ]
