@@ -16,6 +16,7 @@ from readers.engines.function import FunctionEngine
 from readers.engines.kvtree import KVTree
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
+from tests.readers.support import distinct_tokens
 
 QUESTIONS = [
     QuestionSpec("choice", "What is the sentiment?", ("positive", "negative"), (None, None)),
@@ -44,18 +45,14 @@ def max_gap(rows, prompts, engine) -> float:
     return max(float((row - engine.next_token_logprobs(ids)).abs().max()) for row, ids in zip(rows, prompts))
 
 
-def distinct_tokens(prompts) -> int:
-    """The nodes of the token trie of ``prompts``."""
-    return len({tuple(ids[: n + 1]) for ids in prompts for n in range(len(ids))})
-
-
 @pytest.mark.slow  # every request read computed, from the tree, alone and in small chunks
 def test_shared_cached_alone_and_chunked_reads_equal_the_single_sequence(local_engine):
     reader = Reader(local_engine)
     requests = [request for state in STATES for request in requests_for(reader, QUESTIONS, state)]
     prompts = [request.prompt_ids for request in requests]
     engine = copy.copy(local_engine)  # the same model with its own tree
-    engine.prefix_cache = KVTree(local_engine.prefix_cache.max_bytes)
+    engine.forward = copy.copy(local_engine.forward)
+    engine.forward.prefix_cache = KVTree(local_engine.prefix_cache.max_bytes)
     computed = engine.batch_logprobs(prompts)  # every distinct token computed in this batch
     assert engine.prefix_cache.stats()["computed_tokens"] == distinct_tokens(prompts)
     cached = engine.batch_logprobs(prompts)  # every prompt in the tree: only last tokens read again
@@ -63,8 +60,11 @@ def test_shared_cached_alone_and_chunked_reads_equal_the_single_sequence(local_e
     assert stats["computed_tokens"] == distinct_tokens(prompts) + len(prompts)
     assert stats["reused_tokens"] == 2 * sum(map(len, prompts)) - stats["computed_tokens"]
     whole = engine.batch_logprobs(prompts, reuse=False)  # the per-question path: each prompt alone
-    engine.prefix_cache = KVTree(0)
-    engine.chunk_tokens, engine.chunk_scores = 16, 16 * 200  # many chunks, segments cut inside
+    engine.forward.prefix_cache = KVTree(0)
+    engine.forward.chunk_tokens, engine.forward.chunk_scores = (
+        16,
+        16 * 200,
+    )  # many chunks, segments cut inside
     chunked = engine.batch_logprobs(prompts[: len(QUESTIONS)])  # one state's questions
     truth = [local_engine.next_token_logprobs(ids) for ids in prompts]
     for rows in (computed, cached, whole, chunked):
@@ -213,15 +213,17 @@ async def test_batches_take_turns_on_one_thread_with_every_core(embedded_model_d
     before the long one ends, and equals the same read alone."""
     from readers.engines.local import LocalEngine, thread_budget
 
-    class Recording(LocalEngine):
-        def _forward(self, chunk):
-            result = super()._forward(chunk)
-            self.seen.append((threading.current_thread().name, torch.get_num_threads(), len(chunk.queries)))
-            return result
-
-    engine = Recording(
+    engine = LocalEngine(
         embedded_model_dir, batching=LocalBatching(max_batch=1, prefix_cache_mib=0, chunk_tokens=32)
     )
+    forward = engine.forward.forward
+
+    def recording(chunk):  # each chunk through the decoder: on which thread, with how many threads
+        result = forward(chunk)
+        engine.seen.append((threading.current_thread().name, torch.get_num_threads(), len(chunk.queries)))
+        return result
+
+    engine.forward.forward = recording
     try:
         engine.seen = []
         long = tuple(range(10, 330))  # ten chunks of 32 tokens
