@@ -1,7 +1,7 @@
 """The local engine's chunked forward: a batch's prompts through the model, each distinct token once.
 
 ``ChunkedForward`` holds the loaded model's decoder and head and the tree of kept keys and values
-(``readers/engines/kvtree.py``). ``steps`` plans a batch against the tree, then runs the tokens to
+(``readers/engines/kvtree.py``). ``_compute_steps`` plans a batch against the tree, then runs the tokens to
 compute through the decoder a chunk at a time, in one sequence per chunk: a mask lets each token see
 exactly the tokens before it in its own prompt, positions are its own prompt's, so every read equals
 the same prompt read alone (to float rounding). A chunk holds at most ``chunk_tokens`` tokens and a
@@ -33,7 +33,10 @@ class Computed:
 
 
 class ChunkedForward:
-    """A loaded causal LM's decoder and head, run a chunk at a time against the kept keys and values."""
+    """A loaded causal LM's decoder and head, run a chunk at a time against the kept keys and values.
+
+    ``LocalEngine`` is one (it adds the job queue and the compute thread), so its tree, chunk sizes and
+    steps stay attributes of the engine that tests and benchmarks adjust and wrap on one object."""
 
     def __init__(self, model, *, dtype: str, batching: LocalBatching) -> None:
         self.model = model
@@ -64,6 +67,13 @@ class ChunkedForward:
             logits = self.model(input_ids=ids, logits_to_keep=1, use_cache=False).logits[0, -1]
             return torch.log_softmax(logits.float(), dim=-1)
 
+    def batch_logprobs(
+        self, prompts: Sequence[Sequence[int]], reuse: bool | Sequence[bool] = True
+    ) -> list[torch.Tensor]:
+        """Full-vocabulary log-softmax after each prompt, computed as described in the module
+        docstring, on the calling thread; a prompt with ``reuse`` False is computed whole, on its own."""
+        return list(self._logprobs(self.compute(prompts, reuse).hidden))
+
     def compute(
         self,
         prompts: Sequence[Sequence[int]],
@@ -76,7 +86,7 @@ class ChunkedForward:
         docstring), on the calling thread; ``keep`` False: that prompt's new tokens are not kept
         after the batch. ``stop`` True before a chunk: raise ``ReadsAbandoned`` there, the tree left
         as if the batch never ran (a chunk already running cannot be stopped: torch finishes it)."""
-        steps = self.steps(prompts, reuse, keep=keep, stop=stop, wait=True)
+        steps = self._compute_steps(prompts, reuse, keep=keep, stop=stop, wait=True)
         with torch.inference_mode():
             while True:
                 try:
@@ -84,7 +94,7 @@ class ChunkedForward:
                 except StopIteration as done:
                     return done.value
 
-    def steps(
+    def _compute_steps(
         self,
         prompts: Sequence[Sequence[int]],
         reuse: bool | Sequence[bool],
@@ -111,7 +121,7 @@ class ChunkedForward:
                     raise ReadsAbandoned
                 chunk = plan.chunk_keys(queries)
                 peak = max(peak, self.chunk_bytes(chunk))
-                new_kv, states = self.forward(chunk)
+                new_kv, states = self._forward(chunk)
                 at = 0
                 for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
                     n = sum(1 for _ in group)
@@ -134,7 +144,7 @@ class ChunkedForward:
         keys = chunk.key_tokens + len(chunk.queries)
         return 2 * keys * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
 
-    def forward(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """One chunk through the decoder against its past keys: the chunk's own keys and values
         [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
         from transformers import DynamicCache
@@ -162,7 +172,7 @@ class ChunkedForward:
         )
         return new_kv, hidden
 
-    def logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
+    def _logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Full-vocabulary log-softmax rows from final hidden states."""
         if not hidden:
             return torch.empty(0, self.vocab_size)

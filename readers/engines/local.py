@@ -45,7 +45,7 @@ import ctypes
 import ctypes.util
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
 from opendecide.extras import needs_extra
@@ -63,9 +63,8 @@ from readers.engines.base import (
     ReadMode,
     ReadRequest,
 )
-from readers.engines.chunked import ChunkedForward, Computed
+from readers.engines.chunked import ChunkedForward
 from readers.engines.jobs import EngineClosed, Job, JobQueue, ReadsAbandoned
-from readers.engines.kvtree import KVTree
 
 TRIM_ABOVE_BYTES = 64 * 2**20
 """A batch whose chunks worked in more memory than this returns what it freed to the system."""
@@ -85,7 +84,7 @@ def thread_budget() -> int:
     return _THREAD_BUDGET
 
 
-class LocalEngine(ClosingEngine):
+class LocalEngine(ChunkedForward, ClosingEngine):
     """Batches run on one compute thread (torch releases the GIL during the forward), on the whole
     thread budget, the batches in flight taking turns a chunk at a time (module docstring, 4)."""
 
@@ -106,12 +105,12 @@ class LocalEngine(ClosingEngine):
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         # sdpa takes the boolean 4-D masks built below as they are.
-        self.model = AutoModelForCausalLM.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
         )
-        self.model.eval()
-        self.forward = ChunkedForward(self.model, dtype=dtype, batching=batching)
-        config = self.model.config
+        model.eval()
+        ChunkedForward.__init__(self, model, dtype=dtype, batching=batching)
+        config = model.config
         vocab_size = int(config.vocab_size)
         manifest = model_manifest(model_dir)
         self.info = ModelInfo(
@@ -192,20 +191,6 @@ class LocalEngine(ClosingEngine):
         variant._owns_worker = False
         return variant
 
-    # The chunked forward's (``readers/engines/chunked.py``), here too: callers and tests read them
-    # off the engine.
-    @property
-    def prefix_cache(self) -> KVTree:
-        return self.forward.prefix_cache
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.forward.kv_bytes_per_token
-
-    def next_token_logprobs(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        """Full-vocabulary log-softmax after ``prompt_ids`` alone (``ChunkedForward.next_token_logprobs``)."""
-        return self.forward.next_token_logprobs(prompt_ids)
-
     async def read(self, request: ReadRequest) -> EngineReply:
         return (await self.read_many([request]))[0]
 
@@ -285,7 +270,7 @@ class LocalEngine(ClosingEngine):
                 running.rotate(-1)
                 waiting = waiting + 1 if blocked else 0
                 if waiting >= len(running):  # every batch waits: on one computed outside this thread
-                    self.forward.prefix_cache.wait_for_change(timeout_s=0.05)
+                    self.prefix_cache.wait_for_change(timeout_s=0.05)
                     waiting = 0
 
     def _run(self, jobs: list[Job]) -> Generator[bool, None, None]:
@@ -302,7 +287,7 @@ class LocalEngine(ClosingEngine):
             )
             picks: list[dict[int, float]] = []
             for start in range(0, len(requests), PICK_ROWS):
-                rows = self.forward.logprobs(computed.hidden[start : start + PICK_ROWS])
+                rows = self._logprobs(computed.hidden[start : start + PICK_ROWS])
                 picks += [
                     _pick(row, request.label_ids, job.top_k)
                     for row, (job, request) in zip(rows, requests[start : start + PICK_ROWS])
@@ -331,36 +316,6 @@ class LocalEngine(ClosingEngine):
                 (results[at : at + len(job.requests)], (started - job.submitted) * 1000, latency_ms)
             )
             at += len(job.requests)
-
-    def batch_logprobs(
-        self, prompts: Sequence[Sequence[int]], reuse: bool | Sequence[bool] = True
-    ) -> list[torch.Tensor]:
-        """Full-vocabulary log-softmax after each prompt, computed as described in the module
-        docstring, on the calling thread; a prompt with ``reuse`` False is computed whole, on its own."""
-        return list(self.forward.logprobs(self.compute(prompts, reuse).hidden))
-
-    def compute(
-        self,
-        prompts: Sequence[Sequence[int]],
-        reuse: bool | Sequence[bool] = True,
-        *,
-        keep: Sequence[bool] | None = None,
-        stop: Callable[[], bool] | None = None,
-    ) -> Computed:
-        """``ChunkedForward.compute``: the final hidden state of each prompt, on the calling thread."""
-        return self.forward.compute(prompts, reuse, keep=keep, stop=stop)
-
-    def _compute_steps(
-        self,
-        prompts: Sequence[Sequence[int]],
-        reuse: bool | Sequence[bool],
-        *,
-        keep: Sequence[bool] | None,
-        stop: Callable[[], bool] | None,
-    ) -> Generator[bool, None, Computed]:
-        """A batch's forward, a step at a time (``ChunkedForward.steps``): the one place the compute
-        thread starts one, so a subclass can count batches here (tests/service/test_cancellation.py)."""
-        return self.forward.steps(prompts, reuse, keep=keep, stop=stop)
 
 
 def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -> dict[int, float]:

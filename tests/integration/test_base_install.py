@@ -37,6 +37,7 @@ def test_the_base_install_has_no_torch_and_names_the_local_extra(base_venv, tmp_
     python = str(base_venv / "bin" / "python")
     found = run([python, "-c", "import importlib.util as u; print(u.find_spec('torch'))"], cwd=tmp_path)
     assert found.strip() == "None"
+    assert "serve" in run([str(base_venv / "bin" / "decide"), "--help"], cwd=tmp_path, env=clean_env())
     result = subprocess.run(
         [python, "-c", "import readers.engines.local"],
         capture_output=True,

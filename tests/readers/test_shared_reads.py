@@ -51,8 +51,7 @@ def test_shared_cached_alone_and_chunked_reads_equal_the_single_sequence(local_e
     requests = [request for state in STATES for request in requests_for(reader, QUESTIONS, state)]
     prompts = [request.prompt_ids for request in requests]
     engine = copy.copy(local_engine)  # the same model with its own tree
-    engine.forward = copy.copy(local_engine.forward)
-    engine.forward.prefix_cache = KVTree(local_engine.prefix_cache.max_bytes)
+    engine.prefix_cache = KVTree(local_engine.prefix_cache.max_bytes)
     computed = engine.batch_logprobs(prompts)  # every distinct token computed in this batch
     assert engine.prefix_cache.stats()["computed_tokens"] == distinct_tokens(prompts)
     cached = engine.batch_logprobs(prompts)  # every prompt in the tree: only last tokens read again
@@ -60,11 +59,8 @@ def test_shared_cached_alone_and_chunked_reads_equal_the_single_sequence(local_e
     assert stats["computed_tokens"] == distinct_tokens(prompts) + len(prompts)
     assert stats["reused_tokens"] == 2 * sum(map(len, prompts)) - stats["computed_tokens"]
     whole = engine.batch_logprobs(prompts, reuse=False)  # the per-question path: each prompt alone
-    engine.forward.prefix_cache = KVTree(0)
-    engine.forward.chunk_tokens, engine.forward.chunk_scores = (
-        16,
-        16 * 200,
-    )  # many chunks, segments cut inside
+    engine.prefix_cache = KVTree(0)
+    engine.chunk_tokens, engine.chunk_scores = 16, 16 * 200  # many chunks, segments cut inside
     chunked = engine.batch_logprobs(prompts[: len(QUESTIONS)])  # one state's questions
     truth = [local_engine.next_token_logprobs(ids) for ids in prompts]
     for rows in (computed, cached, whole, chunked):
@@ -213,17 +209,15 @@ async def test_batches_take_turns_on_one_thread_with_every_core(embedded_model_d
     before the long one ends, and equals the same read alone."""
     from readers.engines.local import LocalEngine, thread_budget
 
-    engine = LocalEngine(
+    class Recording(LocalEngine):
+        def _forward(self, chunk):
+            result = super()._forward(chunk)
+            self.seen.append((threading.current_thread().name, torch.get_num_threads(), len(chunk.queries)))
+            return result
+
+    engine = Recording(
         embedded_model_dir, batching=LocalBatching(max_batch=1, prefix_cache_mib=0, chunk_tokens=32)
     )
-    forward = engine.forward.forward
-
-    def recording(chunk):  # each chunk through the decoder: on which thread, with how many threads
-        result = forward(chunk)
-        engine.seen.append((threading.current_thread().name, torch.get_num_threads(), len(chunk.queries)))
-        return result
-
-    engine.forward.forward = recording
     try:
         engine.seen = []
         long = tuple(range(10, 330))  # ten chunks of 32 tokens
