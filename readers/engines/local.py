@@ -104,7 +104,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         self.thread_budget = thread_budget()
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        # sdpa takes the boolean 4-D masks built below as they are.
+        # sdpa takes the boolean 4-D masks the chunked forward builds as they are.
         model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
         )
