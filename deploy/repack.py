@@ -45,7 +45,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from opendecide.extras import needs_extra
+
+with needs_extra("local", "repacking a model"):
+    import torch
 
 # The file digest the embedded model's preparation uses, read in 1 MiB blocks.
 from readers.embedded import _sha256

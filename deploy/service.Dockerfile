@@ -12,11 +12,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The package declares torch for its embedded engine; with --engine vllm the service needs only the
-# served model's tokenizer (transformers). torch 2.13.0 is the CPU wheel (see the Makefile), installed
-# first so the package's `torch>=2.4` is already met and no CUDA build is pulled.
-RUN pip install torch==2.13.0
-
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY opendecide ./opendecide
@@ -25,7 +20,10 @@ COPY readers ./readers
 COPY calibration ./calibration
 COPY eval ./eval
 COPY deploy ./deploy
-RUN pip install . && rm -rf /src
+# The base package is the service against vLLM (the served model's tokenizer only: no torch). Extras the
+# image's commands use: gcs for `decide eval upload` (deploy/startup.sh writes results to Cloud Storage),
+# plots for `decide eval load`'s figure. No local extra: the engine is vLLM's own image.
+RUN pip install '/src[gcs,plots]' && rm -rf /src
 
 # uid 10001 is also SERVICE_UID in deploy/startup.sh: the run directory it writes to is chowned to it.
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin decide

@@ -217,8 +217,13 @@ def prepare_embedded_model(cache_dir: Path | None = None, *, name: str = DEFAULT
 
 
 def _convert(model: EmbeddedModel, source: Path, out: Path) -> None:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from opendecide.extras import needs_extra
+
+    with needs_extra("local", "preparing an embedded model (de-quantising its GGUF)"):
+        import gguf  # noqa: F401  (transformers reads the GGUF with it; fail here, naming the extra)
+        import torch
 
     tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
     if model.chat_template:

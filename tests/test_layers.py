@@ -6,6 +6,9 @@ eval/                               service and below
 deploy/                             everything below
 opendecide/                         the ``decide`` entry point: everything
 
+opendecide/extras.py (which extra installs an optional package) imports nothing of the project, and every
+layer may import it: an optional import fails naming its extra, with one helper.
+
 Inside service, the decision pipeline is apart from HTTP:
 
 service/protocol/   the wire models: from service, only service.protocol
@@ -33,6 +36,7 @@ BELOW = {
     "deploy": {"eval", "service", "readers", "calibration"},
     "opendecide": {"deploy", "eval", "service", "readers", "calibration"},
 }
+EVERY_LAYER = {"opendecide.extras"}
 WEB_FRAMEWORKS = {"fastapi", "starlette", "uvicorn"}
 # Folder → the service packages its modules may import; any other service module is HTTP.
 APART_FROM_HTTP = {
@@ -62,17 +66,15 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
-def imported_packages(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, top-level package) of every absolute import."""
-    return [(line, module.split(".")[0]) for line, module in imported_modules(tree)]
-
-
 def upward_imports(root: Path) -> list[str]:
     """``path:line: layer imports other`` for every import a layer may not make."""
     problems = []
     for layer, allowed in BELOW.items():
         for path in sorted((root / layer).rglob("*.py")):
-            for line, package in imported_packages(ast.parse(path.read_text(), str(path))):
+            for line, module in imported_modules(ast.parse(path.read_text(), str(path))):
+                package = module.split(".")[0]
+                if module in EVERY_LAYER:
+                    continue
                 if package in BELOW and package != layer and package not in allowed:
                     problems.append(f"{path.relative_to(root)}:{line}: {layer} imports {package}")
     return problems
@@ -99,6 +101,13 @@ def http_imports(root: Path) -> list[str]:
 
 def test_no_layer_imports_upward():
     assert upward_imports(ROOT) == []
+
+
+def test_the_module_every_layer_imports_imports_nothing_of_the_project():
+    for module in EVERY_LAYER:
+        path = ROOT / (module.replace(".", "/") + ".py")
+        imported = [name for _, name in imported_modules(ast.parse(path.read_text(), str(path)))]
+        assert [name for name in imported if name.split(".")[0] in BELOW] == []
 
 
 def test_the_pipeline_wire_models_and_eval_import_no_http():

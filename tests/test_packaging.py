@@ -13,8 +13,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 import sysconfig
 import tomllib
@@ -24,13 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from opendecide.extras import EXTRAS as OPTIONAL
+from tests.wheels import NOT_COPIED, build_wheel, clean_env, run
+
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGING = PYPROJECT["tool"]["setuptools"]
 PACKAGE_DIRS = sorted({name.rstrip("*") for name in PACKAGING["packages"]["find"]["include"]})
 # The suffixes the package-data globs ship ("**/*.toml" → ".toml").
 DATA_SUFFIXES = {pattern.rsplit("*", 1)[1] for pattern in PACKAGING["package-data"]["*"]}
-NOT_COPIED = {".git", ".venv", "build", "dist", ".pytest_cache", ".ruff_cache", ".cache"}
 
 
 def data_files() -> list[str]:
@@ -87,49 +87,33 @@ def undeclared(imports: dict[str, set[str]], allowed: set[str]) -> dict[str, lis
     }
 
 
+EXTRAS = PYPROJECT["project"]["optional-dependencies"]
+
+
 def test_every_third_party_import_is_declared():
     runtime = declared(PYPROJECT["project"]["dependencies"])
-    test = runtime | declared(PYPROJECT["project"]["optional-dependencies"]["test"])
-    assert undeclared(third_party_imports(PACKAGE_DIRS), runtime) == {}, "add these to [project] dependencies"
+    extras = set().union(*(declared(EXTRAS[name]) for name in OPTIONAL))
+    test = runtime | extras | declared(EXTRAS["test"])
+    assert undeclared(third_party_imports(PACKAGE_DIRS), runtime | extras) == {}, (
+        "add these to [project] dependencies, or to an extra (and opendecide/extras.py)"
+    )
     assert undeclared(third_party_imports(["tests"]), test) == {}, "add these to the test extra"
 
 
-def run(command: list[str], **options) -> str:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, **options)
-    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
-    return result.stdout
+def test_each_optional_module_is_installed_by_the_extra_that_names_it():
+    """opendecide/extras.py's table agrees with pyproject.toml: the extras exist, each module it lists
+    comes from a distribution of its extra, and the test extra pulls every one of them."""
+    providers = packages_distributions()
+    assert set(OPTIONAL) <= set(EXTRAS)
+    for extra, modules in OPTIONAL.items():
+        for module in modules:
+            assert {canonical(dist) for dist in providers.get(module, [])} & declared(EXTRAS[extra]), module
+    assert f"opendecide[{','.join(OPTIONAL)}]" in EXTRAS["test"]
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("wheel")
-    source = tmp / "source"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=lambda folder, names: [
-            n
-            for n in names
-            if n == "__pycache__" or n.endswith(".egg-info") or (folder == str(ROOT) and n in NOT_COPIED)
-        ],
-    )
-    # No build isolation: the backend (setuptools, in the test extra) comes from this venv, not from PyPI.
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "-w",
-            str(tmp / "dist"),
-            str(source),
-        ]
-    )
-    (built,) = (tmp / "dist").glob("opendecide-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 @pytest.fixture(scope="module")
@@ -159,14 +143,6 @@ def venv(wheel, tmp_path_factory) -> Path:
     ours = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
     (site / "test-venv-packages.pth").write_text("\n".join(ours) + "\n")
     return venv
-
-
-def clean_env() -> dict[str, str]:
-    return {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"}
-    }
 
 
 @pytest.mark.integration

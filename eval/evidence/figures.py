@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from opendecide.extras import needs_extra
 
-matplotlib.use("Agg")  # files only: no display on servers or CI
-import matplotlib.pyplot as plt
+with needs_extra("plots", "figures"):
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers or CI
+    import matplotlib.pyplot as plt
 
 
 def _save(figure, path: Path) -> None:

@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-import google_crc32c
+from opendecide.extras import needs_extra
+
+with needs_extra("gcs", "Cloud Storage transfers"):
+    import google_crc32c
 
 if TYPE_CHECKING:
     from google.cloud.storage import Client
@@ -54,8 +57,9 @@ class Transfer:
 def storage_client(endpoint: str | None = None, project: str | None = None) -> Client:
     """A Cloud Storage client: Google's endpoint with application-default credentials, or
     ``endpoint`` (an emulator, say) with anonymous ones."""
-    from google.auth.exceptions import DefaultCredentialsError
-    from google.cloud import storage
+    with needs_extra("gcs", "Cloud Storage transfers"):
+        from google.auth.exceptions import DefaultCredentialsError
+        from google.cloud import storage
 
     if endpoint is None:
         try:

@@ -3,7 +3,7 @@
 The local engine computes each distinct prompt token of a batch once, and none whose keys and values
 the tree already holds: across the reads of one request (the state, the question above a token
 trie's deeper reads), across its content-free prior reads, and across requests. This module plans
-that work; the engine runs it (``readers/engines/local.py``).
+that work; the engine runs it (``readers/engines/chunked.py``).
 
 A plan is a forest of *segments*, runs of consecutive prompt tokens: a segment either brings keys and
 values from the tree (a snapshot: later changes to the tree do not touch a running batch) or is to

@@ -7,7 +7,7 @@ How a batch of reads is computed (``share_prefix=True``, the default):
 
 1. Reads arriving within ``batch_window_ms`` of each other on an idle engine (while it computes:
    those queued at its next chunk), up to ``max_batch`` reads, form one batch (micro-batching:
-   concurrent requests share forward passes).
+   concurrent requests share forward passes; the queue is ``readers/engines/jobs.py``).
 2. Every distinct prompt token of the batch is computed once, and none whose keys and values the
    engine keeps from earlier batches (``readers/engines/kvtree.py``, a radix tree of prompt tokens
    bounded by ``prefix_cache_mib``): the state shared by a request's questions, the question above a
@@ -16,8 +16,8 @@ How a batch of reads is computed (``share_prefix=True``, the default):
    each token see exactly the tokens before it in its own prompt, positions are its own prompt's,
    so every read equals the same prompt read alone (to float rounding). A chunk holds at most
    ``chunk_tokens`` tokens and a bounded number of attention scores, so a read of many options
-   works in bounded memory.
-4. One compute thread runs every batch on the whole thread budget, a chunk at a time, taking turns
+   works in bounded memory (``readers/engines/chunked.py``).
+4. One compute thread (this module) runs every batch on the whole thread budget, a chunk at a time, taking turns
    between the batches in flight (``RUNNING_BATCHES``): a batch that arrives while a long one runs
    waits for one chunk, not for the long batch to end (unless it needs tokens the long one is still
    computing: then it waits for them rather than compute them twice). Why one thread: torch's
@@ -43,14 +43,15 @@ import concurrent.futures
 import copy
 import ctypes
 import ctypes.util
-import itertools
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Sequence
 from pathlib import Path
 
-import torch
+from opendecide.extras import needs_extra
+
+with needs_extra("local", "the local engine"):
+    import torch
 
 from readers.embedded import model_manifest
 from readers.engines.base import (
@@ -62,118 +63,14 @@ from readers.engines.base import (
     ReadMode,
     ReadRequest,
 )
-from readers.engines.kvtree import KV_TOKEN_DIM, Chunk, KVTree, Plan
+from readers.engines.chunked import ChunkedForward
+from readers.engines.jobs import EngineClosed, Job, JobQueue, ReadsAbandoned
 
 TRIM_ABOVE_BYTES = 64 * 2**20
 """A batch whose chunks worked in more memory than this returns what it freed to the system."""
 PICK_ROWS = 64
 """Full-vocabulary rows turned into label log-probs at once: Gemma's 262,144-token rows take 1 MiB
 each in float32, so a 255-option trie level is never held whole."""
-
-
-@dataclass
-class _Job:
-    """The reads of one ``read_many`` call, waiting for a batch."""
-
-    requests: Sequence[ReadRequest]
-    top_k: int | None
-    share_prefix: bool
-    submitted: float
-    future: concurrent.futures.Future
-    # Set when the caller is cancelled after the compute thread took the job (its future can no
-    # longer be cancelled): a batch whose every job is abandoned stops at its next chunk.
-    abandoned: threading.Event = field(default_factory=threading.Event)
-
-
-class ReadsAbandoned(Exception):
-    """A batch stopped between chunks: every caller of its reads was cancelled."""
-
-
-class EngineClosed(RuntimeError):
-    """A read sent to a local engine that was closed, or whose compute thread stopped."""
-
-
-class _JobQueue:
-    """Reads waiting for the compute thread."""
-
-    def __init__(self) -> None:
-        self._ready = threading.Condition()
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._closed = False
-        self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
-
-    def put(self, job: _Job) -> None:
-        with self._ready:
-            if self._closed:  # nothing would ever take it
-                raise EngineClosed("the local engine is closed")
-            self._jobs.append(job)
-            self._ready.notify_all()
-
-    def close(self) -> None:
-        """The compute thread takes what is queued, then ends."""
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-
-    def fail(self, error: BaseException) -> None:
-        """Closes the queue and fails every queued job with ``error`` (the compute thread stopped)."""
-        with self._ready:
-            self._closed = True
-            while self._jobs:
-                job = self._jobs.popleft()
-                if job.future.set_running_or_notify_cancel():
-                    job.future.set_exception(error)
-
-    def take(self, *, idle: bool, window_s: float, max_rows: int) -> list[_Job] | None:
-        """The next batch: queued jobs up to ``max_rows`` reads (the last one taken may pass it; at
-        least one job), a job whose caller was cancelled while it queued dropped (nothing is
-        computed for it). ``idle`` (nothing else to compute): wait for a first job, then for those
-        arriving within ``window_s`` of it; otherwise take only what is queued, maybe nothing ([]).
-        None: closed and nothing queued."""
-        with self._ready:
-            batch: list[_Job] = []
-            rows = 0
-            while not batch:
-                if not self._jobs:
-                    if self._closed:
-                        return None
-                    if not idle:
-                        return batch
-                    self._ready.wait()
-                    continue
-                rows = self._take_queued(batch, rows, max_rows)
-            deadline = time.monotonic() + window_s
-            while idle and rows < max_rows and not self._closed:
-                if self._jobs:
-                    rows = self._take_queued(batch, rows, max_rows)
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._ready.wait(remaining)
-            return batch
-
-    def _take_queued(self, batch: list[_Job], rows: int, max_rows: int) -> int:
-        while self._jobs and (not batch or rows < max_rows):
-            job = self._jobs.popleft()
-            if job.future.set_running_or_notify_cancel():
-                batch.append(job)
-                rows += len(job.requests)
-            else:
-                self.dropped_reads += len(job.requests)
-        return rows
-
-
-@dataclass
-class Computed:
-    """A batch's reads: the final hidden state of each prompt and the plan that computed them."""
-
-    hidden: list[torch.Tensor]
-    plan: Plan
-    peak_bytes: int
-    """The largest chunk's past and new keys and values plus its attention scores (an estimate)."""
-
-
 # Read once, at import: a thread that has not used torch yet reports the count the last batch set.
 _THREAD_BUDGET = max(1, torch.get_num_threads())
 RUNNING_BATCHES = 2
@@ -187,7 +84,7 @@ def thread_budget() -> int:
     return _THREAD_BUDGET
 
 
-class LocalEngine(ClosingEngine):
+class LocalEngine(ChunkedForward, ClosingEngine):
     """Batches run on one compute thread (torch releases the GIL during the forward), on the whole
     thread budget, the batches in flight taking turns a chunk at a time (module docstring, 4)."""
 
@@ -207,19 +104,13 @@ class LocalEngine(ClosingEngine):
         self.thread_budget = thread_budget()
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        # sdpa takes the boolean 4-D masks built below as they are.
-        self.model = AutoModelForCausalLM.from_pretrained(
+        # sdpa takes the boolean 4-D masks the chunked forward builds as they are.
+        model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
         )
-        self.model.eval()
-        self._decoder = self.model.get_decoder()
-        self._head = self.model.get_output_embeddings()
-        config = self.model.config
-        # Gemma 3's sliding layers see only the last `sliding_window` keys. The decoder takes the 4-D
-        # masks built below as they are, for every layer, so those layers get their own (``_layer_masks``).
-        sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
-        self._window = int(config.sliding_window) if sliding and config.sliding_window else None
-        self._softcap = getattr(config, "final_logit_softcapping", None)
+        model.eval()
+        ChunkedForward.__init__(self, model, dtype=dtype, batching=batching)
+        config = model.config
         vocab_size = int(config.vocab_size)
         manifest = model_manifest(model_dir)
         self.info = ModelInfo(
@@ -235,18 +126,9 @@ class LocalEngine(ClosingEngine):
         self.batched_reads = 0
         self.stopped_batches = 0  # batches stopped between chunks, every caller cancelled
         # The batches the compute thread takes turns between, with their jobs (variants share it).
-        self._running: collections.deque[tuple[list[_Job], Generator[bool, None, None]]] = collections.deque()
+        self._running: collections.deque[tuple[list[Job], Generator[bool, None, None]]] = collections.deque()
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
-        self.chunk_tokens = batching.chunk_tokens
-        self.chunk_scores = batching.chunk_scores
-        self.prefix_cache = KVTree(int(batching.prefix_cache_mib * 2**20))
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        bytes_per = torch.finfo(getattr(torch, dtype)).bits // 8
-        self.kv_bytes_per_token = int(config.num_hidden_layers) * 2 * kv_heads * head_dim * bytes_per
-        self._score_bytes = heads * 4  # float32 scores per query × key pair, over the heads
         self._probe = {
             "engine": "local",
             "model_dir": str(model_dir),
@@ -261,7 +143,7 @@ class LocalEngine(ClosingEngine):
             "thread_budget": self.thread_budget,
         }
         self._set_top_k(top_k)
-        self._jobs = _JobQueue()
+        self._jobs = JobQueue()
         self._worker = threading.Thread(target=self._serve, name="local-engine", daemon=True)
         self._worker.start()
         self._owns_worker = True
@@ -309,21 +191,13 @@ class LocalEngine(ClosingEngine):
         variant._owns_worker = False
         return variant
 
-    def next_token_logprobs(self, prompt_ids: Sequence[int]) -> torch.Tensor:
-        """Full-vocabulary log-softmax after ``prompt_ids``: one sequence, no cache, no padding (the
-        reference every batched read is tested against)."""
-        with torch.inference_mode():
-            ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-            logits = self.model(input_ids=ids, logits_to_keep=1, use_cache=False).logits[0, -1]
-            return torch.log_softmax(logits.float(), dim=-1)
-
     async def read(self, request: ReadRequest) -> EngineReply:
         return (await self.read_many([request]))[0]
 
     async def read_many(self, requests: Sequence[ReadRequest]) -> list[EngineReply]:
         if not requests:
             return []
-        job = _Job(
+        job = Job(
             list(requests), self.top_k, self.share_prefix, time.monotonic(), concurrent.futures.Future()
         )
         self._jobs.put(job)
@@ -367,7 +241,7 @@ class LocalEngine(ClosingEngine):
             self._jobs.fail(stopped)
             raise
 
-    def _take_turns(self, running: collections.deque[tuple[list[_Job], Generator[bool, None, None]]]) -> None:
+    def _take_turns(self, running: collections.deque[tuple[list[Job], Generator[bool, None, None]]]) -> None:
         # torch's per-thread setup runs on a thread's first torch call and reloads the process-wide
         # count, which another thread may have set since: run it first, then this thread's own count.
         torch.get_num_threads()
@@ -399,7 +273,7 @@ class LocalEngine(ClosingEngine):
                     self.prefix_cache.wait_for_change(timeout_s=0.05)
                     waiting = 0
 
-    def _run(self, jobs: list[_Job]) -> Generator[bool, None, None]:
+    def _run(self, jobs: list[Job]) -> Generator[bool, None, None]:
         """One batch, a step at a time (yields True while it waits for tree nodes another batch is
         computing, False after each chunk); its callers' futures get its replies or its error."""
         started = time.monotonic()
@@ -437,136 +311,11 @@ class LocalEngine(ClosingEngine):
         results = list(zip(picks, plan.computed_tokens, plan.cached_tokens))
         at = 0
         for job in jobs:
-            # A running future cannot be cancelled (``_JobQueue.take``), so this always lands.
+            # A running future cannot be cancelled (``JobQueue.take``), so this always lands.
             job.future.set_result(
                 (results[at : at + len(job.requests)], (started - job.submitted) * 1000, latency_ms)
             )
             at += len(job.requests)
-
-    def batch_logprobs(
-        self, prompts: Sequence[Sequence[int]], reuse: bool | Sequence[bool] = True
-    ) -> list[torch.Tensor]:
-        """Full-vocabulary log-softmax after each prompt, computed as described in the module
-        docstring; a prompt with ``reuse`` False is computed whole, on its own."""
-        return list(self._logprobs(self.compute(prompts, reuse).hidden))
-
-    def compute(
-        self,
-        prompts: Sequence[Sequence[int]],
-        reuse: bool | Sequence[bool] = True,
-        *,
-        keep: Sequence[bool] | None = None,
-        stop: Callable[[], bool] | None = None,
-    ) -> Computed:
-        """The final hidden state of each prompt, every distinct token computed once (module
-        docstring), on the calling thread; ``keep`` False: that prompt's new tokens are not kept
-        after the batch. ``stop`` True before a chunk: raise ``ReadsAbandoned`` there, the tree left
-        as if the batch never ran (a chunk already running cannot be stopped: torch finishes it)."""
-        steps = self._compute_steps(prompts, reuse, keep=keep, stop=stop, wait=True)
-        with torch.inference_mode():
-            while True:
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    return done.value
-
-    def _compute_steps(
-        self,
-        prompts: Sequence[Sequence[int]],
-        reuse: bool | Sequence[bool],
-        *,
-        keep: Sequence[bool] | None,
-        stop: Callable[[], bool] | None,
-        wait: bool = False,
-    ) -> Generator[bool, None, Computed]:
-        """``compute`` a step at a time: yields True while its plan waits for tree nodes another batch
-        is computing (``wait`` False: the compute thread runs that batch meanwhile), False after each
-        chunk; returns the ``Computed``. The caller holds ``torch.inference_mode``."""
-        if isinstance(reuse, bool):
-            reuse = [reuse] * len(prompts)
-        while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait)) is None:
-            if stop is not None and stop():
-                raise ReadsAbandoned  # nothing planned yet: nothing to take out of the tree
-            yield True
-        try:
-            wanted = {(id(segment), offset) for segment, offset in plan.outputs}
-            hidden: dict[tuple[int, int], torch.Tensor] = {}
-            peak = 0
-            for queries in plan.chunks(self.chunk_tokens, self.chunk_scores):
-                if stop is not None and stop():
-                    raise ReadsAbandoned
-                chunk = plan.chunk_keys(queries)
-                peak = max(peak, self.chunk_bytes(chunk))
-                new_kv, states = self._forward(chunk)
-                at = 0
-                for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
-                    n = sum(1 for _ in group)
-                    segment.pieces.append(new_kv[:, :, :, at : at + n])
-                    at += n
-                for row, (segment, offset) in enumerate(queries):
-                    if (id(segment), offset) in wanted:
-                        hidden[(id(segment), offset)] = states[row].clone()
-                yield False
-            self.prefix_cache.finish(plan)
-        except BaseException:
-            self.prefix_cache.abandon(plan)
-            raise
-        return Computed([hidden[(id(segment), offset)] for segment, offset in plan.outputs], plan, peak)
-
-    def chunk_bytes(self, chunk: Chunk) -> int:
-        """A chunk's working memory, estimated: its past and new keys and values, held twice (the
-        past is assembled, then each layer's cache concatenates the new keys to it), and the attention
-        scores of one layer."""
-        keys = chunk.key_tokens + len(chunk.queries)
-        return 2 * keys * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
-
-    def _forward(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chunk through the decoder against its past keys: the chunk's own keys and values
-        [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
-        from transformers import DynamicCache
-
-        past_tokens = chunk.key_tokens
-        cache = DynamicCache()
-        if past_tokens:
-            past = torch.cat([kv for _, kv in chunk.keys], dim=KV_TOKEN_DIM)
-            cache = DynamicCache([(layer[0][None], layer[1][None]) for layer in past])
-        queries, keys = chunk.positions()
-        ids = torch.tensor([[segment.tokens[offset] for segment, offset in chunk.queries]])
-        mask = chunk.visible()[None, None]
-        hidden = self._decoder(
-            input_ids=ids,
-            attention_mask=self._layer_masks(mask, queries[None], keys[None]),
-            position_ids=queries[None],
-            cache=cache,
-            use_cache=True,
-        ).last_hidden_state[0]
-        new_kv = torch.stack(
-            [
-                torch.stack((layer.keys[0, :, past_tokens:], layer.values[0, :, past_tokens:]))
-                for layer in cache.layers
-            ]
-        )
-        return new_kv, hidden
-
-    def _logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Full-vocabulary log-softmax rows from final hidden states."""
-        if not hidden:
-            return torch.empty(0, self.info.vocab_size)
-        with torch.inference_mode():
-            logits = self._head(torch.stack(list(hidden))).float()
-            if self._softcap:  # as the model's own forward does after its head (Gemma 2)
-                logits = torch.tanh(logits / self._softcap) * self._softcap
-            return torch.log_softmax(logits, dim=-1)
-
-    def _layer_masks(
-        self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
-    ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """``mask`` for every layer, or with a sliding window, per layer type: sliding layers also
-        hide keys ``sliding_window`` or more positions before the query (as transformers' own masks)."""
-        if self._window is None:
-            return mask
-        near = (query_positions[:, :, None] - key_positions[:, None, :]) < self._window
-        return {"full_attention": mask, "sliding_attention": mask & near[:, None]}
 
 
 def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -> dict[int, float]:
@@ -595,7 +344,7 @@ def _return_freed_memory() -> None:
         _MALLOC_TRIM(0)
 
 
-def _stop_worker(jobs: _JobQueue, worker: threading.Thread) -> None:
+def _stop_worker(jobs: JobQueue, worker: threading.Thread) -> None:
     """Let queued batches finish, then end the compute thread (idempotent)."""
     jobs.close()
     worker.join()

@@ -12,7 +12,6 @@ from readers.embedded import (
     DEFAULT_EMBEDDED,
     EMBEDDED_MODELS,
     GEMMA3_270M,
-    MANIFEST,
     SMOLLM2,
     ModelUnavailable,
     chat_template_text,
@@ -26,6 +25,7 @@ from readers.engines import NoChatTemplate, open_engine
 from readers.engines.local import LocalEngine
 from readers.prompt import CURRENT_LAYOUT, QuestionSpec
 from readers.reader import Reader
+from tests.readers.support import folder_without_template
 
 pytestmark = pytest.mark.anyio
 
@@ -173,21 +173,6 @@ CUSTOM_TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}"
 )
-
-
-def folder_without_template(source, target):
-    """``source``'s model with a tokenizer that has no chat template (weights linked, not copied)."""
-    target.mkdir()
-    for path in source.iterdir():
-        if path.name == "chat_template.jinja":
-            continue
-        if path.name == "tokenizer_config.json":
-            config = json.loads(path.read_text())
-            config.pop("chat_template", None)
-            (target / path.name).write_text(json.dumps(config))
-        elif path.name != MANIFEST:
-            (target / path.name).symlink_to(path)
-    return target
 
 
 @pytest.mark.slow  # opens the embedded model twice

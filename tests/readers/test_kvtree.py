@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from readers.engines.kvtree import KV_TOKEN_DIM, KVTree, Plan
+from tests.readers.support import distinct_tokens
 
 TOKEN_BYTES = 1 * 2 * 1 * 1 * 4  # [layers, 2, heads, tokens, dim] float32 with one of each
 
@@ -30,10 +31,6 @@ def run(tree: KVTree, prompts, reuse=True, *, keep=None, max_queries=512, max_sc
             segment.pieces.append(kv)
     tree.finish(plan)
     return plan
-
-
-def distinct_tokens(prompts) -> int:
-    return len({tuple(ids[: n + 1]) for ids in prompts for n in range(len(ids))})
 
 
 def test_every_distinct_token_of_a_batch_is_computed_once_and_charged_to_one_read():

@@ -23,6 +23,7 @@ from readers.engines.base import ReadMode, ReadRequest
 from readers.engines.routed import RoutedEngine
 from readers.engines.routing import FALLBACK_PREFIX_TOKENS, RoutingPolicy, prefix_key, rendezvous_order
 from readers.errors import EngineError, EngineUnavailable
+from tests.readers.support import completion_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -52,21 +53,11 @@ class FakeServer:
         body = json.loads(request.content)
         if self.gate is not None:
             await self.gate.wait()
-        top = {1000 + i: -0.5 - i for i in range(body["logprobs"])}
-        if "logprob_token_ids" in body and self.exact:
-            top = {1000: -0.5, **{t: -3.0 - i for i, t in enumerate(body["logprob_token_ids"])}}
-        elif "structured_outputs" in body and self.masked:
-            choices = body["structured_outputs"]["choice"]
-            top = {self.fleet.tokenizer.encode(c, add_special_tokens=False)[0]: -0.7 for c in choices}
         if body["prompt"][0] != self.fleet.probe_first_id:  # the connect-time probe is not a routed read
             self.prompts.append(body["prompt"])
             self.bodies.append(body)
-        reply = {
-            "choices": [
-                {"text": "x", "logprobs": {"top_logprobs": [{f"token_id:{k}": v for k, v in top.items()}]}}
-            ],
-            "usage": {"prompt_tokens": len(body["prompt"]), "completion_tokens": 1},
-        }
+        first_id = lambda text: self.fleet.tokenizer.encode(text, add_special_tokens=False)[0]  # noqa: E731
+        reply = completion_reply(body, exact=self.exact, masked_first_ids=first_id if self.masked else None)
         return httpx.Response(200, json=reply)
 
 

@@ -16,6 +16,7 @@ from readers.engines.function import FunctionEngine
 from readers.engines.kvtree import KVTree
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
+from tests.readers.support import distinct_tokens
 
 QUESTIONS = [
     QuestionSpec("choice", "What is the sentiment?", ("positive", "negative"), (None, None)),
@@ -42,11 +43,6 @@ def requests_for(reader: Reader, questions, state) -> list[ReadRequest]:
 
 def max_gap(rows, prompts, engine) -> float:
     return max(float((row - engine.next_token_logprobs(ids)).abs().max()) for row, ids in zip(rows, prompts))
-
-
-def distinct_tokens(prompts) -> int:
-    """The nodes of the token trie of ``prompts``."""
-    return len({tuple(ids[: n + 1]) for ids in prompts for n in range(len(ids))})
 
 
 @pytest.mark.slow  # every request read computed, from the tree, alone and in small chunks

@@ -14,7 +14,7 @@ from readers.reader import Reader
 from service.admission import MAX_OPTION_NAME_TOKENS, Admission, AdmissionLimits, CostRate, request_cost
 from service.errors import Overloaded
 from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS, NoulQuestion
-from tests.readers.test_kvtree import distinct_tokens
+from tests.readers.support import distinct_tokens
 from tests.service.support import favour_first, function_engine, stalled_engine
 
 pytestmark = pytest.mark.anyio

@@ -44,7 +44,7 @@ def test_a_folder_that_is_not_a_model_is_refused(tmp_path):
 
 
 def test_a_model_without_a_chat_template_is_refused_until_one_is_given(embedded_model_dir, tmp_path):
-    from tests.readers.test_embedded_models import folder_without_template
+    from tests.readers.support import folder_without_template
 
     bare = folder_without_template(embedded_model_dir, tmp_path / "bare")
     result = serve("--model-dir", str(bare), cwd=tmp_path)

@@ -1,0 +1,193 @@
+"""The local engine's chunked forward: a batch's prompts through the model, each distinct token once.
+
+``ChunkedForward`` holds the loaded model's decoder and head and the tree of kept keys and values
+(``readers/engines/kvtree.py``). ``_compute_steps`` plans a batch against the tree, then runs the tokens to
+compute through the decoder a chunk at a time, in one sequence per chunk: a mask lets each token see
+exactly the tokens before it in its own prompt, positions are its own prompt's, so every read equals
+the same prompt read alone (to float rounding). A chunk holds at most ``chunk_tokens`` tokens and a
+bounded number of attention scores, so a read of many options works in bounded memory. It yields
+between chunks, so the compute thread (``readers/engines/local.py``) can give another batch its turn.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from readers.engines.base import LocalBatching
+from readers.engines.jobs import ReadsAbandoned
+from readers.engines.kvtree import KV_TOKEN_DIM, Chunk, KVTree, Plan
+
+
+@dataclass
+class Computed:
+    """A batch's reads: the final hidden state of each prompt and the plan that computed them."""
+
+    hidden: list[torch.Tensor]
+    plan: Plan
+    peak_bytes: int
+    """The largest chunk's past and new keys and values plus its attention scores (an estimate)."""
+
+
+class ChunkedForward:
+    """A loaded causal LM's decoder and head, run a chunk at a time against the kept keys and values.
+
+    ``LocalEngine`` is one (it adds the job queue and the compute thread), so its tree, chunk sizes and
+    steps stay attributes of the engine that tests and benchmarks adjust and wrap on one object."""
+
+    def __init__(self, model, *, dtype: str, batching: LocalBatching) -> None:
+        self.model = model
+        self._decoder = model.get_decoder()
+        self._head = model.get_output_embeddings()
+        config = model.config
+        # Gemma 3's sliding layers see only the last `sliding_window` keys. The decoder takes the 4-D
+        # masks built below as they are, for every layer, so those layers get their own (``_layer_masks``).
+        sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+        self._window = int(config.sliding_window) if sliding and config.sliding_window else None
+        self._softcap = getattr(config, "final_logit_softcapping", None)
+        self.vocab_size = int(config.vocab_size)
+        self.chunk_tokens = batching.chunk_tokens
+        self.chunk_scores = batching.chunk_scores
+        self.prefix_cache = KVTree(int(batching.prefix_cache_mib * 2**20))
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        bytes_per = torch.finfo(getattr(torch, dtype)).bits // 8
+        self.kv_bytes_per_token = int(config.num_hidden_layers) * 2 * kv_heads * head_dim * bytes_per
+        self._score_bytes = heads * 4  # float32 scores per query × key pair, over the heads
+
+    def next_token_logprobs(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Full-vocabulary log-softmax after ``prompt_ids``: one sequence, no cache, no padding (the
+        reference every batched read is tested against)."""
+        with torch.inference_mode():
+            ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+            logits = self.model(input_ids=ids, logits_to_keep=1, use_cache=False).logits[0, -1]
+            return torch.log_softmax(logits.float(), dim=-1)
+
+    def batch_logprobs(
+        self, prompts: Sequence[Sequence[int]], reuse: bool | Sequence[bool] = True
+    ) -> list[torch.Tensor]:
+        """Full-vocabulary log-softmax after each prompt, computed as described in the module
+        docstring, on the calling thread; a prompt with ``reuse`` False is computed whole, on its own."""
+        return list(self._logprobs(self.compute(prompts, reuse).hidden))
+
+    def compute(
+        self,
+        prompts: Sequence[Sequence[int]],
+        reuse: bool | Sequence[bool] = True,
+        *,
+        keep: Sequence[bool] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Computed:
+        """The final hidden state of each prompt, every distinct token computed once (module
+        docstring), on the calling thread; ``keep`` False: that prompt's new tokens are not kept
+        after the batch. ``stop`` True before a chunk: raise ``ReadsAbandoned`` there, the tree left
+        as if the batch never ran (a chunk already running cannot be stopped: torch finishes it)."""
+        steps = self._compute_steps(prompts, reuse, keep=keep, stop=stop, wait=True)
+        with torch.inference_mode():
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value
+
+    def _compute_steps(
+        self,
+        prompts: Sequence[Sequence[int]],
+        reuse: bool | Sequence[bool],
+        *,
+        keep: Sequence[bool] | None,
+        stop: Callable[[], bool] | None,
+        wait: bool = False,
+    ) -> Generator[bool, None, Computed]:
+        """``compute`` a step at a time: yields True while its plan waits for tree nodes another batch
+        is computing (``wait`` False: the compute thread runs that batch meanwhile), False after each
+        chunk; returns the ``Computed``. The caller holds ``torch.inference_mode``."""
+        if isinstance(reuse, bool):
+            reuse = [reuse] * len(prompts)
+        while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait)) is None:
+            if stop is not None and stop():
+                raise ReadsAbandoned  # nothing planned yet: nothing to take out of the tree
+            yield True
+        try:
+            wanted = {(id(segment), offset) for segment, offset in plan.outputs}
+            hidden: dict[tuple[int, int], torch.Tensor] = {}
+            peak = 0
+            for queries in plan.chunks(self.chunk_tokens, self.chunk_scores):
+                if stop is not None and stop():
+                    raise ReadsAbandoned
+                chunk = plan.chunk_keys(queries)
+                peak = max(peak, self.chunk_bytes(chunk))
+                new_kv, states = self._forward(chunk)
+                at = 0
+                for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
+                    n = sum(1 for _ in group)
+                    segment.pieces.append(new_kv[:, :, :, at : at + n])
+                    at += n
+                for row, (segment, offset) in enumerate(queries):
+                    if (id(segment), offset) in wanted:
+                        hidden[(id(segment), offset)] = states[row].clone()
+                yield False
+            self.prefix_cache.finish(plan)
+        except BaseException:
+            self.prefix_cache.abandon(plan)
+            raise
+        return Computed([hidden[(id(segment), offset)] for segment, offset in plan.outputs], plan, peak)
+
+    def chunk_bytes(self, chunk: Chunk) -> int:
+        """A chunk's working memory, estimated: its past and new keys and values, held twice (the
+        past is assembled, then each layer's cache concatenates the new keys to it), and the attention
+        scores of one layer."""
+        keys = chunk.key_tokens + len(chunk.queries)
+        return 2 * keys * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
+
+    def _forward(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk through the decoder against its past keys: the chunk's own keys and values
+        [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
+        from transformers import DynamicCache
+
+        past_tokens = chunk.key_tokens
+        cache = DynamicCache()
+        if past_tokens:
+            past = torch.cat([kv for _, kv in chunk.keys], dim=KV_TOKEN_DIM)
+            cache = DynamicCache([(layer[0][None], layer[1][None]) for layer in past])
+        queries, keys = chunk.positions()
+        ids = torch.tensor([[segment.tokens[offset] for segment, offset in chunk.queries]])
+        mask = chunk.visible()[None, None]
+        hidden = self._decoder(
+            input_ids=ids,
+            attention_mask=self._layer_masks(mask, queries[None], keys[None]),
+            position_ids=queries[None],
+            cache=cache,
+            use_cache=True,
+        ).last_hidden_state[0]
+        new_kv = torch.stack(
+            [
+                torch.stack((layer.keys[0, :, past_tokens:], layer.values[0, :, past_tokens:]))
+                for layer in cache.layers
+            ]
+        )
+        return new_kv, hidden
+
+    def _logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Full-vocabulary log-softmax rows from final hidden states."""
+        if not hidden:
+            return torch.empty(0, self.vocab_size)
+        with torch.inference_mode():
+            logits = self._head(torch.stack(list(hidden))).float()
+            if self._softcap:  # as the model's own forward does after its head (Gemma 2)
+                logits = torch.tanh(logits / self._softcap) * self._softcap
+            return torch.log_softmax(logits, dim=-1)
+
+    def _layer_masks(
+        self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """``mask`` for every layer, or with a sliding window, per layer type: sliding layers also
+        hide keys ``sliding_window`` or more positions before the query (as transformers' own masks)."""
+        if self._window is None:
+            return mask
+        near = (query_positions[:, :, None] - key_positions[:, None, :]) < self._window
+        return {"full_attention": mask, "sliding_attention": mask & near[:, None]}
