@@ -8,7 +8,7 @@ the first readiness read). ``--decide`` is the ``decide`` of the venv to measure
 service's CPU ms by then (on a busy machine the wall time mostly measures the others).
 
     python3 -m venv /tmp/base && /tmp/base/bin/pip install .
-    .venv/bin/python bench/serve_startup.py --decide /tmp/base/bin/decide --runs 5
+    .venv/bin/python -m bench.serve_startup --decide /tmp/base/bin/decide --runs 5
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from bench import ROOT
 from deploy.processes import free_port, wait_for_models
 from readers.embedded import prepare_embedded_model
 
