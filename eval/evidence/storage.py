@@ -29,9 +29,6 @@ from typing import TYPE_CHECKING
 
 from opendecide.extras import needs_extra
 
-with needs_extra("gcs", "Cloud Storage transfers"):
-    import google_crc32c
-
 if TYPE_CHECKING:
     from google.cloud.storage import Client
 
@@ -87,7 +84,7 @@ def parse_url(url: str) -> tuple[str, str]:
 
 def file_entry(path: Path, relative: str) -> dict:
     """Size, sha256 and CRC32C (base64 of the big-endian value, as Cloud Storage reports it) of one file."""
-    sha, crc, size = hashlib.sha256(), google_crc32c.Checksum(), 0
+    sha, crc, size = hashlib.sha256(), crc32c_checksum(), 0
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK):
             sha.update(chunk)
@@ -242,9 +239,18 @@ def listed_files(manifest: object, where: str) -> list[dict]:
     return files
 
 
+def crc32c_checksum(data: bytes = b""):
+    """A running CRC32C (google-crc32c, the gcs extra), imported here rather than with the module so that
+    commands which only name this module's errors (``decide eval cost``) need no extra."""
+    with needs_extra("gcs", "Cloud Storage transfers"):
+        import google_crc32c
+
+    return google_crc32c.Checksum(data)
+
+
 def crc32c_of(data: bytes) -> str:
     """CRC32C of bytes in memory, in Cloud Storage's form."""
-    return base64.b64encode(google_crc32c.Checksum(data).digest()).decode("ascii")
+    return base64.b64encode(crc32c_checksum(data).digest()).decode("ascii")
 
 
 def _mismatch(path: Path, entry: dict) -> str | None:

@@ -33,7 +33,7 @@ def base_venv(tmp_path_factory) -> Path:
     return venv
 
 
-def test_the_base_install_has_no_torch_and_names_the_local_extra(base_venv, tmp_path):
+def test_the_base_install_has_no_torch_and_names_the_local_extra(base_venv, embedded_model_dir, tmp_path):
     python = str(base_venv / "bin" / "python")
     found = run([python, "-c", "import importlib.util as u; print(u.find_spec('torch'))"], cwd=tmp_path)
     assert found.strip() == "None"
@@ -48,6 +48,24 @@ def test_the_base_install_has_no_torch_and_names_the_local_extra(base_venv, tmp_
     )
     assert result.returncode != 0
     assert "MissingExtra: the local engine needs torch: pip install 'opendecide[local]'" in result.stderr
+    # the command line says it in one line, without a traceback
+    served = subprocess.run(
+        [
+            str(base_venv / "bin" / "decide"),
+            "serve",
+            "--model-dir",
+            str(embedded_model_dir),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+        timeout=120,
+    )
+    assert served.returncode == 1 and "Traceback" not in served.stderr
+    assert "needs torch: pip install 'opendecide[local]'" in served.stderr
 
 
 def test_the_base_install_serves_a_decision_from_a_vllm_engine(base_venv, embedded_model_dir, tmp_path):
