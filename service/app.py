@@ -108,7 +108,7 @@ def create_app(
     prompt tokens in flight and queued. ``retention`` deletes decision records without gold answers older
     than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
     that no stored calibration covers get their content-free option prior divided out
-    (``service/pipeline/prior.py``; default choice questions). ``on_engine_failure(reason)`` is called
+    (``service/pipeline/prior.py``; default choice and score questions). ``on_engine_failure(reason)`` is called
     when ``open_engine`` fails in a way retrying cannot fix (``decide serve`` then exits non-zero).
     """
     if auto_refit_every is not None and auto_refit_every < 1:

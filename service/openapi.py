@@ -1,5 +1,5 @@
 """A complete, self-contained OpenAPI 3.1 document: every ``$ref`` resolves, every POST has its request
-schema, every route lists its 4xx/5xx responses, and the limits (1–64 questions, 2–255 options, 2–10
+schema, every route lists its 4xx/5xx responses, and the limits (1–400 questions, 2–255 options, 2–10
 levels) are in the schemas. Generators and fuzzers (schemathesis) read it as it is.
 
 Routes parse their own bodies (so a 422's ``loc`` is exact), so FastAPI cannot see their request
