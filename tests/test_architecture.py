@@ -100,3 +100,31 @@ def test_a_planted_stale_name_fails_the_map(planted, problem):
     text = MAP.read_text() + f"\nPlanted: {planted}.\n"
     found = stale_references(text, ROOT)
     assert len(found) == 1 and problem in found[0]
+
+
+def test_the_map_shows_every_route_and_middleware_the_app_is_built_with(tmp_path):
+    from calibration.open import open_store
+    from service.app import create_app
+
+    async def never_opened():  # the app is only built here, never started
+        raise AssertionError
+
+    store = open_store(str(tmp_path / "cal.sqlite3"))
+    try:
+        # with a store (the calibration routes) and a rate limit (its middleware): everything it can have
+        app = create_app(open_engine=never_opened, store=store, rate_limit=(1.0, 1))
+    finally:
+        store.close()
+    text = MAP.read_text()
+    routes = {
+        (method, route.path) for route in app.routes for method in getattr(route, "methods", None) or ()
+    }
+    missing_routes = sorted(
+        f"{method} {path}"
+        for method, path in routes
+        if method != "HEAD" and f"`{path}`" not in text and f"`{method} {path}`" not in text
+    )
+    middlewares = [middleware.cls.__name__ for middleware in app.user_middleware]
+    missing_middlewares = [name for name in middlewares if f":{name}`" not in text]
+    assert (missing_routes, missing_middlewares) == ([], []), "docs/architecture.md does not show these"
+    assert len(middlewares) >= 7 and len(routes) >= 13  # the app really was built with all of them
