@@ -64,7 +64,7 @@ def test_the_base_install_has_no_torch_and_names_the_local_extra(base_venv, embe
         env=clean_env(),
         timeout=120,
     )
-    assert served.returncode == 1 and "Traceback" not in served.stderr
+    assert served.returncode != 0 and "Traceback" not in served.stderr
     assert "needs torch: pip install 'opendecide[local]'" in served.stderr
 
 
