@@ -22,8 +22,9 @@ COPY eval ./eval
 COPY deploy ./deploy
 # The base package is the service against vLLM (the served model's tokenizer only: no torch). Extras the
 # image's commands use: gcs for `decide eval upload` (deploy/startup.sh writes results to Cloud Storage),
-# plots for `decide eval load`'s figure. No local extra: the engine is vLLM's own image.
-RUN pip install '/src[gcs,plots]' && rm -rf /src
+# plots for `decide eval load`'s figure, postgres for the fleet's shared store (`--store postgresql://…`,
+# docs/fleet.md). No local extra: the engine is vLLM's own image.
+RUN pip install '/src[gcs,plots,postgres]' && rm -rf /src
 
 # uid 10001 is also SERVICE_UID in deploy/startup.sh: the run directory it writes to is chowned to it.
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin decide
