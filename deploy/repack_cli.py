@@ -1,5 +1,5 @@
 """``decide repack …``: compressed-tensors builds of a QAT checkpoint (deploy/repack.py), and the
-QAT-like test fixture made from the embedded model."""
+QAT-like test fixture made from the embedded model (deploy/repack_fixture.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ app.add_typer(repack_app, name="repack")
 SrcArgument = Annotated[Path, typer.Argument(help="Hugging Face folder: config.json and *.safetensors")]
 DstArgument = Annotated[Path, typer.Argument(help="the build's folder (written beside it, then renamed)")]
 ForceOption = Annotated[bool, typer.Option("--force", help="replace DST if it exists")]
+LmHeadOption = Annotated[bool, typer.Option("--lm-head", help="also quantize an untied lm_head")]
 AllowRoundingOption = Annotated[
     bool,
     typer.Option(
@@ -29,7 +30,8 @@ AllowRoundingOption = Annotated[
 
 
 def _run(fmt: str, src: Path, dst: Path, **options) -> None:
-    from deploy.repack import RepackError, repack
+    from deploy.repack import repack
+    from deploy.repack_source import RepackError
 
     try:
         manifest = repack(fmt, src, dst, **options)
@@ -56,7 +58,7 @@ def _run(fmt: str, src: Path, dst: Path, **options) -> None:
 def q4(
     src: SrcArgument,
     dst: DstArgument,
-    lm_head: Annotated[bool, typer.Option("--lm-head", help="also quantize an untied lm_head")] = False,
+    lm_head: LmHeadOption = False,
     allow_rounding: AllowRoundingOption = False,
     force: ForceOption = False,
 ) -> None:
@@ -71,7 +73,7 @@ def w8a8(
     emb4: Annotated[
         bool, typer.Option("--emb4", help="keep the token embedding as packed int4 groups (the QAT grid)")
     ] = False,
-    lm_head: Annotated[bool, typer.Option("--lm-head", help="also quantize an untied lm_head")] = False,
+    lm_head: LmHeadOption = False,
     allow_rounding: AllowRoundingOption = False,
     force: ForceOption = False,
 ) -> None:
@@ -82,7 +84,8 @@ def w8a8(
 @repack_app.command("fixture")
 def fixture(src: SrcArgument, dst: DstArgument, force: ForceOption = False) -> None:
     """A TEST FIXTURE: the model with every quantized tensor's groups of 32 snapped to a 16-level grid."""
-    from deploy.repack import RepackError, snap_to_grid
+    from deploy.repack_fixture import snap_to_grid
+    from deploy.repack_source import RepackError
 
     try:
         typer.echo(json.dumps(snap_to_grid(src, dst, force=force)))

@@ -171,10 +171,7 @@ def render(out: Path) -> list[dict]:
     for arm in arms:
         if "refused" in arm:
             arm["refused"] = refusal(out / f"{arm['name']}.server.log") or arm["refused"]
-    compare_arms(arms)
-    (out / "served.json").write_text(json.dumps(arms, indent=2) + "\n")
-    (out / "served.md").write_text(served_table(arms))
-    return arms
+    return _compared(arms, out)
 
 
 def serve_compare(
@@ -185,7 +182,12 @@ def serve_compare(
     for name, folder in arms:
         results.append(serve_arm(name, Path(folder), out, port=port, limit=limit, tasks=tasks))
         (out / "served.json").write_text(json.dumps(results, indent=2) + "\n")
-    compare_arms(results)
-    (out / "served.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "served.md").write_text(served_table(results))
-    return results
+    return _compared(results, out)
+
+
+def _compared(arms: list[dict], out: Path) -> list[dict]:
+    """Each arm compared with the reference, then ``served.json`` and ``served.md`` written."""
+    compare_arms(arms)
+    (out / "served.json").write_text(json.dumps(arms, indent=2) + "\n")
+    (out / "served.md").write_text(served_table(arms))
+    return arms

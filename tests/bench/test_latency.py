@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bench import latency
+from bench import latency, latency_costs, latency_report
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 
 
@@ -19,14 +19,14 @@ def reply(computed: int | None, cached: int | None) -> EngineReply:
 
 
 def test_distinct_tokens_are_the_nodes_of_the_prompts_token_trie():
-    assert latency.distinct_tokens([]) == 0
-    assert latency.distinct_tokens([(1, 2, 3), (1, 2, 4), (1, 2, 3), (5,)]) == 5
-    assert latency.distinct_tokens([(1, 2), (1, 2, 3, 4)]) == 4  # a prompt inside another adds nothing
+    assert latency_costs.distinct_tokens([]) == 0
+    assert latency_costs.distinct_tokens([(1, 2, 3), (1, 2, 4), (1, 2, 3), (5,)]) == 5
+    assert latency_costs.distinct_tokens([(1, 2), (1, 2, 3, 4)]) == 4  # a prompt inside another adds nothing
 
 
 def test_tokens_computed_are_known_only_when_every_read_reports_them():
     a, b = ReadRequest((1, 2, 3), (7,), ("x",)), ReadRequest((1, 2, 4), (7,), ("x",))
-    counts = latency.token_counts([(a, reply(3, 0)), (b, reply(1, 2))])
+    counts = latency_costs.token_counts([(a, reply(3, 0)), (b, reply(1, 2))])
     assert counts == {
         "reads": 2,
         "prompt_tokens": 6,
@@ -34,7 +34,7 @@ def test_tokens_computed_are_known_only_when_every_read_reports_them():
         "computed_tokens": 4,
         "cached_tokens": 2,
     }
-    assert latency.token_counts([(a, reply(3, 0)), (b, reply(None, None))])["computed_tokens"] is None
+    assert latency_costs.token_counts([(a, reply(3, 0)), (b, reply(None, None))])["computed_tokens"] is None
 
 
 def test_the_eight_question_floor_adds_only_the_extra_tokens_at_the_limit():
@@ -45,7 +45,7 @@ def test_the_eight_question_floor_adds_only_the_extra_tokens_at_the_limit():
     # 120 ms more, so no engine at that speed answers the eight in under 220 ms (2.2× one). The
     # fresh-state rows beside them are not the cached ones.
     fresh = [row("q1", 900, 200, "fresh"), row("q8", 1500, 330, "fresh")]
-    floor = latency.questions_floor(fresh + [row("q1", 100, 20), row("q8", 250, 140)], 1000.0)
+    floor = latency_report.questions_floor(fresh + [row("q1", 100, 20), row("q8", 250, 140)], 1000.0)
     assert floor == {
         "one_ms": 100,
         "extra_tokens": 120,
@@ -53,9 +53,9 @@ def test_the_eight_question_floor_adds_only_the_extra_tokens_at_the_limit():
         "floor_ratio": pytest.approx(2.2),
         "measured_ratio": pytest.approx(2.5),
     }
-    assert latency.questions_floor([row("q1", 100, 20)], 1000.0) is None  # no eight-question row
-    assert latency.questions_floor(fresh, 1000.0) is None  # fresh states only
-    assert latency.questions_floor([row("q1", 100, None), row("q8", 250, 140)], 1000.0) is None
+    assert latency_report.questions_floor([row("q1", 100, 20)], 1000.0) is None  # no eight-question row
+    assert latency_report.questions_floor(fresh, 1000.0) is None  # fresh states only
+    assert latency_report.questions_floor([row("q1", 100, None), row("q8", 250, 140)], 1000.0) is None
 
 
 @pytest.mark.slow  # loads a second copy of the model and runs ~256-token forwards: about 20 s on two cores
@@ -90,7 +90,7 @@ async def test_one_shape_end_to_end_on_the_embedded_model(tmp_path):
     assert first["reads"] > again["reads"] and first["distinct_tokens"] > again["distinct_tokens"]
     memory = local["memory"]
     assert memory["after_shape"] == "choice4" and memory["peak_rss_mib"] >= memory["retained_rss_mib"] > 0
-    assert "| choice4 | first-seen |" in latency.report(result)
+    assert "| choice4 | first-seen |" in latency_report.report(result)
 
 
 def test_the_report_prints_the_floor_beside_the_measured_ratio():
@@ -113,4 +113,4 @@ def test_the_report_prints_the_floor_beside_the_measured_ratio():
     assert (
         "8 questions on a cached state: 2.50× one question; floor 2.20× at the limit "
         "(one question's 100 ms + 120 more tokens computed = 220 ms)"
-    ) in latency.report(result)
+    ) in latency_report.report(result)

@@ -1,5 +1,5 @@
 """``decide repack``: the round trip through compressed-tensors' own decompressors, Google's q4_0 rule
-on the same values, and every refusal (deploy/repack.py).
+on the same values, and every refusal (deploy/repack*.py).
 
 The sources are small synthetic llama folders (repack_support.py), whose grouped weights lie on 16-level
 grids by construction (both index ranges, −8..7 and −7..8, and an all-zero group), so the fast tier
@@ -16,14 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from deploy.repack import (
-    MANIFEST,
-    RepackError,
-    Report,
-    grid_indices,
-    q4_0_values,
-    repack,
-)
+from deploy.repack import MANIFEST, repack
+from deploy.repack_grid import Report, grid_indices, q4_0_values
+from deploy.repack_source import RepackError
 from opendecide.cli import app
 from tests.deploy.repack_support import (
     all_tensors,
@@ -234,13 +229,13 @@ def test_cli_reports_and_refuses_with_exit_2(source, tmp_path):
     ],
 )
 def test_the_tensor_rule_per_architecture(model_type, name, expected):
-    from deploy.repack import RULES, role
+    from deploy.repack_source import RULES, role
 
     assert role(name, (64, 64), RULES[model_type], emb4=False, lm_head=False) == expected
 
 
 def test_emb4_and_lm_head_only_when_asked():
-    from deploy.repack import RULES, role
+    from deploy.repack_source import RULES, role
 
     rule = RULES["gemma4"]
     embed = "model.language_model.embed_tokens.weight"

@@ -20,7 +20,8 @@ import torch
 from compressed_tensors.utils.match import match_name
 from safetensors.torch import load_file, save_file
 
-from deploy.repack import RepackError, repack
+from deploy.repack import repack
+from deploy.repack_source import RepackError
 from tests.deploy.repack_support import all_tensors, decompressed, grid_tensor, same_bits_but_zero_sign
 
 HIDDEN, DENSE, EXPERTS, MOE, LAYERS, VOCAB = 64, 96, 4, 32, 2, 80
@@ -235,7 +236,7 @@ def test_off_grid_expert_group_is_refused_naming_tensor_expert_and_group(source,
 
 
 def test_the_grid_fixture_snaps_expert_banks_too(tmp_path):
-    from deploy.repack import snap_to_grid
+    from deploy.repack_fixture import snap_to_grid
 
     source = write_moe_source(tmp_path / "src", shards=1)
     shard = source / "model-00001-of-00001.safetensors"

@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from deploy.repack import repack, snap_to_grid
+from deploy.repack import repack
+from deploy.repack_fixture import snap_to_grid
 from deploy.repack_served import serve_compare
 
 pytestmark = pytest.mark.integration
