@@ -23,8 +23,13 @@ COPY deploy ./deploy
 # The base package is the service against vLLM (the served model's tokenizer only: no torch). Extras the
 # image's commands use: gcs for `decide eval upload` (deploy/startup.sh writes results to Cloud Storage),
 # plots for `decide eval load`'s figure, postgres for the fleet's shared store (`--store postgresql://…`,
-# docs/fleet.md). No local extra: the engine is vLLM's own image.
-RUN pip install '/src[gcs,plots,postgres]' && rm -rf /src
+# docs/fleet.md). No local extra by default: the engine is vLLM's own image. A one-chip run that repacks
+# a checkpoint (a run file's `repack = …`: deploy/startup.sh runs `decide repack` in this image) needs an
+# image built with `--build-arg EXTRAS=gcs,plots,postgres,local`; torch's CPU wheel goes in first then,
+# so the local extra's `torch>=2.4` pulls no CUDA build.
+ARG EXTRAS=gcs,plots,postgres
+RUN case ",${EXTRAS}," in *,local,*) pip install torch==2.13.0 ;; esac \
+    && pip install "/src[${EXTRAS}]" && rm -rf /src
 
 # uid 10001 is also SERVICE_UID in deploy/startup.sh: the run directory it writes to is chowned to it.
 RUN useradd --uid 10001 --create-home --shell /usr/sbin/nologin decide

@@ -1,3 +1,3 @@
-from opendecide.cli import app
+from opendecide.cli import main
 
-app(prog_name="decide")
+main()

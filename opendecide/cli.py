@@ -12,6 +12,7 @@ import typer
 from deploy.cli import app as deploy_commands
 from deploy.repack_cli import app as repack_commands
 from eval.cli import app as eval_commands
+from opendecide.extras import MissingExtra
 from service.cli import app as service_commands
 
 app = typer.Typer(
@@ -19,3 +20,13 @@ app = typer.Typer(
 )
 for commands in (service_commands, eval_commands, deploy_commands, repack_commands):
     app.add_typer(commands)
+
+
+def main() -> None:
+    """The ``decide`` entry point: ``app``, with a missing extra said in one line (which extra installs
+    it), not a traceback, whichever command needed it."""
+    try:
+        app(prog_name="decide")
+    except MissingExtra as error:
+        typer.echo(f"Error: {error}", err=True)
+        raise SystemExit(1) from None

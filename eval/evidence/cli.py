@@ -26,9 +26,11 @@ ProjectOption = Annotated[
 @contextlib.contextmanager
 def storage_errors() -> Iterator[None]:
     """How a transfer ends: a bad URL is a usage error; a refusal exits 2; a cloud error exits 1 (rerun to resume)."""
-    from google.api_core.exceptions import GoogleAPICallError
-
     from eval.evidence.storage import TransferRefused
+    from opendecide.extras import needs_extra
+
+    with needs_extra("gcs", "Cloud Storage transfers"):
+        from google.api_core.exceptions import GoogleAPICallError
 
     try:
         yield

@@ -1,24 +1,10 @@
-"""Shared: the shipped example run files, loaded as a user's would be."""
+"""The deploy tests' fixtures; what they share besides fixtures is in run_files.py."""
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
-
 import pytest
 
-from deploy.runfile import Run, parse_run
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "deploy" / "runs").glob("*.toml"))
-PLACEHOLDER_PROJECT = "placeholder-project"
-
-
-def example(name: str, **changes) -> Run:
-    """A shipped example run file, with top-level fields changed (the project, for the CLI checks)."""
-    data = tomllib.loads((ROOT / "deploy" / "runs" / f"{name}.toml").read_text())
-    data.update(changes)
-    return parse_run(data)
+from tests.deploy.run_files import EXAMPLES
 
 
 @pytest.fixture(params=[p.stem for p in EXAMPLES])

@@ -8,6 +8,9 @@ construction, so a repack of them can be checked bit for bit without a model dow
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -116,3 +119,26 @@ def same_bits_but_zero_sign(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit for bit, except −0.0 against +0.0 (an integer index has no signed zero)."""
     differ = a.view(torch.int16) != b.view(torch.int16)
     return a.dtype == b.dtype and not bool((differ & ~((a == 0) & (b == 0))).any())
+
+
+def peak_memory(command: list[str], field: str) -> int:
+    """The peak of one /proc/PID/status memory field (``VmHWM``: resident; ``RssAnon``: anonymous
+    resident) of a child process, in bytes, sampled every 5 ms until it exits.
+
+    Sampled, not ``wait4``'s ``ru_maxrss``: Linux carries the parent's high-water mark into a child
+    across fork and exec, so a child smaller than the test process would report the test's own peak.
+    ``VmHWM`` is the exec'd image's own mark, so its last sample bounds every earlier moment."""
+    root = Path(__file__).resolve().parents[2]
+    process = subprocess.Popen(command, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
+    peak = 0
+    while process.poll() is None:
+        try:
+            status = Path(f"/proc/{process.pid}/status").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            break
+        for line in status.splitlines():
+            if line.startswith(f"{field}:"):
+                peak = max(peak, int(line.split()[1]) * 1024)
+        time.sleep(0.005)
+    assert process.wait() == 0, command
+    return peak

@@ -13,9 +13,8 @@ from typer.testing import CliRunner
 from deploy.launch import format_plan, plan
 from deploy.targets import self_delete_command
 from opendecide.cli import app
+from tests.deploy.run_files import EXAMPLES, PLACEHOLDER_PROJECT, ROOT, example
 from tests.tools import require_tool
-
-from .conftest import EXAMPLES, PLACEHOLDER_PROJECT, ROOT, example
 
 
 def test_dry_run_prints_the_plan(example_name):

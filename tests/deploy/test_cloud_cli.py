@@ -15,9 +15,8 @@ import pytest
 
 from deploy.launch import plan
 from deploy.targets import self_delete_command
+from tests.deploy.run_files import PLACEHOLDER_PROJECT, example
 from tests.tools import require_tool
-
-from .conftest import PLACEHOLDER_PROJECT, example
 
 pytestmark = pytest.mark.integration  # runs the gcloud and aws CLIs
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from deploy.launch import format_plan, plan
 from deploy.runfile import load_run
-
-from .conftest import EXAMPLES, ROOT
+from tests.deploy.run_files import EXAMPLES, ROOT
 
 DOC = ROOT / "docs" / "deploy.md"
 SHOWN = "deploy/runs/v6e.toml"

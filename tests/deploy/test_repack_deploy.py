@@ -17,8 +17,7 @@ import pytest
 from deploy.launch import format_plan, plan
 from deploy.runfile import RunFileError, load_run, parse_run
 from deploy.startup import settings
-
-from .conftest import ROOT
+from tests.deploy.run_files import ROOT
 
 DOC = ROOT / "docs" / "deploy.md"
 SHOWN = "deploy/runs/v5e-repack.toml"

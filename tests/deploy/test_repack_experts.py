@@ -22,7 +22,13 @@ from safetensors.torch import load_file, save_file
 
 from deploy.repack import repack
 from deploy.repack_source import RepackError
-from tests.deploy.repack_support import all_tensors, decompressed, grid_tensor, same_bits_but_zero_sign
+from tests.deploy.repack_support import (
+    all_tensors,
+    decompressed,
+    grid_tensor,
+    peak_memory,
+    same_bits_but_zero_sign,
+)
 
 HIDDEN, DENSE, EXPERTS, MOE, LAYERS, VOCAB = 64, 96, 4, 32, 2, 80
 PREFIX = "model.language_model"
@@ -322,30 +328,6 @@ def test_vllm_maps_every_expert_matrix_and_picks_its_moe_method(source, tmp_path
         assert not scheme["w8a8_int8" if fmt == "q4" else "wna16"], (proj, scheme)
 
 
-def _peak_anon_rss(command: list[str]) -> int:
-    """Peak anonymous resident bytes of a child process, sampled from /proc every 5 ms. Anonymous
-    memory only: the source shard is read through a memory map whose file pages a whole-file RSS
-    would count however little is held at once."""
-    import os
-    import subprocess
-    import time
-
-    root = Path(__file__).resolve().parents[2]
-    process = subprocess.Popen(command, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)))
-    peak = 0
-    while process.poll() is None:
-        try:
-            status = Path(f"/proc/{process.pid}/status").read_text()
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        for line in status.splitlines():
-            if line.startswith("RssAnon:"):
-                peak = max(peak, int(line.split()[1]) * 1024)
-        time.sleep(0.005)
-    assert process.wait() == 0, command
-    return peak
-
-
 def _bank_source(folder: Path, experts: int) -> int:
     """A one-layer gemma4 folder whose expert bank is ``experts`` × [512, 1024] (one grid matrix at
     power-of-two scales, so every group stays on its grid); returns the bank's bytes."""
@@ -375,9 +357,9 @@ def test_an_expert_bank_is_read_one_expert_at_a_time(tmp_path):
     import sys
 
     imports = "import torch, safetensors.torch, deploy.repack, opendecide.cli"
-    baseline = _peak_anon_rss([sys.executable, "-c", imports])
+    baseline = peak_memory([sys.executable, "-c", imports], "RssAnon")
     bank_bytes = _bank_source(tmp_path / "src", 256)
-    peak = _peak_anon_rss([sys.executable, "-m", "opendecide", "repack", "q4", str(tmp_path / "src"), str(tmp_path / "q4")])  # fmt: skip
+    peak = peak_memory([sys.executable, "-m", "opendecide", "repack", "q4", str(tmp_path / "src"), str(tmp_path / "q4")], "RssAnon")  # fmt: skip
     figures = {
         "import_baseline": baseline,
         "bank_bytes": bank_bytes,

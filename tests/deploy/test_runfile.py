@@ -7,8 +7,7 @@ import tomllib
 import pytest
 
 from deploy.runfile import TARGETS, TPU_ENGINE_IMAGE, RunFileError, duration_seconds, load_run, parse_run
-
-from .conftest import EXAMPLES, ROOT
+from tests.deploy.run_files import EXAMPLES, ROOT
 
 
 def test_one_example_per_target():

@@ -9,9 +9,8 @@ import tomllib
 import pytest
 
 from deploy.startup import SERVICE_PORT, TEMPLATE
+from tests.deploy.run_files import ROOT
 from tests.tools import require_tool
-
-from .conftest import ROOT
 
 DOCKERFILE = ROOT / "deploy" / "service.Dockerfile"
 

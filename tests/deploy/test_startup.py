@@ -16,9 +16,8 @@ import pytest
 from deploy.runfile import TPU_ENGINE_IMAGE
 from deploy.startup import TEMPLATE, render_startup_script, serve_flags, service_flags, settings
 from deploy.targets import self_delete_command
+from tests.deploy.run_files import ROOT, example
 from tests.tools import require_tool
-
-from .conftest import ROOT, example
 
 FAKE = Path(__file__).with_name("fake_cloud") / "fake.sh"
 FAKE_TOKEN = "hf_fake_token_value_never_on_a_command_line"
