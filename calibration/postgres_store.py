@@ -22,10 +22,13 @@ import time
 from collections.abc import Iterable
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
+from opendecide.extras import needs_extra
+
+with needs_extra("postgres", "a postgresql:// calibration store"):
+    import psycopg
+    from psycopg.rows import dict_row
+    from psycopg.types.json import Jsonb
+    from psycopg_pool import ConnectionPool
 
 from calibration.store import (
     DEFAULT_TENANT,

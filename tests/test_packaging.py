@@ -100,6 +100,55 @@ def test_every_third_party_import_is_declared():
     assert undeclared(third_party_imports(["tests"]), test) == {}, "add these to the test extra"
 
 
+def unguarded_optional_imports(path: Path) -> list[str]:
+    """``file:line: module`` for each import of an extra's module (opendecide/extras.py) in ``path`` that
+    runs when the module is imported and is not inside ``with needs_extra(...)``: such an import makes
+    the whole module, and whatever imports it, need the extra, failing with a bare module name."""
+    optional = {module for modules in OPTIONAL.values() for module in modules}
+    found = []
+
+    def visit(node: ast.AST, guarded: bool) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            return  # runs only when called: deferred to its use
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.With) and any(
+            "needs_extra" in ast.unparse(item.context_expr) for item in node.items
+        ):
+            guarded = True
+        if isinstance(node, ast.Import | ast.ImportFrom) and not guarded:
+            names = (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            )
+            found.extend(f"{path}:{node.lineno}: {name}" for name in names if name.split(".")[0] in optional)
+        for child in ast.iter_child_nodes(node):
+            visit(child, guarded)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
+    return found
+
+
+def test_optional_imports_are_deferred_or_name_their_extra(tmp_path):
+    found = [
+        problem
+        for folder in PACKAGE_DIRS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for problem in unguarded_optional_imports(path)
+    ]
+    assert found == []
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import json\nimport matplotlib.pyplot as plt\nfrom opendecide.extras import needs_extra\n"
+        "with needs_extra('local', 'x'):\n    import torch\n"
+        "def draw():\n    import matplotlib\n"
+        "try:\n    import psycopg\nexcept ImportError:\n    psycopg = None\n"
+    )
+    assert [line.split(": ", 1)[1] for line in unguarded_optional_imports(planted)] == [
+        "matplotlib.pyplot",
+        "psycopg",
+    ]
+
+
 def test_each_optional_module_is_installed_by_the_extra_that_names_it():
     """opendecide/extras.py's table agrees with pyproject.toml: the extras exist, each module it lists
     comes from a distribution of its extra, and the test extra pulls every one of them."""

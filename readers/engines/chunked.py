@@ -15,7 +15,10 @@ import itertools
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
-import torch
+from opendecide.extras import needs_extra
+
+with needs_extra("local", "the local engine"):
+    import torch
 
 from readers.engines.base import LocalBatching
 from readers.engines.jobs import ReadsAbandoned

@@ -31,7 +31,10 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import torch
+from opendecide.extras import needs_extra
+
+with needs_extra("local", "the local engine"):
+    import torch
 
 # A node's or segment's keys and values: [layers, 2 (keys, values), kv heads, tokens, head dim].
 KV_TOKEN_DIM = 3
