@@ -117,19 +117,17 @@ def reorder(question: QuestionSpec, order: Sequence[int]) -> QuestionSpec:
     )
 
 
-async def read_many_rotated(
+def expand_rotations(
     reader: Reader,
     questions: Sequence[QuestionSpec],
     state: str,
-    *,
     rotations: Sequence[int],
     methods: Sequence[str] | None = None,
     locs: Sequence[tuple[str | int, ...]] | None = None,
-    affinity_key: str | None = None,
-) -> list[Reading]:
-    """Every question about ``state`` read in ``rotations[i]`` orders of ``methods[i]`` (default
-    ``rotate``; 1 = as asked, a plain :class:`Reading`) in ONE ``reader.read_many`` call; rotated
-    questions come back as :class:`RotatedReading`."""
+) -> tuple[list[QuestionSpec], list[tuple[str | int, ...]], list[tuple[int, tuple[tuple[int, ...], ...]]]]:
+    """The questions ``read_many_rotated`` reads about ``state``: each in its orders, the asked one
+    first (one order where the layout's prompt ignores the order), their locs, and where each
+    question's orders start. Admission prices a request by these reads (``service/pricing.py``)."""
     methods = list(methods) if methods is not None else [ROTATE] * len(questions)
     if not len(rotations) == len(methods) == len(questions):
         raise ValueError("read_many_rotated needs one rotation count and method per question")
@@ -146,6 +144,23 @@ async def read_many_rotated(
         spans.append((len(expanded), orders))
         expanded += [reorder(question, order) if i else question for i, order in enumerate(orders)]
         expanded_locs += [loc] * len(orders)
+    return expanded, expanded_locs, spans
+
+
+async def read_many_rotated(
+    reader: Reader,
+    questions: Sequence[QuestionSpec],
+    state: str,
+    *,
+    rotations: Sequence[int],
+    methods: Sequence[str] | None = None,
+    locs: Sequence[tuple[str | int, ...]] | None = None,
+    affinity_key: str | None = None,
+) -> list[Reading]:
+    """Every question about ``state`` read in ``rotations[i]`` orders of ``methods[i]`` (default
+    ``rotate``; 1 = as asked, a plain :class:`Reading`) in ONE ``reader.read_many`` call; rotated
+    questions come back as :class:`RotatedReading`."""
+    expanded, expanded_locs, spans = expand_rotations(reader, questions, state, rotations, methods, locs)
     readings = await reader.read_many(expanded, state, locs=expanded_locs, affinity_key=affinity_key)
     out: list[Reading] = []
     for question, (start, orders) in zip(questions, spans):

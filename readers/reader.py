@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,6 +56,22 @@ class Reading:
     of the same batch): ``tokens_computed + tokens_reused`` is the reads' prompt tokens together."""
 
 
+class ReadProgress:
+    """When the engine last completed a read for this reader: readiness's proof of life
+    (``service/routes/operations.py``). Reads in flight prove nothing: a hung engine holds them."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self._clock = clock
+        self.last_completed: float | None = None
+
+    def completed(self) -> None:
+        self.last_completed = self._clock()
+
+    def seconds_since(self) -> float | None:
+        """Seconds since the last completed read; None before the first."""
+        return None if self.last_completed is None else self._clock() - self.last_completed
+
+
 class Reader:
     """Builds prompts with the engine's own chat template and reads label tokens through it."""
 
@@ -89,6 +106,16 @@ class Reader:
             if masked:
                 score_label_styles = masked_score_styles(score_label_styles)
         self.score_label_styles = tuple(LabelStyle(style) for style in score_label_styles)
+        self.tenant: str | None = None
+        """Whose reads this reader makes (``ReadRequest.tenant``); set by ``for_tenant``."""
+        self.progress = ReadProgress()
+
+    def for_tenant(self, tenant: str | None) -> Reader:
+        """This reader, its engine reads marked as ``tenant``'s, so the engine takes turns between
+        tenants (``ReadRequest.tenant``). Shares everything else, progress included."""
+        view = copy.copy(self)
+        view.tenant = tenant
+        return view
 
     def prepare(
         self, question: QuestionSpec, state: str, *, loc: tuple[str | int, ...] = ()
@@ -206,12 +233,7 @@ class Reader:
         prepared = await asyncio.to_thread(
             lambda: [self.prepare(q, state, loc=loc) for q, loc in zip(questions, locs)]
         )
-        tries = [
-            Trie(slot.label_sequences)
-            if style.reads_trie
-            else Trie(tuple((token,) for token in slot.label_ids))
-            for slot, style in prepared
-        ]
+        tries = [answer_trie(slot, style) for slot, style in prepared]
         # Every question's trie nodes of one depth together, one engine call per depth (a question
         # with one-token labels is done after the first), or every depth in one call where the engine
         # computes each distinct token of a call once. The nodes are known before any is read.
@@ -235,10 +257,13 @@ class Reader:
                     self._prefix_tokens(prepared[i][0], tries[i]),
                     keep,
                     affinity_key,
+                    self.tenant,
                 )
                 for i, node in level
             ]
-            for (i, node), reply in zip(level, await self.engine.read_many(requests)):
+            replied = await self.engine.read_many(requests)
+            self.progress.completed()
+            for (i, node), reply in zip(level, replied):
                 replies[i][node] = reply
                 call_of[i][node] = call
                 engine_calls[i] = call + 1
@@ -305,6 +330,14 @@ class Reader:
         return chain_probabilities(
             reads, paths, floor_offset=self.floor_offset, normalised_over_labels=normalised
         )
+
+
+def answer_trie(slot: AnswerSlot, style: LabelStyle) -> Trie:
+    """The nodes a prepared question is read at: its labels' token trie, or the root alone where
+    each label is one token."""
+    if style.reads_trie:
+        return Trie(slot.label_sequences)
+    return Trie(tuple((token,) for token in slot.label_ids))
 
 
 def total_or_none(counts) -> int | None:

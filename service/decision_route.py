@@ -10,7 +10,8 @@ between is here, once, in this order:
 3. the body is parsed within the limits (``service/parse.py``: 422 naming the field; ``model`` must be
    the served model or one of the format's aliases);
 4. the format translates it (``ask``; a translation error is its own 422/400 naming the field);
-5. the reads are admitted by the prompt tokens they schedule (``service/admission.py:admitted``);
+5. the reads are admitted by the prompt tokens they schedule (``service/pricing.py``), in the
+   caller's tenant's fair share (``service/admission.py:admitted``), and marked as its reads;
 6. the pipeline runs, cancelled if the client leaves or the app's deadline passes
    (``service/cancel.py``);
 7. each answer is counted, and the model and decision ids go to the access log (``observed``);
@@ -92,7 +93,7 @@ async def serve_decisions(
     ``scope_state``. ``render(body, decided)`` turns the pipeline's answer into the format's response.
     ``aliases``: model names, besides the served one, a body's ``model`` may give."""
     caller = require_scope(request.scope["state"], "decide", f"POST {request.url.path}")
-    request.app.state.admission.refuse_if_full()  # before the body is read and parsed: a flood costs no work
+    request.app.state.admission.refuse_if_full(caller.tenant)  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, wire, aliases=aliases)
     asked = ask(body, request.scope["state"])
     state = request.app.state
@@ -104,10 +105,12 @@ async def serve_decisions(
         "tenant": caller.tenant,
     }
 
+    reads = reader.for_tenant(caller.tenant)  # the engine takes turns between tenants' reads
+
     async def work() -> Decided:
         if isinstance(asked.jev, BatchRequest):
-            return await decide_batch(asked.jev, reader, **context)
-        return await decide(asked.jev, reader, affinity_key=asked.affinity_key, **context)
+            return await decide_batch(asked.jev, reads, **context)
+        return await decide(asked.jev, reads, affinity_key=asked.affinity_key, **context)
 
     jobs = [(asked.states(), asked.jev.questions, ("body",))]
     decided = await unless_disconnected(request, admitted(request, reader, jobs, work))

@@ -5,6 +5,7 @@
     ├── PermissionDenied (403 permission_error)     the key lacks the scope the route needs
     ├── RequestTooCostly (413 request_too_large)    tokens to compute over the per-request cap or deadline
     ├── Overloaded (529 overloaded_error)           the admission queue is full or too slow; Retry-After
+    ├── TenantOverShare (429 rate_limit_error)      a tenant's own queue or tokens per minute; Retry-After
     ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
     ├── DeadlineExceeded (504 deadline_exceeded)    the request ran past the server's deadline
     ├── NotUtf8 (415 unsupported_media_type)        a JSON body that is not UTF-8 (UTF-16, Latin-1)
@@ -70,6 +71,18 @@ class RequestTooCostly(DecideError):
 
     status_code = 413
     error_type = "request_too_large"
+
+
+class TenantOverShare(DecideError):
+    """One tenant's work is at its share (its queue, its expected wait, its tokens per minute) while
+    the service serves others: 429, the caller's own limit, retried after Retry-After."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class Overloaded(DecideError):
@@ -152,7 +165,7 @@ def error_response(error: DecideError) -> JSONResponse:
             "context_length": error.context_length,
             "prompt_tokens_exact": error.exact_count,
         }
-    if isinstance(error, (EngineUnavailable, Overloaded)):
+    if isinstance(error, (EngineUnavailable, Overloaded, TenantOverShare)):
         headers["Retry-After"] = str(error.retry_after_s)
     body = error_body(error.status_code, error.error_type, error.message, **fields)
     return JSONResponse(body, status_code=error.status_code, headers=headers)

@@ -5,8 +5,10 @@ against the live set is ``service/middleware/auth.py``.
 The key file holds one key a line (blank lines and ``#`` comments skipped), optionally followed by
 fields::
 
-    KEY tenant=NAME scopes=decide,calibrate,admin
+    KEY tenant=NAME scopes=decide,calibrate,admin weight=2 tokens_per_minute=600000
 
+``weight`` and ``tokens_per_minute`` are the tenant's share of the service (``service.scopes.Share``:
+default weight 1, no token limit of its own); every key of one tenant must give the same ones.
 A bare ``KEY`` is tenant ``default`` with scopes ``decide,calibrate`` (the format before tenants:
 every key then shares one tenant, and the start-up log says so). ``admin`` is never implied.
 ``$OPENDECIDE_API_KEYS`` holds the same items: separated by ``;`` when the value holds a ``;`` or any
@@ -38,7 +40,7 @@ from pathlib import Path
 
 from calibration.store import DEFAULT_TENANT
 from service.audit import audit
-from service.scopes import DEFAULT_SCOPES, SCOPES, Caller
+from service.scopes import DEFAULT_SCOPES, EQUAL_SHARE, SCOPES, Caller, Share
 
 logger = logging.getLogger("opendecide.auth")
 
@@ -64,10 +66,11 @@ class ApiKey:
     scopes: frozenset[str]
     bare: bool
     """Given without fields (the format before tenants)."""
+    share: Share = EQUAL_SHARE
 
     @property
     def caller(self) -> Caller:
-        return Caller(self.tenant, key_id(self.digest), self.scopes)
+        return Caller(self.tenant, key_id(self.digest), self.scopes, self.share)
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,10 @@ class KeySet:
     def describe(self) -> list[dict]:
         """What an admin may see of the set: key ids, tenants, scopes; never a key."""
         return [
-            {"key_id": key_id(k.digest), "tenant": k.tenant, "scopes": sorted(k.scopes)} for k in self.keys
-        ]
+            {"key_id": key_id(k.digest), "tenant": k.tenant, "scopes": sorted(k.scopes),
+             "weight": k.share.weight, "tokens_per_minute": k.share.tokens_per_minute}
+            for k in self.keys
+        ]  # fmt: skip
 
     def notice(self) -> str:
         """The start-up line: how many keys, and whether the file is in the format before tenants."""
@@ -99,17 +104,22 @@ class KeySet:
         return f"authentication on: {len(self.keys)} API key(s), tenants {', '.join(tenants)}"
 
 
+SHARE_FIELDS = ("weight", "tokens_per_minute")
+FIELDS = ("tenant", "scopes", *SHARE_FIELDS)
+
+
 def parse_key(text: str, where: str) -> ApiKey:
-    """One key item: ``KEY [tenant=NAME] [scopes=a,b]``. ``ValueError`` names ``where``, never the key."""
+    """One key item: ``KEY [tenant=NAME] [scopes=a,b] [weight=W] [tokens_per_minute=N]``. ``ValueError`` names ``where``, never the key."""
     key, *fields = text.split()
     if len(key) < MIN_KEY_CHARS:
         raise ValueError(f"API key at {where} must be at least {MIN_KEY_CHARS} characters without spaces")
     given: dict[str, str] = {}
     for item in fields:
         name, eq, value = item.partition("=")
-        if not eq or name not in ("tenant", "scopes"):
+        if not eq or name not in FIELDS:
             raise ValueError(
-                f"API key at {where}: after the key come only tenant=NAME and scopes=LIST, separated by spaces"
+                f"API key at {where}: after the key come only {', '.join(f + '=' for f in FIELDS)}, "
+                "separated by spaces"
             )
         if name in given:
             raise ValueError(f"API key at {where}: {name} given twice")
@@ -123,7 +133,17 @@ def parse_key(text: str, where: str) -> ApiKey:
     unknown = sorted(scopes - set(SCOPES))
     if unknown:
         raise ValueError(f"API key at {where}: unknown scope(s) {unknown}; scopes are {', '.join(SCOPES)}")
-    return ApiKey(digest(key), tenant, scopes, bare=not fields)
+    try:
+        share = Share(
+            weight=float(given.get("weight", 1.0)),
+            tokens_per_minute=int(given["tokens_per_minute"]) if "tokens_per_minute" in given else None,
+        )
+    except ValueError as error:
+        raise ValueError(
+            f"API key at {where}: weight is a positive number and tokens_per_minute a whole number of "
+            f"at least 1 ({error})"
+        ) from None
+    return ApiKey(digest(key), tenant, scopes, bare=not fields, share=share)
 
 
 def env_items(value: str) -> list[str]:
@@ -158,11 +178,19 @@ def load_key_set(path: Path | None = None, environ: dict[str, str] | None = None
             found.append((f"{KEYS_ENV} item {index}", item))
     keys: list[ApiKey] = []
     seen: dict[bytes, str] = {}
+    shares: dict[str, tuple[Share, str]] = {}
     for where, text in found:
         key = parse_key(text, where)
         if key.digest in seen:
             raise ValueError(f"API key at {where} repeats the key at {seen[key.digest]}")
         seen[key.digest] = where
+        # One tenant, one share: admission keys its queue by tenant, whichever key asked.
+        first = shares.setdefault(key.tenant, (key.share, where))
+        if first[0] != key.share:
+            raise ValueError(
+                f"API key at {where}: tenant {key.tenant!r} has another weight or tokens_per_minute at "
+                f"{first[1]}; give every key of a tenant the same ones"
+            )
         keys.append(key)
     return KeySet(tuple(keys))
 

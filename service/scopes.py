@@ -19,12 +19,35 @@ DEFAULT_SCOPES = frozenset({"decide", "calibrate"})
 
 
 @dataclass(frozen=True)
+class Share:
+    """A tenant's share of the service (key file fields ``weight=`` and ``tokens_per_minute=``).
+
+    ``weight``: while tenants wait for the engine, each is served prompt tokens in proportion to its
+    weight (``service/admission.py``). ``tokens_per_minute``: the most prompt tokens the tenant's
+    requests may schedule in a minute (None: no limit of its own)."""
+
+    weight: float = 1.0
+    tokens_per_minute: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (0 < self.weight < float("inf")):
+            raise ValueError("weight must be a positive number")
+        if self.tokens_per_minute is not None and self.tokens_per_minute < 1:
+            raise ValueError("tokens_per_minute must be at least 1")
+
+
+EQUAL_SHARE = Share()
+"""Every tenant's share unless its keys give one."""
+
+
+@dataclass(frozen=True)
 class Caller:
     """Who a request comes from, as the middleware puts it in ``scope["state"]["caller"]``."""
 
     tenant: str
     key_id: str | None  # None: authentication is off
     scopes: frozenset[str]
+    share: Share = EQUAL_SHARE
 
 
 ANONYMOUS = Caller(DEFAULT_TENANT, None, frozenset(SCOPES))

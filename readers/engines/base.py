@@ -78,6 +78,11 @@ class ReadRequest:
     """A caller's own routing key (OpenAI's ``prompt_cache_key``): reads with one key go to one
     engine of a fleet, whatever their prompts. None: the shared prefix decides. A hint for routing
     only: the read's result never depends on it."""
+    tenant: str | None = None
+    """Whose read: an engine serving many callers takes turns between tenants (the local engine's
+    queue, ``readers/engines/jobs.py``), so one tenant's many reads do not wait out another's one.
+    None: the service's own reads (the readiness probe). A hint for scheduling only: the read's
+    result never depends on it."""
 
 
 @dataclass(frozen=True)

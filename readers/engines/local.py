@@ -18,8 +18,9 @@ How a batch of reads is computed (``share_prefix=True``, the default):
    ``chunk_tokens`` tokens and a bounded number of attention scores, so a read of many options
    works in bounded memory (``readers/engines/chunked.py``).
 4. One compute thread (this module) runs every batch on the whole thread budget, a chunk at a time, taking turns
-   between the batches in flight (``RUNNING_BATCHES``): a batch that arrives while a long one runs
-   waits for one chunk, not for the long batch to end (unless it needs tokens the long one is still
+   between the batches in flight (``RUNNING_BATCHES`` per tenant, ``MAX_RUNNING_BATCHES`` in all;
+   turns go to tenants in order, so a tenant with two batches running gets no more turns than one
+   with one): a batch that arrives while a long one runs waits for one chunk, not for the long batch to end (unless it needs tokens the long one is still
    computing: then it waits for them rather than compute them twice). Why one thread: torch's
    OpenMP on Linux (libgomp) keeps a team of helper threads for every thread that ran a parallel
    region, and once it manages more threads than there are cores its helpers spin only ~100 times
@@ -46,6 +47,7 @@ import ctypes.util
 import threading
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from opendecide.extras import needs_extra
@@ -74,9 +76,13 @@ each in float32, so a 255-option trie level is never held whole."""
 # Read once, at import: a thread that has not used torch yet reports the count the last batch set.
 _THREAD_BUDGET = max(1, torch.get_num_threads())
 RUNNING_BATCHES = 2
-"""Batches the compute thread takes turns between: a batch that arrives while a long one runs starts
-at the long one's next chunk; more wait in the queue, in order (a read whose caller leaves while it
-is queued costs nothing), and a running batch's working memory is held at most twice."""
+"""Batches of one tenant the compute thread takes turns between: a batch that arrives while a long one
+runs starts at the long one's next chunk; more wait in the queue, in order (a read whose caller leaves
+while it is queued costs nothing)."""
+MAX_RUNNING_BATCHES = 3
+"""Batches running in all: one more than a tenant may hold, so another tenant's batch starts at the
+next chunk even while one tenant holds its two; a running batch's working memory is held at most
+three times."""
 
 
 def thread_budget() -> int:
@@ -126,7 +132,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         self.batched_reads = 0
         self.stopped_batches = 0  # batches stopped between chunks, every caller cancelled
         # The batches the compute thread takes turns between, with their jobs (variants share it).
-        self._running: collections.deque[tuple[list[Job], Generator[bool, None, None]]] = collections.deque()
+        self._running: collections.deque[Running] = collections.deque()
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self._probe = {
@@ -233,41 +239,49 @@ class LocalEngine(ChunkedForward, ClosingEngine):
             self._take_turns(running)
         except BaseException as error:
             stopped = EngineClosed(f"the local engine's compute thread stopped: {error!r}")
-            for jobs, steps in running:
-                steps.close()  # a started batch fails its callers itself (``_run``)
-                for job in jobs:
+            for batch in running:
+                batch.steps.close()  # a started batch fails its callers itself (``_run``)
+                for job in batch.jobs:
                     if not job.future.done():
                         job.future.set_exception(stopped)
             self._jobs.fail(stopped)
             raise
 
-    def _take_turns(self, running: collections.deque[tuple[list[Job], Generator[bool, None, None]]]) -> None:
+    def _take_turns(self, running: collections.deque[Running]) -> None:
         # torch's per-thread setup runs on a thread's first torch call and reloads the process-wide
         # count, which another thread may have set since: run it first, then this thread's own count.
         torch.get_num_threads()
         torch.set_num_threads(self.thread_budget)
         waiting = 0  # batches in a row whose plan waited for tokens another batch is computing
+        last_tenant = _NO_TURN
         with torch.inference_mode():
             while True:
                 jobs = (
-                    self._jobs.take(idle=not running, window_s=self.batch_window_s, max_rows=self.max_batch)
-                    if len(running) < RUNNING_BATCHES
+                    self._jobs.take(
+                        idle=not running, window_s=self.batch_window_s, max_rows=self.max_batch,
+                        busy=_busy_tenants(running),
+                    )
+                    if len(running) < MAX_RUNNING_BATCHES
                     else []
-                )
+                )  # fmt: skip
                 if jobs is None and not running:
                     return
                 if jobs:
-                    running.append((jobs, self._run(jobs)))
+                    running.append(Running(jobs, self._run(jobs)))
                 if not running:
                     continue
-                _, steps = running[0]  # stays counted in flight while it takes its step
+                # The first batch of another tenant than the last turn's (tenants take turns), else
+                # the first; it stays counted in flight while it takes its step.
+                turn = next((r for r in running if r.tenant != last_tenant), running[0])
+                last_tenant = turn.tenant
                 try:
-                    blocked = next(steps)
+                    blocked = next(turn.steps)
                 except StopIteration:
-                    running.popleft()
+                    running.remove(turn)
                     waiting = 0
                     continue
-                running.rotate(-1)
+                running.remove(turn)
+                running.append(turn)
                 waiting = waiting + 1 if blocked else 0
                 if waiting >= len(running):  # every batch waits: on one computed outside this thread
                     self.prefix_cache.wait_for_change(timeout_s=0.05)
@@ -316,6 +330,27 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 (results[at : at + len(job.requests)], (started - job.submitted) * 1000, latency_ms)
             )
             at += len(job.requests)
+
+
+@dataclass
+class Running:
+    """A batch the compute thread takes turns with: its jobs (one tenant's) and its steps."""
+
+    jobs: list[Job]
+    steps: Generator[bool, None, None]
+
+    @property
+    def tenant(self) -> str | None:
+        return self.jobs[0].tenant
+
+
+_NO_TURN = object()
+
+
+def _busy_tenants(running: collections.deque[Running]) -> frozenset[str | None]:
+    """Tenants running as many batches as one tenant may: their next batch waits."""
+    counts = collections.Counter(batch.tenant for batch in running)
+    return frozenset(tenant for tenant, count in counts.items() if count >= RUNNING_BATCHES)
 
 
 def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -> dict[int, float]:

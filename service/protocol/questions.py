@@ -24,7 +24,7 @@ MAX_QUESTIONS = 400
 MAX_QUESTION_NAME_CHARS = 200
 MAX_OPTION_NAME_CHARS = 200
 """Option names are read token by token (one engine call per trie depth), so their tokens are bounded
-too, where the tokenizer is at hand: ``service.admission.MAX_OPTION_NAME_TOKENS``."""
+too, where the tokenizer is at hand: ``service.pricing.MAX_OPTION_NAME_TOKENS``."""
 
 
 def option_identity(name: str) -> str:

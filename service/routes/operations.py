@@ -31,6 +31,8 @@ from service.scopes import require_scope
 from service.state import reader_of
 
 READY_CACHE_S = 2.0
+READY_PROGRESS_S = 5.0
+"""A probe that times out still says ready if a decision's read completed this recently."""
 PROBE_TIMEOUT_S = 3.0
 """Seconds the probe's read may take: under the orchestrator's own probe timeout (5 s in
 deploy/k8s/base/service-deployment.yaml), so a probe behind a long read answers (busy = ready) before
@@ -82,6 +84,8 @@ class KeyOut(ResponseModel):
     key_id: str
     tenant: str
     scopes: list[str]
+    weight: float
+    tokens_per_minute: int | None
 
 
 class KeySetOut(ResponseModel):
@@ -110,7 +114,7 @@ async def ready(request: Request) -> Ready:
     state = request.app.state
     probe = getattr(state, "readiness_probe", None)
     if probe is None or probe.reader is not reader or probe.expired():
-        probe = state.readiness_probe = EngineProbe(reader, busy=lambda: state.admission.in_flight > 0)
+        probe = state.readiness_probe = EngineProbe(reader)
     await probe.outcome()
     return Ready(status="ready", model=reader.engine.info.name, engine=reader.engine.kind)
 
@@ -118,13 +122,14 @@ async def ready(request: Request) -> Ready:
 class EngineProbe:
     """One one-token read through ``reader``'s engine, its outcome kept for ``READY_CACHE_S``.
 
-    A probe that times out while admitted work is in flight says the engine is busy, not gone: the
-    engine's reads queue behind that work (a dead vLLM refuses the connection at once, and a hung one
-    fails the reads in flight at its own timeout, after which the next probe says so)."""
+    A probe that times out is still ready if the engine completed a read for a decision within the
+    last ``READY_PROGRESS_S`` (``Reader.progress``): a busy engine that keeps finishing work is alive,
+    its probe queued behind that work. Reads in flight prove nothing: a hung engine holds them for
+    its whole timeout, and decisions get 504 meanwhile. So an engine that stops answering under load
+    turns /readyz 503 within ``READY_PROGRESS_S`` + ``PROBE_TIMEOUT_S``."""
 
-    def __init__(self, reader: Reader, *, busy) -> None:
+    def __init__(self, reader: Reader) -> None:
         self.reader = reader
-        self._busy = busy
         self._started = time.monotonic()
         self._task = asyncio.ensure_future(self._read())
 
@@ -135,6 +140,10 @@ class EngineProbe:
         """Return if the engine answered; raise the 503 a decision would get if not."""
         await asyncio.shield(self._task)
 
+    def _recently_completed(self) -> bool:
+        since = self.reader.progress.seconds_since()
+        return since is not None and since <= READY_PROGRESS_S
+
     async def _read(self) -> None:
         engine = self.reader.engine
         token = self.reader.template.encode_text("ok")[:1] or (0,)
@@ -144,12 +153,13 @@ class EngineProbe:
         try:
             await asyncio.wait_for(engine.read(request), PROBE_TIMEOUT_S)
         except TimeoutError:
-            if not self._busy():
+            if not self._recently_completed():
                 raise EngineUnavailable(
-                    f"not ready: the engine did not answer a one-token read within {PROBE_TIMEOUT_S:g} s"
+                    f"not ready: the engine did not answer a one-token read within {PROBE_TIMEOUT_S:g} s "
+                    f"and completed no read in the last {READY_PROGRESS_S:g} s"
                 ) from None
         except EngineTimeout as error:
-            if not self._busy():
+            if not self._recently_completed():
                 raise EngineUnavailable(f"not ready: {error.message}") from None
         except Exception as error:  # any failure to read is a reason not to take traffic
             raise EngineUnavailable(f"not ready: {getattr(error, 'message', None) or error!r}") from None

@@ -56,3 +56,14 @@ def samples(text: str) -> dict[tuple[str, tuple], float]:
 def value(found, name, **labels) -> float:
     """One sample of ``samples``' result; 0 where it is absent (a counter never moved)."""
     return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def price(reader, body: dict, priors=None) -> int:
+    """What admission charges a /v1/systemone ``body`` (``service/pricing.py``), read by ``reader``."""
+    from service.pipeline.reads import to_read
+    from service.pricing import distinct_tokens, planned_reads
+    from service.protocol import SystemOneRequest
+
+    request = SystemOneRequest.model_validate(body)
+    plans = [to_read(question) for question in request.questions.values()]
+    return distinct_tokens(reader, planned_reads(reader, plans, [request.state_text()], priors))

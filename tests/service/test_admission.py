@@ -10,10 +10,10 @@ import pytest
 
 from readers.engines.base import ReadMode
 from readers.reader import Reader
-from service.admission import Admission, AdmissionLimits, request_cost
+from service.admission import Admission, AdmissionLimits
 from service.errors import Overloaded, RequestTooCostly
 from service.protocol import SystemOneRequest
-from tests.service.support import favour_first, function_engine
+from tests.service.support import favour_first, function_engine, price
 from tests.tools import require_module
 
 pytestmark = pytest.mark.anyio
@@ -82,25 +82,29 @@ async def test_a_request_alone_may_exceed_the_in_flight_bound():
         assert admission.in_flight == 60
 
 
-def test_cost_is_prompt_tokens_over_every_read(local_engine):
+def test_cost_is_each_distinct_prompt_token_once(local_engine):
+    """The price is the distinct tokens of the prompts the reads build: the state once for all its
+    questions (they share it), each question's own tokens, and a second identical state nothing."""
+    from service.pipeline.reads import to_read
+    from service.pricing import distinct_tokens, planned_reads
+
     reader = Reader(local_engine)
     body = SystemOneRequest.model_validate(
         {
             "state": "word " * 500,
-            "questions": {f"q{i}": {"type": "noul", "instructions": "?"} for i in range(4)},
+            "questions": {f"q{i}": {"type": "noul", "instructions": f"Is it {i}?"} for i in range(4)},
         }
     )
-    specs = [q.to_spec() for q in body.questions.values()]
-    one = request_cost(reader, [body.state_text()], specs[:1])
-    two = request_cost(reader, [body.state_text()], specs[:2])
-    four = request_cost(reader, [body.state_text()], specs)
-    # The state is computed once for all its questions (the shared-state path), so it is priced once:
-    # each question adds its own tokens only.
-    assert 500 <= one < 520 and four - one == 3 * (two - one) and 0 < two - one < 20
-    assert request_cost(reader, [body.state_text()] * 2, specs) == 2 * four  # each state once
-    assert (
-        request_cost(reader, ["x" * 10_000_000], specs) is None
-    )  # cannot fit: the reader refuses it untokenized
+    plans = [to_read(q) for q in body.questions.values()]
+
+    def cost(states, n):
+        return distinct_tokens(reader, planned_reads(reader, plans[:n], states, None))
+
+    one, two, four = (cost([body.state_text()], n) for n in (1, 2, 4))
+    assert 500 <= one < 560 and four - one == 3 * (two - one) and 0 < two - one < 20
+    assert cost([body.state_text()] * 2, 4) == four  # the same prompts: nothing more to compute
+    other = cost(["term " * 500], 4)
+    assert four < cost([body.state_text(), "term " * 500], 4) < four + other  # the system prompt is shared
 
 
 def blocking_engine(local_engine, gate: asyncio.Event):
@@ -117,8 +121,7 @@ def body(words: int) -> dict:
 
 async def test_over_the_queue_is_a_529_with_retry_after_and_never_a_500(client_factory, local_engine):
     gate = asyncio.Event()
-    cost = request_cost(Reader(local_engine), [SystemOneRequest.model_validate(body(200)).state_text()],
-                        [SystemOneRequest.model_validate(body(200)).questions["q"].to_spec()])  # fmt: skip
+    cost = price(Reader(local_engine), body(200))
     limits = AdmissionLimits(in_flight_cost=cost, queued_cost=cost, request_cost=10 * cost, retry_after_s=4)
     async with client_factory(blocking_engine(local_engine, gate), admission=limits) as client:
         # Priced on an idle service: with the queue full it would get 529 before being priced.
@@ -149,11 +152,7 @@ async def test_a_flood_is_refused_fast_not_queued_for_seconds(client_factory, lo
             await asyncio.sleep(0.05)
             return favour_first(request)
 
-    one = request_cost(
-        Reader(local_engine),
-        ["word " * 20],
-        [SystemOneRequest.model_validate(body(20)).questions["q"].to_spec()],
-    )
+    one = price(Reader(local_engine), body(20))
     limits = AdmissionLimits(in_flight_cost=4 * one, queued_cost=16 * one)
     async with client_factory(
         function_engine(local_engine, slow, ReadMode.EXACT), admission=limits
@@ -255,7 +254,7 @@ async def measured(admission: Admission, tokens_per_s: float) -> Clock:
     from service.admission import CostRate
 
     clock = Clock()
-    admission.rate = CostRate(clock=clock)
+    admission.rate = CostRate(clock=clock, min_tokens=1)
     for _ in range(3):
         async with admission.admit(int(tokens_per_s)):
             clock.now += 1.0
@@ -322,7 +321,7 @@ async def test_400_questions_run_under_the_default_limits_while_other_work_is_in
         admission = client._transport.app.state.admission
         priced: list[int] = []
         real_admit = admission.admit
-        admission.admit = lambda cost: priced.append(cost) or real_admit(cost)
+        admission.admit = lambda cost, *share: priced.append(cost) or real_admit(cost, *share)
         running = asyncio.create_task(client.post("/v1/systemone", json=body(20)))
         await asyncio.sleep(0.3)
         large = asyncio.create_task(

@@ -11,11 +11,12 @@ import pytest
 from calibration.open import open_store
 from readers.engines.base import ReadMode
 from readers.reader import Reader
-from service.admission import MAX_OPTION_NAME_TOKENS, Admission, AdmissionLimits, CostRate, request_cost
+from service.admission import Admission, AdmissionLimits, CostRate
 from service.errors import Overloaded
-from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS, NoulQuestion
+from service.pricing import MAX_OPTION_NAME_TOKENS
+from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS
 from tests.readers.support import distinct_tokens
-from tests.service.support import favour_first, function_engine, stalled_engine
+from tests.service.support import favour_first, function_engine, price, stalled_engine
 
 pytestmark = pytest.mark.anyio
 
@@ -115,16 +116,16 @@ async def test_names_over_their_bounds_are_refused_up_front(
 
 async def test_calibration_examples_are_admitted_like_a_batch(client_factory, quick_engine, tmp_path):
     """An example set over --max-request-cost is refused with 413, as the same reads on /decide/batch."""
-    state = "word " * 200
+    states = [f"case {i}: " + "word " * 200 for i in range(20)]  # distinct: the same state costs once
     question = {"type": "choice", "instructions": "Which?", "criteria": {"red": None, "blue": None}}
-    examples = [{"state": state, "questions": {"q": question}, "gold": {"q": "red"}} for _ in range(20)]
+    examples = [{"state": state, "questions": {"q": question}, "gold": {"q": "red"}} for state in states]
     limits = AdmissionLimits(request_cost=2_000)
     async with client_factory(
         quick_engine, store=open_store(tmp_path / "c.sqlite3"), admission=limits
     ) as client:
         fit = await client.post("/v1/calibrations", json={"examples": examples})
         batch = await client.post(
-            "/decide/batch", json={"states": [state] * 20, "questions": {"q": question}}
+            "/decide/batch", json={"states": states, "questions": {"q": question}}
         )
         small = await client.post("/v1/calibrations", json={"examples": examples[:2]})
     assert fit.status_code == 413 and batch.status_code == 413
@@ -142,11 +143,7 @@ async def test_529_comes_before_any_pricing_when_the_queue_is_full(client_factor
         return favour_first(request)
 
     queued_body = one_question("other")
-    cost = request_cost(
-        Reader(local_engine),
-        [queued_body["state"]],
-        [NoulQuestion.model_validate(queued_body["questions"]["q"]).to_spec()],
-    )
+    cost = price(Reader(local_engine), queued_body)
     limits = AdmissionLimits(in_flight_cost=1, queued_cost=cost, retry_after_s=3)
     async with client_factory(
         function_engine(local_engine, blocked, ReadMode.EXACT), admission=limits
@@ -156,10 +153,10 @@ async def test_529_comes_before_any_pricing_when_the_queue_is_full(client_factor
         queued = asyncio.create_task(client.post("/v1/systemone", json=queued_body))
         await asyncio.sleep(0.3)
         priced: list[int] = []
-        import service.admission as admission_module
+        import service.pricing as pricing
 
-        real = admission_module.request_cost
-        monkeypatch.setattr(admission_module, "request_cost", lambda *a: priced.append(1) or real(*a))
+        real = pricing.distinct_tokens
+        monkeypatch.setattr(pricing, "distinct_tokens", lambda *a: priced.append(1) or real(*a))
         refused = await client.post("/v1/systemone", json=one_question("third"))
         # Refused while the first two still wait on the gate: no work was done for it.
         assert not running.done() and not queued.done()
@@ -183,7 +180,7 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
     though its cost bound has room."""
     clock = FakeClock()
     admission = Admission(AdmissionLimits(in_flight_cost=100, queued_cost=10_000, max_wait_s=1.5))
-    admission.rate = CostRate(clock=clock)
+    admission.rate = CostRate(clock=clock, min_tokens=1)
     assert admission.expected_wait_s() is None  # cold: bounded by size only
     for _ in range(3):  # three requests of 100 tokens, one second each
         async with admission.admit(100):
@@ -205,7 +202,7 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
             pass
     assert "expected wait 2.0 s (at most 1.5 s)" in refused.value.message
     with pytest.raises(Overloaded):  # its own cost is not its wait: refused before it is even priced
-        admission.refuse_if_full()
+        admission.refuse_if_full("default")
     release.set()
     await asyncio.gather(running, waiting)
     assert admission.in_flight == 0 and admission.queued == 0
@@ -214,7 +211,7 @@ async def test_the_queue_is_bounded_by_its_expected_wait_at_the_measured_rate():
 async def test_the_price_covers_every_read_scheduled_prior_reads_included(client_factory, local_engine):
     """The probe: multi-token option names cost one read per trie depth, times four the first time a
     question is seen (its content-free prior reads), while admission counted the names once. Every
-    prompt the engine is sent is recorded here; the price must cover the tokens they hold."""
+    prompt the engine is sent is recorded here; the price is the distinct tokens they hold."""
     prompts: list[tuple[int, ...]] = []
 
     def recording(request):
@@ -228,9 +225,9 @@ async def test_the_price_covers_every_read_scheduled_prior_reads_included(client
         priced: list[int] = []
         real_admit = app.state.admission.admit
 
-        def admit(cost):
+        def admit(cost, *share):
             priced.append(cost)
-            return real_admit(cost)
+            return real_admit(cost, *share)
 
         app.state.admission.admit = admit
         first = await client.post("/v1/systemone", json=body)
@@ -240,10 +237,8 @@ async def test_the_price_covers_every_read_scheduled_prior_reads_included(client
     scheduled_first = distinct_tokens(first_prompts)
     scheduled_second = distinct_tokens(prompts)
     assert len(first_prompts) > 4 * len(prompts) // 2  # the prior reads on first sight
-    # Never under the work (bar the chat template's fixed tokens), never far over it.
-    template_tokens = 40
-    assert scheduled_first - template_tokens <= priced[0] <= 2 * scheduled_first
-    assert scheduled_second - template_tokens <= priced[1] <= 2 * scheduled_second
+    # Priced as the engine counts: each distinct token of the prompts it is sent, exactly.
+    assert priced == [scheduled_first, scheduled_second]
     assert priced[1] < priced[0]  # the prior, once measured, costs nothing more
 
 

@@ -111,38 +111,62 @@ def test_serve_exits_non_zero_when_the_engine_cannot_open(embedded_model_dir, tm
     assert "engine failed to open" in done.stderr
 
 
-async def test_ready_within_the_kubernetes_probe_timeout_while_a_long_read_is_in_flight(
-    client_factory, local_engine
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_busy_is_ready_only_while_reads_complete_and_a_hung_engine_under_load_is_not(
+    client_factory, local_engine, monkeypatch
 ):
-    """A function engine whose reads wait on a gate: a decision holds it (a long read in flight), and
-    the probe's own read queues behind it, as on a busy embedded engine. /readyz must say ready, and
-    say it before the kubelet's timeoutSeconds, or two such probes take a serving pod out."""
+    """A function engine whose reads of the "long" state and the probe's own read wait on a gate (a
+    long read in flight, the probe queued behind it, as on a busy engine). /readyz says ready while
+    other decisions' reads keep completing, and 503 once none has completed for READY_PROGRESS_S:
+    reads in flight are no proof of life (issue 39: readyz stayed 200 for 75 s of a hung vLLM while
+    one request was in flight). It answers within the kubelet's timeoutSeconds either way."""
     import yaml
 
+    from readers.reader import ReadProgress
+
+    monkeypatch.setattr(operations, "PROBE_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(operations, "READY_CACHE_S", 0.0)
     manifest = yaml.safe_load_all(open("deploy/k8s/base/service-deployment.yaml"))
     [deployment] = [doc for doc in manifest if doc and doc.get("kind") == "Deployment"]
     [service] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if "readinessProbe" in c]
     k8s_timeout_s = service["readinessProbe"]["timeoutSeconds"]
     gate = asyncio.Event()
+    tokenizer = local_engine.tokenizer
 
     async def gated(request):
-        await gate.wait()
+        if len(request.prompt_ids) == 1 or "Zebra" in tokenizer.decode(request.prompt_ids):
+            await gate.wait()
         return favour_first(request)
 
-    async with client_factory(function_engine(local_engine, gated, ReadMode.EXACT)) as client:
-        decision = asyncio.create_task(
-            client.post(
-                "/v1/systemone",
-                json={"state": "x", "questions": {"q": {"type": "noul", "instructions": "?"}}},
-            )
+    def ask(state):
+        return client.post(
+            "/v1/systemone", json={"state": state, "questions": {"q": {"type": "noul", "instructions": "?"}}}
         )
+
+    clock = FakeClock()
+    async with client_factory(function_engine(local_engine, gated, ReadMode.EXACT)) as client:
+        app = client._transport.app
+        app.state.reader.progress = ReadProgress(clock=clock)  # what every tenant's view of the reader shares
+        long = asyncio.create_task(ask("Zebra " * 50))
         await asyncio.sleep(0.2)
-        ready = await client.get("/readyz")
-        # Answered while the decision still holds the engine: the probe gave up on its read at its own
-        # timeout and said busy, rather than waiting for the read in flight.
-        assert not decision.done()
+        hung = await client.get("/readyz")  # nothing ever completed, one read in flight: not ready
+        assert (await ask("a quick one")).status_code == 200  # a decision's read completes at t = 100
+        clock.now += operations.READY_PROGRESS_S - 1
+        busy = await client.get("/readyz")
+        clock.now += 2  # READY_PROGRESS_S + 1 since the last completed read
+        stalled = await client.get("/readyz")
+        assert not long.done()
         gate.set()
-        assert (await decision).status_code == 200
-    assert ready.status_code == 200
+        assert (await long).status_code == 200
+    assert hung.status_code == 503 and "completed no read" in hung.text
+    assert busy.status_code == 200
+    assert stalled.status_code == 503 and "completed no read" in stalled.text
     # The probe's timeout, not a measured time, is what must sit under the kubelet's.
     assert operations.PROBE_TIMEOUT_S <= k8s_timeout_s - 1, (operations.PROBE_TIMEOUT_S, k8s_timeout_s)
