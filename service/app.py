@@ -14,7 +14,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,13 +35,19 @@ from service.errors import (
 from service.keys import Keyring, watch_key_file
 from service.metrics import ServiceMetrics
 from service.middleware.auth import AuthMiddleware
-from service.middleware.decompress import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, DecompressMiddleware
+from service.middleware.decompress import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    ROUTE_BODY_LIMITS,
+    DecompressMiddleware,
+)
 from service.middleware.error_shape import ErrorShapeMiddleware
 from service.middleware.json_body import JsonBodyMiddleware
 from service.middleware.observe import ObserveMiddleware
 from service.middleware.rate_limit import RateLimitMiddleware
 from service.middleware.request_id import RequestIdMiddleware
 from service.openapi import complete_openapi
+from service.parse import ParseSlots
 from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.retention import prune_periodically
@@ -88,6 +94,7 @@ def create_app(
     store: CalibrationStore | None = None,
     auto_refit_every: int | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_limits: Mapping[str, int] = ROUTE_BODY_LIMITS,
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     images: ServedImages = ServedImages(),
     api_keys: Keyring | list[str] | None = None,
@@ -105,7 +112,9 @@ def create_app(
     serving images, reported in every answer's provenance. ``api_keys`` turns authentication on
     (None: off): a ``Keyring`` (live: its file is watched and re-read on SIGHUP) or bare keys (tenant
     default); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
-    prompt tokens in flight and queued. ``retention`` deletes decision records without gold answers older
+    prompt tokens in flight and queued. ``max_body_bytes`` is the decoded body limit of a path not in
+    ``body_limits`` (path → bytes; default ``service/middleware/decompress.py:ROUTE_BODY_LIMITS``,
+    64 KiB for feedback and refits, 4 MiB for examples). ``retention`` deletes decision records without gold answers older
     than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
     that no stored calibration covers get their content-free option prior divided out
     (``service/pipeline/prior.py``; default choice and score questions). ``on_engine_failure(reason)`` is called
@@ -170,11 +179,17 @@ def create_app(
                 else []
             ),
             Middleware(JsonBodyMiddleware),
-            Middleware(DecompressMiddleware, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s),
+            Middleware(
+                DecompressMiddleware,
+                max_body_bytes=max_body_bytes,
+                body_limits=body_limits,
+                body_timeout_s=body_timeout_s,
+            ),
         ],
     )
     app.openapi = lambda: complete_openapi(app)
     app.state.admission = Admission(admission)
+    app.state.parse_slots = ParseSlots()
     app.state.metrics = metrics
     app.state.store = store
     app.state.keyring = keyring

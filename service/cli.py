@@ -11,6 +11,7 @@ import typer
 
 from readers.engines.base import LocalBatching
 from service.admission import AdmissionLimits
+from service.connections import ConnectionLimits
 from service.pipeline.images import ServedImages
 from service.pipeline.options import (
     ChatTemplateOption,
@@ -143,6 +144,28 @@ def serve(
         typer.Option(help="delete decision records without gold answers older than this (default: keep)"),
     ] = None,
     prior_correction: PriorCorrectionOption = DEFAULT.prior_correction,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option(
+            help="decoded request body limit of the decision routes (413 beyond); feedback and refits have 64 KiB, examples 4 MiB"
+        ),
+    ] = DEFAULT.max_body_bytes,
+    header_timeout: Annotated[
+        float,
+        typer.Option(help="seconds a connection has to send a request's headers; past it 408 and closed"),
+    ] = DEFAULT.connections.header_timeout_s,
+    max_connections_per_client: Annotated[
+        int,
+        typer.Option(
+            help="open connections from one client address; one more gets 503 and is closed (0: no bound, behind a proxy)"
+        ),
+    ] = DEFAULT.connections.per_client,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            help="open connections in all (at most the open-file limit less 256); one more gets 503 and is closed"
+        ),
+    ] = DEFAULT.connections.total,
 ) -> None:
     """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
     quiet_loaders()
@@ -154,7 +177,8 @@ def serve(
             api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost,
                                     max_wait_s=max_queue_wait, deadline_s=deadline),
-            retention_days=retention_days, prior_correction=prior_correction,
+            retention_days=retention_days, prior_correction=prior_correction, max_body_bytes=max_body_bytes,
+            connections=ConnectionLimits(header_timeout, max_connections_per_client, max_connections),
         )  # fmt: skip
         run_server(options)
     except ServeRefused as error:

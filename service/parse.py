@@ -1,10 +1,21 @@
-"""Request bytes → a validated wire model, every failure a 422 whose ``loc`` names the field."""
+"""Request bytes → a validated wire model, every failure a 422 whose ``loc`` names the field.
+
+A body over ``INLINE_BODY_BYTES`` is parsed in a worker thread (``parse_request``), so the event loop
+(and /healthz beside it) does not wait the second a 14 MB body takes; at most
+``LARGE_PARSES_PER_ROUTE`` such parses run at once per route, and one more is refused with 529
+rather than queued, since parses share one GIL and a queue of them would only add memory.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import json
 import math
 import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -12,7 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from readers.reader import Reader
-from service.errors import NotUtf8, UnsupportedFeature, validation_error
+from service.errors import NotUtf8, Overloaded, UnsupportedFeature, validation_error
+from service.middleware.decompress import INLINE_BODY_BYTES
 from service.state import JEV_ALIASES, reader_of
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -97,6 +109,61 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
         ) from None
 
 
+LARGE_PARSES_PER_ROUTE = 2
+"""Bodies over ``INLINE_BODY_BYTES`` being parsed at once, per route. Parsing holds the GIL for most
+of its time, so more threads parse no faster; each parse holds several times its body in Python
+objects (ten 14 MB bodies at once took 1.2 GiB more), so the bound is what keeps that memory small."""
+
+
+class ParseSlots:
+    """The large-body parses running per route (``app.state.parse_slots``), in threads of their own.
+
+    A slot is given back when its parse ends, not when its request does: a client that leaves
+    mid-parse cannot start another parse while the first one still runs."""
+
+    def __init__(self, per_route: int = LARGE_PARSES_PER_ROUTE) -> None:
+        if per_route < 1:
+            raise ValueError("per_route must be positive")
+        self.per_route = per_route
+        self.running: dict[str, int] = {}
+        self._threads: ThreadPoolExecutor | None = None
+
+    async def run(self, route: str, parse: Callable[[], ModelT]) -> ModelT:
+        """``parse()`` in a worker thread, or 529 ``overloaded_error`` (Retry-After 1) when the route's
+        slots are all taken: a parse takes about a second at most (16 MiB), so a retry then finds one."""
+        if self.running.get(route, 0) >= self.per_route:
+            raise Overloaded(
+                f"{self.per_route} large bodies are being parsed on {route} already; retry shortly",
+                retry_after_s=1,
+            )
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(thread_name_prefix="opendecide-parse")
+        loop = asyncio.get_running_loop()
+        self.running[route] = self.running.get(route, 0) + 1
+        done = self._threads.submit(parse)
+        # Called when the parse ends, or at once if it is cancelled before it started.
+        done.add_done_callback(lambda _: _call_soon(loop, self._release, route))
+        return await asyncio.wrap_future(done)
+
+    def _release(self, route: str) -> None:
+        self.running[route] -= 1
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop has closed: the app is gone, its counts with it
+        loop.call_soon_threadsafe(fn, *args)
+
+
+async def parse_request(request: Request, model: type[ModelT]) -> ModelT:
+    """The request's body as a validated ``model`` (``parse_body``): on the event loop for a small body,
+    in a worker thread, within the route's parse slots, for one over ``INLINE_BODY_BYTES``."""
+    body = await request.body()
+    if len(body) <= INLINE_BODY_BYTES:
+        return parse_body(body, model)
+    slots: ParseSlots = request.app.state.parse_slots
+    return await slots.run(request.url.path, functools.partial(parse_body, body, model))
+
+
 # Jev 1.14 switches these modes on by header; this server reads text within the model's context, so a
 # request that asks for either is refused by name instead of being read without it.
 DANGER_ZONE_HEADERS = {
@@ -125,7 +192,7 @@ async def parse_for_model(
     or one of ``aliases``."""
     refuse_danger_zone(request)
     reader = reader_of(request)
-    body = parse_body(await request.body(), model)
+    body = await parse_request(request, model)
     served = reader.engine.info.name
     asked = getattr(body, "model", None)
     if asked not in (None, served, *aliases):

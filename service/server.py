@@ -13,6 +13,8 @@ from pathlib import Path
 
 from readers.engines.base import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_S, LocalBatching
 from service.admission import AdmissionLimits
+from service.connections import ConnectionLimits
+from service.middleware.decompress import DEFAULT_MAX_BODY_BYTES
 from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, PriorCorrection
 
@@ -56,6 +58,10 @@ class ServeOptions:
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     retention_days: float | None = None
     prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """The decoded body limit of routes without their own (decisions); feedback, refits and examples
+    have theirs (``service/middleware/decompress.py:ROUTE_BODY_LIMITS``)."""
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 def check_engine(options: ServeOptions) -> None:
@@ -180,9 +186,12 @@ def run_server(options: ServeOptions) -> None:
     from readers.embedded import default_cache_dir
     from readers.engines import open_engine
     from service.app import create_app
+    from service.connections import KEEP_ALIVE_S, connection_cap, raise_open_file_limit, uvicorn_options
     from service.keys import Keyring, check_bind
 
     check_engine(options)
+    if options.max_body_bytes <= 0:
+        raise ServeRefused("the body limit must be positive", option="--max-body-bytes")
     if options.metrics_port is not None and options.metrics_port == options.port:
         raise ServeRefused("--metrics-port must differ from --port", option="--metrics-port")
     chat_template = read_chat_template(options)
@@ -235,9 +244,17 @@ def run_server(options: ServeOptions) -> None:
         api_keys=keyring if api_keys else None, rate_limit=options.rate_limit, admission=options.admission,
         retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
         prior_correction=options.prior_correction, on_engine_failure=stop_serving,
+        max_body_bytes=options.max_body_bytes,
     )  # fmt: skip
     metrics_server = None
-    server = uvicorn.Server(uvicorn.Config(app, host=options.host, port=options.port, log_level="info"))
+    limits = connection_cap(options.connections, raise_open_file_limit())
+    logger.info(
+        "connections: %d at most, %s per client address; request headers within %g s, idle %d s",
+        limits.total, limits.per_client or "no bound", limits.header_timeout_s, KEEP_ALIVE_S,
+    )  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=options.host, port=options.port, log_level="info", **uvicorn_options(limits))
+    )
     try:
         if options.metrics_port is not None:
             metrics_server = start_metrics_listener(app.state.metrics, options.host, options.metrics_port)

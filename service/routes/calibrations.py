@@ -26,7 +26,7 @@ from service.audit import audit
 from service.cancel import unless_disconnected
 from service.errors import UnknownDecision, validation_error
 from service.openapi import body_schema, error_responses
-from service.parse import parse_body, parse_for_model
+from service.parse import parse_for_model, parse_request
 from service.pipeline.examples import fit_from_examples
 from service.pipeline.prior import read_version
 from service.protocol import (
@@ -109,7 +109,7 @@ async def list_calibrations(request: Request) -> CalibrationList:
 async def feedback(request: Request) -> FeedbackResponse:
     caller = caller_for(request, "POST /v1/feedback")
     store = store_of(request)
-    body = parse_body(await request.body(), FeedbackRequest)
+    body = await parse_request(request, FeedbackRequest)
     # Another tenant's decision reads as None: the same 404, same message, as an id never recorded.
     decision = await asyncio.to_thread(store.decision, body.decision_id, caller.tenant)
     if decision is None:
@@ -151,7 +151,7 @@ async def refit(request: Request) -> CalibrationOut:
     require_scope(request.scope["state"], "calibrate", "POST /v1/calibrations/refit")
     reader = reader_of(request)
     store = store_of(request)
-    body = parse_body(await request.body(), RefitRequest)
+    body = await parse_request(request, RefitRequest)
     caller = caller_for(request, "POST /v1/calibrations/refit", shared=body.shared)
     info = reader.engine.info
     priors = request.app.state.priors
