@@ -121,6 +121,12 @@ def serve(
     max_cost_queued: Annotated[
         int, typer.Option(help="prompt tokens waiting for admission; beyond it 529 overloaded_error")
     ] = DEFAULT.admission.queued_cost,
+    max_tenant_cost_queued: Annotated[
+        int,
+        typer.Option(
+            help="prompt tokens one tenant may have waiting; beyond it 429 while other tenants have work (529 alone)"
+        ),
+    ] = DEFAULT.admission.tenant_queued_cost,
     max_request_cost: Annotated[
         int,
         typer.Option(
@@ -176,7 +182,7 @@ def serve(
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost,
-                                    max_wait_s=max_queue_wait, deadline_s=deadline),
+                                    tenant_queued_cost=max_tenant_cost_queued, max_wait_s=max_queue_wait, deadline_s=deadline),
             retention_days=retention_days, prior_correction=prior_correction, max_body_bytes=max_body_bytes,
             connections=ConnectionLimits(header_timeout, max_connections_per_client, max_connections),
         )  # fmt: skip
