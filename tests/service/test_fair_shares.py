@@ -193,3 +193,56 @@ async def test_a_large_request_after_an_abandoned_one_is_not_refused_up_front():
         clock.now += 3
     async with admission.admit(1_600, "b"):  # 1,200 words: admitted, not a 413 against 10 tokens/s
         pass
+
+
+async def test_over_http_a_polite_tenant_is_answered_beside_a_flood_and_a_limited_one_gets_429(
+    client_factory, local_engine, tmp_path
+):
+    """Through the app with keys: tenant a's large request holds the engine (its reads wait on a
+    gate), and so does one of tenant d's; a's next ones queue or are refused as a's own (429, d has
+    work too); tenant b's small request is answered meanwhile; tenant c, limited to 100 tokens a
+    minute, is refused naming its limit."""
+    from readers.engines.base import ReadMode
+    from service.keys import Keyring
+    from tests.service.support import favour_first, function_engine
+
+    gate = asyncio.Event()
+    tokenizer = local_engine.tokenizer
+
+    async def fn(request):
+        if "Flood" in tokenizer.decode(request.prompt_ids):
+            await gate.wait()
+        return favour_first(request)
+
+    keys = tmp_path / "keys"
+    keys.write_text(
+        "tenant-a-key-0123456789 tenant=a\ntenant-b-key-0123456789 tenant=b\n"
+        "tenant-c-key-0123456789 tenant=c tokens_per_minute=100\ntenant-d-key-0123456789 tenant=d\n"
+    )
+    limits = AdmissionLimits(in_flight_cost=200, queued_cost=20_000, tenant_queued_cost=2_000)
+
+    def ask(key, state):
+        body = {"state": state, "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
+        return client.post("/v1/systemone", json=body, headers={"Authorization": f"Bearer {key}"})
+
+    async with client_factory(
+        function_engine(local_engine, fn, ReadMode.EXACT), api_keys=Keyring(keys, {}), admission=limits
+    ) as client:
+        flood = [asyncio.create_task(ask("tenant-a-key-0123456789", "Flood " * 400))]
+        await asyncio.sleep(0.3)
+        other = asyncio.create_task(ask("tenant-d-key-0123456789", "Flood of d"))
+        await asyncio.sleep(0.3)
+        flood += [asyncio.create_task(ask("tenant-a-key-0123456789", f"Flood {i} " * 400)) for i in range(3)]
+        await asyncio.sleep(0.3)
+        polite = await ask("tenant-b-key-0123456789", "A short question.")
+        limited = await ask("tenant-c-key-0123456789", "Flood is not what c sends, but " + "word " * 150)
+        assert not flood[0].done()
+        gate.set()
+        floods = await asyncio.gather(*flood)
+        assert (await other).status_code == 200
+    assert polite.status_code == 200
+    statuses = sorted(r.status_code for r in floods)
+    assert statuses[0] == 200 and 429 in statuses, statuses  # a's own queue is full: a is told to slow down
+    refused = next(r for r in floods if r.status_code == 429)
+    assert refused.json()["detail"]["error_type"] == "rate_limit_error" and "retry-after" in refused.headers
+    assert limited.status_code == 413 and "this tenant may schedule at most 100 a minute" in limited.text

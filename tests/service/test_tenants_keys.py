@@ -61,6 +61,27 @@ def test_the_key_file_format(tmp_path):
     )
 
 
+def test_a_tenants_share_is_in_its_keys(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(
+        f"{A} tenant=acme weight=2.5 tokens_per_minute=60000\n{B} tenant=acme weight=2.5 tokens_per_minute=60000\n{C}\n"
+    )
+    keys = load_key_set(path, {}).keys
+    assert [(k.share.weight, k.share.tokens_per_minute) for k in keys] == [
+        (2.5, 60_000),
+        (2.5, 60_000),
+        (1.0, None),
+    ]
+    assert keys[0].caller.share == keys[1].caller.share
+    assert load_key_set(path, {}).describe()[0] | {"key_id": "…"} == {
+        "key_id": "…",
+        "tenant": "acme",
+        "scopes": ["calibrate", "decide"],
+        "weight": 2.5,
+        "tokens_per_minute": 60_000,
+    }
+
+
 @pytest.mark.parametrize(
     "line, message",
     [
@@ -68,8 +89,13 @@ def test_the_key_file_format(tmp_path):
         (f"{A} tenant=a/b", "a tenant is 1-64 letters"),
         (f"{A} scopes=decide,root", "unknown scope(s) ['root']"),
         (f"{A} scopes=", "unknown scope(s) ['']"),
-        (f"{A} role=admin", "only tenant=NAME and scopes=LIST"),
-        (f"{A} {B}", "only tenant=NAME and scopes=LIST"),
+        (f"{A} role=admin", "after the key come only tenant=, scopes=, weight=, tokens_per_minute="),
+        (f"{A} {B}", "after the key come only tenant="),
+        (f"{A} weight=0", "weight is a positive number"),
+        (f"{A} weight=heavy", "weight is a positive number"),
+        (f"{A} tokens_per_minute=0", "tokens_per_minute a whole number of at least 1"),
+        (f"{A} tokens_per_minute=1.5", "tokens_per_minute a whole number of at least 1"),
+        (f"{B} tenant=t weight=2\n{A} tenant=t", "tenant 't' has another weight or tokens_per_minute at"),
         (f"{A} tenant=a tenant=b", "tenant given twice"),
         (f"{A}\n{A} tenant=other", "line 3 repeats the key at"),
     ],
