@@ -10,7 +10,7 @@ import pytest
 
 from service.admission import Admission, AdmissionLimits, CostRate
 from service.errors import Overloaded, RequestTooCostly, TenantOverShare
-from service.scopes import Share
+from service.scopes import EQUAL_SHARE, Share
 
 pytestmark = pytest.mark.anyio
 
@@ -31,13 +31,13 @@ class Holder:
         self.started: list[str] = []
         self.release: dict[str, asyncio.Event] = {}
 
-    async def hold(self, name: str, cost: int, tenant: str, share: Share = Share()) -> None:
+    async def hold(self, name: str, cost: int, tenant: str, share: Share = EQUAL_SHARE) -> None:
         self.release[name] = asyncio.Event()
         async with self.admission.admit(cost, tenant, share):
             self.started.append(name)
             await self.release[name].wait()
 
-    def start(self, name: str, cost: int, tenant: str, share: Share = Share()) -> asyncio.Task:
+    def start(self, name: str, cost: int, tenant: str, share: Share = EQUAL_SHARE) -> asyncio.Task:
         return asyncio.create_task(self.hold(name, cost, tenant, share))
 
 

@@ -15,10 +15,10 @@ import pytest
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
 from readers.engines.routing import prefix_key
 from service.admission import AdmissionLimits
-from service.pricing import MAX_OPTION_NAME_TOKENS
 from service.errors import openai_error, openai_param
 from service.pipeline.openai_decide import to_systemone
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
+from service.pricing import MAX_OPTION_NAME_TOKENS
 from service.protocol.openai_decisions import DecisionRequest
 from service.protocol.questions import MAX_OPTION_NAME_CHARS, MAX_QUESTION_NAME_CHARS
 from tests.service.support import favour_first, function_engine, stalled_engine
