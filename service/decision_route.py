@@ -93,7 +93,9 @@ async def serve_decisions(
     ``scope_state``. ``render(body, decided)`` turns the pipeline's answer into the format's response.
     ``aliases``: model names, besides the served one, a body's ``model`` may give."""
     caller = require_scope(request.scope["state"], "decide", f"POST {request.url.path}")
-    request.app.state.admission.refuse_if_full(caller.tenant)  # before the body is read and parsed: a flood costs no work
+    request.app.state.admission.refuse_if_full(
+        caller.tenant
+    )  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, wire, aliases=aliases)
     asked = ask(body, request.scope["state"])
     state = request.app.state

@@ -74,14 +74,22 @@ def stored(caller: Caller, calibration: Calibration, how: str) -> CalibrationOut
     responses=WRITE_ERRORS | error_responses(529),  # it reads examples, so admission may refuse it
 )
 async def create_calibrations(request: Request) -> CalibrationList:
-    asker = require_scope(request.scope["state"], "calibrate", "POST /v1/calibrations")  # before the body is read
-    request.app.state.admission.refuse_if_full(asker.tenant)  # before the body is read and parsed: a flood costs no work
+    asker = require_scope(
+        request.scope["state"], "calibrate", "POST /v1/calibrations"
+    )  # before the body is read
+    request.app.state.admission.refuse_if_full(
+        asker.tenant
+    )  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, CalibrationRequest)
     caller = caller_for(request, "POST /v1/calibrations", shared=body.shared)
 
     def work():
         return fit_from_examples(
-            body, reader.for_tenant(caller.tenant), store_of(request), priors=request.app.state.priors, tenant=caller.tenant
+            body,
+            reader.for_tenant(caller.tenant),
+            store_of(request),
+            priors=request.app.state.priors,
+            tenant=caller.tenant,
         )
 
     # Admitted by the cost of its reads, as /decide/batch is: an example set is as much work.

@@ -124,9 +124,7 @@ async def test_calibration_examples_are_admitted_like_a_batch(client_factory, qu
         quick_engine, store=open_store(tmp_path / "c.sqlite3"), admission=limits
     ) as client:
         fit = await client.post("/v1/calibrations", json={"examples": examples})
-        batch = await client.post(
-            "/decide/batch", json={"states": states, "questions": {"q": question}}
-        )
+        batch = await client.post("/decide/batch", json={"states": states, "questions": {"q": question}})
         small = await client.post("/v1/calibrations", json={"examples": examples[:2]})
     assert fit.status_code == 413 and batch.status_code == 413
     assert fit.json()["detail"]["error_type"] == "request_too_large"
