@@ -148,7 +148,10 @@ def spread(values: list[float]) -> str:
 
 def counts(statuses: list[int | str]) -> str:
     return (
-        ", ".join(f"{c} × {s}" for s, c in sorted(collections.Counter(statuses).items(), key=str)) or "none"
+        ", ".join(
+            f"{c} × {s}" for s, c in sorted(collections.Counter(statuses).items(), key=lambda kv: str(kv[0]))
+        )
+        or "none"
     )
 
 
@@ -369,7 +372,7 @@ def add_fits(store: Path, count: int) -> None:
         columns = list(template)
         first = db.execute("SELECT COUNT(*) FROM calibrations").fetchone()[0]
         rows = [
-            [*(template | {"id": uuid.uuid4().hex, "tenant": f"other-{first + i}"}).values()]
+            [*(template | {"id": f"cal_{uuid.uuid4().hex[:16]}", "tenant": f"other-{first + i}"}).values()]
             for i in range(count)
         ]
         db.execute("BEGIN IMMEDIATE")
