@@ -21,8 +21,10 @@ The scenarios, in this order:
 6. 1,100 connections that send half a request and hold, while ``/healthz`` is polled on new ones;
 7. ``/readyz`` after the engine stops answering: needs a vLLM that hangs, printed with its test.
 
-Between scenarios the tool waits until the server has no request in flight (``/metrics``), so that
-work abandoned by one scenario is not counted against the next. The server starts at the usual
+Each scenario has a server of its own, started afresh (a few seconds), so that work abandoned by one
+(a forward pass runs to its end after its request is gone) and the rate the service measured are not
+counted against the next; each but the first warms its server up first (``session.py:warm_up``). The
+server starts at the usual
 open-file soft limit (``OPEN_FILES_SOFT``), not this machine's.
 
 This module starts the server and runs the scenarios in order; the scenarios are in ``load.py`` (one
@@ -57,7 +59,7 @@ from deploy.acceptance.fairness.load import abandoned_batch, polite_beside_flood
 from deploy.acceptance.fairness.session import QUICK, Fairness, Sizes, say
 from deploy.acceptance.fairness.stalls import calibration_rows, engine_hang, half_open, huge_body
 from deploy.acceptance.probe.run import git_commit
-from deploy.acceptance.probe.session import KEY_FILE
+from deploy.acceptance.probe.session import KEY_FILE, Row
 from deploy.processes import free_port, wait_for_models
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: the server runs from it
@@ -96,7 +98,8 @@ async def served(folder: Path) -> AsyncIterator[Fairness]:
         await asyncio.to_thread(wait_for_models, url, process=server, log=log, path="/readyz", timeout_s=180)
         print(f"server pid {server.pid} ready in {time.monotonic() - started:.1f} s", file=sys.stderr)
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
-            yield Fairness(client, server, keys, f"http://127.0.0.1:{metrics_port}", log, port=port)
+            metrics = f"http://127.0.0.1:{metrics_port}"
+            yield Fairness(client, server, keys, metrics, log, port=port, store=folder / "store.sqlite3")
     finally:
         server.terminate()
         try:
@@ -105,7 +108,7 @@ async def served(folder: Path) -> AsyncIterator[Fairness]:
             server.kill()
 
 
-def steps(sizes: Sizes, store: Path) -> list[tuple]:
+def steps(sizes: Sizes) -> list[tuple]:
     """The scenarios in their order, each with its arguments."""
     return [
         (abandoned_batch, sizes),
@@ -113,29 +116,35 @@ def steps(sizes: Sizes, store: Path) -> list[tuple]:
         (wide_choice, sizes),
         (huge_body, sizes, "/v1/feedback", "stalled /healthz 8.3 s"),
         (huge_body, sizes, "/v1/systemone", "stalled /healthz 18.1 s"),
-        (calibration_rows, sizes, store),
+        (calibration_rows, sizes),
         (half_open, sizes),
     ]
 
 
-SCENARIOS = [step.__name__ for step, *_ in steps(Sizes(), Path())]
+SCENARIOS = [step.__name__ for step, *_ in steps(Sizes())]
 
 
-async def run(sizes: Sizes, folder: Path, only: list[str] | None = None) -> Fairness:
-    async with served(folder) as probe:
-        for step, *step_args in steps(sizes, folder / "store.sqlite3"):
-            if only and step.__name__ not in only:
-                continue
-            print(f"{datetime.now(UTC):%H:%M:%S} {step.__name__}", file=sys.stderr)
+async def run(sizes: Sizes, folder: Path, only: list[str] | None = None) -> list[tuple[Row, str]]:
+    """Each scenario on a server of its own, started afresh: work one scenario abandoned (a forward pass
+    runs to its end after its request is gone), the rate the service measured, descriptors it holds,
+    are not counted against the next. Returns each row with its target."""
+    checked: list[tuple[Row, str]] = []
+    for n, (step, *step_args) in enumerate(steps(sizes)):
+        if only and step.__name__ not in only:
+            continue
+        print(f"{datetime.now(UTC):%H:%M:%S} {step.__name__}", file=sys.stderr)
+        (folder / str(n)).mkdir()
+        async with served(folder / str(n)) as probe:
             await step(probe, *step_args)
-        if not only:
-            engine_hang(probe)
-        return probe
+        checked += zip(probe.rows, probe.targets, strict=True)
+    if not only:
+        checked.append(engine_hang())
+    return checked
 
 
-def table(probe: Fairness) -> str:
+def table(checked: list[tuple[Row, str]]) -> str:
     lines = ["| row | issue 39 (main a0bd275) | now (this run) | target | |", "|---|---|---|---|---|"]
-    for row, target in zip(probe.rows, probe.targets, strict=True):
+    for row, target in checked:
         verdict = "PASS" if row.passed else "see test" if row.passed is None else "FAIL"
         cells = [c.replace("|", "\\|").replace("\n", " ") for c in (row.probe, row.then, row.now, target)]
         lines.append(f"| {' | '.join(cells)} | {verdict} |")
@@ -163,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     say(f"`python -m deploy.acceptance.fairness {' '.join(argv if argv is not None else sys.argv[1:])}`: embedded engine "
         f"(local), {os.cpu_count()} cores, server defaults; sizes {asdict(sizes)}\n")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="opendecide-fairness-") as folder:
-        probe = asyncio.run(run(sizes, Path(folder), args.only))
+        checked = asyncio.run(run(sizes, Path(folder), args.only))
+    rows = [row for row, _ in checked]
     say()
-    say(table(probe))
-    failed = [r.probe for r in probe.rows if r.passed is False]
-    say(f"\n{sum(r.passed is True for r in probe.rows)} PASS, {len(failed)} FAIL, "
-        f"{sum(r.passed is None for r in probe.rows)} covered by tests; {(datetime.now(UTC) - started).total_seconds():.0f} s")  # fmt: skip
+    say(table(checked))
+    failed = [r.probe for r in rows if r.passed is False]
+    say(f"\n{sum(r.passed is True for r in rows)} PASS, {len(failed)} FAIL, "
+        f"{sum(r.passed is None for r in rows)} covered by tests; {(datetime.now(UTC) - started).total_seconds():.0f} s")  # fmt: skip
     return 1 if failed else 0
 
 

@@ -7,12 +7,11 @@ import asyncio
 import collections
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
-from deploy.acceptance.probe.session import NOUL, Probe, auth, ms, reason
-
-SETTLE_S = 120.0  # longest wait for the server to finish (or drop) a scenario's work: two deadlines
+from deploy.acceptance.probe.session import NOUL, A, B, Probe, auth, ms, reason
 
 
 @dataclass(frozen=True)
@@ -44,28 +43,14 @@ QUICK = Sizes(
 class Fairness(Probe):
     """The probe's server and rows, each row with the target it is judged against."""
 
-    def __init__(self, *args, port: int, **kwargs) -> None:
+    def __init__(self, *args, port: int, store: Path, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.port = port
+        self.port, self.store = port, store  # the server's port and its SQLite store file
         self.targets: list[str] = []
 
     def check(self, label: str, then: str, now: str, target: str, passed: bool | None) -> None:
         self.row(label, then, now, passed)
         self.targets.append(target)
-
-    async def in_flight(self) -> float:
-        text = (await self.client.get(f"{self.metrics_url}/metrics")).text
-        return sum(
-            float(line.split()[-1])
-            for line in text.splitlines()
-            if line.startswith("decide_in_flight_requests")
-        )
-
-    async def settle(self) -> None:
-        """Wait until no request is in flight: what a scenario left behind ends before the next one."""
-        deadline = time.monotonic() + SETTLE_S
-        while await self.in_flight() > 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.5)
 
 
 def say(line: str = "") -> None:
@@ -127,3 +112,18 @@ def summary(results: list) -> str:
     reasons = collections.Counter(r for s, _, r in results if s != 200)
     why = f"; first refusal: {reasons.most_common(1)[0][0]}" if reasons else ""
     return f"{counts([s for s, _, _ in results])}; 200s {spread(answered)}{why}"
+
+
+async def warm_up(probe: Fairness, sizes: Sizes) -> None:
+    """What a server in service has done before the scenario: b's first small requests (a new server's
+    first reads take up to seconds each) and one of a's batches at a tenth of the flood's size, so the
+    service has measured its rate on real work, not only on small requests."""
+    for i in range(10):
+        await small(probe.client, B, 900_000 + i)
+    states = [words(f"Warm {i}", sizes.flood_words) for i in range(max(1, sizes.flood_states // 10))]
+    response = await probe.client.post(
+        "/decide/batch", json={"states": states, "questions": {"q": NOUL}}, headers=auth(A)
+    )
+    say(
+        f"- warm-up: 10 small requests, then a {len(states)} × {sizes.flood_words}-word batch: {response.status_code}"
+    )

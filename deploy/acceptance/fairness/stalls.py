@@ -14,8 +14,18 @@ from pathlib import Path
 
 import httpx
 
-from deploy.acceptance.fairness.session import Fairness, Sizes, counts, pct, say, small, spread, summary
-from deploy.acceptance.probe.session import A, B, auth, examples, ms, reason
+from deploy.acceptance.fairness.session import (
+    Fairness,
+    Sizes,
+    counts,
+    pct,
+    say,
+    small,
+    spread,
+    summary,
+    warm_up,
+)
+from deploy.acceptance.probe.session import A, B, Row, auth, examples, ms, reason
 
 
 async def huge_body(probe: Fairness, sizes: Sizes, path: str, then: str) -> None:
@@ -45,7 +55,6 @@ async def huge_body(probe: Fairness, sizes: Sizes, path: str, then: str) -> None
         await asyncio.sleep(0.3)
         done.set()
         await polling
-    await probe.settle()
     latencies = [t for _, t in healthz]
     now = (
         f"{len(body) / 1e6:.1f} MB: {response.status_code} in {ms(took)} ({reason(response)}); /healthz "
@@ -83,7 +92,8 @@ def add_fits(store: Path, count: int) -> None:
         db.close()
 
 
-async def calibration_rows(probe: Fairness, sizes: Sizes, store: Path) -> None:
+async def calibration_rows(probe: Fairness, sizes: Sizes) -> None:
+    await warm_up(probe, sizes)
     fitted = await probe.client.post("/v1/calibrations", json=examples(12, flip=True), headers=auth(A))
     fitted.raise_for_status()
 
@@ -93,10 +103,10 @@ async def calibration_rows(probe: Fairness, sizes: Sizes, store: Path) -> None:
                 await small(b_client, B, first + i)
             return [await small(b_client, B, first + 2 + i) for i in range(sizes.decisions)]
 
-    await asyncio.to_thread(add_fits, store, 24)
+    await asyncio.to_thread(add_fits, probe.store, 24)
     few = await decisions(400)
     started = time.monotonic()
-    await asyncio.to_thread(add_fits, store, sizes.calibration_rows - 25)
+    await asyncio.to_thread(add_fits, probe.store, sizes.calibration_rows - 25)
     inserted = time.monotonic() - started
     many = await decisions(500)
     say(f"- tenant b's decisions at 25 calibration rows: {summary(few)}")
@@ -172,13 +182,13 @@ async def half_open(probe: Fairness, sizes: Sizes) -> None:
     )
 
 
-def engine_hang(probe: Fairness) -> None:
-    # The loopback stand-in vLLM (tests/integration/standin_vllm.py) imports tests, which deploy/ may not.
+def engine_hang() -> tuple[Row, str]:
+    """Needs a vLLM that hangs: the loopback stand-in (tests/integration/standin_vllm.py) imports tests,
+    which deploy/ may not, so the row names the test that covers it."""
     test = "tests/service/test_bounds_ready.py"
-    probe.check(
+    return Row(
         "/readyz after the engine stops answering under load",
         "stayed 200 while the engine hung",
         f"not re-run here (needs a vLLM that hangs): see {test}",
-        "503 within 10 s",
         None,
-    )
+    ), "503 within 10 s"
