@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     started = datetime.now(UTC)
     say(f"# Issue 39's probe: fairness ({started:%Y-%m-%d %H:%M} UTC, commit {git_commit()})\n")
-    say(f"`python -m deploy.acceptance.fairness {' '.join(argv if argv is not None else sys.argv[1:])}`: embedded engine "
+    say(f"`{' '.join(['python -m deploy.acceptance.fairness', *(argv if argv is not None else sys.argv[1:])])}`: embedded engine "
         f"(local), {os.cpu_count()} cores, server defaults; sizes {asdict(sizes)}\n")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="opendecide-fairness-") as folder:
         checked = asyncio.run(run(sizes, Path(folder), args.only))
