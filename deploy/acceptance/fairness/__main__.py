@@ -1,0 +1,5 @@
+import sys
+
+from deploy.acceptance.fairness.run import main
+
+sys.exit(main())
