@@ -5,6 +5,7 @@
     ├── PermissionDenied (403 permission_error)     the key lacks the scope the route needs
     ├── RequestTooCostly (413 request_too_large)    tokens to compute over the per-request cap or deadline
     ├── Overloaded (529 overloaded_error)           the admission queue is full or too slow; Retry-After
+    ├── RefitLimited (429 rate_limit_error)         over the refit limit per key or per tenant; Retry-After
     ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
     ├── DeadlineExceeded (504 deadline_exceeded)    the request ran past the server's deadline
     ├── NotUtf8 (415 unsupported_media_type)        a JSON body that is not UTF-8 (UTF-16, Latin-1)
@@ -83,6 +84,18 @@ class Overloaded(DecideError):
         self.retry_after_s = retry_after_s
 
 
+class RefitLimited(DecideError):
+    """A refit over its limit (``service/refit_limits.py``): one per key every few seconds, a bounded
+    number per tenant a minute. Retry-After says when the next one is allowed."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class UnsupportedFeature(DecideError):
     """A feature a client asked for that this server does not serve (Jev 1.14's Danger-Zone modes):
     refused by name rather than answered as if it had not been asked."""
@@ -152,7 +165,7 @@ def error_response(error: DecideError) -> JSONResponse:
             "context_length": error.context_length,
             "prompt_tokens_exact": error.exact_count,
         }
-    if isinstance(error, (EngineUnavailable, Overloaded)):
+    if isinstance(error, (EngineUnavailable, Overloaded, RefitLimited)):
         headers["Retry-After"] = str(error.retry_after_s)
     body = error_body(error.status_code, error.error_type, error.message, **fields)
     return JSONResponse(body, status_code=error.status_code, headers=headers)
