@@ -14,35 +14,10 @@ import pytest
 
 from calibration.open import open_store
 from calibration.postgres_store import CALIBRATION_LOCK, PostgresStore
-from calibration.sqlite_store import SQLiteStore
 from calibration.store import CalibrationKey, CalibrationStore
-from tests.calibration.stores import KEY, VERSION, decision, eventually, query
+from tests.calibration.stores import KEY, VERSION, counting_store, decision, eventually, query
 
 BY_COUNT = CalibrationKey("smol", "rev1", "choice", 3, read_version=VERSION)
-
-
-def counting_store(location: str, **options) -> CalibrationStore:
-    """The backend's store, counting which threads take a database connection and the rows its
-    refreshes read (the background thread's included)."""
-    backend = PostgresStore if location.startswith("postgresql://") else SQLiteStore
-
-    class Counting(backend):
-        def __init__(self, *args, **kwargs) -> None:
-            self.connections_by: list[int] = []  # before the backend's __init__, which already queries
-            self.refreshes = self.rows_read = 0
-            super().__init__(*args, **kwargs)
-
-        def _connection(self):
-            self.connections_by.append(threading.get_ident())
-            return super()._connection()
-
-        def refresh(self, *args) -> int:
-            read = super().refresh(*args)
-            self.refreshes += 1
-            self.rows_read += read
-            return read
-
-    return Counting(location, **options)
 
 
 def fit(store: CalibrationStore, key: CalibrationKey = KEY, n: int = 50):
