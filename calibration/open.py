@@ -18,7 +18,7 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 def open_store(location: Path | str, **options) -> CalibrationStore:
     """The store at ``location``: a ``postgresql://`` (or ``postgres://``) URL opens a
     ``PostgresStore`` (``options``: its pool size, poll interval, connect timeout), anything else is
-    a file path for a ``SQLiteStore`` (which takes no options)."""
+    a file path for a ``SQLiteStore`` (``options``: its poll interval); both take ``keep_fits``."""
     if str(location).startswith(POSTGRES_SCHEMES):
         from opendecide.extras import needs_extra
 

@@ -7,9 +7,14 @@ allows 100 by default, and the service calls the store from several worker threa
 
 Replicas pick up fits without a restart: a trigger NOTIFYs ``opendecide_calibrations`` on every
 insert into ``calibrations``; each store LISTENs on its own connection in a background thread and
-reloads its cache when told. The same thread also compares the table's (count, max seq) every
-``poll_s`` seconds, so a notification lost to a dropped connection delays a pickup by at most that.
-Lookups themselves never touch the database.
+runs ``refresh`` when told, and every ``poll_s`` seconds besides, so a notification lost to a dropped
+connection delays a pickup by at most that. ``refresh`` reads only the rows after the last ``seq``
+seen (an index range scan: its cost is the new rows, not the table). A sequence number is drawn when
+a row is inserted, not when it commits, so two concurrent inserts could commit out of order and a
+reader could see the later number first and never look below it again; every insert of a fit
+therefore holds a transaction-scoped advisory lock (``CALIBRATION_LOCK``), which Postgres releases
+only after the commit is visible: the next insert draws its number after the previous one is
+visible, so ``seq`` order is commit order. Lookups themselves never touch the database.
 """
 
 from __future__ import annotations
@@ -31,13 +36,16 @@ with needs_extra("postgres", "a postgresql:// calibration store"):
     from psycopg_pool import ConnectionPool
 
 from calibration.store import (
+    CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
+    KEEP_FITS,
     LEGACY_READ_VERSION,
     RECORDED_LIMIT,
     Calibration,
     CalibrationKey,
     CalibrationStore,
     DecisionRecord,
+    calibration_filter,
     check_schema_version,
     key_filter,
 )
@@ -48,6 +56,8 @@ CHANNEL = "opendecide_calibrations"
 LISTENER_NAME = "opendecide-store-listener"  # its application_name, as pg_stat_activity shows it
 # Any fixed number: the advisory lock that lets one replica at a time migrate the schema.
 MIGRATION_LOCK = 0x0DEC1DE
+# Another: held by every insert of a fit until it commits, so sequence order is commit order.
+CALIBRATION_LOCK = 0x0DEC1DF
 
 # Applied in order, each in the one transaction that records it in schema_migrations (DDL is
 # transactional in Postgres). Never edit a released entry: add one.
@@ -111,6 +121,11 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         f"ALTER TABLE feedback ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'",
         "CREATE INDEX decisions_tenant_recorded ON decisions (tenant, model, revision, read_version, question_type, option_count, created_at)",
     )),
+    # Retention keeps each key's latest fits and deletes the rest as a new one is stored: it finds a
+    # key's fits newest first by this index, whatever the table's size.
+    (7, "calibrations by whole key, newest first: retention of superseded fits", (
+        "CREATE INDEX calibrations_latest ON calibrations (tenant, model, revision, read_version, question_type, option_count, domain, seq)",
+    )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -153,9 +168,15 @@ class PostgresStore(CalibrationStore):
     """Thread-safe: a connection pool for calls, one more connection for the listener thread."""
 
     def __init__(
-        self, url: str, *, pool_size: int = 8, poll_s: float = 1.0, connect_timeout_s: float = 10.0
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        poll_s: float = 1.0,
+        connect_timeout_s: float = 10.0,
+        keep_fits: int = KEEP_FITS,
     ) -> None:
-        super().__init__()
+        super().__init__(keep_fits=keep_fits)
         self.url = url
         self.poll_s = poll_s
         try:
@@ -174,15 +195,19 @@ class PostgresStore(CalibrationStore):
             name="opendecide-store",
             open=True,
         )
-        self._seen: tuple[int, int] | None = None
-        self._reload_lock = threading.Lock()
-        self._reload()
+        self._seen = 0  # the last seq merged into the cache
+        self._refresh_lock = threading.Lock()
+        self.refresh()
         self._closing = threading.Event()
         self._listener = threading.Thread(target=self._listen, name="opendecide-store-listener", daemon=True)
         self._listener.start()
 
+    def _connection(self) -> contextlib.AbstractContextManager[psycopg.Connection]:
+        """A pooled connection, for ``with``: every call's database access goes through here."""
+        return self._pool.connection()
+
     def schema_version(self) -> int:
-        with self._pool.connection() as db:
+        with self._connection() as db:
             return db.execute("SELECT MAX(version) FROM schema_migrations").fetchone()[0]
 
     def close(self) -> None:
@@ -195,40 +220,61 @@ class PostgresStore(CalibrationStore):
     def _insert_calibration(self, calibration: Calibration) -> int:
         row = calibration.as_json()
         row["fitted_at"] = dt.datetime.fromisoformat(calibration.fitted_at)
-        with self._pool.connection() as db:
+        where, params = calibration_filter(calibration.key, "%s")
+        with self._connection() as db, db.transaction():
+            db.execute("SELECT pg_advisory_xact_lock(%s)", (CALIBRATION_LOCK,))
             stored = db.execute(
                 f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))}) RETURNING seq",
                 list(row.values()),
             ).fetchone()[0]
+            # Older than the key's keep_fits-th newest (NULL, deleting nothing, while it has fewer).
+            db.execute(
+                f"DELETE FROM calibrations WHERE {where} AND seq < "
+                f"(SELECT seq FROM calibrations WHERE {where} ORDER BY seq DESC LIMIT 1 OFFSET %s)",
+                [*params, *params, self.keep_fits - 1],
+            )
         return stored
 
-    def _reload(self, db: psycopg.Connection | None = None) -> None:
-        """Reload the cache if the table changed since the last look: (count, max seq) both grow on
-        every insert, and count also catches a row whose seq was drawn before one already seen."""
-        with self._reload_lock, self._pool.connection() if db is None else contextlib.nullcontext(db) as conn:
-            version = conn.execute("SELECT count(*), coalesce(max(seq), 0) FROM calibrations").fetchone()
-            if version == self._seen:
-                return
-            rows = conn.cursor(row_factory=dict_row).execute(
-                f"SELECT DISTINCT ON (tenant, model, revision, read_version, question_type, option_count, domain) seq, {', '.join(COLUMNS)} "
-                "FROM calibrations ORDER BY tenant, model, revision, read_version, question_type, option_count, domain, seq DESC"
+    def prune_calibrations(self) -> int:
+        key = ", ".join(CALIBRATION_KEY_COLUMNS)
+        with self._connection() as db:
+            cursor = db.execute(
+                "DELETE FROM calibrations WHERE seq IN (SELECT seq FROM (SELECT seq, "
+                f"row_number() OVER (PARTITION BY {key} ORDER BY seq DESC) AS newer FROM calibrations) AS ranked WHERE newer > %s)",
+                (self.keep_fits,),
             )
+            return cursor.rowcount
+
+    def refresh(self, db: psycopg.Connection | None = None) -> int:
+        """``CalibrationStore.refresh``, on ``db`` (the listener's own connection) or a pooled one."""
+        # One at a time, so the last seq seen only moves forward.
+        with self._refresh_lock, self._connection() if db is None else contextlib.nullcontext(db) as conn:
+            rows = (
+                conn.cursor(row_factory=dict_row)
+                .execute(
+                    f"SELECT seq, {', '.join(COLUMNS)} FROM calibrations WHERE seq > %s ORDER BY seq",
+                    (self._seen,),
+                )
+                .fetchall()
+            )
+            if rows:
+                self._seen = rows[-1]["seq"]
             self._remember((row.pop("seq"), _calibration(row)) for row in rows)
-            self._seen = version
+        return len(rows)
 
     def _listen(self) -> None:
-        """The background thread: LISTEN, reload on a notification or every ``poll_s``; reconnect on errors."""
+        """The background thread: LISTEN, refresh on a notification or every ``poll_s``; reconnect on errors."""
         while not self._closing.is_set():
             try:
                 with psycopg.connect(self.url, autocommit=True, application_name=LISTENER_NAME) as db:
                     db.execute(f"LISTEN {CHANNEL}")
-                    self._reload(db)  # whatever was stored while this connection was down
+                    self.refresh(db)  # whatever was stored while this connection was down
                     polled = time.monotonic()
                     while not self._closing.is_set():
                         # Short waits so close() is prompt whatever poll_s is.
                         told = any(True for _ in db.notifies(timeout=min(self.poll_s, 0.5), stop_after=1))
                         if told or time.monotonic() - polled >= self.poll_s:
-                            self._reload(db)
+                            self.refresh(db)
                             polled = time.monotonic()
             except psycopg.Error as error:
                 logger.warning("calibration listener lost its connection (%s); reconnecting", error)
@@ -244,7 +290,7 @@ class PostgresStore(CalibrationStore):
         ]  # fmt: skip
         if not rows:
             return
-        with self._pool.connection() as db, db.transaction(), db.cursor() as cursor:
+        with self._connection() as db, db.transaction(), db.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, "
                 "uncalibrated_probabilities, informative, read_version, tenant) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
@@ -252,7 +298,7 @@ class PostgresStore(CalibrationStore):
             )
 
     def decision(self, decision_id: str, tenant: str = DEFAULT_TENANT) -> DecisionRecord | None:
-        with self._pool.connection() as db:
+        with self._connection() as db:
             row = db.execute(
                 "SELECT id, model, revision, question_type, option_count, domain, options, uncalibrated_probabilities, informative, read_version "
                 "FROM decisions WHERE id = %s AND tenant = %s",
@@ -261,14 +307,14 @@ class PostgresStore(CalibrationStore):
         return None if row is None else DecisionRecord(*row[:-1], read_version=row[-1], tenant=tenant)
 
     def add_feedback(self, decision_id: str, gold: str, tenant: str = DEFAULT_TENANT) -> int:
-        with self._pool.connection() as db:
+        with self._connection() as db:
             return db.execute(
                 "INSERT INTO feedback (decision_id, gold, tenant) VALUES (%s, %s, %s) RETURNING seq",
                 (decision_id, gold, tenant),
             ).fetchone()[0]
 
     def prune_decisions(self, older_than: dt.datetime) -> int:
-        with self._pool.connection() as db:
+        with self._connection() as db:
             cursor = db.execute(
                 "DELETE FROM decisions d WHERE d.created_at < %s AND NOT EXISTS (SELECT 1 FROM feedback f WHERE f.decision_id = d.id)",
                 (older_than,),
@@ -282,7 +328,7 @@ class PostgresStore(CalibrationStore):
             WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
             ORDER BY f.seq
         """
-        with self._pool.connection() as db:
+        with self._connection() as db:
             rows = db.execute(query, params).fetchall()
         return [(uncalibrated, options.index(gold)) for options, uncalibrated, gold in rows]
 
@@ -291,7 +337,7 @@ class PostgresStore(CalibrationStore):
     ) -> list[tuple[list[str], list[float]]]:
         where, params = key_filter(key, "%s")
         query = f"SELECT d.options, d.uncalibrated_probabilities FROM decisions d WHERE {where} AND d.informative ORDER BY d.created_at DESC, d.id DESC LIMIT %s"
-        with self._pool.connection() as db:
+        with self._connection() as db:
             rows = db.execute(query, [*params, limit]).fetchall()
         return [(options, uncalibrated) for options, uncalibrated in reversed(rows)]
 

@@ -1,32 +1,45 @@
 """The single-host calibration store: one SQLite file in WAL mode with synchronous=FULL.
 
 Every write is one ``BEGIN IMMEDIATE`` transaction, durable at COMMIT (synchronous=FULL); WAL lets
-readers run beside a writer, and ``busy_timeout`` makes concurrent writers wait, not fail. Fits by
-other processes on the same file reach the cache through SQLite's ``data_version``, which changes
-when another connection commits: one PRAGMA per lookup, no query.
+readers run beside a writer, and ``busy_timeout`` makes concurrent writers wait, not fail.
+
+Fits by other processes on the same file reach the cache within ``poll_s``: a background thread
+runs ``refresh``, ``SELECT … WHERE rowid > last seen`` (a seek on the rowid b-tree, so its cost is
+the new rows, not the table). The rowid is the insertion order, and SQLite has one writer at a time,
+assigning rowids inside the write transaction: rowid order is commit order, so a row below the last
+one seen can never commit later and be missed. Lookups never touch the file: before this, each one
+compared ``PRAGMA data_version`` (changed by every commit of any other connection, this process's
+decision writes included) and then re-read the whole calibrations table on the calling thread.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import sqlite3
 import threading
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
 from calibration.store import (
+    CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
+    KEEP_FITS,
     LEGACY_READ_VERSION,
     RECORDED_LIMIT,
     Calibration,
     CalibrationKey,
     CalibrationStore,
     DecisionRecord,
+    calibration_filter,
     check_schema_version,
     key_filter,
     utc_now,
 )
+
+logger = logging.getLogger("opendecide.store")
 
 # Applied in order, each in the one transaction that records it in schema_migrations.
 # Never edit a released entry: add one.
@@ -82,20 +95,43 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
         f"ALTER TABLE feedback ADD COLUMN tenant TEXT NOT NULL DEFAULT '{DEFAULT_TENANT}'",
         "CREATE INDEX IF NOT EXISTS decisions_tenant_recorded ON decisions (tenant, model, revision, read_version, question_type, option_count, created_at)",
     )),
+    # Retention keeps each key's latest fits and deletes the rest as a new one is stored: it finds a
+    # key's fits newest first by this index (its entries end in the rowid), whatever the table's size.
+    (7, "calibrations by whole key, newest first: retention of superseded fits", (
+        "CREATE INDEX IF NOT EXISTS calibrations_latest ON calibrations (tenant, model, revision, read_version, question_type, option_count, domain)",
+    )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
-class SQLiteStore(CalibrationStore):
-    """Thread-safe: one connection per thread, all in WAL mode on the same file."""
+POLL_S = 0.25
+"""How often the background thread looks for fits stored by other processes: an index seek that finds
+nothing costs microseconds, so a short wait costs nothing worth saving."""
 
-    def __init__(self, path: Path | str) -> None:
-        super().__init__()
+
+class SQLiteStore(CalibrationStore):
+    """Thread-safe: one connection per thread, all in WAL mode on the same file; one more thread
+    (``opendecide-store-poller``) refreshes the cache every ``poll_s``."""
+
+    def __init__(self, path: Path | str, *, poll_s: float = POLL_S, keep_fits: int = KEEP_FITS) -> None:
+        super().__init__(keep_fits=keep_fits)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.poll_s = poll_s
         self._local = threading.local()
+        self._seen = 0  # the last rowid merged into the cache
+        self._refresh_lock = threading.Lock()
         self._migrate()
-        self._refresh()
+        self.refresh()
+        self._closing = threading.Event()
+        # The thread holds the store weakly: a store dropped without close() stops being polled.
+        self._poller = threading.Thread(
+            target=_poll,
+            args=(weakref.ref(self), self._closing, poll_s),
+            name="opendecide-store-poller",
+            daemon=True,
+        )
+        self._poller.start()
 
     def _connection(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -157,24 +193,45 @@ class SQLiteStore(CalibrationStore):
     def _insert_calibration(self, calibration: Calibration) -> int:
         row = calibration.as_json()
         row["bias"] = None if row["bias"] is None else json.dumps(row["bias"])
+        where, params = calibration_filter(calibration.key, "?")
         with self._transaction() as db:
-            cursor = db.execute(
+            stored = db.execute(
                 f"INSERT INTO calibrations ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                 list(row.values()),
+            ).lastrowid
+            # Older than the key's keep_fits-th newest (NULL, deleting nothing, while it has fewer).
+            db.execute(
+                f"DELETE FROM calibrations WHERE {where} AND rowid < "
+                f"(SELECT rowid FROM calibrations WHERE {where} ORDER BY rowid DESC LIMIT 1 OFFSET ?)",
+                [*params, *params, self.keep_fits - 1],
             )
-        return cursor.lastrowid
+        return stored
 
-    def _reload(self) -> None:
-        # rowid is the insertion order (rows are never deleted), the same on every connection.
-        rows = self._connection().execute("SELECT rowid AS stored, * FROM calibrations").fetchall()
-        self._remember((row["stored"], _calibration(row)) for row in rows)
+    def prune_calibrations(self) -> int:
+        key = ", ".join(CALIBRATION_KEY_COLUMNS)
+        with self._transaction() as db:
+            cursor = db.execute(
+                "DELETE FROM calibrations WHERE rowid IN (SELECT stored FROM (SELECT rowid AS stored, "
+                f"row_number() OVER (PARTITION BY {key} ORDER BY rowid DESC) AS newer FROM calibrations) WHERE newer > ?)",
+                (self.keep_fits,),
+            )
+            return int(cursor.rowcount)
 
-    def _refresh(self) -> None:
-        version = self._connection().execute("PRAGMA data_version").fetchone()[0]
-        # data_version is per connection: a thread's first look reloads, later ones only on a change.
-        if version != getattr(self._local, "seen_version", None):
-            self._reload()
-        self._local.seen_version = version
+    def refresh(self) -> int:
+        # One at a time, so the last rowid seen only moves forward.
+        with self._refresh_lock:
+            rows = (
+                self._connection()
+                .execute(
+                    "SELECT rowid AS stored, * FROM calibrations WHERE rowid > ? ORDER BY rowid",
+                    (self._seen,),
+                )
+                .fetchall()
+            )
+            self._remember((row["stored"], _calibration(row)) for row in rows)
+            if rows:
+                self._seen = rows[-1]["stored"]
+        return len(rows)
 
     # -- decisions and feedback ---------------------------------------------------------------
 
@@ -247,10 +304,30 @@ class SQLiteStore(CalibrationStore):
         ]
 
     def close(self) -> None:
+        self._closing.set()
+        if self._poller is not threading.current_thread():
+            self._poller.join(timeout=30)  # it closes its own connection on the way out
         db = getattr(self._local, "db", None)
         if db is not None:  # sqlite3 connections belong to their thread: this thread's one
             db.close()
             self._local.db = None
+
+
+def _poll(store_ref: weakref.ref[SQLiteStore], closing: threading.Event, poll_s: float) -> None:
+    """The background thread: ``refresh`` every ``poll_s`` until the store is closed or dropped."""
+    while not closing.wait(poll_s):
+        store = store_ref()
+        if store is None:
+            return
+        try:
+            store.refresh()
+        except sqlite3.Error as error:  # a locked or busy file: the next poll tries again
+            logger.warning("calibration refresh failed (%s); retrying in %.2f s", error, poll_s)
+        del store  # not held across the wait: a dropped store is collected
+    store = store_ref()
+    db = None if store is None else getattr(store._local, "db", None)
+    if db is not None:
+        db.close()
 
 
 def _calibration(row: sqlite3.Row) -> Calibration:

@@ -28,9 +28,20 @@ This module is the contract the backends implement; it knows none of them.
   refits or lists depend on another's records.
 - Every write is one transaction, durable before the call returns, so an acknowledged write
   survives a crash of the writer (and of SQLite's host or the Postgres server).
-- Lookups read a cache, kept in each process's memory, of the latest calibration per key, so a
-  decision costs no query; fits stored by other processes reach the cache without a restart (each
-  backend says how).
+- Lookups read a cache, kept in each process's memory, of the latest calibration per key: ``lookup``
+  and ``calibrations`` are pure memory and never touch the database, so the service calls them on its
+  event loop and a decision's lookup costs the same at 25 stored fits as at 50,000. A write by this
+  process updates the cache at once. Fits stored by other processes reach it without a restart, by
+  ``refresh``: one incremental query that reads only the rows stored after the last one seen, never
+  the whole table, run by each backend's own background thread (so no caller, and no decision, waits
+  on it; each backend says how often and how it knows the order is complete).
+- Superseded fits are deleted, not archived: each key (tenant and question key) keeps its latest
+  ``keep_fits`` fits (``KEEP_FITS`` by default), pruned in the transaction that stores a new one, and
+  ``prune_calibrations`` prunes every key (what a store from before this rule needs once). A key's
+  latest fit is never deleted, so the insertion order that makes it the latest survives: the newest
+  row of the whole table is always some key's latest, so SQLite never reuses a rowid and Postgres
+  never reuses a sequence number. Deleting rather than archiving: an older fit is never applied
+  again, the audit log names every stored fit, and the gold answers it was fitted on stay.
 - The schema is a numbered list of migrations, applied in order at open and recorded in
   ``schema_migrations``; a store written by a newer version is refused, not guessed at.
 """
@@ -53,6 +64,8 @@ RECORDED_LIMIT = 10_000
 """Most recorded decisions a refit without gold answers (``state_prior``) reads (the latest ones)."""
 BIAS_MODES = ("temperature_bias", "state_prior")
 """Calibration modes that carry one bias per option (applied as softmax(z / T + b))."""
+KEEP_FITS = 20
+"""Fits kept per key by default: the latest and the 19 it superseded (``CalibrationStore(keep_fits=…)``)."""
 
 
 def utc_now() -> str:
@@ -178,10 +191,14 @@ class CalibrationStore(ABC):
     """The store contract, and the cache of latest calibrations both backends share.
 
     Thread-safe: the service calls it from worker threads. ``lookup`` and ``calibrations`` read the
-    cache; every other method is one database round trip (one transaction for writes).
+    cache in memory only (no query, on any thread: safe on an event loop); every other method is one
+    database round trip (one transaction for writes), for a worker thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_fits: int = KEEP_FITS) -> None:
+        if keep_fits < 1:
+            raise ValueError("keep_fits must be at least 1: a key's latest fit is never deleted")
+        self.keep_fits = keep_fits
         # key → (order, calibration); order is the backend's insertion counter, so "latest" does not
         # depend on the clocks of the replicas that wrote the fits.
         self._latest: dict[CalibrationKey, tuple[int, Calibration]] = {}
@@ -191,16 +208,20 @@ class CalibrationStore(ABC):
 
     def _remember(self, rows: Iterable[tuple[int, Calibration]]) -> None:
         """Merge stored calibrations into the cache, keeping each key's latest. A merge, never a
-        replacement: rows are never deleted, and a reload that read before this process's own
-        newest write committed must not hide that write."""
+        replacement: retention deletes only superseded fits (never one the cache holds), and a
+        refresh that read before this process's own newest write committed must not hide that write."""
         with self._cache_lock:
             for order, calibration in rows:
                 known = self._latest.get(calibration.key)
                 if known is None or known[0] < order:
                     self._latest[calibration.key] = (order, calibration)
 
-    def _refresh(self) -> None:  # noqa: B027 - a hook: backends that can tell cheaply override it
-        """Bring the cache up to date with fits stored by other processes, when cheap to tell."""
+    @abstractmethod
+    def refresh(self) -> int:
+        """Merge the fits stored (by any process) after the last one this store has seen into the
+        cache: one query, whose cost grows with the new rows only. Returns how many rows it read.
+        Each backend's background thread calls it; callers need not, but may (a worker thread, never
+        an event loop: it queries)."""
 
     def calibrations(self, visible_to: str | None = None) -> list[Calibration]:
         """The latest calibration of every key, in the order they were stored; with ``visible_to``, only
@@ -214,8 +235,7 @@ class CalibrationStore(ABC):
         return [c for c in latest if c.tenant in (visible_to, None)]
 
     def lookup(self, key: CalibrationKey) -> Calibration | None:
-        """The most specific calibration for ``key``: domain → type + count → type → None."""
-        self._refresh()
+        """The most specific calibration for ``key``: domain → type + count → type → None. Memory only."""
         with self._cache_lock:
             for candidate in key.fallbacks():
                 found = self._latest.get(candidate)
@@ -272,7 +292,13 @@ class CalibrationStore(ABC):
 
     @abstractmethod
     def _insert_calibration(self, calibration: Calibration) -> int:
-        """Write one fit in one durable transaction; return its insertion order (later fits of a key win)."""
+        """Write one fit in one durable transaction, deleting in it the key's fits beyond its latest
+        ``keep_fits``; return its insertion order (later fits of a key win)."""
+
+    @abstractmethod
+    def prune_calibrations(self) -> int:
+        """Delete every key's fits beyond its latest ``keep_fits`` (one transaction); returns how many.
+        Stores prune a key on each insert; this catches up rows stored before they did."""
 
     @abstractmethod
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
@@ -317,6 +343,33 @@ class CalibrationStore(ABC):
 
     def feedback_count(self, key: CalibrationKey) -> int:
         return len(self.gold_rows(key))
+
+
+CALIBRATION_KEY_COLUMNS = (
+    "tenant",
+    "model",
+    "revision",
+    "read_version",
+    "question_type",
+    "option_count",
+    "domain",
+)
+"""The columns that name a calibration's key, in the order of the index that prunes by key."""
+
+
+def calibration_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
+    """The WHERE clause selecting exactly ``key``'s stored fits, and its parameters. A None column
+    (shared tenant, any count, any domain) is ``IS NULL``: never equal to a value, and a form both
+    backends' indexes serve (Postgres's ``IS NOT DISTINCT FROM`` is not)."""
+    clauses, params = [], []
+    for column in CALIBRATION_KEY_COLUMNS:
+        value = getattr(key, column)
+        if value is None:
+            clauses.append(f"{column} IS NULL")
+        else:
+            clauses.append(f"{column} = {placeholder}")
+            params.append(value)
+    return " AND ".join(clauses), params
 
 
 def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:

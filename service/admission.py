@@ -295,11 +295,11 @@ class Admission:
         return self._over_share(queue, why)
 
     def _over_share(self, queue: TenantQueue, why: str, retry_after_s: float | None = None):
-        from service.errors import TenantOverShare
+        from service.errors import TenantLimited
 
         limits = self.limits
         retry = max(1, math.ceil(retry_after_s)) if retry_after_s is not None else limits.retry_after_s
-        return TenantOverShare(
+        return TenantLimited(
             f"this tenant's work is at its share: {why} ({queue.in_flight} prompt tokens in flight, "
             f"{queue.queued} queued, tenant queue limit {limits.tenant_queued_cost}); other tenants are "
             f"served meanwhile; retry after {retry} s",

@@ -50,6 +50,7 @@ from service.openapi import complete_openapi
 from service.parse import ParseSlots
 from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
+from service.refit_limits import RefitLimits
 from service.retention import prune_periodically
 from service.routes import calibrations, decisions, models, openai_decisions, operations
 
@@ -103,6 +104,7 @@ def create_app(
     retention: dt.timedelta | None = None,
     prior_correction: PriorCorrection = DEFAULT_PRIOR_CORRECTION,
     on_engine_failure: Callable[[str], None] | None = None,
+    refit_limits: RefitLimits | None = None,
 ) -> FastAPI:
     """The service around one engine: pass it built, or ``open_engine`` to build it at start-up.
 
@@ -114,9 +116,12 @@ def create_app(
     default); ``rate_limit`` is (requests per second, burst) per key; ``admission`` bounds the
     prompt tokens in flight and queued. ``max_body_bytes`` is the decoded body limit of a path not in
     ``body_limits`` (path → bytes; default ``service/middleware/decompress.py:ROUTE_BODY_LIMITS``,
-    64 KiB for feedback and refits, 4 MiB for examples). ``retention`` deletes decision records without gold answers older
-    than it (hourly, from start-up); None keeps them. ``prior_correction``: which questions' reads
-    that no stored calibration covers get their content-free option prior divided out
+    64 KiB for feedback and refits, 4 MiB for examples). ``retention`` deletes decision records without
+    gold answers older than it (hourly, from start-up); None keeps them. Superseded calibrations beyond
+    each key's latest ``store.keep_fits`` are pruned hourly either way. ``refit_limits``: how often a
+    tenant may refit (``service/refit_limits.py``; default one per key every 5 s, 30 a minute per
+    tenant). ``prior_correction``: which questions' reads that no stored calibration covers get their
+    content-free option prior divided out
     (``service/pipeline/prior.py``; default choice and score questions). ``on_engine_failure(reason)`` is called
     when ``open_engine`` fails in a way retrying cannot fix (``decide serve`` then exits non-zero).
     """
@@ -138,9 +143,7 @@ def create_app(
             else None
         )
         pruning = (
-            asyncio.create_task(prune_periodically(store, retention))
-            if store is not None and retention
-            else None
+            asyncio.create_task(prune_periodically(store, retention or None)) if store is not None else None
         )
         # Only a key file can change under a running process; keys given in code or the environment cannot.
         watching = watch_key_file(keyring) if keyring is not None and keyring.path is not None else None
@@ -194,6 +197,7 @@ def create_app(
     app.state.store = store
     app.state.keyring = keyring
     app.state.auto_refit_every = auto_refit_every
+    app.state.refit_limits = refit_limits or RefitLimits()
     app.state.images = images
     prior_correction = PriorCorrection(prior_correction)
     app.state.priors = None if prior_correction is PriorCorrection.OFF else OptionPriors(prior_correction)

@@ -5,7 +5,7 @@
     ├── PermissionDenied (403 permission_error)     the key lacks the scope the route needs
     ├── RequestTooCostly (413 request_too_large)    tokens to compute over the per-request cap or deadline
     ├── Overloaded (529 overloaded_error)           the admission queue is full or too slow; Retry-After
-    ├── TenantOverShare (429 rate_limit_error)      a tenant's own queue or tokens per minute; Retry-After
+    ├── TenantLimited (429 rate_limit_error)        a tenant at its own limit (queue, tokens a minute, refits); Retry-After
     ├── UnsupportedFeature (400 unsupported_feature) a Jev 1.14 Danger-Zone header (service/parse.py)
     ├── DeadlineExceeded (504 deadline_exceeded)    the request ran past the server's deadline
     ├── NotUtf8 (415 unsupported_media_type)        a JSON body that is not UTF-8 (UTF-16, Latin-1)
@@ -73,9 +73,10 @@ class RequestTooCostly(DecideError):
     error_type = "request_too_large"
 
 
-class TenantOverShare(DecideError):
-    """One tenant's work is at its share (its queue, its expected wait, its tokens per minute) while
-    the service serves others: 429, the caller's own limit, retried after Retry-After."""
+class TenantLimited(DecideError):
+    """One tenant at a limit of its own: its share of admission (its queue, its expected wait, its
+    tokens per minute: ``service/admission.py``) or its refits (``service/refit_limits.py``). 429, the
+    caller's own limit, retried after Retry-After; other tenants are served meanwhile."""
 
     status_code = 429
     error_type = "rate_limit_error"
@@ -165,7 +166,7 @@ def error_response(error: DecideError) -> JSONResponse:
             "context_length": error.context_length,
             "prompt_tokens_exact": error.exact_count,
         }
-    if isinstance(error, (EngineUnavailable, Overloaded, TenantOverShare)):
+    if isinstance(error, (EngineUnavailable, Overloaded, TenantLimited)):
         headers["Retry-After"] = str(error.retry_after_s)
     body = error_body(error.status_code, error.error_type, error.message, **fields)
     return JSONResponse(body, status_code=error.status_code, headers=headers)

@@ -7,7 +7,9 @@ may only ask must not be able to move the answers. Publishing a fit as ``shared`
 A refit reads the store (``calibration.fit.refit_from_store``): the tenant's decisions with feedback,
 or for ``state_prior`` its recorded decisions of the key, with or without feedback.
 
-Every stored fit writes an audit line (``service/audit.py``).
+Every stored fit writes an audit line (``service/audit.py``). Refits, explicit and automatic, are
+rate-limited per key and per tenant (``service/refit_limits.py``). Store calls that query run in a worker
+thread; ``lookup`` and ``calibrations`` read the store's in-memory cache and run on the event loop.
 
 Mounted only when the app has a calibration store.
 """
@@ -104,7 +106,7 @@ async def create_calibrations(request: Request) -> CalibrationList:
 @router.get("/v1/calibrations", response_model=CalibrationList, responses=error_responses(401, 403))
 async def list_calibrations(request: Request) -> CalibrationList:
     caller = caller_for(request, "GET /v1/calibrations")
-    visible = store_of(request).calibrations(visible_to=caller.tenant)
+    visible = store_of(request).calibrations(visible_to=caller.tenant)  # the cache: memory only
     return CalibrationList(calibrations=[calibration_out(c) for c in visible])
 
 
@@ -139,9 +141,12 @@ async def feedback(request: Request) -> FeedbackResponse:
     gold_rows = await asyncio.to_thread(store.gold_rows, key)
     refit = None
     every = request.app.state.auto_refit_every
-    if every and len(gold_rows) >= MIN_GOLD and len(gold_rows) % every == 0:
-        current = store.lookup(key)  # a refit keeps the mode the key was fitted in
-        mode = current.mode if current is not None and current.key == key else "temperature"
+    limits = request.app.state.refit_limits
+    # Every N gold answers, or at the next feedback after a refit the limit skipped.
+    due = every and len(gold_rows) >= MIN_GOLD and (len(gold_rows) % every == 0 or limits.owed(key))
+    current = store.lookup(key)  # memory only; a refit keeps the mode the key was fitted in
+    mode = current.mode if current is not None and current.key == key else "temperature"
+    if due and limits.take_automatic(key, mode):
         refitted = await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows)
         refit = stored(caller, refitted, "auto_refit")
     return FeedbackResponse(
@@ -176,6 +181,9 @@ async def refit(request: Request) -> CalibrationOut:
         read_version=read_version(PROMPT_VERSION, corrected),
         tenant=caller.tenant,
     )
+    request.app.state.refit_limits.check(
+        key, body.mode
+    )  # 429 with Retry-After over the limit, before any work
     try:
         fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode, shared=body.shared)
     except ValueError as error:

@@ -19,6 +19,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -27,8 +28,9 @@ import psycopg
 import pytest
 
 from calibration.open import open_store
-from calibration.postgres_store import migrate
+from calibration.postgres_store import PostgresStore, migrate
 from calibration.sqlite_store import MIGRATIONS as SQLITE_MIGRATIONS
+from calibration.sqlite_store import SQLiteStore
 from calibration.store import CalibrationKey, CalibrationStore, DecisionRecord
 from deploy.processes import free_port
 from tests.tools import missing_tool
@@ -197,3 +199,27 @@ def schema_at(location: str, version: int, *, recorded: bool = True) -> None:
                 db.execute(statement)
             if recorded:
                 db.execute("INSERT INTO schema_migrations VALUES (?, ?, 'then')", (number, description))
+
+
+def counting_store(location: str, **options) -> CalibrationStore:
+    """The backend's store, counting which threads take a database connection and the rows its
+    refreshes read (the background thread's included)."""
+    backend = PostgresStore if location.startswith("postgresql://") else SQLiteStore
+
+    class Counting(backend):
+        def __init__(self, *args, **kwargs) -> None:
+            self.connections_by: list[int] = []  # before the backend's __init__, which already queries
+            self.refreshes = self.rows_read = 0
+            super().__init__(*args, **kwargs)
+
+        def _connection(self):
+            self.connections_by.append(threading.get_ident())
+            return super()._connection()
+
+        def refresh(self, *args) -> int:
+            read = super().refresh(*args)
+            self.refreshes += 1
+            self.rows_read += read
+            return read
+
+    return Counting(location, **options)

@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 
 from calibration.open import open_store
 from calibration.postgres_store import LISTENER_NAME, SCHEMA_VERSION, PostgresStore, migrate
+from calibration.sqlite_store import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from calibration.sqlite_store import SQLiteStore
 from calibration.store import (
     LEGACY_READ_VERSION,
@@ -165,7 +166,7 @@ def test_a_sqlite_file_from_before_the_informative_column_is_migrated(tmp_path):
     assert store.gold_rows(replace(KEY, read_version=LEGACY_READ_VERSION)) == [([0.5, 0.3, 0.2], 2)]
     assert [
         v for v, _ in query(str(path), "SELECT version, description FROM schema_migrations ORDER BY version")
-    ] == [1, 2, 3, 4, 5, 6]
+    ] == list(range(1, SQLITE_SCHEMA_VERSION + 1))
 
 
 @pytest.mark.integration
@@ -261,14 +262,16 @@ def test_pruning_deletes_old_decisions_without_feedback_only(new_store):
 def test_concurrent_writers_lose_nothing(new_store, location):
     store = new_store()
     store.add_decisions([decision(f"d{i}") for i in range(8)])
-    errors = []
+    errors, fitted = [], []
 
     def write(worker: int) -> None:
         try:
             for i in range(50):
                 store.add_feedback(f"d{worker}", "a")
                 if i % 10 == 0:
-                    store.add_calibration(KEY, temperature=1.0 + worker, n=10, source="examples")
+                    fitted.append(
+                        store.add_calibration(KEY, temperature=1.0 + worker, n=10, source="examples")
+                    )
         except Exception as error:  # pragma: no cover - reported below
             errors.append(error)
 
@@ -279,7 +282,11 @@ def test_concurrent_writers_lose_nothing(new_store, location):
         thread.join()
     assert not errors
     assert query(location, "SELECT count(*) FROM feedback") == [(400,)]
-    assert query(location, "SELECT count(*) FROM calibrations") == [(40,)]
+    # 40 fits of one key stored; retention keeps its latest 20, and the latest stored is the one applied.
+    order = "seq" if location.startswith("postgresql://") else "rowid"
+    kept = [id_ for (id_,) in query(location, f"SELECT id FROM calibrations ORDER BY {order}")]
+    assert len({c.id for c in fitted}) == 40 and len(kept) == store.keep_fits == 20
+    assert set(kept) <= {c.id for c in fitted} and store.lookup(KEY).id == kept[-1]
 
 
 WRITER = textwrap.dedent(
@@ -370,6 +377,7 @@ def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
         (4, "decisions by key and time, for state_prior refits; calibration mode state_prior"),
         (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed; source 'labels' is 'examples'"),
         (6, "tenant on calibrations, decisions and feedback; NULL tenant = shared calibration"),
+        (7, "calibrations by whole key, newest first: retention of superseded fits"),
     ]  # fmt: skip
 
 
@@ -454,7 +462,9 @@ def test_a_store_at_version_4_keeps_every_row_under_the_new_column_names(new_sto
         for table in ("calibrations", "decisions", "feedback")
     }
     store = new_store()
-    assert store.schema_version() == 6
+    assert store.schema_version() == (
+        SCHEMA_VERSION if location.startswith("postgresql://") else SQLITE_SCHEMA_VERSION
+    )
     assert {table: query(location, f"SELECT count(*) FROM {table}") for table in counts} == counts
     for table in ("calibrations", "decisions"):
         if location.startswith("postgresql://"):

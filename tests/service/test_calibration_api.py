@@ -11,6 +11,7 @@ from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
 from service.app import create_app
 from service.pipeline.prior import read_version
+from service.refit_limits import RefitLimits
 
 pytestmark = pytest.mark.anyio
 
@@ -94,8 +95,10 @@ async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_p
 @pytest.mark.slow  # 12 decisions read, then refits: the fast tier keeps the prior correction's real reads
 async def test_feedback_is_recorded_and_refits_every_n_gold_answers(client_factory, local_engine, tmp_path):
     records = spread(load_sample("sst2"), 12)
+    now = [0.0]
+    limits = RefitLimits(clock=lambda: now[0])
     async with client_factory(
-        local_engine, store=open_store(tmp_path / "c.sqlite3"), auto_refit_every=10
+        local_engine, store=open_store(tmp_path / "c.sqlite3"), auto_refit_every=10, refit_limits=limits
     ) as client:
         batch = (
             await client.post(
@@ -117,6 +120,7 @@ async def test_feedback_is_recorded_and_refits_every_n_gold_answers(client_facto
         invalid = await client.post("/v1/feedback", json={"decision_id": ids[0], "gold": "neutral"})
         assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "gold"]
 
+        now[0] += limits.key_interval_s  # the key's automatic refit was this key's last
         refit = await client.post(
             "/v1/calibrations/refit", json={"question_type": "choice", "option_count": 2}
         )
@@ -146,3 +150,54 @@ async def test_too_few_gold_answers_are_refused(client_factory, local_engine, tm
 def test_refit_policy_is_validated(local_engine, tmp_path):
     with pytest.raises(ValueError):
         create_app(local_engine, store=open_store(tmp_path / "c.sqlite3"), auto_refit_every=0)
+
+
+REFIT = "/v1/calibrations/refit"
+
+
+async def test_refits_over_the_limit_get_429_naming_it_with_retry_after(
+    client_factory, quick_engine, tmp_path
+):
+    now = [0.0]
+    limits = RefitLimits(key_interval_s=5, per_minute=3, clock=lambda: now[0])
+    async with client_factory(
+        quick_engine, store=open_store(tmp_path / "c.sqlite3"), refit_limits=limits
+    ) as client:
+        two = {"question_type": "choice", "option_count": 2}
+        assert (
+            await client.post(REFIT, json=two)
+        ).status_code == 422  # no feedback yet: it counts all the same
+        again = await client.post(REFIT, json=two)
+        assert again.status_code == 429 and again.headers["retry-after"] == "5"
+        assert again.json()["detail"]["error_type"] == "rate_limit_error"
+        assert "one refit per key and mode every 5 s" in again.json()["detail"]["message"]
+        now[0] = 5.0
+        assert (await client.post(REFIT, json=two)).status_code == 422  # the key's interval has passed
+        assert (await client.post(REFIT, json={**two, "option_count": 3})).status_code == 422  # another key
+        tenant = await client.post(REFIT, json={**two, "option_count": 4})
+        # 3 a minute: the bucket refills one refit every 20 s, and holds 0.25 of one at 5 s.
+        assert tenant.status_code == 429 and tenant.headers["retry-after"] == "15"
+        assert "3 refits a minute per tenant" in tenant.json()["detail"]["message"]
+
+
+async def test_an_automatic_refit_over_the_limit_is_skipped_counted_and_made_at_the_next_feedback(
+    client_factory, quick_engine, tmp_path
+):
+    now = [0.0]
+    limits = RefitLimits(key_interval_s=5, clock=lambda: now[0])
+    async with client_factory(
+        quick_engine, store=open_store(tmp_path / "c.sqlite3"), auto_refit_every=5, refit_limits=limits
+    ) as client:
+        states = [f"review {i}" for i in range(17)]
+        batch = await client.post("/decide/batch", json={"states": states, "questions": {"s": QUESTION}})
+        ids = [result["answers"]["s"]["x_reading"]["decision_id"] for result in batch.json()["results"]]
+        refits = {}
+        for i, decision_id in enumerate(ids, start=1):
+            if i == 17:
+                now[0] = 5.0  # the key's interval has passed
+            reply = await client.post("/v1/feedback", json={"decision_id": decision_id, "gold": "positive"})
+            assert reply.status_code == 200, reply.text
+            refits[i] = reply.json()["refit"]
+        # Due at 10 and 15; 15 is skipped (5 s per key), so 16 is due again and skipped, and 17 refits.
+        assert [i for i, refit in refits.items() if refit is not None] == [10, 17]
+        assert refits[17]["n"] == 17 and limits.skipped == 2

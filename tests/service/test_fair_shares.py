@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from service.admission import Admission, AdmissionLimits, CostRate
-from service.errors import Overloaded, RequestTooCostly, TenantOverShare
+from service.errors import Overloaded, RequestTooCostly, TenantLimited
 from service.scopes import EQUAL_SHARE, Share
 
 pytestmark = pytest.mark.anyio
@@ -58,7 +58,7 @@ async def test_a_tenant_with_nothing_in_flight_starts_beside_a_flood():
     b1 = holder.start("b1", 40, "b")
     await settle()
     assert holder.started == ["a1", "b1"] and admission.tenants["a"].queued == 900
-    with pytest.raises(TenantOverShare) as refused:
+    with pytest.raises(TenantLimited) as refused:
         admission.refuse_if_full("a")  # before a's third is even read
     assert refused.value.status_code == 429 and refused.value.retry_after_s >= 1
     assert "this tenant's work is at its share" in refused.value.message
@@ -120,7 +120,7 @@ async def test_tokens_per_minute_is_a_bucket_per_tenant():
     limited = Share(tokens_per_minute=600)  # 10 tokens a second, a minute's worth held
     async with admission.admit(500, "a", limited):
         pass
-    with pytest.raises(TenantOverShare) as short:
+    with pytest.raises(TenantLimited) as short:
         async with admission.admit(200, "a", limited):
             pass
     # 100 left of 200: 100 more tokens at 10/s is 10 s.
