@@ -448,11 +448,13 @@ class Admission:
 async def admitted(
     request: Request,
     reader: Reader,
-    jobs: list[tuple[list[str], dict[str, Any], tuple]],
+    jobs: list[tuple[Callable[[], list[str]], dict[str, Any], tuple]],
     work: Callable[[], Awaitable[T]],
 ) -> T:
     """Run ``work()`` once the cost of its reads is admitted for the request's tenant. ``jobs``:
-    (states, wire questions asked of each, their body location). Option names over their token bound
+    (what renders the states, wire questions asked of each, their body location); the states are
+    rendered where the price is made, off the event loop for a large body (a 14 MB JSON state takes
+    ~150 ms to render). Option names over their token bound
     get 422 first, and a question or state that cannot be read its own error, before any work."""
     from service.pipeline.reads import to_read
     from service.pricing import check_option_tokens, distinct_tokens, planned_reads
@@ -468,7 +470,7 @@ async def admitted(
         for states, questions, loc in jobs:
             check_option_tokens(reader, questions, loc)
             plans = [to_read(question, (*loc, "questions", name)) for name, question in questions.items()]
-            reads += planned_reads(reader, plans, states, priors)
+            reads += planned_reads(reader, plans, states(), priors)
         return distinct_tokens(reader, reads)
 
     # A small request is priced on the event loop, in about a millisecond: with no thread hop in

@@ -114,7 +114,7 @@ async def serve_decisions(
             return await decide_batch(asked.jev, reads, **context)
         return await decide(asked.jev, reads, affinity_key=asked.affinity_key, **context)
 
-    jobs = [(asked.states(), asked.jev.questions, ("body",))]
+    jobs = [(asked.states, asked.jev.questions, ("body",))]
     decided = await unless_disconnected(request, admitted(request, reader, jobs, work))
     answer_sets = (
         [result.answers for result in decided.results]

@@ -105,13 +105,14 @@ class ChunkedForward:
         keep: Sequence[bool] | None,
         stop: Callable[[], bool] | None,
         wait: bool = False,
+        tenant: str | None = None,
     ) -> Generator[bool, None, Computed]:
         """``compute`` a step at a time: yields True while its plan waits for tree nodes another batch
-        is computing (``wait`` False: the compute thread runs that batch meanwhile), False after each
-        chunk; returns the ``Computed``. The caller holds ``torch.inference_mode``."""
+        of ``tenant`` is computing (``wait`` False: the compute thread runs that batch meanwhile), False
+        after each chunk; returns the ``Computed``. The caller holds ``torch.inference_mode``."""
         if isinstance(reuse, bool):
             reuse = [reuse] * len(prompts)
-        while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait)) is None:
+        while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait, tenant=tenant)) is None:
             if stop is not None and stop():
                 raise ReadsAbandoned  # nothing planned yet: nothing to take out of the tree
             yield True

@@ -13,8 +13,11 @@ depth-first order, so a token comes after every token it attends to; the engine 
 chunks, each chunk attending to the keys of its tokens' ancestors (``Chunk.visible``).
 
 Concurrency: plans are made and finished under one lock, computed outside it. A batch whose prompts
-run into tokens another batch is computing waits for that batch to finish, then plans again, so a
-shared state arriving in two batches at once is computed once. A batch that fails takes its
+run into tokens another batch of the same tenant is computing waits for that batch to finish, then
+plans again, so a shared state arriving in two batches at once is computed once. A prompt that runs
+into tokens another tenant's batch is computing is computed on its own instead (no reuse): one tenant
+never waits out another's batch, which may be forty long states (issue 39; the cost is that prompt's
+shared prefix, the system prompt and what follows, computed twice). A batch that fails takes its
 uncomputed nodes out of the tree.
 
 Memory: the tree keeps at most ``max_bytes`` of keys and values, least recently used leaves evicted
@@ -200,6 +203,13 @@ def _strict_ancestors(segment: Segment) -> list[Segment]:
     return chain[::-1]
 
 
+@dataclass(eq=False)
+class _Batch:
+    """The batch computing a node: whose, so another tenant's batch need not wait for it."""
+
+    tenant: str | None
+
+
 class KVTree:
     """Prompt tokens' keys and values in a radix tree, at most ``max_bytes`` of them (0: keep none;
     tokens are still shared between the reads of one batch)."""
@@ -226,42 +236,48 @@ class KVTree:
         keep: Sequence[bool] | None = None,
         *,
         wait: bool = True,
+        tenant: str | None = None,
     ) -> Plan | None:
         """The work of reading ``prompts``; a prompt with ``reuse`` False is computed whole, on its
         own (the per-question path, kept to measure what reuse gains). Tokens only prompts with
         ``keep`` False compute leave the tree when the batch is done (they are still shared in it).
-        Where prompts run into tokens another batch is computing: wait for it, or with ``wait``
-        False return None at once (the engine's compute thread runs that batch meanwhile)."""
+        Where prompts run into tokens another batch of ``tenant`` is computing: wait for it, or with
+        ``wait`` False return None at once (the engine's compute thread runs that batch meanwhile).
+        Prompts that run into another tenant's are computed on their own."""
         prompts = [tuple(ids) for ids in prompts]
         if any(not ids for ids in prompts):
             raise ValueError("a read needs at least one prompt token")
         keep = [True] * len(prompts) if keep is None else list(keep)
-        batch = object()
+        batch = _Batch(tenant)
         with self._lock:
-            while any(self._blocked(ids) for ids, shared in zip(prompts, reuse) if shared):
+            while True:
+                blockers = [self._blocked(ids) if shared else None for ids, shared in zip(prompts, reuse)]
+                if not any(b is not None and b.tenant == tenant for b in blockers):
+                    break
                 if not wait:
                     return None
                 self._done.wait()
+            reuse = [shared and blocker is None for shared, blocker in zip(reuse, blockers)]
             for ids, shared, kept in zip(prompts, reuse, keep):
                 if shared:
                     self._insert(ids, batch, kept)
             plan = self._segments(prompts, reuse, batch)
         return plan
 
-    def _blocked(self, ids: tuple[int, ...]) -> bool:
-        """Whether ``ids`` runs into tokens another batch is computing."""
+    def _blocked(self, ids: tuple[int, ...]) -> _Batch | None:
+        """The batch computing tokens ``ids`` runs into, or None."""
         node, at = self._root, 0
         while at < len(ids):
             child = node.children.get(ids[at])
             if child is None:
-                return False
+                return None
             if child.kv is None:
-                return True
+                return child.batch
             matched = _common(child.tokens, ids, at)
             if matched < len(child.tokens):
-                return False
+                return None
             node, at = child, at + matched
-        return False
+        return None
 
     def _insert(self, ids: tuple[int, ...], batch: object, keep: bool) -> None:
         """Makes ``ids`` a path of the tree: splits a node where ``ids`` leaves it, adds the rest as
@@ -323,7 +339,7 @@ class KVTree:
                 node = node.children[ids[at]]
                 used = min(len(node.tokens), len(ids) - at)
                 at += used
-                if node.kv is None:  # this batch's own node (others' were waited for)
+                if node.kv is None:  # this batch's own node (others' were waited for, or computed alone)
                     parent = segment(
                         id(node), tokens=node.tokens, start=node.start, parent=parent, node=node, owner=i
                     )

@@ -20,8 +20,10 @@ How a batch of reads is computed (``share_prefix=True``, the default):
 4. One compute thread (this module) runs every batch on the whole thread budget, a chunk at a time, taking turns
    between the batches in flight (``RUNNING_BATCHES`` per tenant, ``MAX_RUNNING_BATCHES`` in all;
    turns go to tenants in order, so a tenant with two batches running gets no more turns than one
-   with one): a batch that arrives while a long one runs waits for one chunk, not for the long batch to end (unless it needs tokens the long one is still
-   computing: then it waits for them rather than compute them twice). Why one thread: torch's
+   with one): a batch that arrives while a long one runs waits for one chunk, not for the long batch
+   to end (unless it needs tokens the long one is still computing: then it waits for them rather than
+   compute them twice, where the long one is the same tenant's; another tenant's prompt computes them
+   itself, ``readers/engines/kvtree.py``). Why one thread: torch's
    OpenMP on Linux (libgomp) keeps a team of helper threads for every thread that ran a parallel
    region, and once it manages more threads than there are cores its helpers spin only ~100 times
    before they sleep. A forward is thousands of small parallel regions, so each then waits for its
@@ -298,6 +300,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 [job.share_prefix for job, _ in requests],
                 keep=[request.keep for _, request in requests],
                 stop=lambda: all(job.abandoned.is_set() for job in jobs),
+                tenant=jobs[0].tenant,  # a batch is one tenant's (``JobQueue.take``)
             )
             picks: list[dict[int, float]] = []
             for start in range(0, len(requests), PICK_ROWS):

@@ -96,7 +96,7 @@ async def create_calibrations(request: Request) -> CalibrationList:
 
     # Admitted by the cost of its reads, as /decide/batch is: an example set is as much work.
     jobs = [
-        ([content_text(example.state)], example.questions, ("body", "examples", i))
+        (lambda state=example.state: [content_text(state)], example.questions, ("body", "examples", i))
         for i, example in enumerate(body.examples)
     ]
     fitted = await unless_disconnected(request, admitted(request, reader, jobs, work))

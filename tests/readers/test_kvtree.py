@@ -158,6 +158,24 @@ def test_a_batch_waits_for_tokens_another_batch_is_computing_then_reuses_them():
     assert planned and planned[0].computed_tokens == [1]  # only its own question token
 
 
+def test_another_tenants_batch_computes_the_tokens_itself_instead_of_waiting():
+    """Issue 39: tenant b's short prompt ran into the system prompt that tenant a's forty-state batch
+    was computing and waited for the whole batch (p50 30 s). It now computes its prompt on its own at
+    once; a batch of a's own still waits and reuses."""
+    tree = KVTree(2**20)
+    system = tuple(range(30))
+    flood = tree.plan([system + tuple(range(100, 400))], [True], tenant="a")
+    polite = tree.plan([system + (7, 8)], [True], wait=False, tenant="b")
+    assert polite is not None and polite.computed_tokens == [32]  # the whole prompt, no waiting
+    assert tree.plan([system + (9,)], [True], wait=False, tenant="a") is None  # a's own: waits
+    for plan in (flood, polite):
+        for queries in plan.chunks(512, 2**22):
+            for segment, _ in queries:
+                segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+        tree.finish(plan)
+    assert tree.plan([system + (9,)], [True], wait=False, tenant="a").computed_tokens == [1]
+
+
 def test_reads_not_to_keep_share_a_batch_and_leave_the_tree_after_it():
     """Content-free prior reads (ReadRequest.keep False) must not evict the question they serve."""
     tree = KVTree(2**20)
