@@ -12,7 +12,7 @@ between chunks, so the compute thread (``readers/engines/local.py``) can give an
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 from opendecide.extras import needs_extra
@@ -22,7 +22,7 @@ with needs_extra("local", "the local engine"):
 
 from readers.engines.base import LocalBatching
 from readers.engines.jobs import ReadsAbandoned
-from readers.engines.kvtree import KV_TOKEN_DIM, Chunk, KVTree, Plan
+from readers.engines.kvtree import KV_TOKEN_DIM, Chunk, KVTree, Plan, Segment
 
 
 @dataclass
@@ -106,10 +106,13 @@ class ChunkedForward:
         stop: Callable[[], bool] | None,
         wait: bool = False,
         tenant: str | None = None,
+        chunk_limit: Callable[[], int] | None = None,
     ) -> Generator[bool, None, Computed]:
         """``compute`` a step at a time: yields True while its plan waits for tree nodes another batch
         of ``tenant`` is computing (``wait`` False: the compute thread runs that batch meanwhile), False
-        after each chunk; returns the ``Computed``. The caller holds ``torch.inference_mode``."""
+        after each chunk; returns the ``Computed``. ``chunk_limit()``, asked before each chunk, may cut
+        it smaller than ``chunk_tokens`` (a chunk's leading tokens are a chunk too: depth-first order
+        puts every token after those it attends to). The caller holds ``torch.inference_mode``."""
         if isinstance(reuse, bool):
             reuse = [reuse] * len(prompts)
         while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait, tenant=tenant)) is None:
@@ -120,7 +123,7 @@ class ChunkedForward:
             wanted = {(id(segment), offset) for segment, offset in plan.outputs}
             hidden: dict[tuple[int, int], torch.Tensor] = {}
             peak = 0
-            for queries in plan.chunks(self.chunk_tokens, self.chunk_scores):
+            for queries in _cut(plan.chunks(self.chunk_tokens, self.chunk_scores), chunk_limit):
                 if stop is not None and stop():
                     raise ReadsAbandoned
                 chunk = plan.chunk_keys(queries)
@@ -195,3 +198,15 @@ class ChunkedForward:
             return mask
         near = (query_positions[:, :, None] - key_positions[:, None, :]) < self._window
         return {"full_attention": mask, "sliding_attention": mask & near[:, None]}
+
+
+def _cut(
+    chunks: list[list[tuple[Segment, int]]], limit: Callable[[], int] | None
+) -> Iterator[list[tuple[Segment, int]]]:
+    """``chunks`` as they are, or each cut into runs of at most ``limit()`` tokens, asked per run."""
+    for chunk in chunks:
+        at = 0
+        while at < len(chunk):
+            size = len(chunk) if limit is None else max(1, limit())
+            yield chunk[at : at + size]
+            at += size

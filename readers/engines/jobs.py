@@ -59,6 +59,11 @@ class JobQueue:
         self._closed = False
         self.dropped_reads = 0  # queued reads whose callers were cancelled before a batch took them
 
+    @property
+    def waiting(self) -> bool:
+        """Whether any job is queued (read without the lock: a hint, stale by one put at most)."""
+        return bool(self._jobs)
+
     def put(self, job: Job) -> None:
         with self._ready:
             if self._closed:  # nothing would ever take it

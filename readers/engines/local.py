@@ -18,12 +18,12 @@ How a batch of reads is computed (``share_prefix=True``, the default):
    ``chunk_tokens`` tokens and a bounded number of attention scores, so a read of many options
    works in bounded memory (``readers/engines/chunked.py``).
 4. One compute thread (this module) runs every batch on the whole thread budget, a chunk at a time, taking turns
-   between the batches in flight (``RUNNING_BATCHES`` per tenant, ``MAX_RUNNING_BATCHES`` in all;
-   turns go to tenants in order, so a tenant with two batches running gets no more turns than one
-   with one): a batch that arrives while a long one runs waits for one chunk, not for the long batch
-   to end (unless it needs tokens the long one is still computing: then it waits for them rather than
-   compute them twice, where the long one is the same tenant's; another tenant's prompt computes them
-   itself, ``readers/engines/kvtree.py``). Why one thread: torch's
+   between the batches in flight (``RUNNING_BATCHES`` per tenant, ``MAX_RUNNING_BATCHES`` in all):
+   the smallest batch takes the next chunk, unless one was passed over ``MAX_PASSED_TURNS`` times
+   (``_next_turn``). A batch that arrives while a long one runs waits for the chunk in progress, not
+   for the long batch to end (unless it needs tokens the long one is still computing: then it waits
+   for them rather than compute them twice, where the long one is the same tenant's; another tenant's
+   prompt computes them itself, ``readers/engines/kvtree.py``). Why one thread: torch's
    OpenMP on Linux (libgomp) keeps a team of helper threads for every thread that ran a parallel
    region, and once it manages more threads than there are cores its helpers spin only ~100 times
    before they sleep. A forward is thousands of small parallel regions, so each then waits for its
@@ -254,8 +254,6 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         # count, which another thread may have set since: run it first, then this thread's own count.
         torch.get_num_threads()
         torch.set_num_threads(self.thread_budget)
-        waiting = 0  # batches in a row whose plan waited for tokens another batch is computing
-        last_tenant = _NO_TURN
         with torch.inference_mode():
             while True:
                 jobs = (
@@ -272,22 +270,28 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                     running.append(Running(jobs, self._run(jobs)))
                 if not running:
                     continue
-                # The first batch of another tenant than the last turn's (tenants take turns), else
-                # the first; it stays counted in flight while it takes its step.
-                turn = next((r for r in running if r.tenant != last_tenant), running[0])
-                last_tenant = turn.tenant
-                try:
-                    blocked = next(turn.steps)
+                turn = _next_turn(running)
+                if turn is None:  # every batch waits: on tokens computed outside this thread
+                    self.prefix_cache.wait_for_change(timeout_s=0.05)
+                    for batch in running:
+                        batch.blocked = False
+                    continue
+                try:  # it stays counted in flight while it takes its step
+                    turn.blocked = next(turn.steps)
                 except StopIteration:
                     running.remove(turn)
-                    waiting = 0
+                    for batch in running:  # its tokens are in the tree now: whoever waited may plan
+                        batch.blocked = False
                     continue
-                running.remove(turn)
-                running.append(turn)
-                waiting = waiting + 1 if blocked else 0
-                if waiting >= len(running):  # every batch waits: on one computed outside this thread
-                    self.prefix_cache.wait_for_change(timeout_s=0.05)
-                    waiting = 0
+                if not turn.blocked:
+                    for batch in running:
+                        batch.passed = 0 if batch is turn else batch.passed + 1
+
+    def _chunk_limit(self) -> int:
+        """``chunk_tokens``, or ``CONTENDED_CHUNK_TOKENS`` while other batches run or wait."""
+        if len(self._running) > 1 or self._jobs.waiting:
+            return min(self.chunk_tokens, CONTENDED_CHUNK_TOKENS)
+        return self.chunk_tokens
 
     def _run(self, jobs: list[Job]) -> Generator[bool, None, None]:
         """One batch, a step at a time (yields True while it waits for tree nodes another batch is
@@ -301,6 +305,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 keep=[request.keep for _, request in requests],
                 stop=lambda: all(job.abandoned.is_set() for job in jobs),
                 tenant=jobs[0].tenant,  # a batch is one tenant's (``JobQueue.take``)
+                chunk_limit=self._chunk_limit,
             )
             picks: list[dict[int, float]] = []
             for start in range(0, len(requests), PICK_ROWS):
@@ -335,19 +340,48 @@ class LocalEngine(ChunkedForward, ClosingEngine):
             at += len(job.requests)
 
 
-@dataclass
+CONTENDED_CHUNK_TOKENS = 128
+"""A chunk's tokens at most while other batches run or wait: a chunk in torch cannot be stopped, so
+it is what a short read arriving behind a long batch waits for. 128 tokens take ~200 ms on two cores
+(a 143-token chunk took 202 ms, docs/shared-state.md) where 512 took ~0.7 s; alone, a batch keeps
+``chunk_tokens``, which computes more tokens a second."""
+MAX_PASSED_TURNS = 3
+"""Chunks a running batch lets others take in a row before it takes one, whatever its size."""
+
+
+@dataclass(eq=False)
 class Running:
-    """A batch the compute thread takes turns with: its jobs (one tenant's) and its steps."""
+    """A batch the compute thread takes turns with: its jobs (one tenant's), its steps, its size (the
+    prompt tokens of its reads, an upper bound of what it computes) and how its turns went."""
 
     jobs: list[Job]
     steps: Generator[bool, None, None]
+    blocked: bool = False
+    """Its last step waited for tokens another batch of its tenant is computing."""
+    passed: int = 0
+    """Chunks other batches computed since its last one."""
+
+    def __post_init__(self) -> None:
+        self.size = sum(len(request.prompt_ids) for job in self.jobs for request in job.requests)
 
     @property
     def tenant(self) -> str | None:
         return self.jobs[0].tenant
 
 
-_NO_TURN = object()
+def _next_turn(running: collections.deque[Running]) -> Running | None:
+    """The batch that takes the next step: one passed over ``MAX_PASSED_TURNS`` times (the longest
+    passed over), else the smallest. A short read (a polite tenant's one question) then waits only for
+    the chunk in progress, not for turns with a tenant's forty long states (issue 39: p50 14 s beside
+    such a flood, taking every other chunk), and a long batch still gets one chunk in
+    ``MAX_PASSED_TURNS + 1`` however many short ones arrive. None: every batch is blocked."""
+    ready = [batch for batch in running if not batch.blocked]
+    if not ready:
+        return None
+    overdue = [batch for batch in ready if batch.passed >= MAX_PASSED_TURNS]
+    if overdue:
+        return max(overdue, key=lambda batch: batch.passed)
+    return min(ready, key=lambda batch: batch.size)
 
 
 def _busy_tenants(running: collections.deque[Running]) -> frozenset[str | None]:
