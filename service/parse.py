@@ -13,6 +13,7 @@ import contextlib
 import functools
 import gc
 import json
+import json.scanner
 import math
 import re
 import threading
@@ -73,9 +74,20 @@ def _check_values(payload: Any) -> None:
             stack.extend(((*loc, index), item) for index, item in enumerate(value))
 
 
-def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
+def _decoder(*, yielding: bool) -> json.JSONDecoder:
+    decoder = json.JSONDecoder(object_pairs_hook=_reject_duplicate_keys)
+    if yielding:
+        # The pure-Python scanner parses arrays and objects in Python, so the GIL changes hands between
+        # values (every few ms); the C scanner holds it through a whole array: 79 ms for 1.75M short
+        # strings, which the event loop's thread waited out. ~6x slower, so only for large bodies.
+        decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    return decoder
+
+
+def parse_body(body: bytes, model: type[ModelT], *, yielding: bool = False) -> ModelT:
     """Bytes → validated ``model``, every failure a 422 whose ``loc`` names the field (415 for a body
-    that is not UTF-8)."""
+    that is not UTF-8). ``yielding``: parse with the scanner that lets other threads run between
+    values (``parse_large_body``)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -94,7 +106,7 @@ def parse_body(body: bytes, model: type[ModelT]) -> ModelT:
         )
     try:
         # A leading UTF-8 byte-order mark is allowed (RFC 8259 lets a parser ignore it), as before.
-        payload = json.loads(text.removeprefix("\ufeff"), object_pairs_hook=_reject_duplicate_keys)
+        payload = _decoder(yielding=yielding).decode(text.removeprefix("\ufeff"))
     except DuplicateKey as error:
         raise validation_error(("body",), str(error), "duplicate_key") from None
     except ValueError as error:
@@ -187,9 +199,10 @@ COLLECTION_PAUSE = _CollectionPause()
 
 
 def parse_large_body(body: bytes, model: type[ModelT]) -> ModelT:
-    """``parse_body`` for a large body, in a worker thread, the garbage collector paused."""
+    """``parse_body`` for a large body, in a worker thread: the garbage collector paused, and the
+    scanner that lets the GIL go between values."""
     with COLLECTION_PAUSE.paused():
-        return parse_body(body, model)
+        return parse_body(body, model, yielding=True)
 
 
 async def parse_request(request: Request, model: type[ModelT]) -> ModelT:

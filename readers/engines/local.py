@@ -287,10 +287,10 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                     for batch in running:
                         batch.passed = 0 if batch is turn else batch.passed + 1
 
-    def _chunk_limit(self) -> int:
-        """``chunk_tokens``, or ``CONTENDED_CHUNK_TOKENS`` while other batches run or wait."""
-        if len(self._running) > 1 or self._jobs.waiting:
-            return min(self.chunk_tokens, CONTENDED_CHUNK_TOKENS)
+    def _chunk_limit(self, batch_tokens: int) -> int:
+        """``chunk_tokens``, or ``SHORT_CHUNK_TOKENS`` for a long batch or while others run or wait."""
+        if batch_tokens > LONG_BATCH_TOKENS or len(self._running) > 1 or self._jobs.waiting:
+            return min(self.chunk_tokens, SHORT_CHUNK_TOKENS)
         return self.chunk_tokens
 
     def _run(self, jobs: list[Job]) -> Generator[bool, None, None]:
@@ -298,6 +298,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         computing, False after each chunk); its callers' futures get its replies or its error."""
         started = time.monotonic()
         requests = [(job, request) for job in jobs for request in job.requests]
+        batch_tokens = sum(len(request.prompt_ids) for _, request in requests)
         try:
             computed = yield from self._compute_steps(
                 [request.prompt_ids for _, request in requests],
@@ -305,7 +306,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 keep=[request.keep for _, request in requests],
                 stop=lambda: all(job.abandoned.is_set() for job in jobs),
                 tenant=jobs[0].tenant,  # a batch is one tenant's (``JobQueue.take``)
-                chunk_limit=self._chunk_limit,
+                chunk_limit=lambda: self._chunk_limit(batch_tokens),
             )
             picks: list[dict[int, float]] = []
             for start in range(0, len(requests), PICK_ROWS):
@@ -340,11 +341,16 @@ class LocalEngine(ChunkedForward, ClosingEngine):
             at += len(job.requests)
 
 
-CONTENDED_CHUNK_TOKENS = 128
-"""A chunk's tokens at most while other batches run or wait: a chunk in torch cannot be stopped, so
-it is what a short read arriving behind a long batch waits for. 128 tokens take ~200 ms on two cores
-(a 143-token chunk took 202 ms, docs/shared-state.md) where 512 took ~0.7 s; alone, a batch keeps
-``chunk_tokens``, which computes more tokens a second."""
+SHORT_CHUNK_TOKENS = 128
+"""A chunk's tokens at most in a long batch (over ``LONG_BATCH_TOKENS``), or while other batches run
+or wait: a chunk in torch cannot be stopped, so it is what a short read arriving behind a long batch
+waits for. 128 tokens take ~200 ms on two cores (a 143-token chunk took 202 ms, docs/shared-state.md)
+where 512 took ~0.7 s beside 1,200-token prompts, at the same tokens a second within the machine's
+noise (4 × 1,200-token prompts: 279–385 tokens/s at 128, 315–371 at 512). A short batch alone keeps
+``chunk_tokens``: it is one or two chunks, and small chunks of short prompts cost their overhead."""
+LONG_BATCH_TOKENS = 2_048
+"""Prompt tokens over which a batch computes in short chunks even alone: it runs for seconds, and
+whoever arrives meanwhile should wait for one short chunk, not for a long one already in torch."""
 MAX_PASSED_TURNS = 3
 """Chunks a running batch lets others take in a row before it takes one, whatever its size."""
 
