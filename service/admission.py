@@ -477,9 +477,10 @@ async def admitted(
     # between, pricing and the admission decision happen at once, so a burst of small requests is
     # admitted or refused in arrival order without waiting for threads. A large one is priced off the loop.
     options = sum(
-        len(getattr(question, "criteria", ()) or ())
+        len(question.criteria)
         for _, questions, _ in jobs
         for question in questions.values()
+        if question.type == "choice"
     )
     small = len(await request.body()) <= INLINE_PRICE_BYTES and options <= INLINE_PRICE_OPTIONS
     cost = price() if small else await asyncio.to_thread(price)

@@ -49,6 +49,7 @@ def test_fits_written_into_the_file_reach_a_store_already_open(tmp_path):
     key = CalibrationKey("m", "r", "noul", 2, "d", read_version="v", tenant="a")
     served.add_calibration(key, temperature=1.5, n=12, source="examples")
     stalls.add_fits(path, 24)  # other tenants' copies of the first fit: 25 rows in all
+    served.refresh()  # what the store's poller does every poll_s
     found = served.lookup(replace(key, tenant="other-24"))
     assert found is not None and found.tenant == "other-24" and found.temperature == 1.5
     assert len({c.id for c in served.calibrations()}) == 25
