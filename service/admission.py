@@ -213,6 +213,8 @@ class Admission:
                 share, tokens=float(per_minute or 0), refilled_at=self._clock()
             )
         elif queue.share != share:  # the key file was reloaded with a new share
+            if queue.share.tokens_per_minute is None:  # a new bucket starts full
+                queue.tokens, queue.refilled_at = float(share.tokens_per_minute or 0), self._clock()
             queue.share = share
         return queue
 
@@ -366,17 +368,19 @@ class Admission:
             raise
         if queue.share.tokens_per_minute is not None:
             queue.tokens -= cost
-        start_tag = max(self._virtual_time, queue.finish_tag)
-        queue.finish_tag = start_tag + cost / queue.share.weight
+        start_tag, earlier_finish = max(self._virtual_time, queue.finish_tag), queue.finish_tag
+        queue.finish_tag = finish_tag = start_tag + cost / queue.share.weight
         # A tenant with nothing in flight starts at once; others join the fair queue behind anyone waiting.
         if self._fits(cost, queue) and (not queue.in_flight or not self.queued):
             self._take(cost, queue, start_tag)
         else:
             try:
                 await self._wait(cost, tenant, queue, start_tag)
-            except BaseException:
+            except BaseException:  # refused, or cancelled before it started: nothing was computed for it
                 if queue.share.tokens_per_minute is not None:
-                    queue.tokens += cost  # nothing was computed for it
+                    queue.tokens += cost
+                if queue.finish_tag == finish_tag:  # no later request was tagged after it
+                    queue.finish_tag = earlier_finish
                 self._forget_if_idle(tenant)
                 raise
         entry = self.rate.started(cost)
