@@ -17,7 +17,7 @@ from deploy.processes import free_port
 from readers.engines.base import ReadMode
 from readers.errors import EngineUnavailable
 from service.routes import operations
-from tests.service.support import favour_first, function_engine
+from tests.service.support import RUN_SUMMARIES, favour_first, function_engine
 
 pytestmark = pytest.mark.anyio
 
@@ -170,3 +170,83 @@ async def test_busy_is_ready_only_while_reads_complete_and_a_hung_engine_under_l
     assert stalled.status_code == 503 and "completed no read" in stalled.text
     # The probe's timeout, not a measured time, is what must sit under the kubelet's.
     assert operations.PROBE_TIMEOUT_S <= k8s_timeout_s - 1, (operations.PROBE_TIMEOUT_S, k8s_timeout_s)
+
+
+@pytest.mark.slow  # waits out READY_PROGRESS_S and the probe's timeout on a real clock
+def test_readyz_turns_503_soon_after_a_real_vllm_client_stops_getting_answers(embedded_model_dir):
+    """The issue's case end to end: decisions in flight through the real vLLM engine client to a
+    loopback stand-in vLLM that stops answering (its replies hang). /readyz, 200 while decisions
+    complete, turns 503 though reads are in flight: READY_PROGRESS_S without a completed read, then
+    the probe's own timeout (8 s by construction; the fake-clock test above pins the rule)."""
+    import http.server
+    import time
+
+    import httpx
+
+    from deploy.processes import serving
+    from readers.engines import open_engine
+    from service.app import create_app
+    from tests.integration.standin_vllm import handler
+
+    hung = threading.Event()
+    released = threading.Event()
+
+    class Hanging(handler(str(embedded_model_dir))):
+        def do_POST(self):
+            if hung.is_set():
+                released.wait(120)  # a vLLM that accepted the request and never answers
+            try:
+                super().do_POST()
+            except (BrokenPipeError, ConnectionResetError):  # released after its caller gave up
+                pass
+
+    standin = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hanging)
+    threading.Thread(target=standin.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{standin.server_address[1]}"
+
+    async def opener():
+        return await open_engine("vllm", url=url, model_dir=embedded_model_dir, timeout_s=120)
+
+    app = create_app(open_engine=opener)
+    body = {"state": "The parcel came late.", "questions": {"q": {"type": "noul", "instructions": "Late?"}}}
+    statuses: list[int | str] = []
+    stop = threading.Event()
+    try:
+        with serving(app) as served:
+
+            def load():
+                with httpx.Client(base_url=served, timeout=150) as client:
+                    while not stop.is_set():
+                        try:
+                            statuses.append(client.post("/v1/systemone", json=body).status_code)
+                        except httpx.TransportError as error:
+                            statuses.append(type(error).__name__)
+
+            with httpx.Client(base_url=served, timeout=30) as client:
+                for _ in range(100):  # the engine opens in the background
+                    if client.get("/readyz").status_code == 200:
+                        break
+                    time.sleep(0.1)
+                loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+                for loader in loaders:
+                    loader.start()
+                time.sleep(1.0)
+                assert client.get("/readyz").status_code == 200 and 200 in statuses
+                hung.set()
+                since = time.monotonic()
+                ready = 200
+                while ready == 200 and time.monotonic() - since < 30:
+                    time.sleep(0.25)
+                    ready = client.get("/readyz").status_code
+                took = time.monotonic() - since
+            stop.set()
+            released.set()
+            for loader in loaders:
+                loader.join(timeout=30)
+    finally:
+        released.set()
+        standin.shutdown()
+    RUN_SUMMARIES.append(
+        f"/readyz after the stand-in vLLM stopped answering under load: {ready} in {took:.1f} s"
+    )
+    assert ready == 503, took
