@@ -194,7 +194,7 @@ async def half_open(probe: Fairness, sizes: Sizes) -> None:
 def engine_hang() -> tuple[Row, str]:
     """Needs a vLLM that hangs: the loopback stand-in (tests/integration/standin_vllm.py) imports tests,
     which deploy/ may not, so the row names the test that covers it."""
-    test = "tests/service/test_bounds_ready.py"
+    test = "tests/service/test_bounds_ready.py::test_readyz_turns_503_soon_after_a_real_vllm_client_stops_getting_answers"
     return Row(
         "/readyz after the engine stops answering under load",
         "stayed 200 while the engine hung",
