@@ -138,6 +138,7 @@ class Tally:
     decisions: dict[str, list[tuple[str, str]]] = field(default_factory=lambda: collections.defaultdict(list))
     labelled: set[str] = field(default_factory=set)  # decision ids given a gold answer
     gold_answers: collections.Counter = field(default_factory=collections.Counter)  # (tenant, type) → count
+    refit_after: dict[tuple[str, str], float] = field(default_factory=dict)  # (tenant, type) → monotonic time
     unexpected: list[str] = field(default_factory=list)
 
     def count(self, kind: str, status: int | str) -> None:
@@ -148,9 +149,13 @@ async def one_request(
     client: httpx.AsyncClient, tenant: str, rng: random.Random, i: int, tally: Tally
 ) -> None:
     kind = rng.choices(list(MIX), weights=list(MIX.values()))[0]
-    refittable = [t for t in ("noul", "choice") if tally.gold_answers[tenant, t] >= MIN_GOLD]
+    refittable = [
+        t
+        for t in ("noul", "choice")
+        if tally.gold_answers[tenant, t] >= MIN_GOLD and time.monotonic() >= tally.refit_after.get((tenant, t), 0)
+    ]
     if kind == "refit" and not refittable:
-        kind = "feedback"  # too few gold answers for any fit yet: send them first
+        kind = "feedback"  # too few gold answers for any fit yet, or told to wait: send answers instead
     if kind == "feedback" and not tally.decisions[tenant]:
         kind = "noul"
     started = time.monotonic()
@@ -214,6 +219,14 @@ async def one_request(
             response = await client.post(
                 "/v1/calibrations/refit", json={"question_type": question_type, "option_count": count}
             )
+            if response.status_code == 429:
+                # Refits are limited per key (service/refit_limits.py), and feedback refits the key too:
+                # a polite client waits as told. A 429 without Retry-After is a fault.
+                retry_after = response.headers.get("retry-after")
+                if retry_after is None:
+                    tally.unexpected.append("refit 429 without Retry-After")
+                else:
+                    tally.refit_after[tenant, question_type] = time.monotonic() + float(retry_after)
         elif kind == "abandoned":
             states = [state(rng, i * 100 + k) for k in range(16)]
             try:
