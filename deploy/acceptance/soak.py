@@ -152,7 +152,8 @@ async def one_request(
     refittable = [
         t
         for t in ("noul", "choice")
-        if tally.gold_answers[tenant, t] >= MIN_GOLD and time.monotonic() >= tally.refit_after.get((tenant, t), 0)
+        if tally.gold_answers[tenant, t] >= MIN_GOLD
+        and time.monotonic() >= tally.refit_after.get((tenant, t), 0)
     ]
     if kind == "refit" and not refittable:
         kind = "feedback"  # too few gold answers for any fit yet, or told to wait: send answers instead

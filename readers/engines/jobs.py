@@ -64,6 +64,11 @@ class JobQueue:
         """Whether any job is queued (read without the lock: a hint, stale by one put at most)."""
         return bool(self._jobs)
 
+    def waiting_besides(self, tenant: str | None) -> bool:
+        """Whether a job of any tenant but ``tenant`` is queued."""
+        with self._ready:
+            return any(queued != tenant for queued in self._jobs)
+
     def put(self, job: Job) -> None:
         with self._ready:
             if self._closed:  # nothing would ever take it

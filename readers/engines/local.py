@@ -19,8 +19,8 @@ How a batch of reads is computed (``share_prefix=True``, the default):
    works in bounded memory (``readers/engines/chunked.py``).
 4. One compute thread (this module) runs every batch on the whole thread budget, a chunk at a time, taking turns
    between the batches in flight (``RUNNING_BATCHES`` per tenant, ``MAX_RUNNING_BATCHES`` in all):
-   the smallest batch takes the next chunk, unless one was passed over ``MAX_PASSED_TURNS`` times
-   (``_next_turn``). A batch that arrives while a long one runs waits for the chunk in progress, not
+   the smallest batch takes the next chunk, unless its tenant was passed over for ``MAX_PASSED_S`` of
+   other tenants' chunks, or a batch for ``MAX_PASSED_TURNS`` of its own tenant's (``_next_turn``). A batch that arrives while a long one runs waits for the chunk in progress, not
    for the long batch to end (unless it needs tokens the long one is still computing: then it waits
    for them rather than compute them twice, where the long one is the same tenant's; another tenant's
    prompt computes them itself, ``readers/engines/kvtree.py``). Why one thread: torch's
@@ -135,6 +135,8 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         self.stopped_batches = 0  # batches stopped between chunks, every caller cancelled
         # The batches the compute thread takes turns between, with their jobs (variants share it).
         self._running: collections.deque[Running] = collections.deque()
+        # Tenant → when a batch of its reads last started (compute thread only): who is active.
+        self._started: dict[str | None, float] = {}
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self._probe = {
@@ -268,6 +270,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                     return
                 if jobs:
                     running.append(Running(jobs, self._run(jobs)))
+                    self._note_started(jobs[0].tenant)
                 if not running:
                     continue
                 turn = _next_turn(running)
@@ -276,6 +279,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                     for batch in running:
                         batch.blocked = False
                     continue
+                stepped = time.monotonic()
                 try:  # it stays counted in flight while it takes its step
                     turn.blocked = next(turn.steps)
                 except StopIteration:
@@ -284,12 +288,23 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                         batch.blocked = False
                     continue
                 if not turn.blocked:
-                    for batch in running:
-                        batch.passed = 0 if batch is turn else batch.passed + 1
+                    _passed_over(running, turn, time.monotonic() - stepped)
 
-    def _chunk_limit(self, batch_tokens: int) -> int:
-        """``chunk_tokens``, or ``SHORT_CHUNK_TOKENS`` for a long batch or while others run or wait."""
-        if batch_tokens > LONG_BATCH_TOKENS or len(self._running) > 1 or self._jobs.waiting:
+    def _note_started(self, tenant: str | None) -> None:
+        now = time.monotonic()
+        self._started[tenant] = now
+        if len(self._started) > MAX_RUNNING_BATCHES:  # forget who has been quiet long enough
+            self._started = {t: at for t, at in self._started.items() if now - at < ACTIVE_S}
+
+    def _chunk_limit(self, batch_tokens: int, tenant: str | None) -> int:
+        """A batch's next chunk at most: ``YIELDING_CHUNK_TOKENS`` for a batch another tenant's reads
+        may arrive behind (one started a batch within ``ACTIVE_S``, or one is queued);
+        ``SHORT_CHUNK_TOKENS`` for a long batch or beside others; else ``chunk_tokens``."""
+        now = time.monotonic()
+        others_active = any(t != tenant and now - at < ACTIVE_S for t, at in self._started.items())
+        if batch_tokens > YIELDING_CHUNK_TOKENS and (others_active or self._jobs.waiting_besides(tenant)):
+            return min(self.chunk_tokens, YIELDING_CHUNK_TOKENS)
+        if batch_tokens > LONG_BATCH_TOKENS or len(self._running) > 1:
             return min(self.chunk_tokens, SHORT_CHUNK_TOKENS)
         return self.chunk_tokens
 
@@ -306,7 +321,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 keep=[request.keep for _, request in requests],
                 stop=lambda: all(job.abandoned.is_set() for job in jobs),
                 tenant=jobs[0].tenant,  # a batch is one tenant's (``JobQueue.take``)
-                chunk_limit=lambda: self._chunk_limit(batch_tokens),
+                chunk_limit=lambda: self._chunk_limit(batch_tokens, jobs[0].tenant),
             )
             picks: list[dict[int, float]] = []
             for start in range(0, len(requests), PICK_ROWS):
@@ -342,17 +357,35 @@ class LocalEngine(ChunkedForward, ClosingEngine):
 
 
 SHORT_CHUNK_TOKENS = 128
-"""A chunk's tokens at most in a long batch (over ``LONG_BATCH_TOKENS``), or while other batches run
-or wait: a chunk in torch cannot be stopped, so it is what a short read arriving behind a long batch
-waits for. 128 tokens take ~200 ms on two cores (a 143-token chunk took 202 ms, docs/shared-state.md)
-where 512 took ~0.7 s beside 1,200-token prompts, at the same tokens a second within the machine's
-noise (4 × 1,200-token prompts: 279–385 tokens/s at 128, 315–371 at 512). A short batch alone keeps
-``chunk_tokens``: it is one or two chunks, and small chunks of short prompts cost their overhead."""
+"""A chunk's tokens at most in a long batch (over ``LONG_BATCH_TOKENS``), or beside other batches:
+a chunk in torch cannot be stopped, so it is what a short read arriving behind a long batch waits
+for. 128 tokens take ~0.2-0.3 s on two cores beside 1,200-token prompts, where 512 took ~0.7 s, at
+the same tokens a second within the machine's noise (4 × 1,200-token prompts: 279–385 tokens/s at
+128, 315–371 at 512). A short batch alone keeps ``chunk_tokens``: it is one or two chunks, and small
+chunks of short prompts cost their overhead."""
+YIELDING_CHUNK_TOKENS = 64
+"""A chunk's tokens at most while other tenants are active (``ACTIVE_S``): their next read waits for
+the chunk in progress, and for one more between its engine calls, so the chunk's size is their
+latency. Issue 39's probe, a polite tenant's p99 beside a 20 × 1,200-token flood (one run each, ~100
+ms alone): 475 ms with 128-token chunks; 580–732 ms (5 runs) with 64 only while its reads were
+queued or running, the chunk between its engine calls still 128; 291–1,141 ms (3 runs) with 64
+throughout. Not the default for a long batch when nobody else is active: 4 × 1,200-token prompts
+compute at 341 tokens/s in 64-token chunks against 476 in 128 (median of 3, 2 cores; each chunk
+reassembles its past keys)."""
+ACTIVE_S = 5.0
+"""A tenant that started a batch this recently is active: the others' long batches yield to it."""
 LONG_BATCH_TOKENS = 2_048
 """Prompt tokens over which a batch computes in short chunks even alone: it runs for seconds, and
 whoever arrives meanwhile should wait for one short chunk, not for a long one already in torch."""
 MAX_PASSED_TURNS = 3
-"""Chunks a running batch lets others take in a row before it takes one, whatever its size."""
+"""Chunks of its own tenant's other batches a running batch lets go first, in a row, whatever its size."""
+MAX_PASSED_S = 0.5
+"""Seconds of other tenants' chunks a tenant's running batches let go first, in a row, before one of them
+takes a chunk whatever its size. Seconds, not chunks: a polite tenant's question is two or three short
+steps (its chunks, its head), and it should take them in a row rather than let a long batch's chunk in
+between each (~0.2 s each on two cores; issue 39: p99 935 ms beside a flood against 119 ms alone when
+a count of turns let the long batch in); a long batch still gets a chunk every ~0.5 s however many
+short reads arrive."""
 
 
 @dataclass(eq=False)
@@ -365,7 +398,9 @@ class Running:
     blocked: bool = False
     """Its last step waited for tokens another batch of its tenant is computing."""
     passed: int = 0
-    """Chunks other batches computed since its last one."""
+    """Chunks its own tenant's other batches computed since its last one."""
+    passed_s: float = 0.0
+    """Seconds other tenants' batches computed since its tenant's last chunk."""
 
     def __post_init__(self) -> None:
         self.size = sum(len(request.prompt_ids) for job in self.jobs for request in job.requests)
@@ -376,18 +411,37 @@ class Running:
 
 
 def _next_turn(running: collections.deque[Running]) -> Running | None:
-    """The batch that takes the next step: one passed over ``MAX_PASSED_TURNS`` times (the longest
-    passed over), else the smallest. A short read (a polite tenant's one question) then waits only for
-    the chunk in progress, not for turns with a tenant's forty long states (issue 39: p50 14 s beside
-    such a flood, taking every other chunk), and a long batch still gets one chunk in
-    ``MAX_PASSED_TURNS + 1`` however many short ones arrive. None: every batch is blocked."""
+    """The batch that takes the next step. First its tenant: one passed over for ``MAX_PASSED_S`` of
+    other tenants' chunks (the longest passed over), else the one with the smallest ready batch. Then,
+    within it, a batch passed over ``MAX_PASSED_TURNS`` times by its own tenant's, else its smallest.
+    A short read (a polite tenant's one question) then waits only for the chunk in progress, not for
+    turns with a tenant's forty long states (issue 39: p50 14 s beside such a flood, taking every
+    other chunk), and a long batch still gets a chunk every ``MAX_PASSED_S`` however many short ones
+    arrive. None: every batch is blocked."""
     ready = [batch for batch in running if not batch.blocked]
     if not ready:
         return None
-    overdue = [batch for batch in ready if batch.passed >= MAX_PASSED_TURNS]
+    overdue = [batch for batch in ready if batch.passed_s >= MAX_PASSED_S]
+    if overdue:
+        tenant = max(overdue, key=lambda batch: batch.passed_s).tenant
+    else:
+        tenant = min(ready, key=lambda batch: batch.size).tenant
+    own = [batch for batch in ready if batch.tenant == tenant]
+    overdue = [batch for batch in own if batch.passed >= MAX_PASSED_TURNS]
     if overdue:
         return max(overdue, key=lambda batch: batch.passed)
-    return min(ready, key=lambda batch: batch.size)
+    return min(own, key=lambda batch: batch.size)
+
+
+def _passed_over(running: collections.deque[Running], turn: Running, seconds: float) -> None:
+    """After ``turn`` computed a chunk in ``seconds``: its tenant's batches were not passed over by
+    other tenants, and ``turn`` not by its own; the others were."""
+    for batch in running:
+        if batch.tenant != turn.tenant:
+            batch.passed_s += seconds
+        else:
+            batch.passed_s = 0.0
+            batch.passed = 0 if batch is turn else batch.passed + 1
 
 
 def _busy_tenants(running: collections.deque[Running]) -> frozenset[str | None]:

@@ -4,13 +4,24 @@ another's one read wait for all of them. The queue alone, then the embedded mode
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 
 import pytest
 
 from readers.engines.base import LocalBatching, ReadRequest
 from readers.engines.jobs import Job, JobQueue
-from readers.engines.local import LocalEngine
+from readers.engines.local import (
+    ACTIVE_S,
+    MAX_PASSED_S,
+    MAX_PASSED_TURNS,
+    SHORT_CHUNK_TOKENS,
+    YIELDING_CHUNK_TOKENS,
+    LocalEngine,
+    Running,
+    _next_turn,
+    _passed_over,
+)
 
 
 def job(tenant: str | None, reads: int = 1) -> Job:
@@ -52,6 +63,37 @@ def test_cancelled_jobs_are_dropped_and_a_closed_queue_drains():
     assert queue.take(idle=True, window_s=0, max_rows=8) is None
 
 
+def running(tenant: str, tokens: int) -> Running:
+    requests = [ReadRequest(tuple(range(tokens)), (4,), ("x",), tenant=tenant)]
+    return Running([Job(requests, None, True, 0.0, concurrent.futures.Future())], iter(()))
+
+
+def test_a_short_read_takes_its_steps_in_a_row_and_a_long_batch_still_gets_its_turn():
+    """The smallest batch steps; a tenant passed over for MAX_PASSED_S of others' chunks steps next,
+    however small the others. Seconds, not turns: b's few short steps go in a row (with a count of
+    turns, a's chunk came between each of them: issue 39's p99 935 ms beside a flood)."""
+    a1, a2, b = running("a", 4_000), running("a", 5_000), running("b", 100)
+    batches = collections.deque([a1, a2, b])
+    step = MAX_PASSED_S / 5.5
+    for _ in range(5):  # b's steps: a is passed over, but not for long enough yet
+        assert _next_turn(batches) is b
+        _passed_over(batches, b, step)
+    _passed_over(batches, b, step)
+    assert _next_turn(batches) is a1  # a's turn now: its smaller batch
+    _passed_over(batches, a1, 0.2)
+    assert a1.passed_s == a2.passed_s == 0 and b.passed_s == 0.2
+    assert _next_turn(batches) is b
+
+
+def test_within_a_tenant_a_batch_passed_over_by_its_own_gets_a_turn():
+    a1, a2 = running("a", 4_000), running("a", 5_000)
+    batches = collections.deque([a1, a2])
+    for _ in range(MAX_PASSED_TURNS):
+        assert _next_turn(batches) is a1
+        _passed_over(batches, a1, 1.0)  # its own tenant's chunks do not age it in seconds
+    assert a2.passed_s == 0 and _next_turn(batches) is a2
+
+
 @pytest.mark.slow  # a second embedded engine and sixteen reads through it
 @pytest.mark.anyio
 async def test_another_tenants_read_ends_before_a_flooding_tenants_queue(embedded_model_dir):
@@ -77,3 +119,24 @@ async def test_another_tenants_read_ends_before_a_flooding_tenants_queue(embedde
     # At most the batches already running or next in a's turn end first: two running, one more taken
     # while b waits for its turn.
     assert ended.index("b") <= 3, ended
+
+
+@pytest.mark.anyio
+async def test_a_long_batch_yields_in_short_chunks_only_while_another_tenant_is_active(embedded_model_dir):
+    """A chunk in torch cannot be stopped: another tenant's read waits for the one in progress. So a
+    long batch computes in YIELDING_CHUNK_TOKENS while another tenant is active (started a batch
+    within ACTIVE_S, or has reads queued), and in the faster SHORT_CHUNK_TOKENS when nobody else is."""
+    engine = LocalEngine(embedded_model_dir, batching=LocalBatching(chunk_tokens=512, prefix_cache_mib=0))
+    try:
+        assert engine._chunk_limit(4_000, "a") == SHORT_CHUNK_TOKENS
+        assert engine._chunk_limit(300, "a") == 512  # a short batch alone: whole chunks
+        engine._note_started("a")
+        assert engine._chunk_limit(4_000, "a") == SHORT_CHUNK_TOKENS  # its own batches do not count
+        engine._note_started("b")
+        assert engine._chunk_limit(4_000, "a") == YIELDING_CHUNK_TOKENS
+        engine._started["b"] -= ACTIVE_S  # b has been quiet since
+        assert engine._chunk_limit(4_000, "a") == SHORT_CHUNK_TOKENS
+        engine._jobs.put(job("c"))  # queued, not started: it waits for a's chunk all the same
+        assert engine._chunk_limit(4_000, "a") == YIELDING_CHUNK_TOKENS
+    finally:
+        await engine.aclose()

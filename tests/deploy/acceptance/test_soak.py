@@ -28,7 +28,9 @@ def test_two_minutes_of_mixed_traffic(tmp_path, capsys):
     rows = result["store_rows"]
     assert sorted(rows["decisions_by_tenant"]) == ["t0", "t1", "t2"]
     refit_lines = [line for line in result["statuses_by_kind"] if line.startswith("refit ")]
-    assert not any(line.startswith(("refit 4", "refit 5")) and not line.startswith("refit 429") for line in refit_lines)
+    assert not any(
+        line.startswith(("refit 4", "refit 5")) and not line.startswith("refit 429") for line in refit_lines
+    )
     assert any(line.startswith("refit 200") for line in refit_lines), refit_lines
     assert rows["calibrations"] >= 1
     assert not any(line.startswith("malformed 2") for line in result["statuses_by_kind"])
