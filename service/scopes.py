@@ -48,6 +48,15 @@ class Caller:
     key_id: str | None  # None: authentication is off
     scopes: frozenset[str]
     share: Share = EQUAL_SHARE
+    cache_group: str | None = None
+    """The key file's ``cache_group=``: tenants that name one group share prompt caches on purpose.
+    None: the tenant's own (``cache_salt``)."""
+
+    @property
+    def cache_salt(self) -> str:
+        """Whose prompt cache this caller's reads use (``ReadRequest.cache_salt``): its cache group,
+        else its tenant. Reads share computed tokens only with reads of the same salt."""
+        return f"group:{self.cache_group}" if self.cache_group is not None else f"tenant:{self.tenant}"
 
 
 ANONYMOUS = Caller(DEFAULT_TENANT, None, frozenset(SCOPES))
