@@ -108,13 +108,18 @@ class Reader:
         self.score_label_styles = tuple(LabelStyle(style) for style in score_label_styles)
         self.tenant: str | None = None
         """Whose reads this reader makes (``ReadRequest.tenant``); set by ``for_tenant``."""
+        self.cache_salt: str | None = None
+        """Whose prompt cache its reads use (``ReadRequest.cache_salt``); set by ``for_tenant``."""
         self.progress = ReadProgress()
 
-    def for_tenant(self, tenant: str | None) -> Reader:
+    def for_tenant(self, tenant: str | None, cache_salt: str | None) -> Reader:
         """This reader, its engine reads marked as ``tenant``'s, so the engine takes turns between
-        tenants (``ReadRequest.tenant``). Shares everything else, progress included."""
+        tenants (``ReadRequest.tenant``), and salted with ``cache_salt``, so they reuse only prompt
+        tokens read under the same salt (``ReadRequest.cache_salt``). Shares everything else,
+        progress included."""
         view = copy.copy(self)
         view.tenant = tenant
+        view.cache_salt = cache_salt
         return view
 
     def prepare(
@@ -258,6 +263,7 @@ class Reader:
                     keep,
                     affinity_key,
                     self.tenant,
+                    self.cache_salt,
                 )
                 for i, node in level
             ]

@@ -107,7 +107,8 @@ async def serve_decisions(
         "tenant": caller.tenant,
     }
 
-    reads = reader.for_tenant(caller.tenant)  # the engine takes turns between tenants' reads
+    # The engine takes turns between tenants' reads, and reuses a prompt only under its own salt.
+    reads = reader.for_tenant(caller.tenant, caller.cache_salt)
 
     async def work() -> Decided:
         if isinstance(asked.jev, BatchRequest):

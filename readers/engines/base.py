@@ -83,6 +83,12 @@ class ReadRequest:
     queue, ``readers/engines/jobs.py``), so one tenant's many reads do not wait out another's one.
     None: the service's own reads (the readiness probe). A hint for scheduling only: the read's
     result never depends on it."""
+    cache_salt: str | None = None
+    """Whose prompt cache: an engine that keeps computed prompt tokens reuses them only for reads of
+    the same salt (the local engine's tree per salt, vLLM's ``cache_salt``), so no caller learns
+    from ``tokens_reused`` or latency what another sent (issue 40). A tenant's, or the cache group
+    its key file names (``service.scopes.Caller.cache_salt``). None: unsalted, the service's own
+    reads. The read's result never depends on it."""
 
 
 @dataclass(frozen=True)

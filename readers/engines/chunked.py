@@ -84,12 +84,13 @@ class ChunkedForward:
         *,
         keep: Sequence[bool] | None = None,
         stop: Callable[[], bool] | None = None,
+        salts: Sequence[str | None] | None = None,
     ) -> Computed:
         """The final hidden state of each prompt, every distinct token computed once (module
         docstring), on the calling thread; ``keep`` False: that prompt's new tokens are not kept
         after the batch. ``stop`` True before a chunk: raise ``ReadsAbandoned`` there, the tree left
         as if the batch never ran (a chunk already running cannot be stopped: torch finishes it)."""
-        steps = self._compute_steps(prompts, reuse, keep=keep, stop=stop, wait=True)
+        steps = self._compute_steps(prompts, reuse, keep=keep, stop=stop, wait=True, salts=salts)
         with torch.inference_mode():
             while True:
                 try:
@@ -107,6 +108,7 @@ class ChunkedForward:
         wait: bool = False,
         tenant: str | None = None,
         chunk_limit: Callable[[], int] | None = None,
+        salts: Sequence[str | None] | None = None,
     ) -> Generator[bool, None, Computed]:
         """``compute`` a step at a time: yields True while its plan waits for tree nodes another batch
         of ``tenant`` is computing (``wait`` False: the compute thread runs that batch meanwhile), False
@@ -115,7 +117,9 @@ class ChunkedForward:
         puts every token after those it attends to). The caller holds ``torch.inference_mode``."""
         if isinstance(reuse, bool):
             reuse = [reuse] * len(prompts)
-        while (plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait, tenant=tenant)) is None:
+        while (
+            plan := self.prefix_cache.plan(prompts, reuse, keep, wait=wait, tenant=tenant, salts=salts)
+        ) is None:
             if stop is not None and stop():
                 raise ReadsAbandoned  # nothing planned yet: nothing to take out of the tree
             yield True

@@ -12,6 +12,11 @@ needs the hidden state there, which the tree does not keep. Segments to compute 
 depth-first order, so a token comes after every token it attends to; the engine computes them in
 chunks, each chunk attending to the keys of its tokens' ancestors (``Chunk.visible``).
 
+Caches per salt: every prompt is planned under its read's ``cache_salt`` (``ReadRequest``), one tree
+per salt, so a read reuses only tokens computed for reads of its own salt: a tenant's (or a cache
+group's), never another's. Otherwise one tenant could learn another's text a token at a time from
+``tokens_reused`` or latency (issue 40: a 4-digit PIN in 40 requests). The byte bound is shared.
+
 Concurrency: plans are made and finished under one lock, computed outside it. A batch whose prompts
 run into tokens another batch of the same tenant is computing waits for that batch to finish, then
 plans again, so a shared state arriving in two batches at once is computed once. A prompt that runs
@@ -222,7 +227,7 @@ class KVTree:
         self.reused_tokens = 0  # prompt tokens whose keys and values were not computed again
         self.computed_tokens = 0
         self.evicted_nodes = 0
-        self._root = _Node((), 0, None)
+        self._roots: dict[str | None, _Node] = {}  # cache salt → its tree's root
         self._clock = itertools.count(1)
         self._lock = threading.Lock()
         self._done = threading.Condition(self._lock)
@@ -237,36 +242,51 @@ class KVTree:
         *,
         wait: bool = True,
         tenant: str | None = None,
+        salts: Sequence[str | None] | None = None,
     ) -> Plan | None:
         """The work of reading ``prompts``; a prompt with ``reuse`` False is computed whole, on its
         own (the per-question path, kept to measure what reuse gains). Tokens only prompts with
         ``keep`` False compute leave the tree when the batch is done (they are still shared in it).
         Where prompts run into tokens another batch of ``tenant`` is computing: wait for it, or with
         ``wait`` False return None at once (the engine's compute thread runs that batch meanwhile).
-        Prompts that run into another tenant's are computed on their own."""
+        Prompts that run into another tenant's are computed on their own. ``salts``: each prompt's
+        cache salt (default None for all): a prompt reuses only tokens of its own salt's tree."""
         prompts = [tuple(ids) for ids in prompts]
         if any(not ids for ids in prompts):
             raise ValueError("a read needs at least one prompt token")
         keep = [True] * len(prompts) if keep is None else list(keep)
+        salts = [None] * len(prompts) if salts is None else list(salts)
+        if len(salts) != len(prompts):
+            raise ValueError("plan needs one salt per prompt")
         batch = _Batch(tenant)
         with self._lock:
+            trees = [self._root(salt) for salt in salts]
             while True:
-                blockers = [self._blocked(ids) if shared else None for ids, shared in zip(prompts, reuse)]
+                blockers = [
+                    self._blocked(root, ids) if shared else None
+                    for root, ids, shared in zip(trees, prompts, reuse)
+                ]
                 if not any(b is not None and b.tenant == tenant for b in blockers):
                     break
                 if not wait:
                     return None
                 self._done.wait()
             reuse = [shared and blocker is None for shared, blocker in zip(reuse, blockers)]
-            for ids, shared, kept in zip(prompts, reuse, keep):
+            for root, ids, shared, kept in zip(trees, prompts, reuse, keep):
                 if shared:
-                    self._insert(ids, batch, kept)
-            plan = self._segments(prompts, reuse, batch)
+                    self._insert(root, ids, batch, kept)
+            plan = self._segments(trees, prompts, reuse, batch)
         return plan
 
-    def _blocked(self, ids: tuple[int, ...]) -> _Batch | None:
+    def _root(self, salt: str | None) -> _Node:
+        root = self._roots.get(salt)
+        if root is None:
+            root = self._roots[salt] = _Node((), 0, None)
+        return root
+
+    def _blocked(self, root: _Node, ids: tuple[int, ...]) -> _Batch | None:
         """The batch computing tokens ``ids`` runs into, or None."""
-        node, at = self._root, 0
+        node, at = root, 0
         while at < len(ids):
             child = node.children.get(ids[at])
             if child is None:
@@ -279,10 +299,10 @@ class KVTree:
             node, at = child, at + matched
         return None
 
-    def _insert(self, ids: tuple[int, ...], batch: object, keep: bool) -> None:
-        """Makes ``ids`` a path of the tree: splits a node where ``ids`` leaves it, adds the rest as
-        a node this batch computes."""
-        node, at = self._root, 0
+    def _insert(self, root: _Node, ids: tuple[int, ...], batch: object, keep: bool) -> None:
+        """Makes ``ids`` a path of ``root``'s tree: splits a node where ``ids`` leaves it, adds the
+        rest as a node this batch computes."""
+        node, at = root, 0
         tick = next(self._clock)
         while at < len(ids):
             child = node.children.get(ids[at])
@@ -311,7 +331,9 @@ class KVTree:
             tail.kv = node.kv[:, :, :, at:].clone()
             node.kv = node.kv[:, :, :, :at].clone()
 
-    def _segments(self, prompts: list[tuple[int, ...]], reuse: Sequence[bool], batch: object) -> Plan:
+    def _segments(
+        self, trees: list[_Node], prompts: list[tuple[int, ...]], reuse: Sequence[bool], batch: object
+    ) -> Plan:
         by_key: dict[object, Segment] = {}
         children: dict[int, list[Segment]] = {}
         roots: list[Segment] = []
@@ -328,13 +350,13 @@ class KVTree:
                     computed[found.owner] += len(found.tokens)
             return found
 
-        for i, (ids, shared) in enumerate(zip(prompts, reuse)):
+        for i, (root, ids, shared) in enumerate(zip(trees, prompts, reuse)):
             if not shared:
                 whole = segment(("alone", i), tokens=ids, start=0, parent=None, owner=i)
                 outputs.append((whole, len(ids) - 1))
                 continue
             parent: Segment | None = None
-            node, at = self._root, 0
+            node, at = root, 0
             while at < len(ids):
                 node = node.children[ids[at]]
                 used = min(len(node.tokens), len(ids) - at)
@@ -406,6 +428,7 @@ class KVTree:
             self.computed_tokens += sum(plan.computed_tokens)
             self.reused_tokens += sum(plan.cached_tokens)
             self._evict()
+            self._drop_empty_roots()
             self._done.notify_all()
 
     def abandon(self, plan: Plan) -> None:
@@ -416,6 +439,7 @@ class KVTree:
                 if node is not None and node.kv is None and node.parent is not None:
                     if node.parent.children.get(node.tokens[0]) is node:
                         del node.parent.children[node.tokens[0]]
+            self._drop_empty_roots()
             self._done.notify_all()
 
     def wait_for_change(self, timeout_s: float) -> None:
@@ -428,6 +452,12 @@ class KVTree:
         reads start cold, as after a restart."""
         with self._lock:
             self._evict(0)
+            self._drop_empty_roots()
+
+    def _drop_empty_roots(self) -> None:
+        """A salt whose every token left the tree: its root goes too (salts come and go with tenants)."""
+        for salt in [salt for salt, root in self._roots.items() if not root.children]:
+            del self._roots[salt]
 
     def _evict(self, limit: int | None = None) -> None:
         """Least recently used leaves first, until the tree holds at most ``limit`` bytes (default
@@ -447,11 +477,14 @@ class KVTree:
             self.bytes -= node.kv.nbytes
             node.kv = None
             self.evicted_nodes += 1
-            if parent is not self._root and not parent.children and parent.kv is not None:
+            if parent.parent is not None and not parent.children and parent.kv is not None:
                 heapq.heappush(heap, (parent.used, id(parent), parent))
 
+    def _top_nodes(self) -> list[_Node]:
+        return [node for root in self._roots.values() for node in root.children.values()]
+
     def _leaves(self):
-        stack = list(self._root.children.values())
+        stack = self._top_nodes()
         while stack:
             node = stack.pop()
             if node.children:
@@ -462,7 +495,7 @@ class KVTree:
     def stats(self) -> dict[str, int]:
         with self._lock:
             nodes = tokens = 0
-            stack = list(self._root.children.values())
+            stack = self._top_nodes()
             while stack:
                 node = stack.pop()
                 stack.extend(node.children.values())
@@ -470,6 +503,7 @@ class KVTree:
                     nodes += 1
                     tokens += len(node.tokens)
             return {
+                "salts": len(self._roots),
                 "nodes": nodes,
                 "tokens": tokens,
                 "bytes": self.bytes,

@@ -321,6 +321,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 keep=[request.keep for _, request in requests],
                 stop=lambda: all(job.abandoned.is_set() for job in jobs),
                 tenant=jobs[0].tenant,  # a batch is one tenant's (``JobQueue.take``)
+                salts=[request.cache_salt for _, request in requests],
                 chunk_limit=lambda: self._chunk_limit(batch_tokens, jobs[0].tenant),
             )
             picks: list[dict[int, float]] = []

@@ -37,16 +37,19 @@ unit its prefix cache reuses."""
 
 
 def prefix_key(request: ReadRequest) -> bytes | None:
-    """The affinity key of a read: a hash of the caller's ``affinity_key`` where it gave one, else of
-    its shared prefix ids (see the module docstring)."""
+    """The affinity key of a read: a hash of its cache salt and the caller's ``affinity_key`` where it
+    gave one, else of its salt and shared prefix ids (see the module docstring). Salted: vLLM reuses
+    a block only under the salt it was computed with, so one prompt of two tenants shares nothing,
+    and two tenants' like ``affinity_key`` must not pile onto one engine."""
+    salt = b"salt:" + (request.cache_salt or "").encode() + b"\0"
     if request.affinity_key is not None:
         # Prefixed so a caller's key can never hash like a prompt's ids.
-        return hashlib.blake2b(b"caller-key:" + request.affinity_key.encode(), digest_size=16).digest()
+        return hashlib.blake2b(salt + b"caller-key:" + request.affinity_key.encode(), digest_size=16).digest()
     shared = request.prefix_tokens or FALLBACK_PREFIX_TOKENS
     head = request.prompt_ids[:shared]
     if not head:
         return None
-    return hashlib.blake2b(array("q", head).tobytes(), digest_size=16).digest()
+    return hashlib.blake2b(salt + array("q", head).tobytes(), digest_size=16).digest()
 
 
 def rendezvous_order(key: bytes, ids: Sequence[str]) -> list[str]:

@@ -16,7 +16,10 @@ dropped, never read as log-probs.
 The reads of one request go out concurrently: vLLM's prefix cache (``--enable-prefix-caching``)
 serves the state's full KV blocks to every question after the first. ``share_prefix=False`` (the
 per-question path, kept to measure what sharing gains) salts each read's cache key with a fresh
-``cache_salt``, so no read reuses another's KV.
+``cache_salt``, so no read reuses another's KV. Every other read carries its own
+``ReadRequest.cache_salt`` as vLLM's ``cache_salt`` (``engine_cache_salt``): vLLM hashes it into
+the first block of the prompt, so reads reuse only blocks computed under the same salt, a tenant's
+or its cache group's, and another tenant's identical prompt reports 0 cached tokens (issue 40).
 
 A server started with ``--enable-prompt-tokens-details`` (``decide engine start`` and the deploy
 manifests do) reports how many prompt tokens its prefix cache served
@@ -27,7 +30,9 @@ rest of the prompt as ``computed_tokens``. Without the flag both stay None.
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
+import hashlib
 import math
 import re
 import secrets
@@ -153,6 +158,8 @@ class VLLMEngine(ClosingEngine):
             body["structured_outputs"] = {"choice": list(request.label_texts)}
         if not self.share_prefix:
             body["cache_salt"] = secrets.token_urlsafe(32)
+        elif request.cache_salt is not None:
+            body["cache_salt"] = engine_cache_salt(request.cache_salt)
         waiting = time.monotonic()
         async with self._in_flight:
             started = time.monotonic()
@@ -181,6 +188,14 @@ class VLLMEngine(ClosingEngine):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def engine_cache_salt(salt: str) -> str:
+    """``salt`` as vLLM takes it (at most 128 characters, none of ``@``, ``/``, a backslash or NUL): a digest, so any
+    tenant or group name fits and every service replica salts one tenant's reads alike (its blocks
+    stay shared across the fleet). Not a secret: callers never reach vLLM, only the service does."""
+    digest = hashlib.sha256(b"opendecide cache salt\0" + salt.encode("utf-8")).digest()
+    return base64.urlsafe_b64encode(digest).decode("ascii").rstrip("=")
 
 
 def completion_body(model: str, prompt_ids: tuple[int, ...] | list[int], *, top_k: int) -> dict[str, Any]:

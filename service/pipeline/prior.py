@@ -140,7 +140,8 @@ async def served_prior(priors: OptionPriors | None, reader: Reader, reading: Rea
 
 class OptionPriors:
     """Per-process cache of measured priors, keyed by (model, revision, prompt version, label
-    styles, question), for the questions ``policy`` covers.
+    styles, the reader's cache salt, question), for the questions ``policy`` covers: each tenant (or
+    cache group) measures its own, so no caller learns from its latency which questions another asked.
 
     Concurrent first requests for one question share one measurement; one that failed (an engine
     fault) is measured again by the next request. At most ``limit`` questions are kept. ``states``:
@@ -178,7 +179,16 @@ class OptionPriors:
         if not self.policy.covers(question.question_type):
             return None
         info = reader.engine.info
-        key = (info.name, info.revision, reader.layout.version, reader.label_styles, question)
+        # Per cache salt: the reads are the caller's (salted), and a prior measured for another
+        # tenant would answer at once, showing that someone asked this question (issue 40).
+        key = (
+            info.name,
+            info.revision,
+            reader.layout.version,
+            reader.label_styles,
+            reader.cache_salt,
+            question,
+        )
         task = self._measured.get(key)
         if task is None or (
             task.done() and (task.cancelled() or task.exception() is not None)

@@ -191,3 +191,27 @@ def test_the_survey_predicts_the_kv_capacity_this_server_logged(vllm_server, emb
                        kv_cache_gib=spec.kv_cache_bytes / GIB, dtype=spec.dtype, measured=measured)  # fmt: skip
     assert row.kv_tokens == row.measured_kv_tokens == logged["kv_cache_tokens"]
     assert row.max_concurrency == pytest.approx(logged["max_concurrency"], abs=0.005)
+
+
+async def test_a_tenants_cached_prompt_is_not_served_to_another_salt(vllm_server, tokenizer):
+    """Issue 40: vLLM's prefix cache is salted per tenant (ReadRequest.cache_salt → vLLM's cache_salt).
+    Tenant a reads a prompt; tenant b's identical prompt reports 0 cached tokens; a's again reports
+    its whole blocks. Before salts, b's read reported a's blocks: what one tenant sent was readable
+    through another's cached-token counts."""
+    server, spec = vllm_server
+    engine = await VLLMEngine.connect(server.url)
+    text = "Account note for tenant a only: the customer's PIN is 4829, keep it private. " * 4
+    prompt = tuple(tokenizer.encode(text, add_special_tokens=False))
+    read = {
+        salt: ReadRequest(prompt, (28, 29), ("A", "B"), cache_salt=salt) for salt in ("tenant:a", "tenant:b")
+    }
+    try:
+        first = await engine.read(read["tenant:a"])
+        other = await engine.read(read["tenant:b"])
+        again = await engine.read(read["tenant:a"])
+    finally:
+        await engine.aclose()
+    whole_blocks = (len(prompt) - 1) // spec.block_size * spec.block_size
+    assert first.cached_tokens == 0 and other.cached_tokens == 0
+    assert again.cached_tokens == whole_blocks > 0
+    assert other.logprobs == pytest.approx(first.logprobs)  # the salt changes the cache, not the read

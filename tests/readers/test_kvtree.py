@@ -18,10 +18,12 @@ from tests.readers.support import distinct_tokens
 TOKEN_BYTES = 1 * 2 * 1 * 1 * 4  # [layers, 2, heads, tokens, dim] float32 with one of each
 
 
-def run(tree: KVTree, prompts, reuse=True, *, keep=None, max_queries=512, max_scores=2**22) -> Plan:
+def run(
+    tree: KVTree, prompts, reuse=True, *, keep=None, max_queries=512, max_scores=2**22, salts=None
+) -> Plan:
     """Plans and "computes" ``prompts``: each token's stand-in keys hold its position."""
     reuse = [reuse] * len(prompts) if isinstance(reuse, bool) else reuse
-    plan = tree.plan(prompts, reuse, keep)
+    plan = tree.plan(prompts, reuse, keep, salts=salts)
     for queries in plan.chunks(max_queries, max_scores):
         chunk = plan.chunk_keys(queries)
         visible = chunk.visible()
@@ -122,6 +124,7 @@ def test_the_tree_is_bounded_and_evicts_the_least_recently_used_leaves():
     off = KVTree(0)
     run(off, [first])
     assert off.stats() | {"computed_tokens": 0, "reused_tokens": 0} == {
+        "salts": 0,
         "nodes": 0,
         "tokens": 0,
         "bytes": 0,
@@ -187,3 +190,19 @@ def test_reads_not_to_keep_share_a_batch_and_leave_the_tree_after_it():
     assert tree.stats()["tokens"] == len(question)  # the system line is kept: the question passes through it
     assert sum(run(tree, [question]).computed_tokens) == 1
     assert sum(run(tree, [prior_reads[0]]).computed_tokens) == len(prior_reads[0]) - len(system)
+
+
+def test_a_prompt_reuses_only_tokens_of_its_own_salt():
+    """One tree per cache salt (issue 40): salt b's identical prompt computes every token; salt a's
+    again reuses them; a salt whose tokens all left the tree leaves no root behind."""
+    tree = KVTree(2**20)
+    prompt = tuple(range(100, 140))
+    run(tree, [prompt], salts=["a"])
+    other = run(tree, [prompt], salts=["b"])
+    assert other.cached_tokens == [0] and other.computed_tokens == [len(prompt)]
+    assert run(tree, [prompt], salts=["a"]).cached_tokens == [len(prompt) - 1]
+    both = run(tree, [prompt, prompt + (7,)], salts=["a", "c"])  # one batch, two salts
+    assert both.cached_tokens == [len(prompt) - 1, 0]
+    assert tree.stats()["salts"] == 3
+    tree.clear()
+    assert tree.stats()["salts"] == 0
