@@ -20,8 +20,8 @@ group's), never another's. Otherwise one tenant could learn another's text a tok
 Concurrency: plans are made and finished under one lock, computed outside it. A batch whose prompts
 run into tokens another batch of the same tenant is computing waits for that batch to finish, then
 plans again, so a shared state arriving in two batches at once is computed once. A prompt that runs
-into tokens another tenant's batch is computing is computed on its own instead (no reuse): one tenant
-never waits out another's batch, which may be forty long states (issue 39; the cost is that prompt's
+into tokens another tenant's batch is computing (tenants of one cache group share a salt) is computed
+on its own instead (no reuse): one tenant never waits out another's batch, which may be forty long states (issue 39; the cost is that prompt's
 shared prefix, the system prompt and what follows, computed twice). A batch that fails takes its
 uncomputed nodes out of the tree.
 
