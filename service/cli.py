@@ -92,8 +92,9 @@ def serve(
     api_key_file: Annotated[
         Path | None,
         typer.Option(
-            help="API keys, one per line, each optionally with tenant=NAME scopes=decide,calibrate,admin "
-            "(also $OPENDECIDE_API_KEYS); re-read when it changes and on SIGHUP; callers send Authorization: Bearer KEY"
+            help="API keys, one per line, each optionally with tenant=NAME scopes=decide,calibrate,admin cache_group=NAME "
+            "(also $OPENDECIDE_API_KEYS); a regular file with at least one key (else refused, unless --no-auth); "
+            "re-read when it changes and on SIGHUP; callers send Authorization: Bearer KEY"
         ),
     ] = None,
     metrics_port: Annotated[
@@ -106,7 +107,7 @@ def serve(
         bool,
         typer.Option(
             "--no-auth",
-            help="serve without API keys on a non-loopback address (anyone who can reach it may call)",
+            help="serve without API keys on a non-loopback address, or with an --api-key-file that holds none (anyone who can reach it may call)",
         ),
     ] = False,
     rate_limit: Annotated[

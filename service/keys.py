@@ -5,10 +5,21 @@ against the live set is ``service/middleware/auth.py``.
 The key file holds one key a line (blank lines and ``#`` comments skipped), optionally followed by
 fields::
 
-    KEY tenant=NAME scopes=decide,calibrate,admin weight=2 tokens_per_minute=600000
+    KEY tenant=NAME scopes=decide,calibrate,admin weight=2 tokens_per_minute=600000 cache_group=NAME
+
+A key is ``MIN_KEY_CHARS`` to ``MAX_KEY_CHARS`` ASCII letters, digits and ``-_.~+/`` (``KEY_PATTERN``:
+hex, base64 without padding, base64url, ``secrets.token_urlsafe``). A line whose first word is not
+that is an error naming its line number, never a key: a ``.env`` swapped in by mistake
+(``DATABASE_URL=…``) must not become a set of keys that locks the real ones out. A file with no key
+line (empty, or comments only) is an error too: ``decide serve`` refuses it unless ``--no-auth``, and a
+reload that finds it keeps the old set. A UTF-8 byte order mark (Windows editors write one) is
+dropped. Only a regular file is read (``read_key_file``): a FIFO, a directory or a device is refused
+without reading, so a FIFO swapped in cannot block the service.
 
 ``weight`` and ``tokens_per_minute`` are the tenant's share of the service (``service.scopes.Share``:
-default weight 1, no token limit of its own); every key of one tenant must give the same ones.
+default weight 1, no token limit of its own); ``cache_group`` names a prompt-cache group its reads
+share with the other tenants that name it (``service.scopes.Caller.cache_salt``; default: the tenant's
+own, named like a tenant). Every key of one tenant must give the same ones.
 A bare ``KEY`` is tenant ``default`` with scopes ``decide,calibrate`` (the format before tenants:
 every key then shares one tenant, and the start-up log says so). ``admin`` is never implied.
 ``$OPENDECIDE_API_KEYS`` holds the same items: separated by ``;`` when the value holds a ``;`` or any
@@ -20,8 +31,15 @@ anything about them. A caller is known in logs, audit lines and rate limits by i
 first 12 hex digits of the digest, never the key.
 
 The key set is live (``Keyring``): the file is re-read when it changes (polled) and on SIGHUP; a reload
-that fails keeps the old set and logs why. Without keys the service must bind to loopback only;
-``check_bind`` refuses any other address unless ``--no-auth`` says the operator means it.
+that fails keeps the old set and logs why. SIGHUP never ends the process: ``decide serve`` handles it
+from its first instant (``hold_sighup``), logging that there is nothing to reload while it starts, when
+keys come only from ``$OPENDECIDE_API_KEYS`` (read once) or when there are none. Without keys the
+service must bind to loopback only; ``check_bind`` refuses any other address unless ``--no-auth`` says
+the operator means it.
+
+Keys travel only in ``Authorization: Bearer``: a query string naming a key-like parameter
+(``KEY_PARAMS``) is refused by the auth middleware, and ``redact_query`` blanks such values in every
+log line that prints a path (uvicorn's access line, ``redact_access_log``).
 """
 
 from __future__ import annotations
@@ -34,6 +52,8 @@ import logging
 import os
 import re
 import signal
+import stat
+import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +66,9 @@ logger = logging.getLogger("opendecide.auth")
 
 KEYS_ENV = "OPENDECIDE_API_KEYS"
 MIN_KEY_CHARS = 16
+MAX_KEY_CHARS = 256
+KEY_PATTERN = re.compile(rf"[A-Za-z0-9._~+/-]{{{MIN_KEY_CHARS},{MAX_KEY_CHARS}}}")
+MAX_KEY_FILE_BYTES = 1 << 20
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 DEFAULT_KEY_POLL_S = 2.0
 SETTLE_READS = 5
@@ -67,10 +90,11 @@ class ApiKey:
     bare: bool
     """Given without fields (the format before tenants)."""
     share: Share = EQUAL_SHARE
+    cache_group: str | None = None
 
     @property
     def caller(self) -> Caller:
-        return Caller(self.tenant, key_id(self.digest), self.scopes, self.share)
+        return Caller(self.tenant, key_id(self.digest), self.scopes, self.share, self.cache_group)
 
 
 @dataclass(frozen=True)
@@ -89,7 +113,8 @@ class KeySet:
         """What an admin may see of the set: key ids, tenants, scopes; never a key."""
         return [
             {"key_id": key_id(k.digest), "tenant": k.tenant, "scopes": sorted(k.scopes),
-             "weight": k.share.weight, "tokens_per_minute": k.share.tokens_per_minute}
+             "weight": k.share.weight, "tokens_per_minute": k.share.tokens_per_minute,
+             "cache_group": k.cache_group}
             for k in self.keys
         ]  # fmt: skip
 
@@ -105,14 +130,22 @@ class KeySet:
 
 
 SHARE_FIELDS = ("weight", "tokens_per_minute")
-FIELDS = ("tenant", "scopes", *SHARE_FIELDS)
+FIELDS = ("tenant", "scopes", *SHARE_FIELDS, "cache_group")
+
+
+class EmptyKeyFile(ValueError):
+    """A key file with no key line: refused, unless auth is off on purpose (``--no-auth``)."""
 
 
 def parse_key(text: str, where: str) -> ApiKey:
-    """One key item: ``KEY [tenant=NAME] [scopes=a,b] [weight=W] [tokens_per_minute=N]``. ``ValueError`` names ``where``, never the key."""
+    """One key item: ``KEY [tenant=NAME] [scopes=a,b] [weight=W] [tokens_per_minute=N] [cache_group=NAME]``.
+    ``ValueError`` names ``where``, never the key nor the line."""
     key, *fields = text.split()
-    if len(key) < MIN_KEY_CHARS:
-        raise ValueError(f"API key at {where} must be at least {MIN_KEY_CHARS} characters without spaces")
+    if not KEY_PATTERN.fullmatch(key):
+        raise ValueError(
+            f"API key at {where}: a key is {MIN_KEY_CHARS}-{MAX_KEY_CHARS} ASCII letters, digits, '-', '_', '.', "
+            "'~', '+' or '/', first on its line (is this a key file?)"
+        )
     given: dict[str, str] = {}
     for item in fields:
         name, eq, value = item.partition("=")
@@ -125,10 +158,13 @@ def parse_key(text: str, where: str) -> ApiKey:
             raise ValueError(f"API key at {where}: {name} given twice")
         given[name] = value
     tenant = given.get("tenant", DEFAULT_TENANT)
-    if not TENANT_PATTERN.fullmatch(tenant):
-        raise ValueError(
-            f"API key at {where}: a tenant is 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit"
-        )
+    cache_group = given.get("cache_group")
+    for name, value in (("tenant", tenant), ("cache_group", cache_group)):
+        if value is not None and not TENANT_PATTERN.fullmatch(value):
+            raise ValueError(
+                f"API key at {where}: a {name} is 1-64 letters, digits, '_', '.' or '-', starting with a "
+                "letter or digit"
+            )
     scopes = frozenset(given["scopes"].split(",")) if "scopes" in given else DEFAULT_SCOPES
     unknown = sorted(scopes - set(SCOPES))
     if unknown:
@@ -143,7 +179,36 @@ def parse_key(text: str, where: str) -> ApiKey:
             f"API key at {where}: weight is a positive number and tokens_per_minute a whole number of "
             f"at least 1 ({error})"
         ) from None
-    return ApiKey(digest(key), tenant, scopes, bare=not fields, share=share)
+    return ApiKey(digest(key), tenant, scopes, bare=not fields, share=share, cache_group=cache_group)
+
+
+def read_key_file(path: Path) -> str:
+    """The key file's text, BOM dropped. Only a regular file is read: the open does not wait (a FIFO
+    would block until a writer came, and the service with it) and the opened file's own type is
+    checked before any read, so a FIFO, a directory or a device is refused without reading."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else "a device or socket"
+            )
+            raise ValueError(f"{path} is not a regular file ({kind}); keys are read only from a regular file")
+        data = b""
+        while len(data) <= MAX_KEY_FILE_BYTES:
+            chunk = os.read(fd, MAX_KEY_FILE_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise ValueError(f"{path} is larger than {MAX_KEY_FILE_BYTES} bytes: not a key file")
+    return data.decode("utf-8-sig")  # a leading BOM would otherwise be part of the first key
 
 
 def env_items(value: str) -> list[str]:
@@ -169,27 +234,35 @@ def load_key_set(path: Path | None = None, environ: dict[str, str] | None = None
     environ = os.environ if environ is None else environ
     found: list[tuple[str, str]] = []
     if path is not None:
-        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        for number, line in enumerate(read_key_file(Path(path)).splitlines(), start=1):
             text = line.strip()
             if text and not text.startswith("#"):
                 found.append((f"{path} line {number}", text))
+        if not found:
+            raise EmptyKeyFile(f"the key file {path} holds no API key (only blank lines or # comments)")
     for index, item in enumerate(env_items(environ.get(KEYS_ENV, "")), start=1):
         if item:
             found.append((f"{KEYS_ENV} item {index}", item))
     keys: list[ApiKey] = []
     seen: dict[bytes, str] = {}
-    shares: dict[str, tuple[Share, str]] = {}
+    shares: dict[str, tuple[tuple[Share, str | None], str]] = {}
     for where, text in found:
         key = parse_key(text, where)
         if key.digest in seen:
             raise ValueError(f"API key at {where} repeats the key at {seen[key.digest]}")
         seen[key.digest] = where
-        # One tenant, one share: admission keys its queue by tenant, whichever key asked.
-        first = shares.setdefault(key.tenant, (key.share, where))
-        if first[0] != key.share:
+        # One tenant, one share and one cache group: admission keys its queue by tenant, and a
+        # tenant's reads share one prompt cache, whichever key asked.
+        (share, group), first = shares.setdefault(key.tenant, ((key.share, key.cache_group), where))
+        if share != key.share:
             raise ValueError(
                 f"API key at {where}: tenant {key.tenant!r} has another weight or tokens_per_minute at "
-                f"{first[1]}; give every key of a tenant the same ones"
+                f"{first}; give every key of a tenant the same ones"
+            )
+        if group != key.cache_group:
+            raise ValueError(
+                f"API key at {where}: tenant {key.tenant!r} has another cache_group at {first}; give "
+                "every key of a tenant the same one"
             )
         keys.append(key)
     return KeySet(tuple(keys))
@@ -301,6 +374,7 @@ def watch_key_file(keyring: Keyring) -> Callable[[], None]:
     """Poll the key file and re-read it on SIGHUP; returns what stops both."""
     loop = asyncio.get_running_loop()
     task = loop.create_task(keyring.watch())
+    previous = signal.getsignal(signal.SIGHUP)
     try:
         loop.add_signal_handler(signal.SIGHUP, keyring.reload, "SIGHUP")
         hup = True
@@ -311,8 +385,68 @@ def watch_key_file(keyring: Keyring) -> Callable[[], None]:
         task.cancel()
         if hup:
             loop.remove_signal_handler(signal.SIGHUP)
+            if callable(previous):  # removing leaves the default action, the end of the process
+                signal.signal(signal.SIGHUP, previous)
 
     return stop
+
+
+def hold_sighup(reason: str) -> Callable | int | None:
+    """Take SIGHUP now, whatever the keys' source: log that there is nothing to reload (``reason``)
+    instead of the default action, which ends the process. ``watch_key_file`` takes the signal over
+    while a key file is watched. Returns the handler replaced (None outside the main thread, where
+    signals cannot be taken)."""
+
+    def nothing_to_reload(signum: int, frame: object) -> None:
+        logger.warning("SIGHUP: nothing to reload (%s)", reason)
+
+    try:
+        return signal.signal(signal.SIGHUP, nothing_to_reload)
+    except ValueError:  # not the main thread
+        return None
+
+
+KEY_PARAMS = frozenset({"api_key", "apikey", "api-key", "key", "access_token", "token", "authorization"})
+"""Query parameters that carry a key by some clients' habit: refused on requests, redacted in logs."""
+_QUERY_ITEM = re.compile(r"([?&;])([^=&;#\s\"]*)=([^&;#\s\"]*)")
+
+
+def key_params_in(query: str) -> list[str]:
+    """The key-like parameter names of a query string, as given (percent-decoded)."""
+    return [
+        name
+        for name, _ in urllib.parse.parse_qsl(query, keep_blank_values=True)
+        if name.lower() in KEY_PARAMS
+    ]
+
+
+def redact_query(text: str) -> str:
+    """``text`` with the values of key-like query parameters replaced by ``[redacted]``."""
+
+    def blank(item: re.Match) -> str:
+        secret = urllib.parse.unquote_plus(item[2]).lower() in KEY_PARAMS and item[3]
+        return f"{item[1]}{item[2]}=[redacted]" if secret else item[0]
+
+    return _QUERY_ITEM.sub(blank, text)
+
+
+class RedactKeys(logging.Filter):
+    """Redacts key-like query values in a record's message and arguments (uvicorn's access line
+    passes the path with its query as an argument)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact_query(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_query(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def redact_access_log(name: str = "uvicorn.access") -> None:
+    """Put ``RedactKeys`` on the logger ``name`` (once): call it after uvicorn configured its logging."""
+    target = logging.getLogger(name)
+    if not any(isinstance(found, RedactKeys) for found in target.filters):
+        target.addFilter(RedactKeys())
 
 
 def check_bind(host: str, *, has_keys: bool, no_auth: bool) -> str | None:

@@ -177,8 +177,48 @@ def start_metrics_listener(metrics, host: str, port: int):
     return server
 
 
+def open_keyring(options: ServeOptions, environ: dict[str, str] | None = None):
+    """The live key set from ``--api-key-file`` and ``$OPENDECIDE_API_KEYS`` (``environ``), or None
+    when the service runs without keys: none given, or ``--no-auth`` with a key file that holds none.
+    A key file without keys is refused otherwise: serving on loopback without auth while the operator
+    means keys to be added later would never read them."""
+    from service.keys import EmptyKeyFile, Keyring
+
+    try:
+        keyring = Keyring(options.api_key_file, environ)
+    except EmptyKeyFile as error:
+        if not options.no_auth:
+            raise ServeRefused(
+                f"{error}: add keys, or pass --no-auth to serve without them", option="--api-key-file"
+            ) from None
+        keyring = Keyring(None, environ)  # the environment's keys alone, to check them against --no-auth
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        raise ServeRefused(str(error), option="--api-key-file") from None
+    if not keyring.current.keys:
+        return None
+    if options.no_auth:
+        raise ServeRefused("--no-auth and API keys contradict each other", option="--no-auth")
+    return keyring
+
+
 def run_server(options: ServeOptions) -> None:
-    """Check everything, then serve until interrupted; the store is closed on the way out."""
+    """Check everything, then serve until interrupted; the store is closed on the way out.
+
+    SIGHUP is taken from the first instant, before any key is read: its default action would end the
+    process (``service.keys.hold_sighup``); the handler in place before is restored on the way out."""
+    import signal
+
+    from service.keys import hold_sighup
+
+    previous = hold_sighup("the service is starting; a key file changed meanwhile is read once it serves")
+    try:
+        _serve(options)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGHUP, previous)
+
+
+def _serve(options: ServeOptions) -> None:
     import uvicorn
 
     from calibration.open import open_store
@@ -187,7 +227,7 @@ def run_server(options: ServeOptions) -> None:
     from readers.engines import open_engine
     from service.app import create_app
     from service.connections import KEEP_ALIVE_S, connection_cap, raise_open_file_limit, uvicorn_options
-    from service.keys import Keyring, check_bind
+    from service.keys import KEYS_ENV, check_bind, hold_sighup, redact_access_log
 
     check_engine(options)
     if options.max_body_bytes <= 0:
@@ -195,15 +235,14 @@ def run_server(options: ServeOptions) -> None:
     if options.metrics_port is not None and options.metrics_port == options.port:
         raise ServeRefused("--metrics-port must differ from --port", option="--metrics-port")
     chat_template = read_chat_template(options)
+    keyring = open_keyring(options)
+    if keyring is None:
+        hold_sighup("authentication is off: no API keys")
+    elif keyring.path is None:
+        hold_sighup(f"keys come from ${KEYS_ENV}, read once at start; restart to change them")
+    # else a key file: the start-up handler stays until the running service watches the file
     try:
-        keyring = Keyring(options.api_key_file)
-    except (OSError, ValueError, UnicodeDecodeError) as error:
-        raise ServeRefused(str(error), option="--api-key-file") from None
-    api_keys = keyring.current.keys
-    if api_keys and options.no_auth:
-        raise ServeRefused("--no-auth and API keys contradict each other", option="--no-auth")
-    try:
-        auth_notice = check_bind(options.host, has_keys=bool(api_keys), no_auth=options.no_auth)
+        auth_notice = check_bind(options.host, has_keys=keyring is not None, no_auth=options.no_auth)
     except ValueError as error:
         raise ServeRefused(str(error), option="--host") from None
 
@@ -241,7 +280,7 @@ def run_server(options: ServeOptions) -> None:
 
     app = create_app(
         open_engine=opener, store=store, auto_refit_every=options.auto_refit_every, images=options.images,
-        api_keys=keyring if api_keys else None, rate_limit=options.rate_limit, admission=options.admission,
+        api_keys=keyring, rate_limit=options.rate_limit, admission=options.admission,
         retention=dt.timedelta(days=options.retention_days) if options.retention_days else None,
         prior_correction=options.prior_correction, on_engine_failure=stop_serving,
         max_body_bytes=options.max_body_bytes,
@@ -255,6 +294,7 @@ def run_server(options: ServeOptions) -> None:
     server = uvicorn.Server(
         uvicorn.Config(app, host=options.host, port=options.port, log_level="info", **uvicorn_options(limits))
     )
+    redact_access_log()  # after uvicorn's Config set up its loggers: its access line prints the query
     try:
         if options.metrics_port is not None:
             metrics_server = start_metrics_listener(app.state.metrics, options.host, options.metrics_port)

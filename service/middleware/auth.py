@@ -2,7 +2,11 @@
 
 The keys, their file format and live reload are ``service/keys.py``; the scopes a caller holds and
 ``require_scope`` are ``service/scopes.py``. A request without a key of the live set gets 401 before
-its body is read; ``OPEN_PATHS`` need none.
+its body is read; ``OPEN_PATHS`` need none. A query string naming a key-like parameter
+(``service.keys.KEY_PARAMS``: ``api_key=``, ``key=``, …) gets 400 naming it, on every path and with auth
+on or off: a key in a URL ends up in proxies' and browsers' logs, and is taken only from the header.
+Once the key is known, a caller's own request id is put in its key's namespace
+(``service/middleware/request_id.py``).
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from collections.abc import Iterable
 
 from calibration.store import DEFAULT_TENANT
 from service.errors import send_error
-from service.keys import Keyring, key_id
+from service.keys import Keyring, key_id, key_params_in
 from service.middleware.asgi import ASGIApp, Receive, Scope, Send
+from service.middleware.request_id import namespace_request_id
 from service.scopes import ANONYMOUS, Caller
 
 # Liveness and readiness answer orchestrators' probes, which carry no key; neither says anything a
@@ -43,15 +48,33 @@ class AuthMiddleware:
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
-        if self.keyring is None or scope["path"] in self.open_paths:
-            state["caller"] = ANONYMOUS if self.keyring is None else Caller(DEFAULT_TENANT, None, frozenset())
+        in_query = key_params_in(scope.get("query_string", b"").decode("latin-1"))
+        if in_query:
+            if self.keyring is not None:
+                namespace_request_id(state, None)
+            await send_error(
+                send, 400, "invalid_request_error",
+                f"API keys are not taken from the query string ('{in_query[0]}'): send 'Authorization: Bearer <key>'",
+                param=in_query[0],
+            )  # fmt: skip
+            return
+        if self.keyring is None:
+            state["caller"] = ANONYMOUS
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] in self.open_paths:
+            state["caller"] = Caller(DEFAULT_TENANT, None, frozenset())
+            namespace_request_id(state, None)
             await self.app(scope, receive, send)
             return
         presented = _bearer(scope)
+        matched = (
+            None if presented is None else self.keyring.current.match(presented)
+        )  # one read of the live set
+        namespace_request_id(state, None if matched is None else key_id(matched.digest))
         if presented is None:
             await _refuse(send, "missing API key: send 'Authorization: Bearer <key>'")
             return
-        matched = self.keyring.current.match(presented)  # one read of the live set: old or new, not a mix
         if matched is None:
             await _refuse(send, "invalid API key")
             return

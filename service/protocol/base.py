@@ -20,6 +20,9 @@ logger = logging.getLogger("opendecide.service")
 
 MAX_LOGGED_FIELDS = 20
 MAX_LOGGED_NAME = 64
+MAX_ID_CHARS = 128
+"""The longest id a request may carry (decision ids, tool call ids): an error that names an id
+echoes at most this much of the caller's input. Ours are 36 characters (``dec_`` + 32 hex)."""
 
 Content = str | dict[str, Any] | list[Any]
 """Text, a JSON object or an array, as Jev accepts for state, instructions and criteria."""

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from calibration.fit import Gold
 from calibration.store import BIAS_MODES
-from service.protocol.base import BodyModel, Content, RequestModel, ResponseModel
+from service.protocol.base import MAX_ID_CHARS, BodyModel, Content, RequestModel, ResponseModel
 from service.protocol.questions import MAX_OPTIONS, MIN_OPTIONS, Question, check_question_names
 
 
@@ -100,7 +100,7 @@ class CalibrationList(ResponseModel):
 
 
 class FeedbackRequest(BodyModel):
-    decision_id: str
+    decision_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     gold: Gold
 
 

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from readers.prompt import content_text
-from service.protocol.base import BodyModel, RequestModel
+from service.protocol.base import MAX_ID_CHARS, BodyModel, RequestModel
 from service.protocol.questions import (
     MAX_LEVELS,
     MAX_OPTION_NAME_CHARS,
@@ -116,8 +116,8 @@ ToolOutput = str | list[Annotated[InputText | InputImage, Field(discriminator="t
 class _ToolItem(RequestModel):
     """What a tool call and a tool output share; each kind adds its ``type`` and its text."""
 
-    call_id: str = Field(min_length=1)
-    id: str | None = None
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    id: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     status: Status | None = None
 
 

@@ -20,6 +20,7 @@ from typing import Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
+from pydantic import Field
 
 from readers.engines.base import ReadRequest
 from readers.errors import EngineTimeout, EngineUnavailable
@@ -86,6 +87,9 @@ class KeyOut(ResponseModel):
     scopes: list[str]
     weight: float
     tokens_per_minute: int | None
+    cache_group: str | None = Field(
+        description="the key file's cache_group=: the prompt-cache group its tenant shares (None: the tenant's own)"
+    )
 
 
 class KeySetOut(ResponseModel):

@@ -79,6 +79,7 @@ def test_a_tenants_share_is_in_its_keys(tmp_path):
         "scopes": ["calibrate", "decide"],
         "weight": 2.5,
         "tokens_per_minute": 60_000,
+        "cache_group": None,
     }
 
 
@@ -89,7 +90,10 @@ def test_a_tenants_share_is_in_its_keys(tmp_path):
         (f"{A} tenant=a/b", "a tenant is 1-64 letters"),
         (f"{A} scopes=decide,root", "unknown scope(s) ['root']"),
         (f"{A} scopes=", "unknown scope(s) ['']"),
-        (f"{A} role=admin", "after the key come only tenant=, scopes=, weight=, tokens_per_minute="),
+        (
+            f"{A} role=admin",
+            "after the key come only tenant=, scopes=, weight=, tokens_per_minute=, cache_group=",
+        ),
         (f"{A} {B}", "after the key come only tenant="),
         (f"{A} weight=0", "weight is a positive number"),
         (f"{A} weight=heavy", "weight is a positive number"),
@@ -138,8 +142,8 @@ def test_a_bad_reload_keeps_the_old_set_and_says_why(tmp_path, caplog):
     assert ring.reload("SIGHUP") is False and ring.current is before
     refused = [line for line in audit_lines(caplog) if line["event"] == "key_set_reload_refused"]
     assert [line["reason"][:40] for line in refused] == [
-        f"API key at {path} line 1 must be at leas"[:40],
-        "the new key set is empty (auth stays on;",
+        f"API key at {path} line 1: a key is 16-2"[:40],
+        f"the key file {path} holds no API key"[:40],
         f"API key at {path} line 1: unknown scope("[:40],
         f"[Errno 2] No such file or directory: '{path}'"[:40],
     ]
