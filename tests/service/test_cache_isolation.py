@@ -20,6 +20,8 @@ pytestmark = pytest.mark.anyio
 
 A = "tenant-a-key-0123456789abcdef"
 B = "tenant-b-key-0123456789abcdef"
+C = "tenant-c-key-0123456789abcdef"  # c and d: one cache group on purpose
+D = "tenant-d-key-0123456789abcdef"
 NOUL = {"type": "noul", "instructions": "Does the customer ask for money back?"}
 SECRET = "Account note: the customer's PIN is 4829. They ask about the parcel that came late."
 
@@ -37,7 +39,9 @@ def auth(key: str) -> dict[str, str]:
 async def salted(client_factory, embedded_model_dir, tmp_path):
     """A client of an app over a fresh embedded engine (an empty prefix cache), keys of tenants a, b."""
     keys = tmp_path / "keys.txt"
-    keys.write_text(f"{A} tenant=a\n{B} tenant=b\n")
+    keys.write_text(
+        f"{A} tenant=a\n{B} tenant=b\n{C} tenant=c cache_group=desk\n{D} tenant=d cache_group=desk\n"
+    )
     engine = LocalEngine(embedded_model_dir, batching=LocalBatching(prefix_cache_mib=64))
     try:
         async with client_factory(engine, api_keys=Keyring(keys, {})) as client:
@@ -89,22 +93,30 @@ async def test_openai_cached_tokens_count_only_the_callers_own_cache(salted):
 
 async def test_a_content_free_prior_is_measured_per_tenant(salted):
     """A choice question's prior read by a, then the same question by b: b measures its own (its
-    engine batches), where before it answered at once from a's, showing that a had asked it."""
+    engine reads), where before it answered at once from a's, showing that a had asked it."""
     client, engine = salted
     body = {
         "state": "The parcel came late and the box was torn.",
         "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": {"Shipping": None, "Billing": None}}},
     }  # fmt: skip
 
-    async def batches(key: str) -> int:
-        before = engine.batches
+    async def reads(key: str) -> int:
+        before = engine.batched_reads
         response = await client.post("/v1/systemone", json=body, headers=auth(key))
         assert response.status_code == 200, response.text
         assert response.json()["answers"]["q"]["x_reading"]["prior_correction"] is not None
-        return engine.batches - before
+        return engine.batched_reads - before
 
-    first_a = await batches(A)
-    again_a = await batches(A)
-    first_b = await batches(B)
+    first_a = await reads(A)
+    again_a = await reads(A)
+    first_b = await reads(B)
     assert again_a < first_a  # a's prior is cached for a
     assert first_b == first_a  # b's is measured afresh, as a's was
+
+
+async def test_tenants_of_one_cache_group_share_their_cache(salted):
+    """A key file's cache_group puts tenants in one cache on purpose: d reuses what c read."""
+    client, _ = salted
+    await reused(client, C, SECRET)
+    assert await reused(client, D, SECRET) == await reused(client, C, SECRET) > 0  # d never sent it
+    assert await reused(client, A, SECRET) == 0  # a is not in the group: a cold read of its own
