@@ -7,6 +7,15 @@ imports typer and the three command modules, never a model library.
 
 from __future__ import annotations
 
+import signal
+import sys
+
+if sys.argv[1:2] == ["serve"] and hasattr(signal, "SIGHUP"):
+    # SIGHUP's default action ends the process, and the imports below take about a second: ignored
+    # until the service takes the signal over (service.keys.hold_sighup), so an operator's reload
+    # sent while it starts never kills it.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
 import typer
 
 from deploy.cli import app as deploy_commands
