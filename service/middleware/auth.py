@@ -1,4 +1,5 @@
-"""ASGI middleware: ``Authorization: Bearer <key>`` (what Jev's SDKs send) → the request's ``Caller``.
+"""ASGI middleware: ``Authorization: Bearer <key>`` (what Jev's SDKs send), or ``x-goog-api-key: <key>``
+(what Google's send) → the request's ``Caller``.
 
 The keys, their file format and live reload are ``service/keys.py``; the scopes a caller holds and
 ``require_scope`` are ``service/scopes.py``. A request without a key of the live set gets 401 before
@@ -47,7 +48,7 @@ class AuthMiddleware:
             state["caller"] = ANONYMOUS if self.keyring is None else Caller(DEFAULT_TENANT, None, frozenset())
             await self.app(scope, receive, send)
             return
-        presented = _bearer(scope)
+        presented = _bearer(scope) or _goog_api_key(scope)
         if presented is None:
             await _refuse(send, "missing API key: send 'Authorization: Bearer <key>'")
             return
@@ -67,6 +68,14 @@ def _bearer(scope: Scope) -> str | None:
             if scheme.lower() == "bearer" and credentials.strip():
                 return credentials.strip()
             return None
+    return None
+
+
+def _goog_api_key(scope: Scope) -> str | None:
+    """The key as Google's SDKs send it (``x-goog-api-key``), checked like a bearer key."""
+    for name, value in scope["headers"]:
+        if name == b"x-goog-api-key":
+            return value.decode("latin-1").strip() or None
     return None
 
 
