@@ -1,7 +1,8 @@
 """The HTTP service: ``create_app`` assembles middleware, error handlers and routers; nothing else.
 
 The middlewares live in ``service/middleware/``, one module each, and are stacked here in one list.
-Routes live in ``service/routes/`` (decisions, openai_decisions, models, calibrations, operations);
+Routes live in ``service/routes/`` (decisions, openai_decisions, google_decisions, models, calibrations,
+operations);
 every decision route takes the one path in ``service/decision_route.py``; what routes share is on
 ``app.state`` (``service/state.py``). The decisions themselves are the pipeline's
 (``service/pipeline/``), which imports no web framework.
@@ -29,6 +30,7 @@ from service.admission import Admission, AdmissionLimits
 from service.errors import (
     ERROR_SHAPES,
     error_response,
+    error_shape,
     internal_error_response,
     validation_response,
 )
@@ -52,7 +54,7 @@ from service.pipeline.images import ServedImages
 from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION, OptionPriors, PriorCorrection
 from service.refit_limits import RefitLimits
 from service.retention import prune_periodically
-from service.routes import calibrations, decisions, models, openai_decisions, operations
+from service.routes import calibrations, decisions, google_decisions, models, openai_decisions, operations
 
 logger = logging.getLogger("opendecide.service")
 
@@ -167,7 +169,7 @@ def create_app(
     metrics = ServiceMetrics()
     app = FastAPI(
         title="opendecide",
-        summary="Typed decisions with probabilities, in Jev's System One and OpenAI's Decisions wire formats.",
+        summary="Typed decisions with probabilities, in Jev's System One, OpenAI's and Google's Decisions wire formats.",
         lifespan=lifespan,
         # Outermost first: every request gets an id and is observed, refusals included; auth and
         # rate limits answer before a body is read.
@@ -219,13 +221,19 @@ def create_app(
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
         logger.exception("unexpected error serving %s", request.url.path)
         response = internal_error_response(error)
-        shape = ERROR_SHAPES.get(request.url.path)
+        shape = error_shape(ERROR_SHAPES, request.url.path)
         if shape is not None:  # answered outside the middleware that reshapes the others
-            status, body = shape(500, json.loads(response.body))
+            status, body = shape(500, json.loads(response.body), {})
             return JSONResponse(body, status_code=status)
         return response
 
-    for router in (decisions.router, openai_decisions.router, models.router, operations.router):
+    for router in (
+        decisions.router,
+        openai_decisions.router,
+        google_decisions.router,
+        models.router,
+        operations.router,
+    ):
         app.include_router(router)
     if store is not None:
         app.include_router(calibrations.router)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -261,9 +261,11 @@ def openai_param(loc: list | tuple | str | None) -> str | None:
     return text or None
 
 
-def openai_error(status: int, body: Any) -> tuple[int, dict[str, Any]]:
+def openai_error(
+    status: int, body: Any, headers: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
     """An error response's status and body on OpenAI's route, from the body this service would send
-    elsewhere (any of the shapes above)."""
+    elsewhere (any of the shapes above); the headers are kept as they are, so it needs none of them."""
     detail = body.get("detail") if isinstance(body, dict) else None
     if isinstance(detail, list) and detail:  # validation: 400, the first field named, every problem told
         first = detail[0]
@@ -298,11 +300,114 @@ def openai_error(status: int, body: Any) -> tuple[int, dict[str, Any]]:
     return status, {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
-ErrorShape = Callable[[int, Any], tuple[int, dict[str, Any]]]
-"""How a wire format renders an error: (status, the body this service sends elsewhere) → (status,
-the format's body). The one hook a wire format whose errors look otherwise adds, once, below."""
+GOOGLE_PREFIX = "/v1beta/"
+"""Google's API version: every path under it (its decisions, its model list) answers in Google's shape."""
 
-ERROR_SHAPES: dict[str, ErrorShape] = dict.fromkeys(OPENAI_PATHS, openai_error)
-"""Path → the error shape of the wire format that path speaks; paths not here answer in this
-service's own shape. Applied to whatever answered (``service/middleware/error_shape.py``) and to
-the app's last-resort 500 (``service/app.py``)."""
+# Google's canonical codes (google.rpc.Code) by the HTTP status this service answers with. Its SDK
+# raises by HTTP status (BadRequestError, NotFoundError, RateLimitError, InternalServerError, …) and
+# retries 408, 409, 429 and 5xx, so what a retry cannot mend must leave as a 4xx other than those.
+_GOOGLE_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "UNIMPLEMENTED",
+    408: "DEADLINE_EXCEEDED",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+# Google's statuses for what this service answers otherwise: a body, prompt or request too large and
+# a question the model cannot be asked are INVALID_ARGUMENT (400: no retry mends them); the admission
+# queue's 529 is UNAVAILABLE (503, retried after Retry-After).
+_GOOGLE_HTTP = {413: 400, 415: 400, 422: 400, 529: 503}
+_RPC = "type.googleapis.com/google.rpc."
+
+
+def google_field(loc: list | tuple | str | None) -> str | None:
+    """A Jev ``loc`` (or dotted ``param``) as a Google field path: ``body.questions.q1.choice.criteria``
+    → ``questions.q1.criteria``, ``body.input.2`` → ``input[2]``; None for the body as a whole."""
+    if loc is None:
+        return None
+    parts = loc.split(".") if isinstance(loc, str) else list(loc)
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    if len(parts) > 2 and parts[0] == "questions" and parts[2] in ("noul", "choice", "score"):
+        del parts[2]  # the union's tag pydantic puts after the question id
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not _FIELD.match(str(part)) and text.startswith("input"):
+            continue  # pydantic's union member names (str, list[…], tagged-union[…])
+        else:
+            text += f".{part}" if text else str(part)
+    return text or None
+
+
+def google_error(
+    status: int, body: Any, headers: Mapping[str, str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    """An error response's status and body on Google's paths (``{"error": {"code", "message",
+    "status", "details"}}``), from the body this service would send elsewhere and its headers: a
+    Retry-After is also told as ``google.rpc.RetryInfo``, where Google's clients look for it."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    details: list[dict[str, Any]] = []
+    if isinstance(detail, list) and detail:  # validation: 400 naming every field, an unknown model 404
+        reason = str(detail[0].get("type", "invalid_value"))
+        violations = [
+            {
+                "field": google_field(item.get("loc")) or "body",
+                "description": str(item.get("msg", "")).removeprefix("Value error, "),
+            }
+            for item in detail[:10]
+        ]
+        message = "; ".join(f"{v['field']}: {v['description']}" for v in violations)
+        status = 404 if reason == "unknown_model" else 400
+        details.append({"@type": _RPC + "BadRequest", "fieldViolations": violations})
+    else:
+        status = _GOOGLE_HTTP.get(status, status)
+        if isinstance(detail, dict):
+            message, reason = str(detail.get("message", "")), detail.get("error_type")
+            field = google_field(detail.get("param"))
+            if field is not None and status == 400:  # a field of the request (not a header, a limit)
+                details.append(
+                    {
+                        "@type": _RPC + "BadRequest",
+                        "fieldViolations": [{"field": field, "description": message}],
+                    }
+                )
+        else:  # Starlette's own (404, 405): {"detail": "Not Found"}
+            message, reason = str(detail or "error"), None
+    if reason is not None:
+        details.insert(0, {"@type": _RPC + "ErrorInfo", "reason": str(reason), "domain": "opendecide"})
+    retry_after = {name.lower(): value for name, value in (headers or {}).items()}.get("retry-after", "")
+    if retry_after.isdigit():
+        details.append({"@type": _RPC + "RetryInfo", "retryDelay": f"{int(retry_after)}s"})
+    canonical = _GOOGLE_STATUS.get(status, "INTERNAL" if status >= 500 else "FAILED_PRECONDITION")
+    return status, {"error": {"code": status, "message": message, "status": canonical, "details": details}}
+
+
+ErrorShape = Callable[[int, Any, Mapping[str, str]], tuple[int, dict[str, Any]]]
+"""How a wire format renders an error: (status, the body this service sends elsewhere, its headers)
+→ (status, the format's body). The one hook a wire format whose errors look otherwise adds, once,
+below; the response keeps its headers (Retry-After, WWW-Authenticate) whatever the shape."""
+
+ERROR_SHAPES: dict[str, ErrorShape] = dict.fromkeys(OPENAI_PATHS, openai_error) | {
+    GOOGLE_PREFIX: google_error
+}
+"""Path → the error shape of the wire format that path speaks; a key ending in ``/`` covers every
+path under it (Google's ``/v1beta/``, whose model names are in its paths). Paths not here answer in
+this service's own shape. Applied to whatever answered (``service/middleware/error_shape.py``) and
+to the app's last-resort 500 (``service/app.py``), each through :func:`error_shape`."""
+
+
+def error_shape(shapes: Mapping[str, ErrorShape], path: str) -> ErrorShape | None:
+    """The shape ``path`` answers in: its own entry, else that of the longest prefix entry above it."""
+    shape = shapes.get(path)
+    if shape is not None:
+        return shape
+    prefixes = [key for key in shapes if key.endswith("/") and path.startswith(key)]
+    return shapes[max(prefixes, key=len)] if prefixes else None

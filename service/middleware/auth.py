@@ -1,4 +1,5 @@
-"""ASGI middleware: ``Authorization: Bearer <key>`` (what Jev's SDKs send) → the request's ``Caller``.
+"""ASGI middleware: ``Authorization: Bearer <key>`` (what Jev's SDKs send), or ``x-goog-api-key: <key>``
+(what Google's send) → the request's ``Caller``.
 
 The keys, their file format and live reload are ``service/keys.py``; the scopes a caller holds and
 ``require_scope`` are ``service/scopes.py``. A request without a key of the live set gets 401 before
@@ -67,7 +68,7 @@ class AuthMiddleware:
             namespace_request_id(state, None)
             await self.app(scope, receive, send)
             return
-        presented = _bearer(scope)
+        presented = _bearer(scope) or _goog_api_key(scope)
         matched = (
             None if presented is None else self.keyring.current.match(presented)
         )  # one read of the live set
@@ -90,6 +91,14 @@ def _bearer(scope: Scope) -> str | None:
             if scheme.lower() == "bearer" and credentials.strip():
                 return credentials.strip()
             return None
+    return None
+
+
+def _goog_api_key(scope: Scope) -> str | None:
+    """The key as Google's SDKs send it (``x-goog-api-key``), checked like a bearer key."""
+    for name, value in scope["headers"]:
+        if name == b"x-goog-api-key":
+            return value.decode("latin-1").strip() or None
     return None
 
 

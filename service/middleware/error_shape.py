@@ -2,7 +2,7 @@
 
 Auth, rate limits, body limits, validation, admission and engine faults each answer in this service's
 one error shape (``service/errors.py``); on a path of ``shapes`` (``errors.ERROR_SHAPES``: OpenAI's
-``/v1/decisions``) this middleware rewrites such an answer with that format's shape (status and body;
+``/v1/decisions``, Google's ``/v1beta/…``) this middleware rewrites such an answer with that format's shape (status and body;
 headers such as Retry-After kept), so no component needs to know which API a path speaks. It sits
 inside the metrics middleware, which then counts the status the client got. Successful answers pass
 through untouched and unbuffered.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from service.errors import ERROR_SHAPES, ErrorShape
+from service.errors import ERROR_SHAPES, ErrorShape, error_shape
 from service.middleware.asgi import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -23,7 +23,7 @@ class ErrorShapeMiddleware:
         self.shapes = dict(shapes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        shape = self.shapes.get(scope["path"]) if scope["type"] == "http" else None
+        shape = error_shape(self.shapes, scope["path"]) if scope["type"] == "http" else None
         if shape is None:
             await self.app(scope, receive, send)
             return
@@ -51,8 +51,11 @@ async def _send_reshaped(send: Send, shape: ErrorShape, start: Message, body: by
         original = json.loads(body) if body else None
     except ValueError:
         original = None
+    sent = {name.decode("latin-1"): value.decode("latin-1") for name, value in start.get("headers", [])}
     status, reshaped = shape(
-        start["status"], original if original is not None else {"detail": body.decode("utf-8", "replace")}
+        start["status"],
+        original if original is not None else {"detail": body.decode("utf-8", "replace")},
+        sent,
     )
     encoded = json.dumps(reshaped, allow_nan=False).encode()
     headers = [

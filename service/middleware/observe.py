@@ -92,6 +92,8 @@ KNOWN_ROUTES = frozenset(
         "/decide/batch",
         "/v1/decisions",
         "/v1/models",
+        "/v1beta/decisions",
+        "/v1beta/models",
         "/v1/calibrations",
         "/v1/calibrations/refit",
         "/v1/feedback",

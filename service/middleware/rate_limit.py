@@ -23,6 +23,7 @@ LIMITED_PATHS = frozenset(
         "/decide",
         "/decide/batch",
         "/v1/decisions",
+        "/v1beta/decisions",
         "/v1/calibrations",
         "/v1/feedback",
         "/v1/calibrations/refit",

@@ -12,8 +12,10 @@ from service.protocol.base import ResponseModel
 # Model names a client may send unchanged; each selects the model this server serves, so switching
 # to this server changes a base URL and nothing else. Jev's: its moving aliases, its 1.14 release and
 # 1.13's pinned and dated names. OpenAI's: the one model its Decisions API takes (/v1/decisions only).
+# Google's: the one model its Decisions API takes, sent as models/gemini-decision-1 (/v1beta/decisions only).
 JEV_ALIASES = ("jev-latest", "jev-preview", "jev-1.14.0", "jev-1.13.0", "jev-1.13-20260917")
 OPENAI_ALIASES = ("gpt-6-luna",)
+GOOGLE_ALIASES = ("gemini-decision-1",)
 
 
 class ModelCard(ResponseModel):

@@ -55,7 +55,13 @@ def test_every_post_has_its_request_schema_and_errors(document):
         "/v1/feedback",
         "/v1/calibrations/refit",
         "/v1/decisions",
+        "/v1beta/decisions",
     }
+    google = posts.pop("/v1beta/decisions")  # Google's route: its errors are Google's shape
+    for code in ("400", "401", "403", "404", "429", "503", "504"):
+        assert google["responses"][code]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "/GoogleErrorResponse"
+        )
     openai = posts.pop("/v1/decisions")  # OpenAI's route: its errors are OpenAI's shape, 400 for validation
     for code in ("400", "401", "404", "413", "429", "503"):
         assert openai["responses"][code]["content"]["application/json"]["schema"]["$ref"].endswith(
