@@ -44,6 +44,7 @@ from service.middleware.decompress import (
     DecompressMiddleware,
 )
 from service.middleware.error_shape import ErrorShapeMiddleware
+from service.middleware.google_paths import GooglePathsMiddleware
 from service.middleware.json_body import JsonBodyMiddleware
 from service.middleware.observe import ObserveMiddleware
 from service.middleware.rate_limit import RateLimitMiddleware
@@ -171,9 +172,11 @@ def create_app(
         title="opendecide",
         summary="Typed decisions with probabilities, in Jev's System One, OpenAI's and Google's Decisions wire formats.",
         lifespan=lifespan,
-        # Outermost first: every request gets an id and is observed, refusals included; auth and
-        # rate limits answer before a body is read.
+        # Outermost first: a Google client's path is settled before anything reads it; every request
+        # gets an id and is observed, refusals included; auth and rate limits answer before a body
+        # is read.
         middleware=[
+            Middleware(GooglePathsMiddleware),
             Middleware(RequestIdMiddleware),
             Middleware(ObserveMiddleware, metrics=metrics),
             Middleware(ErrorShapeMiddleware, shapes=ERROR_SHAPES),

@@ -3,9 +3,10 @@
 Real uvicorn servers on loopback ports. The decisions are read by the embedded model; the fault,
 deadline and rate-limit servers use a function engine (named as such: it reaches no model) because
 what they test is HTTP semantics: which status the SDK sees, which exception it raises, whether it
-retries. The SDK's client is pointed at the server with ``api_version="v1beta"``: with a base URL
-and no version it would send ``/v1/decisions`` (its default Gemini API version is ``v1``), which is
-OpenAI's route here.
+retries. The SDK's client is pointed at the server with its base URL alone, as a Gemini user would:
+it then sends ``/v1/decisions`` (its default Gemini API version is ``v1``), OpenAI's path here, which
+serves a request carrying Google's headers as ``/v1beta/decisions``
+(``service/middleware/google_paths.py``); ``api_version="v1beta"`` reaches the route directly.
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ RPC = "type.googleapis.com/google.rpc."
 KEPT: list[genai.Client] = []
 
 
-def google(url: str, *, key: str = KEY, attempts: int = 1) -> genai.Client:
+def google(url: str, *, key: str = KEY, attempts: int = 1, api_version: str | None = None) -> genai.Client:
     """The SDK's client for ``url``; ``attempts`` counts the first request (1: no retries). Kept for
     the module's run: the SDK closes its HTTP client when the ``Client`` is collected, which for a
     client made inline (``google(url).decisions.create(…)``) is before its own request is sent."""
     options = types.HttpOptions(
-        base_url=url, api_version="v1beta", retry_options=types.HttpRetryOptions(attempts=attempts)
+        base_url=url, api_version=api_version, retry_options=types.HttpRetryOptions(attempts=attempts)
     )
     KEPT.append(genai.Client(api_key=key, http_options=options))
     return KEPT[-1]
@@ -225,6 +226,23 @@ def test_all_three_routes_give_the_same_probabilities(client, live):
     assert answer.choice == jev["choice"] == openai["answers"][0]["choice"]
 
 
+def test_the_sdks_default_version_and_v1beta_answer_alike_and_openai_keeps_v1(live):
+    """The SDK with its base URL alone sends /v1/decisions: served as Google's route (its headers say
+    who sends it), the same answer as api_version="v1beta"; an OpenAI body there with a Bearer key is
+    still OpenAI's route, and Google's /v1/models is Google's list."""
+    question = {"r": {"type": "noul", "instructions": "It is a review."}}
+    default = google(live).decisions.create(model=MODEL, input=REVIEW, questions=question)
+    beta = google(live, api_version="v1beta").decisions.create(model=MODEL, input=REVIEW, questions=question)
+    assert default.answers["r"].noul == pytest.approx(beta.answers["r"].noul, abs=1e-9)
+    openai_body = {"model": "gpt-6-luna", "input": REVIEW, "questions": [{"type": "predicate", "instructions": "It is a review."}]}  # fmt: skip
+    openai = httpx.post(
+        f"{live}/v1/decisions", headers={"Authorization": f"Bearer {KEY}"}, json=openai_body, timeout=120
+    )
+    assert openai.status_code == 200 and openai.json()["answers"][0]["type"] == "predicate"
+    listed = httpx.get(f"{live}/v1/models", headers={"x-goog-api-key": KEY}, timeout=30).json()
+    assert listed["models"][0]["name"].startswith("models/")
+
+
 @pytest.fixture(scope="module")
 def patient(local_engine):
     """The default limits but a 600 s deadline: 1,000 questions read by the embedded model on two CPU
@@ -339,9 +357,13 @@ def test_an_input_longer_than_the_context_is_invalid_argument_naming_it(client, 
     assert details(raised.value)["ErrorInfo"]["reason"] == "prompt_too_long"
 
 
+DECISION_PATHS = ("/v1/decisions", "/v1beta/decisions")
+
+
 class StatusRecorder:
-    """The statuses a wrapped app answered /v1beta/decisions with, in order (composition, not
-    patching); ``on_status`` is told each one as it is sent."""
+    """The statuses a wrapped app answered Google's decisions with (``/v1/decisions`` as the SDK sends
+    it by default, or ``/v1beta/decisions``), in order (composition, not patching); ``on_status`` is
+    told each one as it is sent."""
 
     def __init__(self, app, on_status=lambda status: None) -> None:
         self.app = app
@@ -350,7 +372,7 @@ class StatusRecorder:
 
     async def __call__(self, scope, receive, send):
         async def record(message):
-            if message["type"] == "http.response.start" and scope["path"] == "/v1beta/decisions":
+            if message["type"] == "http.response.start" and scope["path"] in DECISION_PATHS:
                 self.statuses.append(message["status"])
                 self.on_status(message["status"])
             await send(message)
