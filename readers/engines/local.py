@@ -20,8 +20,9 @@ How a batch of reads is computed (``share_prefix=True``, the default):
 4. One compute thread (this module) runs every batch on the whole thread budget, a chunk at a time, taking turns
    between the batches in flight (``RUNNING_BATCHES`` per tenant, ``MAX_RUNNING_BATCHES`` in all):
    the smallest batch takes the next chunk, unless its tenant was passed over for ``MAX_PASSED_S`` of
-   other tenants' chunks, or a batch for ``MAX_PASSED_TURNS`` of its own tenant's (``_next_turn``). A batch that arrives while a long one runs waits for the chunk in progress, not
-   for the long batch to end (unless it needs tokens the long one is still computing: then it waits
+   other tenants' chunks, or a batch for ``MAX_PASSED_TURNS`` of its own tenant's (``_next_turn``).
+   A batch that arrives while a long one runs waits for the chunk in progress, not for the long
+   batch to end (unless it needs tokens the long one is still computing: then it waits
    for them rather than compute them twice, where the long one is the same tenant's; another tenant's
    prompt computes them itself, ``readers/engines/kvtree.py``). Why one thread: torch's
    OpenMP on Linux (libgomp) keeps a team of helper threads for every thread that ran a parallel
@@ -370,7 +371,7 @@ the chunk in progress, and for one more between its engine calls, so the chunk's
 latency. Issue 39's probe, a polite tenant's p99 beside a 20 × 1,200-token flood (one run each, ~100
 ms alone): 475 ms with 128-token chunks; 580–732 ms (5 runs) with 64 only while its reads were
 queued or running, the chunk between its engine calls still 128; 291–1,141 ms (3 runs) with 64
-throughout. Not the default for a long batch when nobody else is active: 4 × 1,200-token prompts
+throughout; 266–407 ms (4 runs) with this rule, 64 while another tenant is active. Not the default for a long batch when nobody else is active: 4 × 1,200-token prompts
 compute at 341 tokens/s in 64-token chunks against 476 in 128 (median of 3, 2 cores; each chunk
 reassembles its past keys)."""
 ACTIVE_S = 5.0
