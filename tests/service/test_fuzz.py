@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from calibration.open import open_store
 from readers.engines.base import ReadMode
 from service.app import create_app
-from service.errors import OPENAI_PATHS
+from service.errors import GOOGLE_PREFIX, OPENAI_PATHS
 from tests.service.support import RUN_SUMMARIES, favour_first, function_engine
 
 KEY = "od-fuzz-key-0123456789abcdef"
@@ -32,9 +32,17 @@ CASES_PER_OTHER_ROUTE = 10
 
 def error_shape(ctx, response, case) -> bool | None:
     """Every 4xx body is either the validation list or ``{"detail": {"error_type", "message"}}``; on
-    OpenAI's route, ``{"error": {"message", "type", "param", "code"}}``."""
+    OpenAI's route, ``{"error": {"message", "type", "param", "code"}}``; under Google's ``/v1beta/``,
+    ``{"error": {"code", "message", "status", "details"}}`` with ``code`` the HTTP status."""
     if not 400 <= response.status_code < 500:
         return None
+    if case.operation.path.startswith(GOOGLE_PREFIX):
+        error = response.json()["error"]
+        assert (
+            set(error) <= {"code", "message", "status", "details"} and error["code"] == response.status_code
+        ), error
+        assert isinstance(error["message"], str) and isinstance(error["status"], str), error
+        return True
     if case.operation.path in OPENAI_PATHS:
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, error
