@@ -9,8 +9,12 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from calibration.open import open_store
+from calibration.store import CalibrationKey
 from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadRequest
 from readers.engines.function import FunctionEngine
+from readers.prompt import PROMPT_VERSION
+from service.pipeline.prior import read_version
 
 RUN_SUMMARIES: list[str] = []
 """Lines a test wants printed at the end of the run even when it passes (the fuzz run's case count);
@@ -67,3 +71,20 @@ def price(reader, body: dict, priors=None) -> int:
     request = SystemOneRequest.model_validate(body)
     plans = [to_read(question) for question in request.questions.values()]
     return distinct_tokens(reader, planned_reads(reader, plans, [request.state_text()], priors))
+
+
+def calibrated_store(engine, path):
+    """A real SQLite store at ``path`` holding a fit for 3-option choices (prior-corrected reads, the
+    default) and one for yes/no questions of ``engine``'s model, so every route must apply them."""
+    store = open_store(path)
+    info = engine.info
+    for question_type, options, corrected, temperature in (("choice", 3, True, 1.7), ("noul", 2, False, 1.3)):
+        key = CalibrationKey(
+            info.name,
+            info.revision,
+            question_type,
+            options,
+            read_version=read_version(PROMPT_VERSION, corrected),
+        )
+        store.add_calibration(key, temperature=temperature, n=50, source="examples")
+    return store

@@ -23,16 +23,12 @@ from google.genai import _interactions as gerrors
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from calibration.open import open_store
-from calibration.store import CalibrationKey
 from deploy.processes import serving
 from readers.engines.base import ReadMode
 from readers.errors import EngineUnavailable
-from readers.prompt import PROMPT_VERSION
 from service.admission import AdmissionLimits
 from service.app import create_app
-from service.pipeline.prior import read_version
-from tests.service.support import favour_first, function_engine
+from tests.service.support import calibrated_store, favour_first, function_engine
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]  # real uvicorn servers on loopback ports
 
@@ -69,20 +65,7 @@ def details(error) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def store(local_engine, tmp_path_factory):
-    """A fit for 3-option choices (prior-corrected reads) and one for yes/no questions, so all three
-    routes must apply them."""
-    store = open_store(tmp_path_factory.mktemp("calibrations") / "c.sqlite3")
-    info = local_engine.info
-    for question_type, options, corrected, temperature in (("choice", 3, True, 1.7), ("noul", 2, False, 1.3)):
-        key = CalibrationKey(
-            info.name,
-            info.revision,
-            question_type,
-            options,
-            read_version=read_version(PROMPT_VERSION, corrected),
-        )
-        store.add_calibration(key, temperature=temperature, n=50, source="examples")
-    return store
+    return calibrated_store(local_engine, tmp_path_factory.mktemp("calibrations") / "c.sqlite3")
 
 
 @pytest.fixture(scope="module")
