@@ -11,17 +11,8 @@ import pytest
 
 from readers.engines.base import LocalBatching, ReadRequest
 from readers.engines.jobs import Job, JobQueue
-from readers.engines.local import (
-    ACTIVE_S,
-    MAX_PASSED_S,
-    MAX_PASSED_TURNS,
-    SHORT_CHUNK_TOKENS,
-    YIELDING_CHUNK_TOKENS,
-    LocalEngine,
-    Running,
-    _next_turn,
-    _passed_over,
-)
+from readers.engines.local import ACTIVE_S, SHORT_CHUNK_TOKENS, YIELDING_CHUNK_TOKENS, LocalEngine
+from readers.engines.turns import MAX_PASSED_S, MAX_PASSED_TURNS, Running, next_turn, passed_over
 
 
 def job(tenant: str | None, reads: int = 1) -> Job:
@@ -76,22 +67,22 @@ def test_a_short_read_takes_its_steps_in_a_row_and_a_long_batch_still_gets_its_t
     batches = collections.deque([a1, a2, b])
     step = MAX_PASSED_S / 5.5
     for _ in range(5):  # b's steps: a is passed over, but not for long enough yet
-        assert _next_turn(batches) is b
-        _passed_over(batches, b, step)
-    _passed_over(batches, b, step)
-    assert _next_turn(batches) is a1  # a's turn now: its smaller batch
-    _passed_over(batches, a1, 0.2)
+        assert next_turn(batches) is b
+        passed_over(batches, b, step)
+    passed_over(batches, b, step)
+    assert next_turn(batches) is a1  # a's turn now: its smaller batch
+    passed_over(batches, a1, 0.2)
     assert a1.passed_s == a2.passed_s == 0 and b.passed_s == 0.2
-    assert _next_turn(batches) is b
+    assert next_turn(batches) is b
 
 
 def test_within_a_tenant_a_batch_passed_over_by_its_own_gets_a_turn():
     a1, a2 = running("a", 4_000), running("a", 5_000)
     batches = collections.deque([a1, a2])
     for _ in range(MAX_PASSED_TURNS):
-        assert _next_turn(batches) is a1
-        _passed_over(batches, a1, 1.0)  # its own tenant's chunks do not age it in seconds
-    assert a2.passed_s == 0 and _next_turn(batches) is a2
+        assert next_turn(batches) is a1
+        passed_over(batches, a1, 1.0)  # its own tenant's chunks do not age it in seconds
+    assert a2.passed_s == 0 and next_turn(batches) is a2
 
 
 @pytest.mark.slow  # a second embedded engine and sixteen reads through it

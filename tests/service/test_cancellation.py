@@ -17,7 +17,8 @@ import pytest
 
 from deploy.processes import serving
 from readers.engines.base import LocalBatching
-from readers.engines.local import RUNNING_BATCHES, LocalEngine
+from readers.engines.local import LocalEngine
+from readers.engines.turns import RUNNING_BATCHES
 from service.admission import AdmissionLimits
 from service.app import create_app
 
