@@ -370,8 +370,14 @@ latency. Issue 39's probe, a polite tenant's p99 beside a 20 × 1,200-token floo
 ms alone): 475 ms with 128-token chunks; 580–732 ms (5 runs) with 64 only while its reads were
 queued or running, the chunk between its engine calls still 128; 291–1,141 ms (3 runs) with 64
 throughout; 266–407 ms (4 runs) with this rule, 64 while another tenant is active. Not the default for a long batch when nobody else is active: 4 × 1,200-token prompts
-compute at 341 tokens/s in 64-token chunks against 476 in 128 (median of 3, 2 cores; each chunk
-reassembles its past keys)."""
+compute at 341 tokens/s in 64-token chunks against 476 in 128 (median of 3, 2 cores).
+
+32 was tried (2026-12-04, same probe, 6 runs): p99 203–385 ms against 102–123 ms alone, 2 runs of 6
+over 3×, for 95 ms chunks instead of 142 and 336 tokens/s instead of 451 on a 1,200-token prompt. The
+slowest polite reads were not waiting for a chunk: one's own 30 tokens took ~340 ms in the engine
+(~80 ms otherwise), another spent ~250 ms outside the server's own latency (before its handler ran),
+so smaller chunks do not remove the tail, and 64 stays. Where a chunk's time goes (cProfile, 64 tokens, 1,200-token prompt): the projections 63%,
+attention 15%, reassembling the past keys 6%; keeping a running past across chunks would save little."""
 ACTIVE_S = 5.0
 """A tenant that started a batch this recently is active: the others' long batches yield to it."""
 LONG_BATCH_TOKENS = 2_048
