@@ -2,8 +2,9 @@
 
 A body over ``INLINE_BODY_BYTES`` is parsed in a worker thread (``parse_request``), so the event loop
 (and /healthz beside it) does not wait the second a 14 MB body takes; at most
-``LARGE_PARSES_PER_ROUTE`` such parses run at once per route, and one more is refused with 529
-rather than queued, since parses share one GIL and a queue of them would only add memory.
+``LARGE_PARSES_PER_ROUTE`` such parses run at once per route, at most ``LARGE_PARSES_PER_TENANT`` of
+them one tenant's, and one more is refused with 529 rather than queued, since parses share one GIL and
+a queue of them would only add memory.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
+from calibration.store import DEFAULT_TENANT
 from readers.reader import Reader
 from service.errors import NotUtf8, Overloaded, UnsupportedFeature, validation_error
 from service.middleware.decompress import INLINE_BODY_BYTES
+from service.scopes import ANONYMOUS
 from service.state import JEV_ALIASES, reader_of
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -127,24 +130,40 @@ LARGE_PARSES_PER_ROUTE = 2
 """Bodies over ``INLINE_BODY_BYTES`` being parsed at once, per route. Parsing holds the GIL for most
 of its time, so more threads parse no faster; each parse holds several times its body in Python
 objects (ten 14 MB bodies at once took 1.2 GiB more), so the bound is what keeps that memory small."""
+LARGE_PARSES_PER_TENANT = 1
+"""Of those, one tenant's at most: a tenant sending large bodies in a loop holds one slot, and
+another tenant's large body still finds the other."""
 
 
 class ParseSlots:
-    """The large-body parses running per route (``app.state.parse_slots``), in threads of their own.
+    """The large-body parses running per route (``app.state.parse_slots``), in threads of their own:
+    ``per_route`` at once on a route, ``per_tenant`` of them one tenant's, so one tenant sending
+    large bodies cannot take every slot of a route from the others.
 
     A slot is given back when its parse ends, not when its request does: a client that leaves
     mid-parse cannot start another parse while the first one still runs."""
 
-    def __init__(self, per_route: int = LARGE_PARSES_PER_ROUTE) -> None:
-        if per_route < 1:
-            raise ValueError("per_route must be positive")
+    def __init__(
+        self, per_route: int = LARGE_PARSES_PER_ROUTE, per_tenant: int = LARGE_PARSES_PER_TENANT
+    ) -> None:
+        if not 1 <= per_tenant <= per_route:
+            raise ValueError("need 1 <= per_tenant <= per_route")
         self.per_route = per_route
-        self.running: dict[str, int] = {}
+        self.per_tenant = per_tenant
+        self.running: dict[str, int] = {}  # route → parses running
+        self.tenants: dict[tuple[str, str], int] = {}  # (route, tenant) → parses running
         self._threads: ThreadPoolExecutor | None = None
 
-    async def run(self, route: str, parse: Callable[[], ModelT]) -> ModelT:
+    async def run(self, route: str, parse: Callable[[], ModelT], tenant: str = DEFAULT_TENANT) -> ModelT:
         """``parse()`` in a worker thread, or 529 ``overloaded_error`` (Retry-After 1) when the route's
-        slots are all taken: a parse takes about a second at most (16 MiB), so a retry then finds one."""
+        slots, or the tenant's share of them, are all taken: a parse takes about a second at most
+        (16 MiB), so a retry then finds one."""
+        if self.tenants.get((route, tenant), 0) >= self.per_tenant:
+            raise Overloaded(
+                f"{self.per_tenant} of this tenant's large bodies are being parsed on {route} already; "
+                "retry shortly",
+                retry_after_s=1,
+            )
         if self.running.get(route, 0) >= self.per_route:
             raise Overloaded(
                 f"{self.per_route} large bodies are being parsed on {route} already; retry shortly",
@@ -154,13 +173,17 @@ class ParseSlots:
             self._threads = ThreadPoolExecutor(thread_name_prefix="opendecide-parse")
         loop = asyncio.get_running_loop()
         self.running[route] = self.running.get(route, 0) + 1
+        self.tenants[(route, tenant)] = self.tenants.get((route, tenant), 0) + 1
         done = self._threads.submit(parse)
         # Called when the parse ends, or at once if it is cancelled before it started.
-        done.add_done_callback(lambda _: _call_soon(loop, self._release, route))
+        done.add_done_callback(lambda _: _call_soon(loop, self._release, route, tenant))
         return await asyncio.wrap_future(done)
 
-    def _release(self, route: str) -> None:
+    def _release(self, route: str, tenant: str) -> None:
         self.running[route] -= 1
+        self.tenants[(route, tenant)] -= 1
+        if not self.tenants[(route, tenant)]:
+            del self.tenants[(route, tenant)]  # no entry kept per tenant that ever sent a large body
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
@@ -212,7 +235,8 @@ async def parse_request(request: Request, model: type[ModelT]) -> ModelT:
     if len(body) <= INLINE_BODY_BYTES:
         return parse_body(body, model)
     slots: ParseSlots = request.app.state.parse_slots
-    return await slots.run(request.url.path, functools.partial(parse_large_body, body, model))
+    tenant = request.scope.get("state", {}).get("caller", ANONYMOUS).tenant
+    return await slots.run(request.url.path, functools.partial(parse_large_body, body, model), tenant)
 
 
 # Jev 1.14 switches these modes on by header; this server reads text within the model's context, so a

@@ -16,6 +16,7 @@ from calibration.open import open_store
 from deploy.processes import serving
 from service import parse
 from service.app import create_app
+from service.keys import Keyring
 from service.middleware import decompress
 from service.middleware.decompress import INLINE_BODY_BYTES, ROUTE_BODY_LIMITS
 
@@ -130,21 +131,38 @@ async def test_a_large_decision_body_is_parsed_off_the_event_loop(client_factory
     assert blocked.released == [True] and blocked.threads[0] is not threading.main_thread()
 
 
-async def test_large_parses_past_the_route_bound_get_529(client_factory, quick_engine, monkeypatch):
+async def test_large_parses_are_bounded_per_route_and_per_tenant(
+    client_factory, quick_engine, monkeypatch, tmp_path
+):
+    """Two large parses at once on a route, one of them a tenant's: tenant a's second large body is
+    529 while tenant b's still finds the other slot, and a third tenant's is 529 at the route bound."""
     blocked = BlockedParses(monkeypatch)
-    body, headers = large_decision(), {"content-type": "application/json"}
-    async with client_factory(quick_engine) as client:
-        held = [
-            asyncio.create_task(client.post("/v1/systemone", content=body, headers=headers)) for _ in range(2)
-        ]
-        for _ in held:
-            await blocked.wait_entered()
-        refused = await client.post("/v1/systemone", content=body, headers=headers)
-        small = await client.post("/v1/systemone", json={"state": "s", "questions": {"q": NOUL}})
+    keys = tmp_path / "keys"
+    keys.write_text("".join(f"tenant-{t}-key-0123456789 tenant={t}\n" for t in "abc"))
+    body = large_decision()
+
+    def post(tenant: str, content: bytes = body):
+        headers = {
+            "content-type": "application/json",
+            "authorization": f"Bearer tenant-{tenant}-key-0123456789",
+        }
+        return client.post("/v1/systemone", content=content, headers=headers)
+
+    async with client_factory(quick_engine, api_keys=Keyring(keys, {})) as client:
+        held = [asyncio.create_task(post("a"))]
+        await blocked.wait_entered()
+        a_again = await post("a")
+        held.append(asyncio.create_task(post("b")))
+        await blocked.wait_entered()
+        c_refused = await post("c")
+        small = await post("a", json.dumps({"state": "s", "questions": {"q": NOUL}}).encode())
         blocked.release.set()
         answered = await asyncio.gather(*held)
-    assert refused.status_code == 529 and refused.headers["retry-after"] == "1"
-    assert refused.json()["detail"]["error_type"] == "overloaded_error"
+    for refused in (a_again, c_refused):
+        assert refused.status_code == 529 and refused.headers["retry-after"] == "1"
+        assert refused.json()["detail"]["error_type"] == "overloaded_error"
+    assert "this tenant's" in a_again.json()["detail"]["message"]
+    assert "this tenant's" not in c_refused.json()["detail"]["message"]
     assert small.status_code == 200  # small bodies are parsed on the loop, outside the bound
     assert [r.status_code for r in answered] == [200, 200]
 
