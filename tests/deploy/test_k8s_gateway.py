@@ -18,7 +18,7 @@ import yaml
 
 from readers.engines.addresses import parse_engine_urls
 from tests.deploy.crd_schemas import crd_validators, shipped_files, validate_custom
-from tests.deploy.test_k8s import (
+from tests.deploy.k8s_render import (
     KUBERNETES_VERSION,
     NAMESPACE,
     PINNED,
