@@ -179,14 +179,19 @@ def plan(
     max_utilisation: Annotated[
         float, typer.Option(help="keep each chip under this share of its measured peak decisions/s")
     ] = 0.8,
+    gateway: Annotated[
+        bool,
+        typer.Option(help="the fleet behind GKE Inference Gateway: add the endpoint picker's pods and cost"),
+    ] = False,
 ) -> None:
     """Chips and service replicas for --rate decisions/s within --p99, per chip, with $/hour, $/million and Jev's cost."""
     from eval.capacity.plan import plan_fleet, plan_table
 
     try:
         fleet = plan_fleet(
-            rate, p99, sweeps=sweep, chips=chips.split(","), prices=prices, max_utilisation=max_utilisation
-        )
+            rate, p99, sweeps=sweep, chips=chips.split(","), prices=prices, max_utilisation=max_utilisation,
+            gateway=gateway,
+        )  # fmt: skip
     except ValueError as error:  # an option out of range, a --sweep that is not CHIP=RUN or not readable
         raise typer.BadParameter(str(error)) from None
     typer.echo(
@@ -197,6 +202,7 @@ def plan(
             unmeasured=fleet.unmeasured,
             jev=fleet.jev,
             prompt_tokens=fleet.prompt_tokens,
+            picker=fleet.picker,
         )
     )
 

@@ -18,6 +18,10 @@ The model, stated once:
   n is the smallest count whose predicted p99 meets the target.
 - Each sweep ran through one service process, so one replica sustained one chip's load: replicas = n, and
   at least ``min_replicas`` for availability.
+- Behind GKE Inference Gateway (``--gateway``, deploy/k8s/components/gateway) the chips and replicas are the
+  same; the fleet adds the endpoint picker's pods, priced from ``eval/capacity/gateway.toml`` (their CPU
+  request at a general-purpose node's vCPU-hour price). The Gateway's load balancer itself is billed by
+  Google Cloud outside this table and is not included.
 
 Chips without a measured sweep are listed as such, never sized by a guess.
 """
@@ -26,12 +30,14 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from eval.capacity.cost import Price, jev_cost_per_million, load_prices
 
+GATEWAY_COSTS = Path(__file__).with_name("gateway.toml")
 DEFAULT_MAX_UTILISATION = 0.8
 DEFAULT_MIN_REPLICAS = 2
 MAX_CHIPS = 10_000
@@ -194,6 +200,29 @@ def read_sweeps(items: Sequence[str]) -> dict[str, Sweep]:
 
 
 @dataclass(frozen=True)
+class PickerCost:
+    """The endpoint picker's pods in a gateway fleet and their price (``eval/capacity/gateway.toml``)."""
+
+    replicas: int
+    cpu: float
+    memory_gib: float
+    usd_per_vcpu_hour: float
+    price_name: str
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.replicas * self.cpu * self.usd_per_vcpu_hour
+
+
+def load_picker_cost(path: Path = GATEWAY_COSTS) -> PickerCost:
+    data = tomllib.loads(path.read_text())
+    picker, price = data["picker"], data["cpu_price"]
+    return PickerCost(
+        picker["replicas"], picker["cpu"], picker["memory_gib"], price["usd_per_vcpu_hour"], price["name"]
+    )
+
+
+@dataclass(frozen=True)
 class FleetPlan:
     """What ``decide plan`` prints: a plan per measured chip, the chips asked for without a sweep, and
     Jev's price at the sweeps' median prompt size."""
@@ -202,6 +231,8 @@ class FleetPlan:
     unmeasured: tuple[str, ...]
     jev: dict
     prompt_tokens: float | None
+    picker: PickerCost | None = None
+    """Set when planned for the gateway (``--gateway``)."""
 
 
 def plan_fleet(
@@ -212,9 +243,11 @@ def plan_fleet(
     chips: Sequence[str] = (),
     prices: Path | None = None,
     max_utilisation: float = DEFAULT_MAX_UTILISATION,
+    gateway: bool = False,
 ) -> FleetPlan:
     """``decide plan``: every chip in ``chips`` or measured by a ``sweeps`` item (CHIP=RUN) planned
-    for ``rate`` within ``p99_ms``, priced from ``prices`` (default: the shipped table).
+    for ``rate`` within ``p99_ms``, priced from ``prices`` (default: the shipped table); with
+    ``gateway``, the endpoint picker's pods priced beside them.
 
     The options are checked before any run is read (ValueError naming the option)."""
     check_plan_options(rate, p99_ms, max_utilisation)
@@ -229,7 +262,8 @@ def plan_fleet(
         if chip in measured
     )
     tokens = next((s.prompt_tokens_median for s in measured.values() if s.prompt_tokens_median), None)
-    return FleetPlan(plans, tuple(c for c in wanted if c not in measured), jev, tokens)
+    picker = load_picker_cost() if gateway else None
+    return FleetPlan(plans, tuple(c for c in wanted if c not in measured), jev, tokens, picker)
 
 
 def plan_table(
@@ -240,8 +274,10 @@ def plan_table(
     unmeasured: Sequence[str],
     jev: dict,
     prompt_tokens: float | None,
+    picker: PickerCost | None = None,
 ) -> str:
-    """The plan as markdown, with Jev's cost at the same prompts and the chips that have no sweep."""
+    """The plan as markdown, with Jev's cost at the same prompts and the chips that have no sweep; with
+    ``picker``, each priced row again with the gateway's endpoint picker added."""
     jev_cost = (
         jev_cost_per_million(prompt_tokens, jev["usd_per_million_input_tokens"]) if prompt_tokens else None
     )
@@ -264,6 +300,24 @@ def plan_table(
             lines.append(
                 f"| {plan.chip} | {plan.chips} | {plan.replicas} | {plan.predicted_p99_ms:.0f} | {price.name if price else 'no price row'} | "
                 + (f"{per_hour:.2f} | {per_million:.2f} | {versus} |" if price else "— | — | — |")
+            )
+    if picker is not None:
+        lines += [
+            "",
+            f"Behind GKE Inference Gateway: the same chips and service replicas, plus {picker.replicas} endpoint picker "
+            f"pod(s) requesting {picker.cpu:g} CPU and {picker.memory_gib:g} GiB each, "
+            f"${picker.usd_per_hour:.2f}/hour at {picker.price_name} (the load balancer is billed apart).",
+            "",
+            "| chip | price row | $/hour with the picker | $/million decisions with the picker |",
+            "|---|---|---|---|",
+        ]
+        priced = [(plan, cost) for plan in plans for cost in plan.costs]
+        if not priced:
+            lines.append("| — | no priced chip in this plan | — | — |")
+        for plan, (price, per_hour, _) in priced:
+            with_picker = per_hour + picker.usd_per_hour
+            lines.append(
+                f"| {plan.chip} | {price.name} | {with_picker:.2f} | {with_picker / 3600 / rate * 1e6:.2f} |"
             )
     if jev_cost is not None:
         lines += ["", f"Jev at {prompt_tokens:.0f} prompt tokens: ${jev_cost:.2f} per million decisions."]

@@ -149,3 +149,29 @@ def test_plan_fleet_names_an_unreadable_sweep_and_plans_a_readable_one(tmp_path)
     prices, _ = load_prices()
     assert fleet.plans == (plan_chip(read_sweep(tmp_path, chip="l4"), 64, 300, prices),)
     assert fleet.plans[0].chips == 5 and fleet.unmeasured == ("v6e",) and fleet.prompt_tokens == 60
+
+
+def test_the_gateway_adds_the_pickers_pods_and_their_cost(tmp_path):
+    from eval.capacity.plan import load_picker_cost
+
+    picker = load_picker_cost()
+    # The chart's request (8 CPU) at n2-standard's $0.0485590 per vCPU-hour: $0.388472/hour for one picker.
+    assert (picker.replicas, picker.cpu, picker.memory_gib) == (1, 8, 8)
+    assert picker.usd_per_hour == pytest.approx(8 * 0.0485590)
+    summary = [
+        {"shape": "short", "concurrency": c, "decisions_per_s": x, "p99_ms": p, "prompt_tokens_median": 60}
+        for c, x, p in [(1, 10.0, 100.0), (8, 40.0, 400.0)]
+    ]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    fleet = plan_fleet(64, 300, sweeps=[f"l4={tmp_path}"], chips=["l4"], gateway=True)
+    assert fleet.picker == picker
+    assert plan_fleet(64, 300, sweeps=[f"l4={tmp_path}"], chips=["l4"]).picker is None
+    (plan,) = fleet.plans
+    assert plan.chips == 5  # the same chips as without the gateway (see the CLI test above)
+    table = plan_table(
+        fleet.plans, rate=64, p99_ms=300, unmeasured=[], jev=fleet.jev, prompt_tokens=60, picker=picker
+    )
+    ((price, per_hour, _), *_) = plan.costs
+    with_picker = per_hour + 8 * 0.0485590
+    assert f"| l4 | {price.name} | {with_picker:.2f} | {with_picker / 3600 / 64 * 1e6:.2f} |" in table
+    assert "1 endpoint picker pod(s) requesting 8 CPU and 8 GiB each" in table
