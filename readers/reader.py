@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest
+from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest, Tier
 from readers.errors import InvalidQuestion, PromptTooLong
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
 from readers.probabilities import (
@@ -110,16 +110,19 @@ class Reader:
         """Whose reads this reader makes (``ReadRequest.tenant``); set by ``for_tenant``."""
         self.cache_salt: str | None = None
         """Whose prompt cache its reads use (``ReadRequest.cache_salt``); set by ``for_tenant``."""
+        self.tier: Tier | None = None
+        """How urgent its reads are (``ReadRequest.tier``); set by ``for_tenant``."""
         self.progress = ReadProgress()
 
-    def for_tenant(self, tenant: str | None, cache_salt: str | None) -> Reader:
+    def for_tenant(self, tenant: str | None, cache_salt: str | None, tier: Tier | None = None) -> Reader:
         """This reader, its engine reads marked as ``tenant``'s, so the engine takes turns between
-        tenants (``ReadRequest.tenant``), and salted with ``cache_salt``, so they reuse only prompt
-        tokens read under the same salt (``ReadRequest.cache_salt``). Shares everything else,
-        progress included."""
+        tenants (``ReadRequest.tenant``), salted with ``cache_salt``, so they reuse only prompt
+        tokens read under the same salt (``ReadRequest.cache_salt``), and of ``tier``
+        (``ReadRequest.tier``). Shares everything else, progress included."""
         view = copy.copy(self)
         view.tenant = tenant
         view.cache_salt = cache_salt
+        view.tier = tier
         return view
 
     def prepare(
@@ -264,6 +267,7 @@ class Reader:
                     affinity_key,
                     self.tenant,
                     self.cache_salt,
+                    self.tier,
                 )
                 for i, node in level
             ]

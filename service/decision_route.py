@@ -107,8 +107,10 @@ async def serve_decisions(
         "tenant": caller.tenant,
     }
 
-    # The engine takes turns between tenants' reads, and reuses a prompt only under its own salt.
-    reads = reader.for_tenant(caller.tenant, caller.cache_salt)
+    # The engine takes turns between tenants' reads, and reuses a prompt only under its own salt; a
+    # batch's reads are the batch tier for a router that schedules by priority.
+    tier = "batch" if isinstance(asked.jev, BatchRequest) else "interactive"
+    reads = reader.for_tenant(caller.tenant, caller.cache_salt, tier)
 
     async def work() -> Decided:
         if isinstance(asked.jev, BatchRequest):

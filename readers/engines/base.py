@@ -12,7 +12,9 @@ import asyncio
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
+
+Tier = Literal["interactive", "batch"]
 
 
 class ReadMode(enum.StrEnum):
@@ -89,6 +91,11 @@ class ReadRequest:
     from ``tokens_reused`` or latency what another sent (issue 40). A tenant's, or the cache group
     its key file names (``service.scopes.Caller.cache_salt``). None: unsalted, the service's own
     reads. The read's result never depends on it."""
+    tier: Tier | None = None
+    """How urgent: ``interactive`` (a caller waits on one decision) or ``batch`` (``/decide/batch``,
+    calibration example sets). An engine behind a router that schedules by priority names it there
+    (vLLM behind GKE Inference Gateway: the InferenceObjective header, ``readers/engines/vllm.py``).
+    None: the engine's default. A hint for scheduling only: the read's result never depends on it."""
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,16 @@ from readers.engines.base import (
     ModelInfo,
     ReadMode,
     ReadRequest,
+    Tier,
 )
 from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable
 
 CLAMPED_LOGPROB = -9999.0
+OBJECTIVE_HEADER = "x-llm-d-inference-objective"
+OBJECTIVES: dict[Tier, str] = {"interactive": "decide-interactive", "batch": "decide-batch"}
+"""A read's tier as the InferenceObjective that GKE Inference Gateway's endpoint picker schedules it
+under (llm-d router, ``OBJECTIVE_HEADER``): the objectives deploy/k8s/components/gateway/pool.yaml
+defines. A vLLM reached directly ignores the header."""
 _MAX_ALLOWED = re.compile(r"max allowed:\s*(\d+)")
 
 
@@ -160,10 +166,11 @@ class VLLMEngine(ClosingEngine):
             body["cache_salt"] = secrets.token_urlsafe(32)
         elif request.cache_salt is not None:
             body["cache_salt"] = engine_cache_salt(request.cache_salt)
+        headers = {OBJECTIVE_HEADER: OBJECTIVES[request.tier]} if request.tier is not None else None
         waiting = time.monotonic()
         async with self._in_flight:
             started = time.monotonic()
-            reply = await _call(self._client, "POST", "/v1/completions", json=body)
+            reply = await _call(self._client, "POST", "/v1/completions", json=body, headers=headers)
         logprobs, prompt_tokens = parse_completion(reply)
         cached = cached_prompt_tokens(reply, len(request.prompt_ids))
         outside = [token for token in logprobs if token >= self.info.vocab_size]

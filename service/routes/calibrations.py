@@ -88,7 +88,7 @@ async def create_calibrations(request: Request) -> CalibrationList:
     def work():
         return fit_from_examples(
             body,
-            reader.for_tenant(caller.tenant, caller.cache_salt),
+            reader.for_tenant(caller.tenant, caller.cache_salt, "batch"),
             store_of(request),
             priors=request.app.state.priors,
             tenant=caller.tenant,

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from deploy.processes import free_port, wait_for_models
-from readers.engines.vllm import engine_cache_salt
+from readers.engines.vllm import OBJECTIVE_HEADER, OBJECTIVES, engine_cache_salt
 from tests.integration.standin_gateway import StandInGateway
 from tests.integration.standin_vllm import handler
 
@@ -24,7 +24,17 @@ pytestmark = pytest.mark.integration  # starts the service as a process and thre
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE = ROOT / "deploy" / "k8s" / "components" / "gateway" / "gateway.yaml"
+POOL = ROOT / "deploy" / "k8s" / "components" / "gateway" / "pool.yaml"
 KEYS = {"alpha": "gateway-test-alpha-0123456789", "beta": "gateway-test-beta-0123456789"}
+
+
+def objective_names() -> set[str]:
+    """The InferenceObjectives the shipped overlay defines."""
+    return {
+        d["metadata"]["name"]
+        for d in yaml.safe_load_all(POOL.read_text())
+        if d and d["kind"] == "InferenceObjective"
+    }
 
 
 def route_paths() -> set[str]:
@@ -100,6 +110,24 @@ def test_the_service_reads_through_one_gateway_url_with_token_ids_and_each_tenan
             assert isinstance(read["prompt"], list) and all(isinstance(t, int) for t in read["prompt"])
         salts = {read["cache_salt"] for read in decision_reads}
         assert salts == {engine_cache_salt(f"tenant:{tenant}") for tenant in KEYS}  # each tenant's own
+        # Each read names the InferenceObjective of its tier, one the shipped manifests define:
+        # one decision is interactive, a /decide/batch is the batch tier.
+        interactive = {r["headers"].get(OBJECTIVE_HEADER) for r in gateway.seen[started:]}
+        batch_started = len(gateway.seen)
+        batch = {
+            "states": ["It came late.", "It came early."],
+            "questions": {"late": body["questions"]["late"]},
+        }
+        reply = httpx.post(
+            f"{url}/decide/batch",
+            json=batch,
+            headers={"Authorization": f"Bearer {KEYS['alpha']}"},
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        batched = {r["headers"].get(OBJECTIVE_HEADER) for r in gateway.seen[batch_started:]}
+        assert interactive == {"decide-interactive"} and batched == {"decide-batch"}
+        assert {OBJECTIVES["interactive"], OBJECTIVES["batch"]} <= objective_names()
     finally:
         service.terminate()
         service.wait(timeout=30)
