@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calibration.bias import StatePriorScaler, TemperatureBiasScaler
+from calibration.bias import AffineScaler, StatePriorScaler, TemperatureBiasScaler
 from calibration.metrics import N_BINS, ece, ece_floor
 from calibration.store import BIAS_MODES, CALIBRATION_MODES, Calibration, CalibrationKey, CalibrationStore
 from calibration.temperature import TemperatureScaler, as_logits
@@ -62,6 +62,8 @@ def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePr
         return TemperatureScaler()
     if mode == "temperature_bias":
         return TemperatureBiasScaler()
+    if mode == "affine":
+        return AffineScaler()
     if mode == "state_prior":
         return StatePriorScaler()
     raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")

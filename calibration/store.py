@@ -17,7 +17,8 @@ This module is the contract the backends implement; it knows none of them.
 - A decision records its uncalibrated probabilities: the read after the prior correction where its
   read version says so, before any calibration; fits are made on them and applied to such reads.
 - A calibration has a ``mode``: ``temperature`` (p ∝ exp(z / T)), ``temperature_bias``
-  (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count), or
+  (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count),
+  ``affine`` (the same form, fitted with a prior toward T = 1, b = 0 that fades with n), or
   ``state_prior`` (the same form with T = 1, b fitted without gold answers: ``calibration.bias``).
 - Everything belongs to a tenant (the tenant of the API key that made it; ``default`` for rows from
   before tenants and for services without tenants): decisions, feedback and calibrations. A key's
@@ -59,10 +60,10 @@ DEFAULT_TENANT = "default"
 """The tenant of rows stored before tenants, and of every caller of a service without tenants."""
 LEGACY_READ_VERSION = "decide-prompt/1"
 """The read version of rows stored before the store recorded one."""
-CALIBRATION_MODES = ("temperature", "temperature_bias", "state_prior")
+CALIBRATION_MODES = ("temperature", "temperature_bias", "affine", "state_prior")
 RECORDED_LIMIT = 10_000
 """Most recorded decisions a refit without gold answers (``state_prior``) reads (the latest ones)."""
-BIAS_MODES = ("temperature_bias", "state_prior")
+BIAS_MODES = ("temperature_bias", "affine", "state_prior")
 """Calibration modes that carry one bias per option (applied as softmax(z / T + b))."""
 KEEP_FITS = 20
 """Fits kept per key by default: the latest and the 19 it superseded (``CalibrationStore(keep_fits=…)``)."""
