@@ -1,7 +1,7 @@
 """Fitting a calibration for one key and storing it: pure calibration, no HTTP and no engine.
 
-Each fit stores the calibration (``mode`` ``temperature``: T; ``temperature_bias``: T and one bias per
-option; ``state_prior``: the bias that divides out the mean of the reads, fitted without gold answers;
+Each fit stores the calibration (``mode`` ``temperature``: T; ``temperature_bias`` and ``affine``: T
+and one bias per option; ``state_prior``: the bias that divides out the mean of the reads, fitted without gold answers;
 ``calibration.bias``) fitted on all n decisions (each with a gold answer, but for ``state_prior``),
 and reports held-out ECE (15 bins) before and after: a seeded random half fits the same mode, the
 other half is scored uncalibrated and calibrated, beside the ECE floor of its calibrated probabilities
@@ -25,6 +25,11 @@ Gold = bool | int | str
 MIN_GOLD = 10
 """Fewest decisions with a gold answer a calibration is fitted on."""
 NOUL_GOLD = {True: 0, "true": 0, "yes": 0, False: 1, "false": 1, "no": 1}
+DEFAULT_MODES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
+"""Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none
+and it has at least that many gold answers; ``temperature`` otherwise and for the types not listed.
+Chosen per type on the dev split by the rule committed before the run (evidence/few-shot/rule.md:
+yes/no and score questions keep temperature), confirmed on the test samples (docs/calibration.md)."""
 
 
 def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:
@@ -54,6 +59,23 @@ def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
     """Rows of different option counts as one array; zero columns change no top class."""
     width = max(len(row) for row in probabilities)
     return np.array([np.pad(row, (0, width - len(row))) for row in probabilities])
+
+
+def default_mode(question_type: str, n: int, option_count: int | None) -> str:
+    """The mode of a fit on ``n`` gold answers that names none (``DEFAULT_MODES``); temperature on a
+    key without an option count, where a per-option bias has no options to belong to."""
+    mode, fewest = DEFAULT_MODES.get(question_type, ("temperature", 0))
+    if n < fewest or (mode in BIAS_MODES and option_count is None):
+        return "temperature"
+    return mode
+
+
+def refit_mode(current: str | None, question_type: str, n: int, option_count: int | None) -> str:
+    """The mode a refit from feedback uses: a key fitted in a mode the defaults never pick
+    (``affine``, ``state_prior``, or a bias mode off its type's default) keeps it; one fitted in
+    temperature or its type's default (or not yet fitted) follows :func:`default_mode` at its new n."""
+    follows = {"temperature", DEFAULT_MODES.get(question_type, ("temperature", 0))[0]}
+    return default_mode(question_type, n, option_count) if current is None or current in follows else current
 
 
 def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePriorScaler:
@@ -122,14 +144,14 @@ def fit_and_store(
 def refit_from_store(
     store: CalibrationStore,
     key: CalibrationKey,
-    mode: str,
+    mode: str | None,
     gold_rows: list[tuple[list[float], int]] | None = None,
     *,
     shared: bool = False,
 ) -> Calibration:
     """Fit ``key`` again from what the store holds of its tenant: its feedback (``gold_rows``, when the
     caller has already read them), or for ``state_prior`` its recorded decisions, whose reads need no
-    gold answer. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
+    gold answer. ``mode`` None: :func:`default_mode` at the number of gold answers. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
 
     A state prior is one bias per option position, so it is fitted on the decisions asked with the
     latest decision's options in its order: others (another question with as many options, or the
@@ -146,4 +168,5 @@ def refit_from_store(
             shared=shared,
         )
     rows = store.gold_rows(key) if gold_rows is None else gold_rows
+    mode = mode or default_mode(key.question_type, len(rows), key.option_count)
     return fit_and_store(store, key, rows, source="feedback", mode=mode, shared=shared)

@@ -290,3 +290,84 @@ def top_label_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_B
     bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
     gap = np.bincount(bins, weights=correct - confidence, minlength=n_bins)
     return float(np.abs(gap).sum() / len(confidence))
+
+
+def curve_table(report: dict) -> str:
+    """Per type and mode: accuracy / macro-F1 / ECE at each N (means over the type's tasks), then per task at N = 50."""
+    counts = [str(n) for n in report["counts"]]
+    lines = [
+        f"Dev split; {report['splits']} splits per task, N gold answers drawn from one half, the other half scored; "
+        f"accuracy / macro-F1 / ECE ({report['n_bins']} bins), means over splits, then over the type's tasks.",
+        "",
+        "| type | mode | " + " | ".join(f"N = {n}" for n in counts) + " |",
+        "|---|---|" + "---|" * len(counts),
+    ]
+    for question_type, entry in report["types"].items():
+        for mode, curve in entry["modes"].items():
+            cells = [f"{curve[n]['accuracy']:.1%} / {curve[n]['macro_f1']:.3f} / {curve[n]['ece']:.3f}" for n in counts]
+            lines.append(f"| {question_type} | {mode} | " + " | ".join(cells) + " |")
+    lines += ["", "| task | type | n | majority (held out) | mode | accuracy (sd) at 50 | macro-F1 at 50 | ECE at 50 |", "|---|---|---|---|---|---|---|---|"]
+    for task, entry in report["tasks"].items():
+        majority = float(np.mean(entry["majority"]))
+        for mode, curve in entry["modes"].items():
+            at = curve["50"]
+            lines.append(
+                f"| {task} | {entry['type']} | {entry['n']} | {majority:.1%} | {mode} | {np.mean(at['accuracy']):.1%} ({np.std(at['accuracy']):.1%}) | "
+                f"{np.mean(at['macro_f1']):.3f} | {np.mean(at['ece']):.3f} |"
+            )
+    lines.append("")
+    for question_type, pick in report["chosen"].items():
+        start = f" from {pick['from_n']} gold answers" if pick["from_n"] else ""
+        lines.append(f"chosen for {question_type}: {pick['mode']}{start} (eligible at 50: {', '.join(pick['eligible'])})")
+    return "\n".join(lines) + "\n"
+
+
+def confirm_table(report: dict) -> str:
+    """Rule step 5's regression table: every task and question type, each figure with its 95% interval."""
+    lines = [
+        f"Test samples; after {report['n_gold']} gold answers, {report['splits']} splits (half held out), reads pooled over splits; "
+        f"95% intervals: cluster bootstrap over records ({report['resamples']:,} resamples, seed {report['seed']}); ECE over {report['n_bins']} bins.",
+        "",
+        "| task | type | n | majority | default | accuracy: temperature → default | Δ accuracy | macro-F1: temperature → default | Δ macro-F1 | ECE: temperature → default | Δ ECE | regresses |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def pair(row: dict, metric: str, percent: bool) -> tuple[str, str]:
+        f = (lambda v: f"{v:.1%}") if percent else (lambda v: f"{v:.3f}")
+        d = (lambda v: f"{v * 100:+.1f}") if percent else (lambda v: f"{v:+.3f}")
+        b, c = row[f"baseline_{metric}_ci95"], row[f"candidate_{metric}_ci95"]
+        lo, hi = row[f"difference_{metric}_ci95"]
+        return (
+            f"{f(row[f'baseline_{metric}'])} ({f(b[0])}–{f(b[1])}) → {f(row[f'candidate_{metric}'])} ({f(c[0])}–{f(c[1])})",
+            f"{d(row[f'difference_{metric}'])} ({d(lo)} to {d(hi)})",
+        )
+
+    for name, row in report["rows"].items():
+        cells = [cell for metric, pct in (("accuracy", True), ("macro_f1", False), ("ece", False)) for cell in pair(row, metric, pct)]
+        label = name if name in TASKS else f"{name} ({', '.join(row['tasks'])})"
+        lines.append(
+            f"| {label} | {row['type']} | {row['n']} | {row['majority']:.1%} | {row['mode']} | " + " | ".join(cells)
+            + f" | {'**yes**' if row['regresses'] else 'no'} |"
+        )
+    lines += ["", "regresses: " + (", ".join(report["regresses"]) or "nothing")]
+    return "\n".join(lines) + "\n"
+
+
+def run_few_shot(out: Path, *, dev_runs: Mapping[str, Path] | None = None, test_run: Path | None = None, seed: int = 0) -> dict:
+    """The dev curve, the rule's choice and (with ``test_run``) its confirmation, written into ``out``:
+    dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}."""
+    from eval.evidence.figures import plot_few_shot_curves
+
+    dev = curve_report({k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed)
+    dev["chosen"] = choose(dev["types"])
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "dev-curve.json", dev)
+    (out / "dev-curve.md").write_text(curve_table(dev))
+    plot_few_shot_curves(dev, out / "few-shot.png")
+    result = {"dev": dev}
+    if test_run is not None:
+        test = confirm(load_rows(Path(test_run)), dev["chosen"], seed=seed)
+        write_json(out / "test-confirm.json", test)
+        (out / "test-confirm.md").write_text(confirm_table(test))
+        result["test"] = test
+    return result

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from calibration.fit import MIN_GOLD, fit_and_store, gold_index
+from calibration.fit import MIN_GOLD, default_mode, fit_and_store, gold_index
 from calibration.store import DEFAULT_TENANT, Calibration, CalibrationKey, CalibrationStore
 from readers.errors import InvalidQuestion
 from readers.prompt import content_text
@@ -41,7 +41,7 @@ async def fit_from_examples(
         state = example.state
         if example.gold is None and request.mode != "state_prior":
             raise InvalidQuestion(
-                f"a {request.mode} calibration needs the gold answers; only mode state_prior fits without",
+                f"a {request.mode or 'default-mode'} calibration needs the gold answers; only mode state_prior fits without",
                 loc=("body", "examples", i, "gold"),
             )
         for name, question in example.questions.items():
@@ -94,7 +94,7 @@ async def fit_from_examples(
             rows,
             source=source,
             seed=request.seed,
-            mode=request.mode,
+            mode=request.mode or default_mode(key.question_type, len(rows), key.option_count),
             shared=request.shared,
         )
         for key, rows in sorted(
