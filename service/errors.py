@@ -140,7 +140,19 @@ def validation_response(error: RequestValidationError) -> JSONResponse:
          "msg": _printable(str(item.get("msg", ""))), "type": str(item.get("type", "value_error"))}
         for item in error.errors()
     ]  # fmt: skip
+    # A field that takes one of several shapes (OpenAI's input: a string or a list of items) fails
+    # once per shape; the shapes the value is not ("Input should be a valid string") say less than
+    # the problem inside the shape it is, so that problem goes first: the SDKs' param and field
+    # name the first. Stable: otherwise pydantic's order.
+    items.sort(key=lambda item: item["type"] in _SHAPE_MISMATCHES)
     return JSONResponse({"detail": items}, status_code=422)
+
+
+# Pydantic's error types for a value of another JSON type than a union member wants.
+_SHAPE_MISMATCHES = frozenset(
+    {"string_type", "list_type", "dict_type", "bool_type", "int_type", "float_type", "model_type",
+     "model_attributes_type"}
+)  # fmt: skip
 
 
 def _printable(text: str) -> str:

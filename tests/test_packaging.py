@@ -30,7 +30,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PACKAGING = PYPROJECT["tool"]["setuptools"]
 PACKAGE_DIRS = sorted({name.rstrip("*") for name in PACKAGING["packages"]["find"]["include"]})
 # The suffixes the package-data globs ship ("**/*.toml" → ".toml").
-DATA_SUFFIXES = {pattern.rsplit("*", 1)[1] for pattern in PACKAGING["package-data"]["*"]}
+# "**/*.txt.gz" → ".txt.gz", "**/LICENSE" → "LICENSE": the ends of the names that ship.
+DATA_SUFFIXES = tuple(pattern.rsplit("*", 1)[1].lstrip("/") for pattern in PACKAGING["package-data"]["*"])
 
 
 def data_files() -> list[str]:
@@ -39,7 +40,7 @@ def data_files() -> list[str]:
         path.relative_to(ROOT).as_posix()
         for top in PACKAGE_DIRS
         for path in (ROOT / top).rglob("*")
-        if path.is_file() and path.suffix in DATA_SUFFIXES and "__pycache__" not in path.parts
+        if path.is_file() and path.name.endswith(DATA_SUFFIXES) and "__pycache__" not in path.parts
     )
 
 

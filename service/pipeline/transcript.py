@@ -22,7 +22,8 @@ state); an assistant refusal part reads ``(refused) …``. A tool output names i
 ``call_id`` among the calls before it (function outputs among function calls, custom tool outputs
 among custom tool calls): an output without such a call is refused (400 naming the item), as is a
 second call with a ``call_id`` already used. A call without an output is kept: the question may be
-about it. ``input_image`` parts are refused before rendering (the served models read text).
+about it. A tool's name and a call id are written into headers, so the wire model holds them to
+characters that cannot close one (``TOOL_NAME``, ``CALL_ID`` in service/protocol/openai_decisions.py). ``input_image`` parts are refused before rendering (the served models read text).
 
 Changing any of this changes what the model reads: bump :data:`TRANSCRIPT_VERSION`, which every
 ``/v1/decisions`` response reports (``x_provenance.input_rendering``).

@@ -12,6 +12,7 @@ so both routes read through one pipeline; the state is the input rendered by
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
@@ -32,6 +33,7 @@ from service.protocol.questions import (
     NoulQuestion,
     Rotations,
     ScoreQuestion,
+    first_duplicate,
     option_identity,
 )
 
@@ -113,6 +115,14 @@ Status = Literal["in_progress", "completed", "incomplete"]
 ToolOutput = str | list[Annotated[InputText | InputImage, Field(discriminator="type")]]
 
 
+# A tool's name and a call's id are written into the transcript's bracketed headers
+# (``[tool call NAME, CALL_ID]``, service/pipeline/transcript.py): a name with a newline, bracket or
+# comma could close its header and open a forged ``[system]`` turn, so both are held to characters
+# that cannot. Names: OpenAI's function-name characters plus "." and ":" (namespaced tools).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+CALL_ID = re.compile(r"[^\s\[\],\x00-\x1f\x7f]+")
+
+
 class _ToolItem(RequestModel):
     """What a tool call and a tool output share; each kind adds its ``type`` and its text."""
 
@@ -120,12 +130,37 @@ class _ToolItem(RequestModel):
     id: str | None = Field(default=None, max_length=MAX_ID_CHARS)
     status: Status | None = None
 
+    @field_validator("call_id")
+    @classmethod
+    def check_call_id(cls, call_id: str) -> str:
+        if not CALL_ID.fullmatch(call_id):
+            raise ValueError(
+                "a call_id must not hold whitespace, control characters, brackets or commas "
+                "(it is written into the transcript's turn headers)"
+            )
+        return call_id
 
-class FunctionCall(_ToolItem):
-    arguments: str
+
+class _ToolCall(_ToolItem):
+    """A call names its tool; the name is written into the transcript's turn headers."""
+
     name: str
-    type: Literal["function_call"]
     namespace: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def check_name(cls, name: str) -> str:
+        if not TOOL_NAME.fullmatch(name):
+            raise ValueError(
+                "a tool name is 1 to 128 letters (A-Z, a-z), digits, '_', '.', ':' or '-' "
+                "(it is written into the transcript's turn headers)"
+            )
+        return name
+
+
+class FunctionCall(_ToolCall):
+    arguments: str
+    type: Literal["function_call"]
 
 
 class FunctionCallOutput(_ToolItem):
@@ -133,11 +168,9 @@ class FunctionCallOutput(_ToolItem):
     type: Literal["function_call_output"]
 
 
-class CustomToolCall(_ToolItem):
+class CustomToolCall(_ToolCall):
     input: str
-    name: str
     type: Literal["custom_tool_call"]
-    namespace: str | None = None
 
 
 class CustomToolCallOutput(_ToolItem):
@@ -228,9 +261,10 @@ class Choice(RequestModel):
 
 
 def option_names(choices: list[Choice]) -> list[str]:
-    """The names the model reads: a string as written, a boolean as ``true``/``false``; where a string
-    and a boolean choice of the question would read alike (by option_identity), the string is quoted
-    (``"true"``) so they stay two options."""
+    """The names the model reads: a string as written, a boolean as ``true``/``false``; a string
+    that is exactly a boolean choice's text (``"true"`` beside ``true``) is quoted, so the two
+    distinct values (OpenAI: "a string and a boolean with the same text are distinct") read as two
+    options."""
     booleans = {"true" if c.value else "false" for c in choices if isinstance(c.value, bool)}
     names = []
     for choice in choices:
@@ -260,36 +294,43 @@ class DecisionChoiceQuestion(_Question):
     def check_choices(cls, choices: list[Choice]) -> list[Choice]:
         if not MIN_OPTIONS <= len(choices) <= MAX_OPTIONS:
             raise ValueError(f"a choice needs {MIN_OPTIONS} to {MAX_OPTIONS} choices, got {len(choices)}")
-        # As on the Jev route, strings are compared by option_identity (NFKC, invisible characters
-        # removed: "Ａ" and "A" are one option) and bounded as its option names are; values are
-        # compared by type too: "true" and true are different values.
-        seen: dict[tuple[type, str | bool], int] = {}
+        # Values are typed: "true" and true are two choices. Strings are compared as the Jev route
+        # compares option names (service.protocol.questions.first_duplicate: "Ａ" and "A", or Cyrillic
+        # "а" and Latin "a", are one option) and bounded as they are.
         for index, choice in enumerate(choices):
-            value = choice.value
-            if isinstance(value, str):
-                if len(value) > MAX_OPTION_NAME_CHARS:
+            if isinstance(choice.value, str):
+                if len(choice.value) > MAX_OPTION_NAME_CHARS:
                     raise ValueError(
-                        f"choices[{index}].value has {len(value)} characters; at most {MAX_OPTION_NAME_CHARS}"
+                        f"choices[{index}].value has {len(choice.value)} characters; at most {MAX_OPTION_NAME_CHARS}"
                     )
-                value = option_identity(value)
-                if not value:
+                if not option_identity(choice.value):
                     raise ValueError(f"choices[{index}].value must not be empty")
-            key = (type(value), value)
-            if key in seen:
-                raise ValueError(f"choices[{seen[key]}] and choices[{index}] have the same value")
-            seen[key] = index
+        # A string that is a boolean choice's text but for its case ("True" beside true) is refused:
+        # to a reader they are one answer spelt twice, and such a pair is a caller's slip (Python's
+        # spelling of the boolean), not two answers anybody means.
+        booleans = {
+            ("true" if c.value else "false"): index
+            for index, c in enumerate(choices)
+            if isinstance(c.value, bool)
+        }
+        for index, choice in enumerate(choices):
+            if isinstance(choice.value, str):
+                identity = option_identity(choice.value)
+                folded = identity.casefold()
+                if folded in booleans and identity != folded:
+                    raise ValueError(
+                        f"choices[{index}] ({choice.value!r}) and choices[{booleans[folded]}] "
+                        f"({folded}) differ only by case"
+                    )
         # Distinct typed values must also read as distinct names: the string '"true"' reads exactly
         # as the string "true" does once quoted beside a boolean true. Two choices read alike would be
         # one option, and the answer could not tell which value it meant.
-        read_as: dict[str, int] = {}
-        for index, name in enumerate(option_names(choices)):
-            key = option_identity(name)
-            if key in read_as:
-                raise ValueError(
-                    f"choices[{read_as[key]}] and choices[{index}] would both be read as {name!r}: "
-                    "a string that reads as a boolean choice of the question is quoted"
-                )
-            read_as[key] = index
+        if duplicate := first_duplicate(option_names(choices)):
+            first, second = duplicate
+            raise ValueError(
+                f"choices[{first}] and choices[{second}] have the same value or would be read as one "
+                "(look-alike characters, or a string quoted beside a boolean reads as another)"
+            )
         return choices
 
     def option_names(self) -> list[str]:
@@ -334,6 +375,9 @@ class DecisionScoreQuestion(_Question):
     def check_level_count(cls, levels: list[Level]) -> list[Level]:
         if not MIN_LEVELS <= len(levels) <= MAX_LEVELS:
             raise ValueError(f"a score needs {MIN_LEVELS} to {MAX_LEVELS} levels, got {len(levels)}")
+        if duplicate := first_duplicate([level.label for level in levels]):
+            first, second = duplicate
+            raise ValueError(f"levels[{first}] and levels[{second}] have the same label")
         return levels
 
     def to_jev(self) -> ScoreQuestion:

@@ -7,6 +7,7 @@ the ``# -- opendecide extensions`` markers.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -14,6 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from readers.debias import MAX_ROTATIONS, default_rotations, distinct_orders
 from readers.prompt import QuestionSpec, content_text
 from service.protocol.base import BodyModel, Content, RequestModel, described
+from service.protocol.confusables import skeleton
 
 MIN_OPTIONS, MAX_OPTIONS = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
@@ -33,6 +35,26 @@ def option_identity(name: str) -> str:
     since a reader sees both spellings as one name. Answers keep the name as sent."""
     folded = unicodedata.normalize("NFKC", name)
     return "".join(char for char in folded if unicodedata.category(char) != "Cf").strip()
+
+
+def first_duplicate(names: Sequence[str]) -> tuple[int, int] | None:
+    """The first two names (their indices) a reader would take for one: equal by
+    :func:`option_identity`, or, where either has a character outside ASCII, with one confusable
+    skeleton (Cyrillic "а" beside Latin "a"). Two ASCII names with one skeleton ("rn" and "m", "1" and
+    "l") stay distinct: every tokenizer reads them apart, and callers write them on purpose."""
+    by_identity: dict[str, int] = {}
+    by_skeleton: dict[str, list[int]] = {}
+    for index, name in enumerate(names):
+        identity = option_identity(name)
+        if identity in by_identity:
+            return by_identity[identity], index
+        by_identity[identity] = index
+        alike = by_skeleton.setdefault(skeleton(identity), [])
+        for earlier in alike:
+            if not (names[earlier].isascii() and name.isascii()):
+                return earlier, index
+        alike.append(index)
+    return None
 
 
 def check_question_names(questions: dict[str, Any]) -> None:
@@ -179,20 +201,19 @@ class ChoiceQuestion(ReadOptions):
     @field_validator("criteria")
     @classmethod
     def check_option_names(cls, criteria: dict[str, Content | None]) -> dict[str, Content | None]:
-        # Compared by option_identity: look-alike spellings ("é" composed or not, "Ａ" and "A", a
-        # zero-width space inside) are one option named twice.
-        seen: dict[str, str] = {}
-        for name in criteria:
-            key = option_identity(name)
-            if not key:
+        names = list(criteria)
+        for name in names:
+            if not option_identity(name):
                 raise ValueError("option names must not be empty")
             if len(name) > MAX_OPTION_NAME_CHARS:
                 raise ValueError(
                     f"option name {name[:40]!r}… has {len(name)} characters; at most {MAX_OPTION_NAME_CHARS}"
                 )
-            if key in seen:
-                raise ValueError(f"duplicate options {seen[key]!r} and {name!r}")
-            seen[key] = name
+        # Look-alike spellings ("é" composed or not, "Ａ" and "A", a zero-width space inside, Cyrillic
+        # "а" and Latin "a") are one option named twice.
+        if duplicate := first_duplicate(names):
+            first, second = (names[index] for index in duplicate)
+            raise ValueError(f"duplicate options {first!r} and {second!r}: a reader takes them for one")
         return criteria
 
     def to_spec(self) -> QuestionSpec:
@@ -220,6 +241,11 @@ class ScoreQuestion(ReadOptions):
     def check_level_count(cls, criteria: list[Content]) -> list[Content]:
         if not MIN_LEVELS <= len(criteria) <= MAX_LEVELS:
             raise ValueError(f"a score needs {MIN_LEVELS} to {MAX_LEVELS} levels, got {len(criteria)}")
+        # Two levels with one text (or look-alike texts) could not be told apart by the reader, and
+        # the expected level would average over a rubric the caller did not mean.
+        if duplicate := first_duplicate([content_text(level) for level in criteria]):
+            first, second = duplicate
+            raise ValueError(f"criteria[{first}] and criteria[{second}] are the same level")
         return criteria
 
     def to_spec(self) -> QuestionSpec:

@@ -226,17 +226,12 @@ def test_the_sdks_default_version_and_v1beta_answer_alike_and_openai_keeps_v1(li
     assert listed["models"][0]["name"].startswith("models/")
 
 
-@pytest.fixture(scope="module")
-def patient(local_engine):
-    """The default limits but a 600 s deadline: 1,000 questions read by the embedded model on two CPU
-    cores took longer than the default 60 s (a 504 DEADLINE_EXCEEDED there)."""
-    with serving(create_app(local_engine, admission=AdmissionLimits(deadline_s=600.0))) as url:
-        yield url
-
-
 @pytest.mark.slow
-def test_1000_questions_in_one_request_are_admitted_and_answered(patient):
-    client = google(patient)
+def test_1000_questions_in_one_request_are_answered_under_the_default_limits(live):
+    """The default admission limits and 60 s deadline: on two CPU cores the embedded model answers
+    the 1,000 questions in about 30 s, since the state is computed once and each question adds only
+    its own ~14 tokens."""
+    client = google(live)
     questions = {
         f"q{i}": {"type": "noul", "instructions": f"The review mentions feature number {i}."}
         for i in range(1000)
@@ -268,6 +263,8 @@ BAD_REQUESTS = [
     ("no questions", {"questions": {}}, "questions"),
     ("1,001 questions", {"questions": {f"q{i}": {"type": "noul", "instructions": "x"} for i in range(1001)}}, "questions"),
     ("duplicate options after NFKC", {"questions": {"c": {"type": "choice", "instructions": "x", "criteria": {"A": "", "\uff21": ""}}}}, "questions.c.criteria"),
+    ("look-alike option ids across scripts", {"questions": {"c": {"type": "choice", "instructions": "x", "criteria": {"yes": "", "y\u0435s": ""}}}}, "questions.c.criteria"),
+    ("duplicate levels", {"questions": {"s": {"type": "score", "instructions": "x", "criteria": ["bad", "good", "bad"]}}}, "questions.s.criteria"),
     ("an option id with a space around it", {"questions": {"c": {"type": "choice", "instructions": "x", "criteria": {" a": "", "b": ""}}}}, "questions.c.criteria"),
     ("a one-option choice", {"questions": {"c": {"type": "choice", "instructions": "x", "criteria": {"a": ""}}}}, "questions.c.criteria"),
     ("a score of 11 levels", {"questions": {"s": {"type": "score", "instructions": "x", "criteria": [str(i) for i in range(11)]}}}, "questions.s.criteria"),

@@ -30,6 +30,21 @@ CASES = [
         "duplicate options",
     ),
     (
+        "look-alike options across scripts",
+        choice({"paid": None, "p\u0430id": None}),
+        ["body", "questions", "q", "choice", "criteria"],
+        "a reader takes them for one",
+    ),
+    (
+        "the same level twice",
+        {
+            "state": "s",
+            "questions": {"q": {"type": "score", "instructions": "How?", "criteria": ["low", "high", "low"]}},
+        },
+        ["body", "questions", "q", "score", "criteria"],
+        "criteria[0] and criteria[2] are the same level",
+    ),
+    (
         "empty option name",
         choice({"": None, "b": None}),
         ["body", "questions", "q", "choice", "criteria"],
