@@ -82,7 +82,9 @@ def scaler_for(mode: str) -> Scaler:
     return CumulativeLogitScaler() if mode == "cumulative_logit" else service_scaler(mode)
 
 
-def fitted(mode: str, logits: np.ndarray, gold: np.ndarray, fit: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+def fitted(
+    mode: str, logits: np.ndarray, gold: np.ndarray, fit: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
     """``predict_proba`` of ``mode`` fitted on rows ``fit`` (state_prior: on their states alone)."""
     if not len(fit):
         return lambda z: np.exp(z - np.logaddexp.reduce(z, axis=1, keepdims=True))
@@ -107,7 +109,8 @@ def mode_curve(
     """Per mode and N: the held-out accuracy, macro-F1 and ECE of every split (lists), and the
     held-out majority rate of every split."""
     per: dict[str, dict[int, dict[str, list[float]]]] = {
-        mode: {n: {"accuracy": [], "macro_f1": [], "ece": []} for n in counts} for mode in modes_for(question_type)
+        mode: {n: {"accuracy": [], "macro_f1": [], "ece": []} for n in counts}
+        for mode in modes_for(question_type)
     }
     majority = []
     for index in range(splits):
@@ -152,11 +155,24 @@ def type_means(tasks: Mapping[str, dict]) -> dict:
         for mode in modes_for(question_type):
             out[question_type]["modes"][mode] = {
                 n: {
-                    "lift": float(np.mean([np.mean(np.subtract(e["modes"][mode][n]["accuracy"], e["majority"])) for e in mine.values()])),
-                    "accuracy": float(np.mean([np.mean(e["modes"][mode][n]["accuracy"]) for e in mine.values()])),
-                    "macro_f1": float(np.mean([np.mean(e["modes"][mode][n]["macro_f1"]) for e in mine.values()])),
+                    "lift": float(
+                        np.mean(
+                            [
+                                np.mean(np.subtract(e["modes"][mode][n]["accuracy"], e["majority"]))
+                                for e in mine.values()
+                            ]
+                        )
+                    ),
+                    "accuracy": float(
+                        np.mean([np.mean(e["modes"][mode][n]["accuracy"]) for e in mine.values()])
+                    ),
+                    "macro_f1": float(
+                        np.mean([np.mean(e["modes"][mode][n]["macro_f1"]) for e in mine.values()])
+                    ),
                     "ece": float(np.mean([np.mean(e["modes"][mode][n]["ece"]) for e in mine.values()])),
-                    "task_accuracy": {t: float(np.mean(e["modes"][mode][n]["accuracy"])) for t, e in mine.items()},
+                    "task_accuracy": {
+                        t: float(np.mean(e["modes"][mode][n]["accuracy"])) for t, e in mine.items()
+                    },
                 }  # fmt: skip
                 for n in map(str, COUNTS)
             }
@@ -170,7 +186,9 @@ def eligible(modes: Mapping[str, dict], mode: str, n: str) -> bool:
     return (
         m["ece"] <= t["ece"] + ECE_MARGIN
         and m["macro_f1"] >= t["macro_f1"]
-        and all(m["task_accuracy"][task] >= t["task_accuracy"][task] - TASK_MARGIN for task in t["task_accuracy"])
+        and all(
+            m["task_accuracy"][task] >= t["task_accuracy"][task] - TASK_MARGIN for task in t["task_accuracy"]
+        )
     )
 
 
@@ -184,17 +202,25 @@ def choose(types: Mapping[str, dict]) -> dict:
         tied = [m for m in ok if modes[m]["50"]["lift"] >= best - LIFT_TIE]
         top_f1 = max(modes[m]["50"]["macro_f1"] for m in tied)
         # Ties on macro-F1 to 4 places go to the simpler mode (CANDIDATES order).
-        pick = next(m for m in CANDIDATES if m in tied and round(modes[m]["50"]["macro_f1"], 4) == round(top_f1, 4))
+        pick = next(
+            m for m in CANDIDATES if m in tied and round(modes[m]["50"]["macro_f1"], 4) == round(top_f1, 4)
+        )
         start = None
         if pick != "temperature":
             holds = {
-                n: eligible(modes, pick, str(n)) and modes[pick][str(n)]["lift"] > modes["temperature"][str(n)]["lift"]
+                n: eligible(modes, pick, str(n))
+                and modes[pick][str(n)]["lift"] > modes["temperature"][str(n)]["lift"]
                 for n in FROM_COUNTS
             }
             start = next((n for n in FROM_COUNTS if all(holds[m] for m in FROM_COUNTS if m >= n)), None)
             if start is None:  # step 4 finds no N: the mode never holds up to 50
                 pick = "temperature"
-        chosen[question_type] = {"mode": pick, "from_n": start, "eligible": ok, "lift": modes[pick]["50"]["lift"]}
+        chosen[question_type] = {
+            "mode": pick,
+            "from_n": start,
+            "eligible": ok,
+            "lift": modes[pick]["50"]["lift"],
+        }
     return chosen
 
 
@@ -236,7 +262,14 @@ def confirm(
             groups[f"all {question_type}"] = typed
     rng = np.random.default_rng(seed)
     draws = {task: [rng.integers(0, e["n"], e["n"]) for _ in range(resamples)] for task, e in held.items()}
-    report = {"n_gold": n_gold, "splits": splits, "seed": seed, "resamples": resamples, "n_bins": N_BINS, "rows": {}}
+    report = {
+        "n_gold": n_gold,
+        "splits": splits,
+        "seed": seed,
+        "resamples": resamples,
+        "n_bins": N_BINS,
+        "rows": {},
+    }
     for name, tasks in groups.items():
         point = _group_metrics(held, tasks, None)
         boot = [_group_metrics(held, tasks, {t: draws[t][i] for t in tasks}) for i in range(resamples)]
@@ -261,7 +294,9 @@ def confirm(
     return report
 
 
-def _group_metrics(held: Mapping[str, dict], tasks: Sequence[str], resample: Mapping[str, np.ndarray] | None) -> dict:
+def _group_metrics(
+    held: Mapping[str, dict], tasks: Sequence[str], resample: Mapping[str, np.ndarray] | None
+) -> dict:
     """Accuracy and ECE over the tasks' held-out reads pooled (each task's records resampled as
     given: a record's reads over the splits stay together), macro-F1 the mean of the tasks'."""
     out = {}
@@ -280,7 +315,11 @@ def _group_metrics(held: Mapping[str, dict], tasks: Sequence[str], resample: Map
             top.append(p.max(axis=1))
             right.append(p.argmax(axis=1) == y)
         confidence, correct = np.concatenate(top), np.concatenate(right)
-        out[side] = {"accuracy": float(correct.mean()), "ece": top_label_ece(confidence, correct), "macro_f1": float(np.mean(f1))}
+        out[side] = {
+            "accuracy": float(correct.mean()),
+            "ece": top_label_ece(confidence, correct),
+            "macro_f1": float(np.mean(f1)),
+        }
     return out
 
 
@@ -304,9 +343,16 @@ def curve_table(report: dict) -> str:
     ]
     for question_type, entry in report["types"].items():
         for mode, curve in entry["modes"].items():
-            cells = [f"{curve[n]['accuracy']:.1%} / {curve[n]['macro_f1']:.3f} / {curve[n]['ece']:.3f}" for n in counts]
+            cells = [
+                f"{curve[n]['accuracy']:.1%} / {curve[n]['macro_f1']:.3f} / {curve[n]['ece']:.3f}"
+                for n in counts
+            ]
             lines.append(f"| {question_type} | {mode} | " + " | ".join(cells) + " |")
-    lines += ["", "| task | type | n | majority (held out) | mode | accuracy (sd) at 50 | macro-F1 at 50 | ECE at 50 |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| task | type | n | majority (held out) | mode | accuracy (sd) at 50 | macro-F1 at 50 | ECE at 50 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for task, entry in report["tasks"].items():
         majority = float(np.mean(entry["majority"]))
         for mode, curve in entry["modes"].items():
@@ -318,7 +364,9 @@ def curve_table(report: dict) -> str:
     lines.append("")
     for question_type, pick in report["chosen"].items():
         start = f" from {pick['from_n']} gold answers" if pick["from_n"] else ""
-        lines.append(f"chosen for {question_type}: {pick['mode']}{start} (eligible at 50: {', '.join(pick['eligible'])})")
+        lines.append(
+            f"chosen for {question_type}: {pick['mode']}{start} (eligible at 50: {', '.join(pick['eligible'])})"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -343,17 +391,24 @@ def confirm_table(report: dict) -> str:
         )
 
     for name, row in report["rows"].items():
-        cells = [cell for metric, pct in (("accuracy", True), ("macro_f1", False), ("ece", False)) for cell in pair(row, metric, pct)]
+        cells = [
+            cell
+            for metric, pct in (("accuracy", True), ("macro_f1", False), ("ece", False))
+            for cell in pair(row, metric, pct)
+        ]
         label = name if name in TASKS else f"{name} ({', '.join(row['tasks'])})"
         lines.append(
-            f"| {label} | {row['type']} | {row['n']} | {row['majority']:.1%} | {row['mode']} | " + " | ".join(cells)
+            f"| {label} | {row['type']} | {row['n']} | {row['majority']:.1%} | {row['mode']} | "
+            + " | ".join(cells)
             + f" | {'**yes**' if row['regresses'] else 'no'} |"
         )
     lines += ["", "regresses: " + (", ".join(report["regresses"]) or "nothing")]
     return "\n".join(lines) + "\n"
 
 
-def run_few_shot(out: Path, *, dev_runs: Mapping[str, Path] | None = None, test_run: Path | None = None, seed: int = 0) -> dict:
+def run_few_shot(
+    out: Path, *, dev_runs: Mapping[str, Path] | None = None, test_run: Path | None = None, seed: int = 0
+) -> dict:
     """The dev curve, the rule's choice and (with ``test_run``) its confirmation, written into ``out``:
     dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}."""
     from eval.evidence.figures import plot_few_shot_curves
