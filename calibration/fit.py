@@ -70,12 +70,13 @@ def default_mode(question_type: str, n: int, option_count: int | None) -> str:
     return mode
 
 
-def refit_mode(current: str | None, question_type: str, n: int, option_count: int | None) -> str:
-    """The mode a refit from feedback uses: a key fitted in a mode the defaults never pick
-    (``affine``, ``state_prior``, or a bias mode off its type's default) keeps it; one fitted in
-    temperature or its type's default (or not yet fitted) follows :func:`default_mode` at its new n."""
-    follows = {"temperature", DEFAULT_MODES.get(question_type, ("temperature", 0))[0]}
-    return default_mode(question_type, n, option_count) if current is None or current in follows else current
+def refit_mode(current: Calibration | None) -> str | None:
+    """The mode a refit from feedback of ``current``'s key uses: the mode a caller named for the key's
+    latest fit (``mode_chosen_by`` ``caller``), kept whatever the defaults say; None, the defaults at the
+    refit's n (:func:`fit_and_store`), for a key that got its mode from them or has no fit of its own.
+    Who chose is stored, not inferred from the mode: a temperature fit the caller asked for and one the
+    defaults gave below 32 answers look the same, and only the second should move on."""
+    return current.mode if current is not None and current.mode_chosen_by == "caller" else None
 
 
 def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePriorScaler:
@@ -98,15 +99,19 @@ def fit_and_store(
     *,
     source: str,
     seed: int = 0,
-    mode: str = "temperature",
+    mode: str | None = None,
     shared: bool = False,
 ) -> Calibration:
     """Fit ``mode`` on all ``rows`` (uncalibrated probabilities, gold index), score a held-out half, store
-    under ``key``, or among the shared fits (``key.as_shared()``) when ``shared``.
+    under ``key``, or among the shared fits (``key.as_shared()``) when ``shared``. ``mode`` None:
+    :func:`default_mode` at ``len(rows)``, stored as ``mode_chosen_by`` ``default``; a named mode is
+    stored as the caller's.
 
     ``state_prior`` needs no gold answers (a row's gold may be None): it fits on every row, and the
     held-out scores and NLLs are reported over the rows that have one (None when none has).
     """
+    chosen_by = "caller" if mode is not None else "default"
+    mode = mode or default_mode(key.question_type, len(rows), key.option_count)
     needs_gold = mode != "state_prior"
     if needs_gold and any(gold is None for _, gold in rows):
         raise ValueError(
@@ -137,7 +142,7 @@ def fit_and_store(
         }
     return store.add_calibration(
         key.as_shared() if shared else key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None),
-        nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
+        mode_chosen_by=chosen_by, nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
     )  # fmt: skip
 
 
@@ -151,7 +156,8 @@ def refit_from_store(
 ) -> Calibration:
     """Fit ``key`` again from what the store holds of its tenant: its feedback (``gold_rows``, when the
     caller has already read them), or for ``state_prior`` its recorded decisions, whose reads need no
-    gold answer. ``mode`` None: :func:`default_mode` at the number of gold answers. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
+    gold answer. ``mode`` None: :func:`default_mode` at the number of gold answers, stored as the
+    defaults' choice. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
 
     A state prior is one bias per option position, so it is fitted on the decisions asked with the
     latest decision's options in its order: others (another question with as many options, or the
@@ -168,5 +174,4 @@ def refit_from_store(
             shared=shared,
         )
     rows = store.gold_rows(key) if gold_rows is None else gold_rows
-    mode = mode or default_mode(key.question_type, len(rows), key.option_count)
     return fit_and_store(store, key, rows, source="feedback", mode=mode, shared=shared)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from calibration.fit import MIN_GOLD, default_mode, fit_and_store, gold_index
+from calibration.fit import MIN_GOLD, fit_and_store, gold_index
 from calibration.store import DEFAULT_TENANT, Calibration, CalibrationKey, CalibrationStore
 from readers.errors import InvalidQuestion
 from readers.prompt import content_text
@@ -94,7 +94,7 @@ async def fit_from_examples(
             rows,
             source=source,
             seed=request.seed,
-            mode=request.mode or default_mode(key.question_type, len(rows), key.option_count),
+            mode=request.mode,  # None: the defaults at this key's gold answers, stored as theirs
             shared=request.shared,
         )
         for key, rows in sorted(

@@ -91,6 +91,10 @@ class CalibrationOut(ResponseModel):
         description="the read the fit was made on: the prompt layout, with '+prior' where the prior correction was divided out; it applies only to reads made so"
     )
     mode: CalibrationMode
+    mode_chosen_by: Literal["caller", "default"] = Field(
+        description="caller: the request named the mode, and refits from feedback keep it; default: the request named none "
+        "and got its type's default at n, which refits from feedback apply again at their n"
+    )
     bias: list[float] | None = Field(
         default=None, description="temperature_bias, affine, state_prior: per-option bias, in option order"
     )

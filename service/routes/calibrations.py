@@ -145,12 +145,9 @@ async def feedback(request: Request) -> FeedbackResponse:
     # Every N gold answers, or at the next feedback after a refit the limit skipped.
     due = every and len(gold_rows) >= MIN_GOLD and (len(gold_rows) % every == 0 or limits.owed(key))
     current = store.lookup(key)  # memory only
-    # A key in a mode the caller picked keeps it; one on the defaults follows them at its new n.
-    mode = refit_mode(
-        current.mode if current is not None and current.key == key else None,
-        key.question_type, len(gold_rows), key.option_count,
-    )  # fmt: skip
-    if due and limits.take_automatic(key, mode):
+    # A key whose caller named its mode keeps it; one on the defaults (None) follows them at its new n.
+    mode = refit_mode(current if current is not None and current.key == key else None)
+    if due and limits.take_automatic(key, mode or "default"):  # the defaults' own slot, as in refit()
         refitted = await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows)
         refit = stored(caller, refitted, "auto_refit")
     return FeedbackResponse(
