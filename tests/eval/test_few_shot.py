@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from eval.decisions.few_shot import COUNTS, TEST_RUN, choose, run_few_shot
+from eval.decisions.few_shot import COUNTS, choose
+from opendecide.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "evidence" / "few-shot"
@@ -43,14 +45,29 @@ def test_a_mode_that_sacrifices_one_task_of_a_type_is_not_chosen():
     assert choose({"score": {"tasks": ["a", "b"], "modes": modes}})["score"]["mode"] == "temperature"
 
 
-def test_the_committed_choice_and_test_table_regenerate_from_the_rows(tmp_path):
-    result = run_few_shot(tmp_path, test_run=ROOT / TEST_RUN)
+def test_decide_eval_few_shot_regenerates_the_committed_choice_and_test_table(tmp_path, monkeypatch):
+    monkeypatch.chdir(
+        ROOT
+    )  # the committed runs are named relative to the repository, as the command's docs run it
+    ran = CliRunner().invoke(app, ["eval", "few-shot", "--out", str(tmp_path)])
+    assert ran.exit_code == 0, ran.output
+    written = {name: (tmp_path / name).read_text() for name in ("dev-curve.md", "test-confirm.md")}
+    assert ran.stdout == written["dev-curve.md"] + written["test-confirm.md"]  # it prints what it wrote
+    result = {
+        "dev": json.loads((tmp_path / "dev-curve.json").read_text()),
+        "test": json.loads((tmp_path / "test-confirm.json").read_text()),
+    }
     committed = json.loads((EVIDENCE / "dev-curve.json").read_text())
     for question_type, pick in committed["chosen"].items():
         again = result["dev"]["chosen"][question_type]
-        assert (again["mode"], again["from_n"], again["eligible"]) == (pick["mode"], pick["from_n"], pick["eligible"])
+        assert (again["mode"], again["from_n"], again["eligible"]) == (
+            pick["mode"],
+            pick["from_n"],
+            pick["eligible"],
+        )
         assert again["lift"] == pytest.approx(pick["lift"], abs=1e-9)
     test = json.loads((EVIDENCE / "test-confirm.json").read_text())
+    assert result["test"]["rows"].keys() == test["rows"].keys()
     for name, row in test["rows"].items():
         again = result["test"]["rows"][name]
         assert (again["mode"], again["regresses"]) == (row["mode"], row["regresses"])
