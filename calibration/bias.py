@@ -6,6 +6,16 @@ over (log T, b) with L-BFGS and the exact gradient. The penalty keeps b small on
 the one free direction (adding a constant to every b changes nothing): the fitted b sums to zero.
 A bias belongs to one option order, so every row must have the same option count.
 
+**Affine** (mode ``affine``, few-shot): the same map, p ∝ exp(z / T + b), fitted with a prior toward
+the identity (T = 1, b = 0) instead: mean NLL + (λ/n)·((log T)² + Σ b²), λ = ``AFFINE_PRIOR``. That
+is a Gaussian prior of fixed total weight (sd 1/√(2λ) ≈ 0.7 nats on log T and on each bias at λ = 1):
+on 4 gold answers the fit stays near the read and moves an answer only where they agree; by 50 the
+data outweigh it fifty to one. ``temperature_bias``'s penalty is per decision (0.01 · Σ b² beside the
+mean NLL, no pull on T), so it keeps its full weight at any n and leaves T free: on few gold answers
+T runs to a bound and b to whatever separates them. The two share the stored form (T, b) and
+:func:`apply_temperature_bias`: only the fit differs, so ``affine`` is ``temperature_bias`` with a
+prior that fades with n, not a twin (docs/calibration.md).
+
 **Prior correction** (no gold answers): the model's prior q over the options is the mean
 of its label probabilities on content-free states (e.g. "", "N/A", "[MASK]"), read with the same
 question and prompt layout; a decision's probabilities are divided by q and renormalised,
@@ -35,6 +45,9 @@ from calibration.temperature import T_MAX, T_MIN, nll_at
 
 BIAS_L2 = 0.01
 """Default L2 weight on the biases, on the scale of the mean NLL (nats per decision)."""
+AFFINE_PRIOR = 1.0
+"""λ, the total weight of the affine fit's prior toward T = 1, b = 0 (fixed before the dev run:
+evidence/few-shot/rule.md)."""
 
 CONTENT_FREE_STATES = ("", "N/A", "[MASK]")
 """States with no content: what the model answers on them is its prior over the options."""
@@ -59,17 +72,11 @@ class TemperatureBiasScaler:
         self.l2, self.t_min, self.t_max = l2, t_min, t_max
 
     def fit(self, logits, gold) -> TemperatureBiasScaler:
-        widths = {len(row) for row in logits}
-        if len(widths) != 1:
-            raise ValueError(f"a per-option bias needs one option count; rows have {sorted(widths)}")
-        z = np.asarray([np.asarray(row, dtype=float) for row in logits])
-        y = np.asarray(gold, dtype=int)
-        if len(z) != len(y) or not len(y):
-            raise ValueError("need one gold index per row and at least one row")
-        if not np.all(np.isfinite(z)):
-            raise ValueError("logits must be finite")
-        if np.any((y < 0) | (y >= z.shape[1])):
-            raise ValueError("a gold index is outside its row")
+        z, y = _one_count(logits, gold)
+        return self._fit(z, y, bias_weight=self.l2, log_t_weight=0.0)
+
+    def _fit(self, z: np.ndarray, y: np.ndarray, *, bias_weight: float, log_t_weight: float):
+        """Minimise mean NLL + bias_weight · Σ b² + log_t_weight · (log T)² over (log T, b)."""
         n, k = z.shape
         onehot = np.eye(k)[y]
 
@@ -78,10 +85,10 @@ class TemperatureBiasScaler:
             t = math.exp(log_t)
             u = z / t + b
             logp = log_softmax(u, axis=1)
-            value = -logp[np.arange(n), y].mean() + self.l2 * float(b @ b)
+            value = -logp[np.arange(n), y].mean() + bias_weight * float(b @ b) + log_t_weight * log_t**2
             residual = (softmax(u, axis=1) - onehot) / n  # d mean NLL / d u
-            grad_b = residual.sum(axis=0) + 2 * self.l2 * b
-            grad_log_t = float((residual * (-z / t)).sum())
+            grad_b = residual.sum(axis=0) + 2 * bias_weight * b
+            grad_log_t = float((residual * (-z / t)).sum()) + 2 * log_t_weight * log_t
             return value, np.concatenate([[grad_log_t], grad_b])
 
         bounds = [(math.log(self.t_min), math.log(self.t_max))] + [(None, None)] * k
@@ -98,6 +105,38 @@ class TemperatureBiasScaler:
 
     def predict_proba(self, logits) -> np.ndarray:
         return apply_temperature_bias(logits, self.temperature_, self.bias_)
+
+
+def _one_count(logits, gold) -> tuple[np.ndarray, np.ndarray]:
+    """(n, k) logits and (n,) gold indices of rows of one option count; ValueError otherwise."""
+    widths = {len(row) for row in logits}
+    if len(widths) != 1:
+        raise ValueError(f"a per-option bias needs one option count; rows have {sorted(widths)}")
+    z = np.asarray([np.asarray(row, dtype=float) for row in logits])
+    y = np.asarray(gold, dtype=int)
+    if len(z) != len(y) or not len(y):
+        raise ValueError("need one gold index per row and at least one row")
+    if not np.all(np.isfinite(z)):
+        raise ValueError("logits must be finite")
+    if np.any((y < 0) | (y >= z.shape[1])):
+        raise ValueError("a gold index is outside its row")
+    return z, y
+
+
+class AffineScaler(TemperatureBiasScaler):
+    """Fit T and per-option biases with a prior toward the identity (module docstring); the same
+    attributes and ``predict_proba`` as ``TemperatureBiasScaler``."""
+
+    def __init__(self, prior: float = AFFINE_PRIOR, t_min: float = T_MIN, t_max: float = T_MAX) -> None:
+        if prior <= 0:
+            raise ValueError("prior must be > 0: it is what holds a fit on a few gold answers near the read")
+        super().__init__(0.0, t_min, t_max)
+        self.prior = prior
+
+    def fit(self, logits, gold) -> AffineScaler:
+        z, y = _one_count(logits, gold)
+        weight = self.prior / len(y)  # a fixed total weight: on the mean-NLL scale it fades as 1/n
+        return self._fit(z, y, bias_weight=weight, log_t_weight=weight)
 
 
 def option_prior(probabilities) -> np.ndarray:

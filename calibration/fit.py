@@ -1,7 +1,7 @@
 """Fitting a calibration for one key and storing it: pure calibration, no HTTP and no engine.
 
-Each fit stores the calibration (``mode`` ``temperature``: T; ``temperature_bias``: T and one bias per
-option; ``state_prior``: the bias that divides out the mean of the reads, fitted without gold answers;
+Each fit stores the calibration (``mode`` ``temperature``: T; ``temperature_bias`` and ``affine``: T
+and one bias per option; ``state_prior``: the bias that divides out the mean of the reads, fitted without gold answers;
 ``calibration.bias``) fitted on all n decisions (each with a gold answer, but for ``state_prior``),
 and reports held-out ECE (15 bins) before and after: a seeded random half fits the same mode, the
 other half is scored uncalibrated and calibrated, beside the ECE floor of its calibrated probabilities
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from calibration.bias import StatePriorScaler, TemperatureBiasScaler
+from calibration.bias import AffineScaler, StatePriorScaler, TemperatureBiasScaler
 from calibration.metrics import N_BINS, ece, ece_floor
 from calibration.store import BIAS_MODES, CALIBRATION_MODES, Calibration, CalibrationKey, CalibrationStore
 from calibration.temperature import TemperatureScaler, as_logits
@@ -25,6 +25,11 @@ Gold = bool | int | str
 MIN_GOLD = 10
 """Fewest decisions with a gold answer a calibration is fitted on."""
 NOUL_GOLD = {True: 0, "true": 0, "yes": 0, False: 1, "false": 1, "no": 1}
+DEFAULT_MODES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
+"""Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none
+and it has at least that many gold answers; ``temperature`` otherwise and for the types not listed.
+Chosen per type on the dev split by the rule committed before the run (evidence/few-shot/rule.md:
+yes/no and score questions keep temperature), confirmed on the test samples (docs/calibration.md)."""
 
 
 def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:
@@ -56,12 +61,32 @@ def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
     return np.array([np.pad(row, (0, width - len(row))) for row in probabilities])
 
 
+def default_mode(question_type: str, n: int, option_count: int | None) -> str:
+    """The mode of a fit on ``n`` gold answers that names none (``DEFAULT_MODES``); temperature on a
+    key without an option count, where a per-option bias has no options to belong to."""
+    mode, fewest = DEFAULT_MODES.get(question_type, ("temperature", 0))
+    if n < fewest or (mode in BIAS_MODES and option_count is None):
+        return "temperature"
+    return mode
+
+
+def refit_mode(current: Calibration | None) -> str | None:
+    """The mode a refit from feedback of ``current``'s key uses: the mode a caller named for the key's
+    latest fit (``mode_chosen_by`` ``caller``), kept whatever the defaults say; None, the defaults at the
+    refit's n (:func:`fit_and_store`), for a key that got its mode from them or has no fit of its own.
+    Who chose is stored, not inferred from the mode: a temperature fit the caller asked for and one the
+    defaults gave below 32 answers look the same, and only the second should move on."""
+    return current.mode if current is not None and current.mode_chosen_by == "caller" else None
+
+
 def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePriorScaler:
     """An unfitted scaler of calibration ``mode``."""
     if mode == "temperature":
         return TemperatureScaler()
     if mode == "temperature_bias":
         return TemperatureBiasScaler()
+    if mode == "affine":
+        return AffineScaler()
     if mode == "state_prior":
         return StatePriorScaler()
     raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")
@@ -74,15 +99,19 @@ def fit_and_store(
     *,
     source: str,
     seed: int = 0,
-    mode: str = "temperature",
+    mode: str | None = None,
     shared: bool = False,
 ) -> Calibration:
     """Fit ``mode`` on all ``rows`` (uncalibrated probabilities, gold index), score a held-out half, store
-    under ``key``, or among the shared fits (``key.as_shared()``) when ``shared``.
+    under ``key``, or among the shared fits (``key.as_shared()``) when ``shared``. ``mode`` None:
+    :func:`default_mode` at ``len(rows)``, stored as ``mode_chosen_by`` ``default``; a named mode is
+    stored as the caller's.
 
     ``state_prior`` needs no gold answers (a row's gold may be None): it fits on every row, and the
     held-out scores and NLLs are reported over the rows that have one (None when none has).
     """
+    chosen_by = "caller" if mode is not None else "default"
+    mode = mode or default_mode(key.question_type, len(rows), key.option_count)
     needs_gold = mode != "state_prior"
     if needs_gold and any(gold is None for _, gold in rows):
         raise ValueError(
@@ -113,21 +142,22 @@ def fit_and_store(
         }
     return store.add_calibration(
         key.as_shared() if shared else key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None),
-        nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
+        mode_chosen_by=chosen_by, nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
     )  # fmt: skip
 
 
 def refit_from_store(
     store: CalibrationStore,
     key: CalibrationKey,
-    mode: str,
+    mode: str | None,
     gold_rows: list[tuple[list[float], int]] | None = None,
     *,
     shared: bool = False,
 ) -> Calibration:
     """Fit ``key`` again from what the store holds of its tenant: its feedback (``gold_rows``, when the
     caller has already read them), or for ``state_prior`` its recorded decisions, whose reads need no
-    gold answer. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
+    gold answer. ``mode`` None: :func:`default_mode` at the number of gold answers, stored as the
+    defaults' choice. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
 
     A state prior is one bias per option position, so it is fitted on the decisions asked with the
     latest decision's options in its order: others (another question with as many options, or the

@@ -50,6 +50,25 @@ def accuracy_score(probabilities, gold) -> float:
     return float(np.mean(p.argmax(axis=1) == y))
 
 
+def macro_f1_score(probabilities, gold) -> float:
+    """Mean over the options of each option's F1 (its most probable answers against its gold
+    answers), every column of ``probabilities`` counted: an option never answered scores 0 (so
+    answering one class everywhere shows), and one neither answered nor gold scores 0 too (a task
+    scored on a sample that lacks one of its classes is marked down, not rescaled).
+
+    >>> macro_f1_score([[0.9, 0.1], [0.8, 0.2], [0.3, 0.7]], [0, 1, 1])
+    0.6666666666666666
+    """
+    p, y = _check(probabilities, gold)
+    chosen = p.argmax(axis=1)
+    scores = []
+    for option in range(p.shape[1]):
+        hits = int(np.sum((chosen == option) & (y == option)))
+        answered, true = int(np.sum(chosen == option)), int(np.sum(y == option))
+        scores.append(2 * hits / (answered + true) if answered + true else 0.0)
+    return float(np.mean(scores))
+
+
 def reliability_bins(probabilities, gold, n_bins: int = N_BINS) -> list[dict]:
     """The non-empty ECE bins of top-class confidence, in order: ``bin``, ``lo``, ``hi``, ``count``,
     mean ``confidence`` and ``accuracy`` (what a reliability diagram draws, and what :func:`ece` sums).

@@ -126,6 +126,18 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     (7, "calibrations by whole key, newest first: retention of superseded fits", (
         "CREATE INDEX calibrations_latest ON calibrations (tenant, model, revision, read_version, question_type, option_count, domain, seq)",
     )),
+    # Who chose a fit's mode, so a refit from feedback keeps a mode the caller named and re-applies
+    # the defaults (calibration.fit.DEFAULT_MODES) only to a fit that got them. Rows already stored are
+    # 'caller': each was fitted in the mode its request named or in the old fixed default, temperature,
+    # and refits kept that mode, so 'caller' keeps every stored key answering and refitting as it did,
+    # while 'default' would move keys whose caller chose temperature on purpose to temperature_bias at
+    # 32 answers, the silent switch this column exists to prevent; a caller who wants the defaults refits
+    # once without a mode. The DEFAULT stays for the same reason: a replica from before, still running
+    # during a roll forward, fits only in named modes or temperature. Also a version step for the
+    # affine mode: a replica from before cannot render an affine fit, and refuses a store at version 8.
+    (8, "calibrations.mode_chosen_by: caller or default; calibration mode affine", (
+        "ALTER TABLE calibrations ADD COLUMN mode_chosen_by TEXT NOT NULL DEFAULT 'caller'",
+    )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 

@@ -17,8 +17,12 @@ This module is the contract the backends implement; it knows none of them.
 - A decision records its uncalibrated probabilities: the read after the prior correction where its
   read version says so, before any calibration; fits are made on them and applied to such reads.
 - A calibration has a ``mode``: ``temperature`` (p ∝ exp(z / T)), ``temperature_bias``
-  (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count), or
+  (p ∝ exp(z / T + b), ``bias`` one value per option, so only on keys with an option count),
+  ``affine`` (the same form, fitted with a prior toward T = 1, b = 0 that fades with n), or
   ``state_prior`` (the same form with T = 1, b fitted without gold answers: ``calibration.bias``).
+  Its ``mode_chosen_by`` says who picked that mode: ``caller`` (the request named it) or ``default``
+  (the request named none and got ``calibration.fit.default_mode``). Refits from feedback keep a
+  caller's mode and re-apply the defaults to a default's (``calibration.fit.refit_mode``).
 - Everything belongs to a tenant (the tenant of the API key that made it; ``default`` for rows from
   before tenants and for services without tenants): decisions, feedback and calibrations. A key's
   ``tenant`` is the tenant whose fits it names; ``None`` is a **shared** fit (published by an admin
@@ -59,10 +63,12 @@ DEFAULT_TENANT = "default"
 """The tenant of rows stored before tenants, and of every caller of a service without tenants."""
 LEGACY_READ_VERSION = "decide-prompt/1"
 """The read version of rows stored before the store recorded one."""
-CALIBRATION_MODES = ("temperature", "temperature_bias", "state_prior")
+CALIBRATION_MODES = ("temperature", "temperature_bias", "affine", "state_prior")
 RECORDED_LIMIT = 10_000
 """Most recorded decisions a refit without gold answers (``state_prior``) reads (the latest ones)."""
-BIAS_MODES = ("temperature_bias", "state_prior")
+BIAS_MODES = ("temperature_bias", "affine", "state_prior")
+MODE_CHOSEN_BY = ("caller", "default")
+"""Who picked a calibration's mode: the request that named it, or the defaults for a request that named none."""
 """Calibration modes that carry one bias per option (applied as softmax(z / T + b))."""
 KEEP_FITS = 20
 """Fits kept per key by default: the latest and the 19 it superseded (``CalibrationStore(keep_fits=…)``)."""
@@ -136,6 +142,7 @@ class Calibration:
         None  # median ECE of calibrated draws at heldout_n (calibration.metrics.ece_floor)
     )
     tenant: str | None = DEFAULT_TENANT  # None: shared, published by an admin key
+    mode_chosen_by: str = "caller"  # MODE_CHOSEN_BY; "default": a refit re-applies the defaults at its n
 
     @property
     def shared(self) -> bool:
@@ -252,11 +259,14 @@ class CalibrationStore(ABC):
         source: str,
         mode: str = "temperature",
         bias=None,
+        mode_chosen_by: str = "caller",
         **metrics: float | int | None,
     ) -> Calibration:
         """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
         if mode not in CALIBRATION_MODES:
             raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")
+        if mode_chosen_by not in MODE_CHOSEN_BY:
+            raise ValueError(f"mode_chosen_by is one of {', '.join(MODE_CHOSEN_BY)}, not {mode_chosen_by!r}")
         if (mode in BIAS_MODES) != (bias is not None):
             raise ValueError(f"a {' or '.join(BIAS_MODES)} calibration has a bias, and only it")
         if bias is not None and len(bias) != key.option_count:
@@ -284,6 +294,7 @@ class CalibrationStore(ABC):
             mode=mode,
             bias=None if bias is None else tuple(float(b) for b in bias),
             tenant=key.tenant,
+            mode_chosen_by=mode_chosen_by,
         )
         self._remember([(self._insert_calibration(calibration), calibration)])
         return calibration

@@ -1,5 +1,5 @@
-"""``decide eval label-styles|calibration-modes|read-modes|debias|prior-figures|dev-reads|regression``: the
-read-policy studies on the shipped tasks."""
+"""``decide eval label-styles|calibration-modes|read-modes|debias|prior-figures|dev-reads|regression|few-shot``:
+the read-policy and calibration studies on the shipped tasks."""
 
 from __future__ import annotations
 
@@ -272,3 +272,29 @@ def eval_regression(
     write_json(out / "regression.json", report)
     (out / "regression.md").write_text(regression_table(report))
     typer.echo(regression_table(report), nl=False)
+
+
+@eval_commands.command("few-shot")
+def eval_few_shot(
+    out: Annotated[
+        Path, typer.Option(help="directory for dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}")
+    ] = Path("evidence/few-shot"),
+    confirm: Annotated[
+        bool,
+        typer.Option(
+            "--confirm/--no-confirm",
+            help="also score the rule's choice on the committed test reads (reported once: rerun only to regenerate it)",
+        ),
+    ] = True,
+    seed: Annotated[int, typer.Option(help="split, bootstrap and ECE-floor seed")] = 0,
+) -> None:
+    """Accuracy, macro-F1 and ECE after N gold answers per mode, the default the committed rule picks
+    on the dev rows, and its confirmation on the test rows (eval/decisions/few_shot.py; rows only, no reads)."""
+    from eval.decisions.few_shot import TEST_RUN, confirm_table, curve_table, run_few_shot
+
+    # The committed rows, candidates and rule only: the test table is what was reported, regenerated,
+    # never a second confirmation of another candidate set (evidence/few-shot/rule.md).
+    result = run_few_shot(out, test_run=Path(TEST_RUN) if confirm else None, seed=seed)
+    typer.echo(curve_table(result["dev"]), nl=False)
+    if confirm:
+        typer.echo(confirm_table(result["test"]), nl=False)

@@ -155,3 +155,29 @@ def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
     axis.set_title(title, fontsize=9)
     axis.grid(alpha=0.3)
     _save(figure, path)
+
+
+def plot_few_shot_curves(report: dict, path: Path) -> None:
+    """Accuracy and ECE against N per question type, one line per mode (the docs' figure)."""
+    types = list(report["types"])
+    figure, axes = plt.subplots(2, len(types), figsize=(4.2 * len(types), 6.4), dpi=110, squeeze=False)
+    counts = report["counts"]
+    for column, question_type in enumerate(types):
+        entry = report["types"][question_type]
+        majority = float(_mean([_mean(report["tasks"][t]["majority"]) for t in entry["tasks"]]))
+        for mode, curve in entry["modes"].items():
+            axes[0][column].plot(counts, [curve[str(n)]["accuracy"] for n in counts], marker="o", label=mode)
+            axes[1][column].plot(counts, [curve[str(n)]["ece"] for n in counts], marker="o", label=mode)
+        axes[0][column].axhline(majority, color="grey", linestyle="--", label="majority rate")
+        axes[0][column].set_title(f"{question_type} ({', '.join(entry['tasks'])})")
+        axes[0][column].set_ylabel("held-out accuracy")
+        axes[1][column].set_ylabel(f"held-out ECE ({report['n_bins']} bins)")
+        axes[1][column].set_xlabel("gold answers fitted on (N)")
+        for axis in (axes[0][column], axes[1][column]):
+            axis.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)  # the last type (score) draws every mode
+    _save(figure, path)
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values)

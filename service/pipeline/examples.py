@@ -41,7 +41,7 @@ async def fit_from_examples(
         state = example.state
         if example.gold is None and request.mode != "state_prior":
             raise InvalidQuestion(
-                f"a {request.mode} calibration needs the gold answers; only mode state_prior fits without",
+                f"a {request.mode or 'default-mode'} calibration needs the gold answers; only mode state_prior fits without",
                 loc=("body", "examples", i, "gold"),
             )
         for name, question in example.questions.items():
@@ -94,7 +94,7 @@ async def fit_from_examples(
             rows,
             source=source,
             seed=request.seed,
-            mode=request.mode,
+            mode=request.mode,  # None: the defaults at this key's gold answers, stored as theirs
             shared=request.shared,
         )
         for key, rows in sorted(

@@ -40,10 +40,13 @@ class CalibrationExample(RequestModel):
         return self
 
 
-CalibrationMode = Literal["temperature", "temperature_bias", "state_prior"]
+CalibrationMode = Literal["temperature", "temperature_bias", "affine", "state_prior"]
 MODE_DESCRIPTION = (
     "temperature: softmax(z / T); temperature_bias: softmax(z / T + b), one L2-regularised bias per option; "
-    "state_prior: softmax(z + b) with b = -log of the mean label probabilities over the states (no gold answers needed)"
+    "affine: softmax(z / T + b) with a prior toward T = 1, b = 0 that fades as gold answers accumulate; "
+    "state_prior: softmax(z + b) with b = -log of the mean label probabilities over the states (no gold answers needed); "
+    "omitted: the default per question type and number of gold answers (temperature_bias for choice questions "
+    "with an option count from 32 gold answers, temperature otherwise; docs/calibration.md)"
 )
 
 
@@ -51,7 +54,7 @@ class CalibrationRequest(BodyModel):
     """``POST /v1/calibrations``: decisions to fit calibrations on (with gold answers, but for ``state_prior``)."""
 
     model: str | None = None
-    mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
+    mode: CalibrationMode | None = Field(default=None, description=MODE_DESCRIPTION)
     domain: str | None = Field(default=None, max_length=200)
     examples: list[CalibrationExample] = Field(min_length=1, max_length=5000)
     seed: int = Field(default=0, strict=True)
@@ -88,8 +91,12 @@ class CalibrationOut(ResponseModel):
         description="the read the fit was made on: the prompt layout, with '+prior' where the prior correction was divided out; it applies only to reads made so"
     )
     mode: CalibrationMode
+    mode_chosen_by: Literal["caller", "default"] = Field(
+        description="caller: the request named the mode, and refits from feedback keep it; default: the request named none "
+        "and got its type's default at n, which refits from feedback apply again at their n"
+    )
     bias: list[float] | None = Field(
-        default=None, description="temperature_bias, state_prior: per-option bias, in option order"
+        default=None, description="temperature_bias, affine, state_prior: per-option bias, in option order"
     )
     tenant: str | None = Field(description="the tenant whose fit this is; null for a shared fit")
     shared: bool = Field(description="published by an admin key for every tenant")
@@ -115,7 +122,7 @@ class FeedbackResponse(ResponseModel):
 
 class RefitRequest(BodyModel):
     question_type: Literal["noul", "choice", "score"]
-    mode: CalibrationMode = Field(default="temperature", description=MODE_DESCRIPTION)
+    mode: CalibrationMode | None = Field(default=None, description=MODE_DESCRIPTION)
     option_count: int | None = Field(default=None, strict=True, ge=MIN_OPTIONS, le=MAX_OPTIONS)
     domain: str | None = None
     model: str | None = None

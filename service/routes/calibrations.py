@@ -20,7 +20,7 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
-from calibration.fit import MIN_GOLD, gold_index, refit_from_store
+from calibration.fit import MIN_GOLD, gold_index, refit_from_store, refit_mode
 from calibration.store import Calibration, CalibrationKey
 from readers.prompt import PROMPT_VERSION, content_text
 from service.admission import admitted
@@ -144,9 +144,10 @@ async def feedback(request: Request) -> FeedbackResponse:
     limits = request.app.state.refit_limits
     # Every N gold answers, or at the next feedback after a refit the limit skipped.
     due = every and len(gold_rows) >= MIN_GOLD and (len(gold_rows) % every == 0 or limits.owed(key))
-    current = store.lookup(key)  # memory only; a refit keeps the mode the key was fitted in
-    mode = current.mode if current is not None and current.key == key else "temperature"
-    if due and limits.take_automatic(key, mode):
+    current = store.lookup(key)  # memory only
+    # A key whose caller named its mode keeps it; one on the defaults (None) follows them at its new n.
+    mode = refit_mode(current if current is not None and current.key == key else None)
+    if due and limits.take_automatic(key, mode or "default"):  # the defaults' own slot, as in refit()
         refitted = await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows)
         refit = stored(caller, refitted, "auto_refit")
     return FeedbackResponse(
@@ -182,8 +183,8 @@ async def refit(request: Request) -> CalibrationOut:
         tenant=caller.tenant,
     )
     request.app.state.refit_limits.check(
-        key, body.mode
-    )  # 429 with Retry-After over the limit, before any work
+        key, body.mode or "default"
+    )  # 429 with Retry-After over the limit, before any work (no mode: the defaults' own slot)
     try:
         fitted = await asyncio.to_thread(refit_from_store, store, key, body.mode, shared=body.shared)
     except ValueError as error:

@@ -378,6 +378,7 @@ def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
         (5, "read_version and uncalibrated_probabilities: prompt_version and raw_probabilities renamed; source 'labels' is 'examples'"),
         (6, "tenant on calibrations, decisions and feedback; NULL tenant = shared calibration"),
         (7, "calibrations by whole key, newest first: retention of superseded fits"),
+        (8, "calibrations.mode_chosen_by: caller or default; calibration mode affine"),
     ]  # fmt: skip
 
 
@@ -579,3 +580,61 @@ def test_a_temperature_bias_calibration_round_trips(new_store):
         )
     with pytest.raises(ValueError, match="mode is one of"):
         new_store().add_calibration(KEY, temperature=1.0, n=50, source="examples", mode="platt")
+
+
+def test_who_chose_the_mode_round_trips(new_store):
+    store = new_store()
+    named = store.add_calibration(KEY, temperature=1.2, n=40, source="examples")
+    defaulted = store.add_calibration(
+        replace(KEY, domain="other"),
+        temperature=0.9,
+        n=40,
+        source="feedback",
+        mode="temperature_bias",
+        bias=[0.1, 0.0, -0.1],
+        mode_chosen_by="default",
+    )
+    store.close()
+    reopened = new_store()  # read back from the backend, not this process's cache
+    assert reopened.lookup(KEY) == named and named.mode_chosen_by == "caller"  # add_calibration's default
+    assert (
+        reopened.lookup(replace(KEY, domain="other")) == defaulted and defaulted.mode_chosen_by == "default"
+    )
+    assert defaulted.as_json()["mode_chosen_by"] == "default"
+    with pytest.raises(ValueError, match="mode_chosen_by is one of caller, default"):
+        reopened.add_calibration(KEY, temperature=1.0, n=40, source="examples", mode_chosen_by="server")
+
+
+def test_fits_from_before_mode_chosen_by_are_the_callers(new_store, location):
+    """A store at schema 7 (fits in the mode their request named or the old default, temperature)
+    comes up with every fit marked ``caller``, so feedback refits keep the modes they had."""
+    schema_at(location, 7)
+    postgres = location.startswith("postgresql://")
+    mark = "%s" if postgres else "?"
+    with psycopg.connect(location, autocommit=True) if postgres else sqlite3.connect(location) as db:
+        for id_, domain, mode, bias in (
+            ("cal_t", "support", "temperature", None),
+            ("cal_b", None, "temperature_bias", [0.2, -0.1, -0.1]),
+        ):
+            db.execute(
+                "INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, "
+                f"fitted_at, read_version, mode, bias, tenant) VALUES ({mark}, 'smol', 'rev1', 'choice', 3, {mark}, 1.3, 40, "
+                f"'examples', {mark}, {mark}, {mark}, {mark}, 'default')",
+                (id_, domain, "2026-11-01T00:00:00+00:00", VERSION, mode, bias if postgres or bias is None else json.dumps(bias)),
+            )  # fmt: skip
+    store = new_store()
+    assert store.schema_version() == (SCHEMA_VERSION if postgres else SQLITE_SCHEMA_VERSION) == 8
+    assert {(c.id, c.mode, c.mode_chosen_by) for c in store.calibrations()} == {
+        ("cal_t", "temperature", "caller"),
+        ("cal_b", "temperature_bias", "caller"),
+    }
+    # A replica from schema 7, still running during the roll forward, names no mode_chosen_by: its
+    # fits are made in named modes or temperature, the caller's as the rows above.
+    with psycopg.connect(location, autocommit=True) if postgres else sqlite3.connect(location) as db:
+        db.execute(
+            "INSERT INTO calibrations (id, model, revision, question_type, option_count, domain, temperature, n, source, "
+            f"fitted_at, read_version, mode, tenant) VALUES ('cal_late', 'smol', 'rev1', 'choice', 3, 'late', 1.1, 40, "
+            f"'feedback', {mark}, {mark}, 'temperature', 'default')",
+            ("2026-11-02T00:00:00+00:00", VERSION),
+        )  # fmt: skip
+    assert new_store().lookup(replace(KEY, domain="late")).mode_chosen_by == "caller"

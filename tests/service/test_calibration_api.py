@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from calibration.fit import DEFAULT_MODES
 from calibration.open import open_store
 from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.prompt import PROMPT_VERSION
@@ -25,7 +26,24 @@ def examples(n: int) -> list[dict]:
     ]
 
 
-@pytest.mark.slow  # 60 examples with gold answers read
+def applied(answer: dict) -> dict[str, float]:
+    """The probabilities its ``x_reading.calibration`` gives: softmax(log(prior-corrected read) / T + b)."""
+    raw, prior = answer["x_reading"]["raw_probabilities"], answer["x_reading"]["prior_correction"]["prior"]
+    used = answer["x_reading"]["calibration"]
+    corrected = {o: (raw[o] / prior[o]) / sum(raw[k] / prior[k] for k in raw) for o in raw}
+    bias = used["bias"] or dict.fromkeys(raw, 0.0)
+    weights = {o: math.exp(math.log(p) / used["temperature"] + bias[o]) for o, p in corrected.items()}
+    return {o: w / sum(weights.values()) for o, w in weights.items()}
+
+
+async def decide(client, state: str, domain: str | None = None) -> dict:
+    body = {"state": state, "questions": {"s": QUESTION}} | ({"domain": domain} if domain else {})
+    reply = await client.post("/v1/systemone", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["answers"]["s"]
+
+
+@pytest.mark.slow  # 60 examples with gold answers read, twice
 async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engine, tmp_path):
     path = tmp_path / "calibration.sqlite3"
     async with client_factory(local_engine, store=open_store(path)) as client:
@@ -41,43 +59,125 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
             0.05 <= calibration["temperature"] <= 20 and calibration["nll_after"] <= calibration["nll_before"]
         )
         assert calibration["heldout_n"] == 30 and calibration["heldout_ece_before"] is not None
+        # The same examples with the mode named, under a domain so both fits stay in force.
+        named = await client.post(
+            "/v1/calibrations",
+            json={"examples": examples(60), "seed": 1, "mode": "temperature", "domain": "reviews"},
+        )
+        assert named.status_code == 200, named.text
+        (temperature,) = named.json()["calibrations"]
         listed = (await client.get("/v1/calibrations")).json()["calibrations"]
-        assert [c["id"] for c in listed] == [calibration["id"]]
-        answer = (
-            await client.post(
-                "/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}}
-            )
-        ).json()["answers"]["s"]
+        assert [c["id"] for c in listed] == [calibration["id"], temperature["id"]]
+        answer = await decide(client, "A joyless, plodding mess.")
+        in_domain = await decide(client, "A joyless, plodding mess.", "reviews")
 
+    # No mode named, 60 gold answers of a 2-option choice: the documented default (docs/calibration.md).
+    mode, fewest = DEFAULT_MODES["choice"]
+    assert (mode, fewest) == ("temperature_bias", 32) and 60 >= fewest
+    assert (calibration["mode"], calibration["mode_chosen_by"], len(calibration["bias"])) == (
+        mode,
+        "default",
+        2,
+    )
+    assert (temperature["mode"], temperature["mode_chosen_by"], temperature["bias"]) == (
+        "temperature",
+        "caller",
+        None,
+    )
+    assert temperature["n"] == 60 and temperature["domain"] == "reviews"
     used = answer["x_reading"]["calibration"]
     assert used == {
-        "mode": "temperature", "id": calibration["id"], "temperature": calibration["temperature"], "n": 60, "bias": None,
-        "read_version": read_version(PROMPT_VERSION, True),
+        "mode": mode, "id": calibration["id"], "temperature": calibration["temperature"], "n": 60,
+        "bias": dict(zip(QUESTION["criteria"], calibration["bias"])), "read_version": read_version(PROMPT_VERSION, True),
+    }  # fmt: skip
+    assert in_domain["x_reading"]["calibration"] == {
+        "mode": "temperature", "id": temperature["id"], "temperature": temperature["temperature"], "n": 60,
+        "bias": None, "read_version": read_version(PROMPT_VERSION, True),
     }  # fmt: skip
     # A choice question: fitted on, and applied after, the default prior correction.
     assert (
         calibration["read_version"] == read_version(PROMPT_VERSION, True)
-        and calibration["mode"] == "temperature"
         and calibration["heldout_ece_floor"] > 0
     )
-    raw, prior = answer["x_reading"]["raw_probabilities"], answer["x_reading"]["prior_correction"]["prior"]
-    corrected = {o: (raw[o] / prior[o]) / sum(raw[k] / prior[k] for k in raw) for o in raw}
-    t = calibration["temperature"]
-    weights = {o: math.exp(math.log(p) / t) for o, p in corrected.items()}
-    expected = {o: w / sum(weights.values()) for o, w in weights.items()}
-    assert answer["probabilities"] == pytest.approx(expected)
-    assert answer["confidence"] == pytest.approx(
-        2 * max(expected.values()) - 1
-    )  # Jev's (p_max − 1/2) / (1 − 1/2)
-    assert answer["x_reading"]["top_probability"] == pytest.approx(max(expected.values()))
+    for reply in (answer, in_domain):
+        expected = applied(reply)
+        assert reply["probabilities"] == pytest.approx(expected)
+        assert reply["confidence"] == pytest.approx(
+            2 * max(expected.values()) - 1
+        )  # Jev's (p_max − 1/2) / (1 − 1/2)
+        assert reply["x_reading"]["top_probability"] == pytest.approx(max(expected.values()))
 
     async with client_factory(local_engine, store=open_store(path)) as client:
-        again = (
-            await client.post(
-                "/v1/systemone", json={"state": "A joyless, plodding mess.", "questions": {"s": QUESTION}}
+        again = await decide(client, "A joyless, plodding mess.")
+    assert again["x_reading"]["calibration"]["id"] == calibration["id"]
+
+
+@pytest.mark.slow  # 32 examples with gold answers read, twice
+async def test_affine_and_default_fits_are_applied_and_reported(client_factory, local_engine, tmp_path):
+    mode, fewest = DEFAULT_MODES["choice"]
+    async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
+        fits = {}
+        for domain, named in (("affine", {"mode": "affine"}), ("defaulted", {})):
+            body = {"examples": examples(fewest), "domain": domain, "seed": 1} | named
+            reply = await client.post("/v1/calibrations", json=body)
+            assert reply.status_code == 200, reply.text
+            (fits[domain],) = reply.json()["calibrations"]
+        answers = {domain: await decide(client, "A tender, funny film.", domain) for domain in fits}
+    # Exactly the default's fewest gold answers: a no-mode fit is already the default's, not temperature.
+    assert [(f["mode"], f["mode_chosen_by"], f["n"], len(f["bias"])) for f in fits.values()] == [
+        ("affine", "caller", fewest, 2),
+        (mode, "default", fewest, 2),
+    ]
+    for domain, answer in answers.items():
+        used, fit = answer["x_reading"]["calibration"], fits[domain]
+        assert (used["id"], used["mode"], used["n"]) == (fit["id"], fit["mode"], fewest)
+        assert (
+            used["bias"] == dict(zip(QUESTION["criteria"], fit["bias"]))
+            and used["temperature"] == fit["temperature"]
+        )
+        assert answer["probabilities"] == pytest.approx(applied(answer))
+    # Fitted on the same reads, the prior toward T = 1, b = 0 is all that sets the two apart.
+    assert fits["affine"]["bias"] != fits["defaulted"]["bias"]
+    assert abs(fits["affine"]["bias"][0]) < abs(fits["defaulted"]["bias"][0])
+
+
+async def test_a_feedback_refit_keeps_a_named_temperature_and_moves_a_default_one_on(
+    client_factory, quick_engine, tmp_path
+):
+    """The refit mode is decided by who chose the key's mode, read from the store: a caller's
+    temperature stays temperature at the default's N, a default temperature becomes the default's mode."""
+    mode, fewest = DEFAULT_MODES["choice"]
+    records = spread(load_sample("sst2"), fewest)
+    store = tmp_path / "c.sqlite3"
+    async with client_factory(quick_engine, store=open_store(store)) as client:
+        for domain, named in (("named", {"mode": "temperature"}), ("defaulted", {})):
+            reply = await client.post(
+                "/v1/calibrations", json={"examples": examples(10), "domain": domain} | named
             )
-        ).json()
-    assert again["answers"]["s"]["x_reading"]["calibration"]["id"] == calibration["id"]
+            assert [c["mode"] for c in reply.json()["calibrations"]] == ["temperature"], reply.text
+    # A restart between the fits and the feedback: who chose each mode comes back from the file.
+    async with client_factory(quick_engine, store=open_store(store), auto_refit_every=fewest) as client:
+        refits = {}
+        for domain in ("named", "defaulted"):
+            body = {"states": [r.text for r in records], "questions": {"s": QUESTION}, "domain": domain}
+            batch = (await client.post("/decide/batch", json=body)).json()
+            for result, record in zip(batch["results"], records):
+                decision_id = result["answers"]["s"]["x_reading"]["decision_id"]
+                reply = await client.post(
+                    "/v1/feedback", json={"decision_id": decision_id, "gold": record.gold}
+                )
+                assert reply.status_code == 200, reply.text
+            refits[domain] = reply.json()["refit"]  # the 32nd gold answer's: due
+    assert (refits["named"]["mode"], refits["named"]["mode_chosen_by"], refits["named"]["n"]) == (
+        "temperature",
+        "caller",
+        fewest,
+    )
+    assert (refits["defaulted"]["mode"], refits["defaulted"]["mode_chosen_by"], refits["defaulted"]["n"]) == (
+        mode,
+        "default",
+        fewest,
+    )
 
 
 async def test_uncalibrated_keys_report_null(client_factory, local_engine, tmp_path):

@@ -1,0 +1,428 @@
+"""``decide eval few-shot``: which calibration mode a fit on N gold answers should use, per question type.
+
+The gold curve across modes: for each task, ``splits`` seeded splits of its records into a pool half
+and a held-out half (``gold_curve.split``), N gold answers drawn from the pool (``gold_curve.draw``,
+so a given N uses the same records whatever other N are asked), every mode fitted on them and scored
+on the whole held-out half: accuracy, macro-F1 and ECE (15 bins). N = 0 is the read as answered
+without a fit. Reads are the service's default reads (:func:`default_read`): the content-free prior
+divided out for the types the service corrects (``DEFAULT_PRIOR_CORRECTION``), the model's own read
+for the others, so a fit here is fitted on what a service fit is fitted on.
+
+The rule that picks each type's default on the dev split, and the confirmation on the test samples,
+are in evidence/few-shot/rule.md, committed before the dev curve was computed; :func:`choose` and
+:func:`confirm` implement its steps 1–4 and 5. Every figure comes from committed record rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from calibration.bias import AffineScaler, StatePriorScaler, TemperatureBiasScaler
+from calibration.metrics import N_BINS, ece, macro_f1_score
+from calibration.ordinal import CumulativeLogitScaler
+from calibration.temperature import TemperatureScaler, as_logits
+from eval.decisions.gold_curve import draw, split
+from eval.decisions.tasks import TASKS
+from eval.evidence.manifest import write_json
+from eval.evidence.rows import load_rows, raw_probabilities, rows_arrays
+from service.pipeline.prior import DEFAULT_PRIOR_CORRECTION
+
+QUESTION_TYPES = ("noul", "choice", "score")
+MODES = ("temperature", "temperature_bias", "affine", "state_prior", "cumulative_logit")
+CANDIDATES = ("temperature", "temperature_bias", "affine")
+"""The modes rule step 1 chooses among, simplest first (the tie order of step 3)."""
+SCORE_ONLY = ("cumulative_logit",)
+COUNTS = (0, 4, 8, 16, 32, 50)
+FROM_COUNTS = (16, 32, 50)
+"""Where a default other than temperature may start (MIN_GOLD is 10: fewer fit nothing)."""
+SPLITS = 20
+ECE_MARGIN = 0.01
+TASK_MARGIN = 0.02
+LIFT_TIE = 0.005
+RESAMPLES = 2000
+DEV_RUNS = {
+    "noul": "evidence/reads/dev-reads/decide-prompt-3",
+    "choice": "evidence/reads/dev-reads/decide-prompt-4",
+    "score": "evidence/reads/dev-reads/decide-prompt-6",
+}
+"""Committed dev runs holding decide-prompt/7's reads of each type (evidence/few-shot/rule.md)."""
+TEST_RUN = "evidence/reads/regression-7/candidate"
+
+Scaler = TemperatureScaler | TemperatureBiasScaler | AffineScaler | StatePriorScaler | CumulativeLogitScaler
+
+
+def default_read(row: dict) -> dict[str, float]:
+    """The probabilities a service answer starts from before any fit: prior-corrected where the
+    default policy corrects the row's type (ValueError if the run did not), else the model's own read."""
+    if not DEFAULT_PRIOR_CORRECTION.covers(TASKS[row["task"]].question_type):
+        return raw_probabilities(row)
+    if row["reading"].get("prior_correction") is None:
+        raise ValueError(f"{row['task']} {row['id']}: the run did not divide the prior out of this read")
+    return row["probabilities"]
+
+
+def task_reads(rows: Sequence[dict], task: str) -> tuple[np.ndarray, np.ndarray]:
+    """Default-read logits and gold indices of the task's successful original-order rows, by id."""
+    mine = sorted(
+        (r for r in rows if r["task"] == task and r["variant"] == "original" and r["status"] == "ok"),
+        key=lambda r: r["id"],
+    )
+    p, gold = rows_arrays(mine, default_read)
+    return as_logits(p), gold
+
+
+def scaler_for(mode: str) -> Scaler:
+    """An unfitted scaler of ``mode`` (``calibration.fit.scaler_for`` plus the eval-only ordinal fit)."""
+    from calibration.fit import scaler_for as service_scaler
+
+    return CumulativeLogitScaler() if mode == "cumulative_logit" else service_scaler(mode)
+
+
+def fitted(
+    mode: str, logits: np.ndarray, gold: np.ndarray, fit: np.ndarray
+) -> Callable[[np.ndarray], np.ndarray]:
+    """``predict_proba`` of ``mode`` fitted on rows ``fit`` (state_prior: on their states alone)."""
+    if not len(fit):
+        return lambda z: np.exp(z - np.logaddexp.reduce(z, axis=1, keepdims=True))
+    if mode == "state_prior":
+        return StatePriorScaler().fit(logits[fit]).predict_proba
+    return scaler_for(mode).fit(logits[fit], gold[fit]).predict_proba
+
+
+def modes_for(question_type: str) -> tuple[str, ...]:
+    return tuple(m for m in MODES if m not in SCORE_ONLY or question_type == "score")
+
+
+def mode_curve(
+    logits: np.ndarray,
+    gold: np.ndarray,
+    question_type: str,
+    *,
+    counts: Sequence[int] = COUNTS,
+    splits: int = SPLITS,
+    seed: int = 0,
+) -> dict:
+    """Per mode and N: the held-out accuracy, macro-F1 and ECE of every split (lists), and the
+    held-out majority rate of every split."""
+    per: dict[str, dict[int, dict[str, list[float]]]] = {
+        mode: {n: {"accuracy": [], "macro_f1": [], "ece": []} for n in counts}
+        for mode in modes_for(question_type)
+    }
+    majority = []
+    for index in range(splits):
+        pool, held = split(len(gold), seed, index)
+        majority.append(Counter(gold[held].tolist()).most_common(1)[0][1] / len(held))
+        for n in counts:
+            fit = draw(pool, n, seed, index)
+            for mode, curve in per.items():
+                q = fitted(mode, logits, gold, fit)(logits[held])
+                curve[n]["accuracy"].append(float(np.mean(q.argmax(axis=1) == gold[held])))
+                curve[n]["macro_f1"].append(macro_f1_score(q, gold[held]))
+                curve[n]["ece"].append(ece(q, gold[held], N_BINS))
+    return {"majority": majority, "modes": {m: {str(n): v for n, v in c.items()} for m, c in per.items()}}
+
+
+def curve_report(runs: Mapping[str, Path], *, splits: int = SPLITS, seed: int = 0) -> dict:
+    """:func:`mode_curve` of every task whose type's run is in ``runs`` (type → run directory), and
+    the per-type means (each task counted once) the rule reads."""
+    tasks = {}
+    for question_type, run in runs.items():
+        rows = load_rows(Path(run))
+        for task in TASKS:
+            if TASKS[task].question_type != question_type or not any(r["task"] == task for r in rows):
+                continue
+            logits, gold = task_reads(rows, task)
+            tasks[task] = {"type": question_type, "n": len(gold), "run": str(run)} | mode_curve(
+                logits, gold, question_type, splits=splits, seed=seed
+            )
+    return {"n_bins": N_BINS, "splits": splits, "seed": seed, "counts": list(COUNTS), "tasks": tasks,
+            "types": type_means(tasks)}  # fmt: skip
+
+
+def type_means(tasks: Mapping[str, dict]) -> dict:
+    """Per type, mode and N: mean over the type's tasks of each task's split means (lift =
+    accuracy − the held-out majority rate), and each task's mean accuracy (rule step 2c)."""
+    out = {}
+    for question_type in QUESTION_TYPES:
+        mine = {t: e for t, e in tasks.items() if e["type"] == question_type}
+        if not mine:
+            continue
+        out[question_type] = {"tasks": list(mine), "modes": {}}
+        for mode in modes_for(question_type):
+            out[question_type]["modes"][mode] = {
+                n: {
+                    "lift": float(
+                        np.mean(
+                            [
+                                np.mean(np.subtract(e["modes"][mode][n]["accuracy"], e["majority"]))
+                                for e in mine.values()
+                            ]
+                        )
+                    ),
+                    "accuracy": float(
+                        np.mean([np.mean(e["modes"][mode][n]["accuracy"]) for e in mine.values()])
+                    ),
+                    "macro_f1": float(
+                        np.mean([np.mean(e["modes"][mode][n]["macro_f1"]) for e in mine.values()])
+                    ),
+                    "ece": float(np.mean([np.mean(e["modes"][mode][n]["ece"]) for e in mine.values()])),
+                    "task_accuracy": {
+                        t: float(np.mean(e["modes"][mode][n]["accuracy"])) for t, e in mine.items()
+                    },
+                }  # fmt: skip
+                for n in map(str, COUNTS)
+            }
+    return out
+
+
+def eligible(modes: Mapping[str, dict], mode: str, n: str) -> bool:
+    """Rule step 2 at N = ``n``: ECE within ECE_MARGIN of temperature's, macro-F1 not below it, and
+    no task's accuracy more than TASK_MARGIN below temperature's."""
+    m, t = modes[mode][n], modes["temperature"][n]
+    return (
+        m["ece"] <= t["ece"] + ECE_MARGIN
+        and m["macro_f1"] >= t["macro_f1"]
+        and all(
+            m["task_accuracy"][task] >= t["task_accuracy"][task] - TASK_MARGIN for task in t["task_accuracy"]
+        )
+    )
+
+
+def choose(types: Mapping[str, dict]) -> dict:
+    """Rule steps 1–4 over :func:`type_means`: per type, the default mode and the N it starts from."""
+    chosen = {}
+    for question_type, entry in types.items():
+        modes = entry["modes"]
+        ok = [m for m in CANDIDATES if m == "temperature" or eligible(modes, m, "50")]
+        best = max(modes[m]["50"]["lift"] for m in ok)
+        tied = [m for m in ok if modes[m]["50"]["lift"] >= best - LIFT_TIE]
+        top_f1 = max(modes[m]["50"]["macro_f1"] for m in tied)
+        # Ties on macro-F1 to 4 places go to the simpler mode (CANDIDATES order).
+        pick = next(
+            m for m in CANDIDATES if m in tied and round(modes[m]["50"]["macro_f1"], 4) == round(top_f1, 4)
+        )
+        start = None
+        if pick != "temperature":
+            holds = {
+                n: eligible(modes, pick, str(n))
+                and modes[pick][str(n)]["lift"] > modes["temperature"][str(n)]["lift"]
+                for n in FROM_COUNTS
+            }
+            start = next((n for n in FROM_COUNTS if all(holds[m] for m in FROM_COUNTS if m >= n)), None)
+            if start is None:  # step 4 finds no N: the mode never holds up to 50
+                pick = "temperature"
+        chosen[question_type] = {
+            "mode": pick,
+            "from_n": start,
+            "eligible": ok,
+            "lift": modes[pick]["50"]["lift"],
+        }
+    return chosen
+
+
+def confirm(
+    rows: Sequence[dict],
+    chosen: Mapping[str, dict],
+    *,
+    n_gold: int = 50,
+    splits: int = SPLITS,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> dict:
+    """Rule step 5: temperature against each type's chosen mode after ``n_gold`` gold answers, on the
+    held-out halves of ``splits`` splits; pooled over splits, with cluster-bootstrap intervals."""
+    held: dict[str, dict] = {}
+    for task in TASKS:
+        question_type = TASKS[task].question_type
+        if question_type not in chosen or not any(r["task"] == task for r in rows):
+            continue
+        logits, gold = task_reads(rows, task)
+        record, base, cand = [], [], []
+        for index in range(splits):
+            pool, out = split(len(gold), seed, index)
+            fit = draw(pool, n_gold, seed, index)
+            record.append(out)
+            base.append(fitted("temperature", logits, gold, fit)(logits[out]))
+            cand.append(fitted(chosen[question_type]["mode"], logits, gold, fit)(logits[out]))
+        record = np.concatenate(record)
+        held[task] = {
+            "type": question_type, "n": len(gold), "record": record, "gold": gold[record],
+            "majority": Counter(gold.tolist()).most_common(1)[0][1] / len(gold),
+            "positions": [np.flatnonzero(record == i) for i in range(len(gold))],
+            "baseline": np.vstack(base), "candidate": np.vstack(cand),
+        }  # fmt: skip
+    groups = {task: [task] for task in held}
+    for question_type in QUESTION_TYPES:
+        typed = [t for t in held if held[t]["type"] == question_type]
+        if typed:
+            groups[f"all {question_type}"] = typed
+    rng = np.random.default_rng(seed)
+    draws = {task: [rng.integers(0, e["n"], e["n"]) for _ in range(resamples)] for task, e in held.items()}
+    report = {
+        "n_gold": n_gold,
+        "splits": splits,
+        "seed": seed,
+        "resamples": resamples,
+        "n_bins": N_BINS,
+        "rows": {},
+    }
+    for name, tasks in groups.items():
+        point = _group_metrics(held, tasks, None)
+        boot = [_group_metrics(held, tasks, {t: draws[t][i] for t in tasks}) for i in range(resamples)]
+        row = {"type": held[tasks[0]]["type"], "tasks": tasks, "n": sum(held[t]["n"] for t in tasks),
+               "majority": sum(held[t]["majority"] * held[t]["n"] for t in tasks) / sum(held[t]["n"] for t in tasks),
+               "mode": chosen[held[tasks[0]]["type"]]["mode"]}  # fmt: skip
+        for metric in ("accuracy", "macro_f1", "ece"):
+            for side in ("baseline", "candidate"):
+                values = [b[side][metric] for b in boot]
+                row[f"{side}_{metric}"] = point[side][metric]
+                row[f"{side}_{metric}_ci95"] = [float(v) for v in np.percentile(values, [2.5, 97.5])]
+            differences = [b["candidate"][metric] - b["baseline"][metric] for b in boot]
+            row[f"difference_{metric}"] = point["candidate"][metric] - point["baseline"][metric]
+            row[f"difference_{metric}_ci95"] = [float(v) for v in np.percentile(differences, [2.5, 97.5])]
+        row["regresses"] = bool(
+            row["difference_accuracy_ci95"][1] < 0
+            or row["difference_macro_f1_ci95"][1] < 0
+            or row["difference_ece_ci95"][0] > 0
+        )
+        report["rows"][name] = row
+    report["regresses"] = sorted(name for name, row in report["rows"].items() if row["regresses"])
+    return report
+
+
+def _group_metrics(
+    held: Mapping[str, dict], tasks: Sequence[str], resample: Mapping[str, np.ndarray] | None
+) -> dict:
+    """Accuracy and ECE over the tasks' held-out reads pooled (each task's records resampled as
+    given: a record's reads over the splits stay together), macro-F1 the mean of the tasks'."""
+    out = {}
+    for side in ("baseline", "candidate"):
+        top, right, f1 = [], [], []
+        for task in tasks:
+            e = held[task]
+            index = (
+                np.arange(len(e["record"]))
+                if resample is None
+                else np.concatenate([e["positions"][i] for i in resample[task]])
+            )
+            p, y = e[side][index], e["gold"][index]
+            f1.append(macro_f1_score(p, y))
+            # Top-label figures only: the pooled tasks have different option counts.
+            top.append(p.max(axis=1))
+            right.append(p.argmax(axis=1) == y)
+        confidence, correct = np.concatenate(top), np.concatenate(right)
+        out[side] = {
+            "accuracy": float(correct.mean()),
+            "ece": top_label_ece(confidence, correct),
+            "macro_f1": float(np.mean(f1)),
+        }
+    return out
+
+
+def top_label_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_BINS) -> float:
+    """``calibration.metrics.ece`` from each read's top probability and whether it was right (the
+    same (lo, hi] bins), for reads pooled over option counts; one bincount, fast enough to bootstrap."""
+    bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
+    gap = np.bincount(bins, weights=correct - confidence, minlength=n_bins)
+    return float(np.abs(gap).sum() / len(confidence))
+
+
+def curve_table(report: dict) -> str:
+    """Per type and mode: accuracy / macro-F1 / ECE at each N (means over the type's tasks), then per task at N = 50."""
+    counts = [str(n) for n in report["counts"]]
+    lines = [
+        f"Dev split; {report['splits']} splits per task, N gold answers drawn from one half, the other half scored; "
+        f"accuracy / macro-F1 / ECE ({report['n_bins']} bins), means over splits, then over the type's tasks.",
+        "",
+        "| type | mode | " + " | ".join(f"N = {n}" for n in counts) + " |",
+        "|---|---|" + "---|" * len(counts),
+    ]
+    for question_type, entry in report["types"].items():
+        for mode, curve in entry["modes"].items():
+            cells = [
+                f"{curve[n]['accuracy']:.1%} / {curve[n]['macro_f1']:.3f} / {curve[n]['ece']:.3f}"
+                for n in counts
+            ]
+            lines.append(f"| {question_type} | {mode} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| task | type | n | majority (held out) | mode | accuracy (sd) at 50 | macro-F1 at 50 | ECE at 50 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for task, entry in report["tasks"].items():
+        majority = float(np.mean(entry["majority"]))
+        for mode, curve in entry["modes"].items():
+            at = curve["50"]
+            lines.append(
+                f"| {task} | {entry['type']} | {entry['n']} | {majority:.1%} | {mode} | {np.mean(at['accuracy']):.1%} ({np.std(at['accuracy']):.1%}) | "
+                f"{np.mean(at['macro_f1']):.3f} | {np.mean(at['ece']):.3f} |"
+            )
+    lines.append("")
+    for question_type, pick in report["chosen"].items():
+        start = f" from {pick['from_n']} gold answers" if pick["from_n"] else ""
+        lines.append(
+            f"chosen for {question_type}: {pick['mode']}{start} (eligible at 50: {', '.join(pick['eligible'])})"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def confirm_table(report: dict) -> str:
+    """Rule step 5's regression table: every task and question type, each figure with its 95% interval."""
+    lines = [
+        f"Test samples; after {report['n_gold']} gold answers, {report['splits']} splits (half held out), reads pooled over splits; "
+        f"95% intervals: cluster bootstrap over records ({report['resamples']:,} resamples, seed {report['seed']}); ECE over {report['n_bins']} bins.",
+        "",
+        "| task | type | n | majority | default | accuracy: temperature → default | Δ accuracy | macro-F1: temperature → default | Δ macro-F1 | ECE: temperature → default | Δ ECE | regresses |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def pair(row: dict, metric: str, percent: bool) -> tuple[str, str]:
+        f = (lambda v: f"{v:.1%}") if percent else (lambda v: f"{v:.3f}")
+        d = (lambda v: f"{v * 100:+.1f}") if percent else (lambda v: f"{v:+.3f}")
+        b, c = row[f"baseline_{metric}_ci95"], row[f"candidate_{metric}_ci95"]
+        lo, hi = row[f"difference_{metric}_ci95"]
+        return (
+            f"{f(row[f'baseline_{metric}'])} ({f(b[0])}–{f(b[1])}) → {f(row[f'candidate_{metric}'])} ({f(c[0])}–{f(c[1])})",
+            f"{d(row[f'difference_{metric}'])} ({d(lo)} to {d(hi)})",
+        )
+
+    for name, row in report["rows"].items():
+        cells = [
+            cell
+            for metric, pct in (("accuracy", True), ("macro_f1", False), ("ece", False))
+            for cell in pair(row, metric, pct)
+        ]
+        label = name if name in TASKS else f"{name} ({', '.join(row['tasks'])})"
+        lines.append(
+            f"| {label} | {row['type']} | {row['n']} | {row['majority']:.1%} | {row['mode']} | "
+            + " | ".join(cells)
+            + f" | {'**yes**' if row['regresses'] else 'no'} |"
+        )
+    lines += ["", "regresses: " + (", ".join(report["regresses"]) or "nothing")]
+    return "\n".join(lines) + "\n"
+
+
+def run_few_shot(
+    out: Path, *, dev_runs: Mapping[str, Path] | None = None, test_run: Path | None = None, seed: int = 0
+) -> dict:
+    """The dev curve, the rule's choice and (with ``test_run``) its confirmation, written into ``out``:
+    dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}."""
+    from eval.evidence.figures import plot_few_shot_curves
+
+    dev = curve_report({k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed)
+    dev["chosen"] = choose(dev["types"])
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "dev-curve.json", dev)
+    (out / "dev-curve.md").write_text(curve_table(dev))
+    plot_few_shot_curves(dev, out / "few-shot.png")
+    result = {"dev": dev}
+    if test_run is not None:
+        test = confirm(load_rows(Path(test_run)), dev["chosen"], seed=seed)
+        write_json(out / "test-confirm.json", test)
+        (out / "test-confirm.md").write_text(confirm_table(test))
+        result["test"] = test
+    return result

@@ -1,0 +1,104 @@
+"""The affine mode and the default mode after N gold answers, on the embedded model's committed reads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibration.bias import AffineScaler, TemperatureBiasScaler
+from calibration.fit import DEFAULT_MODES, default_mode, fit_and_store, refit_from_store, refit_mode
+from calibration.open import open_store
+from calibration.store import Calibration, CalibrationKey
+from eval.decisions.few_shot import DEV_RUNS, task_reads
+from eval.evidence.rows import load_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def emotion_reads() -> tuple[np.ndarray, np.ndarray]:
+    """Prior-corrected decide-prompt/7 reads of the emotion dev records (six options)."""
+    return task_reads(load_rows(ROOT / DEV_RUNS["choice"]), "emotion")
+
+
+def test_a_few_gold_answers_move_affine_less_than_temperature_bias():
+    logits, gold = emotion_reads()
+    rng = np.random.default_rng(0)
+    for split in range(5):
+        fit = rng.choice(len(gold), size=4, replace=False)
+        affine = AffineScaler().fit(logits[fit], gold[fit])
+        free = TemperatureBiasScaler().fit(logits[fit], gold[fit])
+        # The prior toward T = 1, b = 0 is what holds four answers back; the per-decision L2 barely does.
+        assert np.abs(affine.bias_).max() < np.abs(free.bias_).max(), split
+        assert abs(math.log(affine.temperature_)) <= abs(math.log(free.temperature_)) + 1e-9, split
+
+
+def test_the_prior_fades_as_gold_answers_accumulate():
+    logits, gold = emotion_reads()
+    fit = np.random.default_rng(1).choice(len(gold), size=150, replace=False)
+    affine = AffineScaler().fit(logits[fit], gold[fit])
+    free = TemperatureBiasScaler().fit(logits[fit], gold[fit])
+    assert affine.nll_after_ < affine.nll_before_
+    # On 150 answers the fixed total weight is 1/150 of the data's: the two fits nearly agree.
+    assert affine.nll_after_ == pytest.approx(free.nll_after_, abs=0.02)
+    assert np.corrcoef(affine.bias_, free.bias_)[0, 1] > 0.95
+
+
+def test_affine_needs_a_prior():
+    with pytest.raises(ValueError, match="prior must be > 0"):
+        AffineScaler(prior=0.0)
+
+
+def test_a_refit_without_a_mode_takes_the_default_of_its_type_and_n(tmp_path):
+    logits, gold = emotion_reads()
+    rows = [(np.exp(z).tolist(), int(y)) for z, y in zip(logits, gold)]
+    store = open_store(tmp_path / "calibration.sqlite3")
+    choice = CalibrationKey("smol", "rev", "choice", 6, None, read_version="decide-prompt/7+prior")
+    mode, fewest = DEFAULT_MODES["choice"]
+    below = refit_from_store(store, choice, None, rows[: fewest - 1])
+    at = refit_from_store(store, choice, None, rows[:fewest])
+    assert (below.mode, at.mode) == ("temperature", mode)
+    assert below.mode_chosen_by == at.mode_chosen_by == "default"  # no mode named: the defaults chose
+    # Stored and read back from SQLite as the mode, bias and n it was fitted with.
+    stored = store.lookup(choice)
+    assert (stored.mode, stored.n, len(stored.bias)) == (mode, fewest, 6)
+    # Keys no default covers: a type-level key (no options for a bias) and a yes/no key.
+    assert default_mode("choice", 200, None) == "temperature"
+    assert default_mode("noul", 200, 2) == "temperature"
+
+
+def test_feedback_refits_keep_a_mode_the_caller_named_and_move_a_default_one_on(new_store):
+    logits, gold = emotion_reads()
+    rows = [(np.exp(z).tolist(), int(y)) for z, y in zip(logits, gold)]
+    mode, fewest = DEFAULT_MODES["choice"]
+    key = CalibrationKey("smol", "rev", "choice", 6, None, read_version="decide-prompt/7+prior")
+    named, defaulted = replace(key, domain="named"), replace(key, domain="defaulted")
+    store = new_store()
+    # Both temperature fits on 20 answers: one because its caller asked, one because 20 is below 32.
+    fit_and_store(store, named, rows[:20], source="examples", mode="temperature")
+    fit_and_store(store, defaulted, rows[:20], source="examples")
+    store.close()
+    store = new_store()  # who chose is read back from the store, not remembered by this process
+    assert [(store.lookup(k).mode, store.lookup(k).mode_chosen_by) for k in (named, defaulted)] == [
+        ("temperature", "caller"),
+        ("temperature", "default"),
+    ]
+    for k in (named, defaulted):  # what POST /v1/feedback does when a refit is due
+        refit_from_store(store, k, refit_mode(store.lookup(k)), rows[:fewest])
+    assert (store.lookup(named).mode, store.lookup(named).mode_chosen_by) == ("temperature", "caller")
+    assert (store.lookup(defaulted).mode, store.lookup(defaulted).mode_chosen_by) == (mode, "default")
+    assert store.lookup(defaulted).n == fewest and len(store.lookup(defaulted).bias) == 6
+
+
+def test_a_named_mode_is_kept_and_a_default_one_is_not():
+    fitted = Calibration(
+        "cal_1", "smol", "rev", "choice", 3, None, 1.0, 40, None, None, None, None, None,
+        "feedback", "2026-12-01T00:00:00+00:00", "decide-prompt/7+prior",
+        mode="affine", bias=(0.0, 0.0, 0.0),
+    )  # fmt: skip
+    assert refit_mode(fitted) == "affine"  # mode_chosen_by's default: the caller's
+    assert refit_mode(replace(fitted, mode_chosen_by="default")) is None  # the defaults again, at the new n
+    assert refit_mode(None) is None  # a key with no fit of its own

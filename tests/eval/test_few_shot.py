@@ -1,0 +1,76 @@
+"""The few-shot rule (evidence/few-shot/rule.md) and its committed evidence, regenerated from the rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eval.decisions.few_shot import COUNTS, choose
+from opendecide.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+EVIDENCE = ROOT / "evidence" / "few-shot"
+
+
+def means(lift: float, macro_f1: float, ece: float, tasks: dict[str, float]) -> dict:
+    return {"lift": lift, "accuracy": lift + 0.5, "macro_f1": macro_f1, "ece": ece, "task_accuracy": tasks}
+
+
+def test_a_mode_that_buys_accuracy_with_the_majority_class_is_not_chosen():
+    # temperature_bias lifts accuracy most but its macro-F1 drops (it answers the common class);
+    # affine lifts less, keeps macro-F1, and holds from 32 gold answers on.
+    at = {str(n): n for n in COUNTS}
+    modes = {
+        "temperature": {n: means(0.0, 0.50, 0.10, {"a": 0.5, "b": 0.5}) for n in at},
+        "temperature_bias": {n: means(0.08, 0.40, 0.09, {"a": 0.6, "b": 0.56}) for n in at},
+        "affine": {
+            n: means(0.04 if v >= 32 else -0.01, 0.55, 0.10, {"a": 0.55, "b": 0.53}) for n, v in at.items()
+        },
+    }
+    chosen = choose({"choice": {"tasks": ["a", "b"], "modes": modes}})["choice"]
+    assert (chosen["mode"], chosen["from_n"]) == ("affine", 32)
+    assert "temperature_bias" not in chosen["eligible"]
+
+
+def test_a_mode_that_sacrifices_one_task_of_a_type_is_not_chosen():
+    at = [str(n) for n in COUNTS]
+    modes = {
+        "temperature": {n: means(0.0, 0.5, 0.10, {"a": 0.5, "b": 0.5}) for n in at},
+        "temperature_bias": {n: means(0.05, 0.6, 0.10, {"a": 0.7, "b": 0.45}) for n in at},
+        "affine": {n: means(0.0, 0.5, 0.10, {"a": 0.5, "b": 0.5}) for n in at},
+    }
+    assert choose({"score": {"tasks": ["a", "b"], "modes": modes}})["score"]["mode"] == "temperature"
+
+
+def test_decide_eval_few_shot_regenerates_the_committed_choice_and_test_table(tmp_path, monkeypatch):
+    monkeypatch.chdir(
+        ROOT
+    )  # the committed runs are named relative to the repository, as the command's docs run it
+    ran = CliRunner().invoke(app, ["eval", "few-shot", "--out", str(tmp_path)])
+    assert ran.exit_code == 0, ran.output
+    written = {name: (tmp_path / name).read_text() for name in ("dev-curve.md", "test-confirm.md")}
+    assert ran.stdout == written["dev-curve.md"] + written["test-confirm.md"]  # it prints what it wrote
+    result = {
+        "dev": json.loads((tmp_path / "dev-curve.json").read_text()),
+        "test": json.loads((tmp_path / "test-confirm.json").read_text()),
+    }
+    committed = json.loads((EVIDENCE / "dev-curve.json").read_text())
+    for question_type, pick in committed["chosen"].items():
+        again = result["dev"]["chosen"][question_type]
+        assert (again["mode"], again["from_n"], again["eligible"]) == (
+            pick["mode"],
+            pick["from_n"],
+            pick["eligible"],
+        )
+        assert again["lift"] == pytest.approx(pick["lift"], abs=1e-9)
+    test = json.loads((EVIDENCE / "test-confirm.json").read_text())
+    assert result["test"]["rows"].keys() == test["rows"].keys()
+    for name, row in test["rows"].items():
+        again = result["test"]["rows"][name]
+        assert (again["mode"], again["regresses"]) == (row["mode"], row["regresses"])
+        for metric in ("accuracy", "macro_f1", "ece"):
+            assert again[f"candidate_{metric}"] == pytest.approx(row[f"candidate_{metric}"], abs=1e-6)
+    assert (tmp_path / "few-shot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
