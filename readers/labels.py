@@ -23,6 +23,7 @@ from typing import Any
 
 SYSTEM, USER, ANSWER = "\ue000system\ue001", "\ue000user\ue001", "\ue000answer\ue001"
 QUESTION = "\ue000question\ue001"
+PREAMBLE = "\ue000preamble\ue001"
 
 
 @dataclass(frozen=True)
@@ -112,23 +113,27 @@ class ChatTemplate:
         *,
         sequences: bool = False,
         lead: str = "",
+        preamble: str = "",
     ) -> AnswerSlot:
         """Prompt ids cut at the answer slot, and one token id per label.
 
-        The user message is ``shared + question``, each encoded on its own so the shared part's ids
-        never depend on the question after it. The assistant turn holds ``lead`` before the slot;
+        The user message is ``preamble + shared + question``, each encoded on its own so the shared
+        part's ids never depend on the question after it, nor the preamble's (a question's option
+        list before the state, ``PromptText.preamble``) on the state. ``prefix_tokens`` ends with
+        the preamble where there is one (what the question's reads on every state share), else
+        with the shared part (what every question about the state shares). The assistant turn holds ``lead`` before the slot;
         ``labels`` are the texts read there (with any space they take after the lead). Raises
         ``LabelsUnresolvable`` when the labels do not resolve to distinct single tokens, or with
         ``sequences`` to distinct token sequences (then ``label_ids`` are their first tokens, not
         necessarily distinct).
         """
-        texts = [system, shared, question]
-        system_mark, shared_mark, question_mark = (
-            _sentinel(base, texts) for base in (SYSTEM, USER, QUESTION)
+        texts = [system, preamble, shared, question]
+        system_mark, preamble_mark, shared_mark, question_mark = (
+            _sentinel(base, texts) for base in (SYSTEM, PREAMBLE, USER, QUESTION)
         )
-        text = self._render(system_mark, shared_mark + question_mark, lead + ANSWER)
+        text = self._render(system_mark, preamble_mark + shared_mark + question_mark, lead + ANSWER)
         before, after = self._split_once(text, ANSWER)
-        if any(before.count(mark) != 1 for mark in (system_mark, shared_mark, question_mark)):
+        if any(before.count(mark) != 1 for mark in (system_mark, preamble_mark, shared_mark, question_mark)):
             raise ValueError("the chat template does not place each message's content exactly once")
         label_sequences: tuple[tuple[int, ...], ...] = ()
         if sequences:
@@ -137,13 +142,14 @@ class ChatTemplate:
         else:
             label_ids = self._resolve(self._tail(before), after, labels)
         ids, marks_end = self._encode_prompt(
-            before, {system_mark: system, shared_mark: shared, question_mark: question}
+            before,
+            {system_mark: system, preamble_mark: preamble, shared_mark: shared, question_mark: question},
         )
         return AnswerSlot(
             tuple(ids),
             label_ids,
             labels,
-            prefix_tokens=marks_end[shared_mark],
+            prefix_tokens=marks_end[preamble_mark if preamble else shared_mark],
             label_sequences=label_sequences,
         )
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-PROMPT_VERSION = "decide-prompt/7"
+PROMPT_VERSION = "decide-prompt/9"
 SYSTEM_PROMPT = "Answer the question that follows the text."
 STATE_SEPARATOR = "\n\n"
 ANSWER_LEAD = "Answer:"
@@ -107,8 +107,11 @@ class QuestionSpec:
 class PromptText:
     """A prompt's texts, and the label text each option answers with.
 
-    The user message is ``shared + question``: ``shared`` (the state and its separator) is the same
-    for every question about the state, ``question`` is this question's own text.
+    The user message is ``preamble + shared + question``: ``shared`` (the state and its separator)
+    is the same for every question about the state, ``question`` is this question's own text, and
+    ``preamble`` (empty but in an options-first layout, ``build_options_first``) is this question's
+    option list before the state, the same for the question on every state (its content-free prior
+    reads included).
     """
 
     system: str
@@ -116,6 +119,7 @@ class PromptText:
     question: str
     labels: tuple[str, ...]
     label_style: LabelStyle
+    preamble: str = ""
 
 
 _CONTENT_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "))
@@ -272,6 +276,35 @@ def build_question_first(
     return PromptText("\n".join(lines), "", state, labels, style)
 
 
+def build_options_first(
+    question: QuestionSpec, state: str, labels: tuple[str, ...], style: LabelStyle
+) -> PromptText:
+    """decide-prompt/8: :func:`build_unlisted_levels`, but a choice question's option list (the
+    described options' lines, canonical order; coded options and their lines, caller order) comes
+    before the state, the question and the answer format after it. The list is then a prefix the
+    question's read and its three content-free prior reads share, computed once and kept across
+    states, where after the state it was computed again under each (a 255-option list with
+    descriptions: ~3,700 tokens, four times). A choice without descriptions read by its names lists
+    nothing: its text and ids are /7's."""
+    if question.question_type != "choice":
+        return build_unlisted_levels(question, state, labels, style)
+    intro = [f"Question: {question.instructions}"] if question.instructions else []
+    if style.names_options:
+        listed = [
+            f"{labels[i]}: {question.descriptions[i]}"
+            for i in canonical_order(labels)
+            if question.descriptions[i]
+        ]
+        closing = ["Answer with one word."]
+    else:
+        *listed, reply = _listed_lines(question, labels)
+        closing = [reply]
+    preamble = "\n".join(listed) + STATE_SEPARATOR if listed else ""
+    return PromptText(
+        SYSTEM_PROMPT, state + STATE_SEPARATOR, "\n".join(intro + closing), labels, style, preamble
+    )
+
+
 @dataclass(frozen=True)
 class PromptLayout:
     """One prompt version: how a question about a state becomes text, the label styles its reads
@@ -291,14 +324,21 @@ class PromptLayout:
     by_type: tuple[tuple[QuestionType, PromptLayout], ...] = ()
     """Question types read under another layout's text, lead and labels (a layout composed per
     type, each part chosen on development records; the parts must share the state-first prefix)."""
+    many_options: tuple[int, PromptLayout] | None = None
+    """(n, layout): choice questions of at least n options are read under that layout (an
+    options-first one, ``build_options_first``), n chosen on development records (``MANY_OPTIONS``)."""
 
     def __post_init__(self) -> None:
         # One preference order of noul/choice styles per reader (a caller may override it for all).
-        if any(part.label_styles != self.label_styles for _, part in self.by_type):
+        parts = [part for _, part in self.by_type] + ([self.many_options[1]] if self.many_options else [])
+        if any(part.label_styles != self.label_styles for part in parts):
             raise ValueError(f"{self.version}: its parts must read noul/choice labels in its own style order")
 
-    def for_question(self, question_type: str) -> PromptLayout:
-        """The layout a question of ``question_type`` is read under: its part, else this one."""
+    def for_question(self, question_type: str, options: int = 0) -> PromptLayout:
+        """The layout a question of ``question_type`` with ``options`` options is read under: its
+        part by option count (choice questions), else by type, else this one."""
+        if self.many_options is not None and question_type == "choice" and options >= self.many_options[0]:
+            return self.many_options[1]
         # A scan, not a dict: it runs for every question read, and there are at most three parts.
         return next((part for kind, part in self.by_type if kind == question_type), self)
 
@@ -347,6 +387,29 @@ PROMPT_LAYOUTS["decide-prompt/7"] = PromptLayout(
     answer_lead=ANSWER_LEAD,
     score_label_styles=WORDED_SCORES,
     by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
+)
+# decide-prompt/7 with every choice question's option list before the state (build_options_first):
+# a candidate read on development records at each option count (eval/decisions/many_options.py).
+PROMPT_LAYOUTS["decide-prompt/8"] = PromptLayout(
+    "decide-prompt/8",
+    build_options_first,
+    answer_lead=ANSWER_LEAD,
+    score_label_styles=WORDED_SCORES,
+    by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
+)
+MANY_OPTIONS = 7
+"""The option count from which the current layout reads a choice question options-first
+(decide-prompt/8), below it as decide-prompt/7: chosen by the rule of ``eval/decisions/many_options.py``
+on development records (docs/reads.md)."""
+# The current layout: decide-prompt/7 below MANY_OPTIONS options, /8 from it (shipped tasks: 2–6
+# options, read as under /7).
+PROMPT_LAYOUTS["decide-prompt/9"] = PromptLayout(
+    "decide-prompt/9",
+    build_unlisted_levels,
+    answer_lead=ANSWER_LEAD,
+    score_label_styles=WORDED_SCORES,
+    by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
+    many_options=(MANY_OPTIONS, PROMPT_LAYOUTS["decide-prompt/8"]),
 )
 CURRENT_LAYOUT = PROMPT_LAYOUTS[PROMPT_VERSION]
 

@@ -132,7 +132,7 @@ class Reader:
         self._check_length_bound(question, state, loc)
         failures = []
         n = len(question.options)
-        layout = self.layout.for_question(question.question_type)
+        layout = self.layout.for_question(question.question_type, n)
         for style, candidates in label_candidates(question, self.label_styles, self.score_label_styles):
             deferred = None
             for lead, separator in layout.slot_forms():
@@ -157,6 +157,7 @@ class Reader:
                         tuple(separator + label for label in labels),
                         sequences=style.reads_sequences,
                         lead=lead,
+                        preamble=prompt.preamble,
                     )
                     if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:
                         raise LabelsUnresolvable("two labels begin with the same token")
