@@ -22,7 +22,7 @@ from eval.suite.cli import suite_commands
 DECIDE_ORDER = ("cost", "survey-study", "survey", "plan")
 EVAL_ORDER = (
     "agree", "tasks", "load", "score", "compare", "gold-curve", "label-styles", "calibration-modes", "read-modes",
-    "upload", "download", "debias", "pack", "prior-figures", "dev-reads", "regression", "few-shot",
+    "upload", "download", "debias", "pack", "prior-figures", "dev-reads", "many-options", "regression", "few-shot",
     "generate", "throughput", "quoted", "generation-table",
 )  # fmt: skip
 

@@ -13,6 +13,12 @@ Layout (what a request's questions share first, so an engine computes it once pe
 Everything up to and including the blank line after the state is the shared prefix; a question's
 text never reaches into it, so a read's prompt does not depend on the other questions beside it.
 
+A choice question of ``MANY_OPTIONS`` options or more (decide-prompt/9's part, /8) has its option
+list before the state instead (``PromptText.preamble``): a long list costs more than the state, and
+before it, the list is shared by the question's read and its content-free prior reads and kept
+across states, where after the state it was computed again under each. Such a question shares only
+the system line with the other questions about its state.
+
 Changing any text here changes what the model reads: bump ``PROMPT_VERSION``. Earlier layouts stay
 in ``PROMPT_LAYOUTS`` so an eval run can read a task under the old and the new layout side by side;
 the service reads only the current one.
@@ -389,12 +395,14 @@ PROMPT_LAYOUTS["decide-prompt/7"] = PromptLayout(
     by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
 )
 # decide-prompt/7 with every choice question's option list before the state (build_options_first):
-# a candidate read on development records at each option count (eval/decisions/many_options.py).
+# a candidate read on development records at each option count (eval/decisions/many_options.py). Not
+# state-first for described choice questions, so not a candidate of the dev-reads rule on its own.
 PROMPT_LAYOUTS["decide-prompt/8"] = PromptLayout(
     "decide-prompt/8",
     build_options_first,
     answer_lead=ANSWER_LEAD,
     score_label_styles=WORDED_SCORES,
+    shares_state=False,
     by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
 )
 MANY_OPTIONS = 7

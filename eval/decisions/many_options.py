@@ -33,7 +33,7 @@ The rule, fixed before the run:
 The committed run reads 100 dev records per task, spread evenly over the 200 (for time on two
 shared cores), the embedded SmolLM2-135M, exact reads:
 
-    python -m eval.decisions.many_options --limit 100 --out evidence/reads/many-options
+    decide eval many-options --limit 100 --out evidence/reads/many-options
 
 Reported beside the rule: raw accuracy, the tokens the engine computed per record (what the layout
 is for), and each task's figures with Wilson intervals.
@@ -263,28 +263,14 @@ async def run_many_options(engine: Engine, out: Path, *, limit: int | None, conc
     return report
 
 
-def main() -> None:
-    import argparse
+async def evaluate_many_options(
+    engine_spec: str, out: Path, *, limit: int | None, concurrency: int = 4
+) -> dict:
+    """Open the engine ``engine_spec`` names and :func:`run_many_options` on it."""
+    from readers.engines import open_engine_spec
 
-    from readers.engines import open_engine
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument(
-        "--limit", type=int, default=None, help="dev records per task, spread (default all 200)"
-    )
-    parser.add_argument("--concurrency", type=int, default=4)
-    args = parser.parse_args()
-
-    async def run() -> dict:
-        engine = await open_engine("local")
-        try:
-            return await run_many_options(engine, args.out, limit=args.limit, concurrency=args.concurrency)
-        finally:
-            await engine.aclose()
-
-    print(many_options_table(asyncio.run(run())))
-
-
-if __name__ == "__main__":
-    main()
+    engine = await open_engine_spec(engine_spec)
+    try:
+        return await run_many_options(engine, out, limit=limit, concurrency=concurrency)
+    finally:
+        await engine.aclose()

@@ -1,4 +1,4 @@
-"""``decide eval label-styles|calibration-modes|read-modes|debias|prior-figures|dev-reads|regression|few-shot``:
+"""``decide eval label-styles|calibration-modes|read-modes|debias|prior-figures|dev-reads|many-options|regression|few-shot``:
 the read-policy and calibration studies on the shipped tasks."""
 
 from __future__ import annotations
@@ -224,6 +224,22 @@ def eval_dev_reads(
     write_json(out / "dev-reads.json", report)
     (out / "dev-reads.md").write_text(dev_reads_table(report))
     typer.echo(dev_reads_table(report), nl=False)
+
+
+@eval_commands.command("many-options")
+def eval_many_options(
+    out: Annotated[Path, typer.Option(help="run directory: rows.jsonl (resumable per cell), report beside")],
+    limit: Annotated[int | None, typer.Option(help="dev records per task (default: all 200)")] = None,
+    concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+) -> None:
+    """decide-prompt/7 against options-first /8 on many-option dev questions, and the option count the
+    rule picks (eval/decisions/many_options.py)."""
+    quiet_loaders()
+    from eval.decisions.many_options import evaluate_many_options, many_options_table
+
+    report = asyncio.run(evaluate_many_options(engine, out, limit=limit, concurrency=concurrency))
+    typer.echo(many_options_table(report))
 
 
 @eval_commands.command("regression")

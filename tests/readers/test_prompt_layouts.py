@@ -23,7 +23,7 @@ STATE = "The match ended in a draw after extra time."
 
 
 def test_versions_are_registered_and_unknown_ones_named():
-    assert CURRENT_LAYOUT.version == PROMPT_VERSION == "decide-prompt/7" and {
+    assert CURRENT_LAYOUT.version == PROMPT_VERSION == "decide-prompt/9" and {
         "decide-prompt/1",
         "decide-prompt/3",
     } <= set(PROMPT_LAYOUTS)
