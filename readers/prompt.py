@@ -405,7 +405,7 @@ PROMPT_LAYOUTS["decide-prompt/8"] = PromptLayout(
     shares_state=False,
     by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
 )
-MANY_OPTIONS = 7
+MANY_OPTIONS = 6
 """The option count from which the current layout reads a choice question options-first
 (decide-prompt/8), below it as decide-prompt/7: chosen by the rule of ``eval/decisions/many_options.py``
 on development records (docs/reads.md)."""
