@@ -69,6 +69,11 @@ class Bodies:
         criteria = {
             name: (f"tickets the {name} desk handles" if shape in DESCRIBED else None) for name in names
         }
+        if shape in DESCRIBED:
+            # Tagged too: a layout that lists the options before the state (decide-prompt/9 from six
+            # options) would otherwise find the list of an earlier request already computed.
+            first = min(names, key=lambda name: (name.casefold(), name))  # listed first (canonical order)
+            criteria[first] += f" (form {tag})"
         return {
             "type": "choice",
             "instructions": f"Form {tag}: which desk should handle this ticket?",

@@ -114,3 +114,13 @@ def test_the_report_prints_the_floor_beside_the_measured_ratio():
         "8 questions on a cached state: 2.50× one question; floor 2.20× at the limit "
         "(one question's 100 ms + 120 more tokens computed = 220 ms)"
     ) in latency_report.report(result)
+
+
+def test_layouts_to_compare_are_named_from_the_registry():
+    """``--prompt-versions`` reads the option shapes under each layout named; an unknown one is
+    refused before any engine starts."""
+    args = latency.parser().parse_args(["--prompt-versions", "decide-prompt/7", "decide-prompt/9"])
+    assert args.prompt_versions == ["decide-prompt/7", "decide-prompt/9"]
+    assert latency.parser().parse_args([]).prompt_versions == [latency.PROMPT_VERSION]
+    with pytest.raises(SystemExit):
+        latency.parser().parse_args(["--prompt-versions", "decide-prompt/0"])

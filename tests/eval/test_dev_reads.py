@@ -105,7 +105,7 @@ def test_read_policies_are_parsed_and_bad_ones_named():
     assert str(ReadPolicy.parse("decide-prompt/5:all")) == "decide-prompt/5:all"
     for text, message in [
         ("decide-prompt/4", "LAYOUT:PRIOR"),
-        ("decide-prompt/9:choice", "unknown prompt version"),
+        ("decide-prompt/0:choice", "unknown prompt version"),
         ("decide-prompt/4:some", "prior correction is one of"),
     ]:
         with pytest.raises(ValueError, match=message):
