@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest, Tier
 from readers.errors import InvalidQuestion, PromptTooLong
+from readers.images import state_images
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
 from readers.probabilities import (
     DEFAULT_FLOOR_OFFSET,
@@ -268,6 +269,7 @@ class Reader:
                     self.tenant,
                     self.cache_salt,
                     self.tier,
+                    images=state_images(state),
                 )
                 for i, node in level
             ]
