@@ -64,7 +64,7 @@ from readers.engines.base import (
     ReadRequest,
     Tier,
 )
-from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable
+from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable, InvalidQuestion
 
 CLAMPED_LOGPROB = -9999.0
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
@@ -220,6 +220,17 @@ class VLLMEngine(ClosingEngine):
             raise EngineError(f"engine {self.kind} serving {self.info.name} does not read images")
         read_mode = self.capabilities.read_mode
         prompt = self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
+        # The chat endpoint takes text, which the server tokenizes again with special tokens parsed:
+        # caller text that spells one ("<|im_start|>", the model's image placeholder) would become a
+        # real turn or image slot there, though the reader encoded it as plain text. Sent only when
+        # the text comes back as the reader's own ids.
+        if self.tokenizer.encode(prompt, add_special_tokens=False) != list(request.prompt_ids):
+            raise InvalidQuestion(
+                "the state or question spells the model's special tokens (chat markers, image "
+                "placeholders): with images it is sent as text, where they would not stay plain text; "
+                "remove them, or send no images",
+                loc=("body",),
+            )
         body = chat_body(
             self.served_name,
             prompt,
