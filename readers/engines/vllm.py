@@ -222,9 +222,13 @@ class VLLMEngine(ClosingEngine):
         prompt = self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
         # The chat endpoint takes text, which the server tokenizes again with special tokens parsed:
         # caller text that spells one ("<|im_start|>", the model's image placeholder) would become a
-        # real turn or image slot there, though the reader encoded it as plain text. Sent only when
-        # the text comes back as the reader's own ids.
-        if self.tokenizer.encode(prompt, add_special_tokens=False) != list(request.prompt_ids):
+        # real turn or image slot there, though the reader encoded it as plain text. Sent only where
+        # the text comes back with the reader's special tokens, in order, and its answer slot (the
+        # ids after the last of them) unchanged. Plain text between them may come back split at
+        # other token boundaries (the reader encodes the state and the question apart: "door." then
+        # "\n\n" re-encodes as "door.", "\n", "\n"): the same text, read as the server tokenizes it.
+        back = self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not same_structure(request.prompt_ids, back, set(self.tokenizer.added_tokens_decoder)):
             raise InvalidQuestion(
                 "the state or question spells the model's special tokens (chat markers, image "
                 "placeholders): with images it is sent as text, where they would not stay plain text; "
@@ -291,6 +295,16 @@ def completion_body(model: str, prompt_ids: tuple[int, ...] | list[int], *, top_
         "logprobs": top_k,
         "return_tokens_as_token_ids": True,
     }
+
+
+def same_structure(ids: Sequence[int], back: Sequence[int], special: set[int]) -> bool:
+    """Whether ``back`` (a prompt's text encoded again) has ``ids``' special tokens in the same order
+    and the same ids after the last of them (the answer slot, and a token trie's level below it)."""
+    if [t for t in ids if t in special] != [t for t in back if t in special]:
+        return False
+    last = max((i for i, t in enumerate(ids) if t in special), default=-1)
+    tail = list(ids[last + 1 :])
+    return list(back[len(back) - len(tail) :]) == tail if tail else True
 
 
 def chat_body(model: str, prompt: str, image_urls: Sequence[str], *, top_k: int) -> dict[str, Any]:
