@@ -387,6 +387,16 @@ class BatchRequest(BodyModel):
         json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS}
     )
     domain: str | None = Field(default=None, max_length=200)
+    assets: Any = Field(default=None, description="refused: a batch's states carry no images")
+
+    @field_validator("assets")
+    @classmethod
+    def refuse_assets(cls, assets: Any) -> None:
+        # Declared so that images are refused by name: an unknown field would be ignored, and the
+        # states read as if no image had been sent.
+        if assets is not None:
+            raise ValueError("a batch reads text states only: send a state with images to /v1/systemone")
+        return None
 
     @field_validator("questions", mode="before")
     @classmethod

@@ -350,3 +350,17 @@ async def test_every_limit_refuses_naming_the_part_on_every_route(client_factory
         assert reply.status_code == 400 and error["message"].startswith(where) and says in error["message"], (
             error
         )
+
+
+@pytest.mark.anyio
+async def test_a_batch_refuses_images_rather_than_ignoring_them(client_factory, local_engine):
+    engine = vision_engine(local_engine, [])
+    body = {
+        "states": ["a parcel"],
+        "questions": {"q": QUESTION},
+        "assets": {"p": {"type": "image", "url": data_url(RED)}},
+    }
+    async with client_factory(engine) as client:
+        reply = await client.post("/decide/batch", json=body, headers=IMAGES_ON)
+    assert reply.status_code == 422 and reply.json()["detail"][0]["loc"] == ["body", "assets"]
+    assert "text states only" in reply.json()["detail"][0]["msg"]
