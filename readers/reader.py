@@ -293,7 +293,8 @@ class Reader:
                     label_ids=slot.label_ids,
                     label_probabilities=self._probabilities(trie, nodes),
                     read_mode=root.read_mode.value,
-                    prompt_tokens=len(slot.prompt_ids),
+                    # With images, the engine's own count: the text's tokens and the images'.
+                    prompt_tokens=root.prompt_tokens if state_images(state) else len(slot.prompt_ids),
                     engine_latency_ms=sum(
                         max(r.latency_ms for node, r in nodes.items() if node_calls[node] == c)
                         for c in range(calls)

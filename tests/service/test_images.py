@@ -140,11 +140,10 @@ def vision_engine(local_engine, seen: list[ReadRequest]):
 
     def read(request: ReadRequest) -> EngineReply:
         seen.append(request)
-        lean = (
-            request.images[0].sha256 and int(request.images[0].sha256[:2], 16) / 64 if request.images else 0.0
-        )
+        lean = int(request.images[0].sha256[:2], 16) / 64 if request.images else 0.0
         logprobs = {token: -0.5 - i - (lean if i == 0 else 0.0) for i, token in enumerate(request.label_ids)}
-        return EngineReply(logprobs, ReadMode.EXACT, len(request.prompt_ids), 1.0)
+        # Counted as vLLM counts them: the text's tokens and 16 per image.
+        return EngineReply(logprobs, ReadMode.EXACT, len(request.prompt_ids) + 16 * len(request.images), 1.0)
 
     engine = function_engine(local_engine, read, ReadMode.EXACT)
     engine.capabilities = dataclasses.replace(engine.capabilities, images=True, image_tokens=16)
@@ -242,6 +241,8 @@ async def test_every_route_hands_the_engine_the_images_in_order_and_traces_them(
     # Every read of a request carries its images, byte for byte, in the order sent.
     first = [request for request in seen if len(request.images) == 2]
     assert first and all([image.data for image in request.images] == [RED, BLUE] for request in first)
+    # The prompt size is the engine's count, the images' tokens included.
+    assert red_blue["reading"]["prompt_tokens"] == len(first[0].prompt_ids) + 2 * 16
     prompt = local_engine.tokenizer.decode(list(first[0].prompt_ids))
     assert "A parcel at the door." in prompt
     if route != "jev":  # a transcript marks where each image was sent
