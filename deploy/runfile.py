@@ -43,6 +43,7 @@ _DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
 _DURATION = re.compile(r"^(\d+d)?(\d+h)?(\d+m)?(\d+s)?$")
 _MODALITIES = ("image", "audio", "video")
+MAX_IMAGES = 128  # images one decision request carries at most (service/protocol/image_parts.py)
 # What an arm measures (``[[model]] measure``): ``read`` the [eval] run, ``load`` `decide eval load`,
 # ``generation`` the [generate] tasks.
 MEASURES = ("read", "load", "generation")
@@ -65,6 +66,7 @@ class Model:
     id: str
     max_model_len: int
     modalities: tuple[str, ...] = ()  # input modalities besides text; each is limited to 0 per prompt
+    images: int = 0  # images a decision may carry, read by the model (startup.serve_flags); 0: none
     extra_flags: tuple[str, ...] = ()
     name: str | None = None  # the arm's name: its folder and served name (default: from the id)
     repack: str | None = None  # a REPACKS format built on the machine from the checkpoint ``id``
@@ -309,6 +311,7 @@ def _parse_model(fields: _Fields, max_model_len: int, scheme: str) -> Model:
         id=fields.text("id"),
         max_model_len=fields.integer("max_model_len", default=max_model_len),
         modalities=fields.strings("modalities", default=[]),
+        images=fields.integer("images") if "images" in fields.data else 0,
         extra_flags=fields.strings("extra_flags", default=[]),
         name=name,
         repack=repack,
@@ -321,6 +324,16 @@ def _parse_model(fields: _Fields, max_model_len: int, scheme: str) -> Model:
             raise RunFileError(
                 f"{fields.prefix}.modalities", f"each one of {', '.join(_MODALITIES)}, got {modality!r}"
             )
+    if model.images > MAX_IMAGES:
+        raise RunFileError(
+            f"{fields.prefix}.images", f"at most {MAX_IMAGES} (a request's limit), got {model.images}"
+        )
+    if model.images and any("ForCausalLM" in flag for flag in model.extra_flags):
+        # --hf-overrides '{"architectures": ["Gemma4ForCausalLM"]}' loads the text tower alone.
+        raise RunFileError(
+            f"{fields.prefix}.images",
+            "a model that reads images needs its multimodal architecture: drop the ForCausalLM override",
+        )
     fields.done()
     return model
 

@@ -51,11 +51,15 @@ def serve_flags(run: Run, model: Model) -> list[str]:
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
     ]
-    if model.modalities:  # a multimodal checkpoint read as text only: no encoder memory reserved
-        flags += [
-            "--limit-mm-per-prompt",
-            json.dumps({m: 0 for m in model.modalities}, separators=(",", ":")),
-        ]
+    # A modality read as text only is limited to 0 (no encoder memory reserved); images read in
+    # decisions to the run file's count (readers/engines/vllm.py), in the order the run files list them.
+    limits = {m: 0 for m in model.modalities}
+    if model.images:
+        limits = {"image": model.images, **{m: 0 for m in model.modalities if m != "image"}}
+    if limits:
+        flags += ["--limit-mm-per-prompt", json.dumps(limits, separators=(",", ":"))]
+    if model.images:  # the image reads' pass-through chat template is sent with each request
+        flags += ["--trust-request-chat-template"]
     if run.generate is not None and run.generate.tool_call_parser is not None:
         flags += ["--enable-auto-tool-choice", "--tool-call-parser", run.generate.tool_call_parser]
     if model.gpu_memory_utilization is not None:

@@ -96,6 +96,9 @@ class ServerSpec:
     tool_call_parser: str | None = None
     """vLLM's tool-call parser (``--enable-auto-tool-choice --tool-call-parser NAME``), for chat
     requests that offer tools (``decide eval generate --task bfcl_simple``); None: tools refused."""
+    max_images: int = 0
+    """Images one prompt may carry (``vision_flags``), for a model that reads images; 0: the server
+    is started as for a text model."""
 
     def command(self, python: Path) -> list[str]:
         tools = (
@@ -118,11 +121,22 @@ class ServerSpec:
             "--block-size", str(self.block_size),
             "--enforce-eager",
             *tools,
+            *vision_flags(self.max_images),
         ]  # fmt: skip
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+
+def vision_flags(max_images: int) -> list[str]:
+    """The vLLM flags a vision model's image reads need (``readers/engines/vllm.py``): images per
+    prompt (vLLM profiles memory for that many), and request chat templates trusted, since an image
+    read renders the reader's own prompt through a pass-through template (``RAW_CHAT_TEMPLATE``)
+    rather than the model's. Nothing for ``max_images`` 0 (a text model)."""
+    if max_images <= 0:
+        return []
+    return ["--limit-mm-per-prompt", json.dumps({"image": max_images}), "--trust-request-chat-template"]
 
 
 @dataclass(frozen=True)

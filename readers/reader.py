@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest, Tier
 from readers.errors import InvalidQuestion, PromptTooLong
+from readers.images import state_images
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
 from readers.probabilities import (
     DEFAULT_FLOOR_OFFSET,
@@ -269,6 +270,7 @@ class Reader:
                     self.tenant,
                     self.cache_salt,
                     self.tier,
+                    images=state_images(state),
                 )
                 for i, node in level
             ]
@@ -292,7 +294,8 @@ class Reader:
                     label_ids=slot.label_ids,
                     label_probabilities=self._probabilities(trie, nodes),
                     read_mode=root.read_mode.value,
-                    prompt_tokens=len(slot.prompt_ids),
+                    # With images, the engine's own count: the text's tokens and the images'.
+                    prompt_tokens=root.prompt_tokens if state_images(state) else len(slot.prompt_ids),
                     engine_latency_ms=sum(
                         max(r.latency_ms for node, r in nodes.items() if node_calls[node] == c)
                         for c in range(calls)

@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from service.admission import admitted
 from service.cancel import unless_disconnected
+from service.errors import validation_error
 from service.parse import parse_for_model
 from service.pipeline.decide import decide, decide_batch
 from service.protocol import BatchRequest, BatchResponse, SystemOneRequest, SystemOneResponse
@@ -62,7 +63,7 @@ class Asked:
         """The states the reads are about, each priced once by admission."""
         if isinstance(self.jev, BatchRequest):
             return [one.state_text() for one in self.jev.requests()]
-        return [self.jev.state_text()]
+        return [self.jev.state_for_reading()]
 
 
 Decided = SystemOneResponse | BatchResponse
@@ -98,6 +99,7 @@ async def serve_decisions(
     )  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, wire, aliases=aliases)
     asked = ask(body, request.scope["state"])
+    refuse_unread_images(asked.jev, reader.engine)
     state = request.app.state
     context = {
         "request_id": request.scope["state"]["request_id"],
@@ -126,6 +128,21 @@ async def serve_decisions(
     )
     observed(request, decided.model, answer_sets)
     return JSONResponse(render(body, decided).model_dump(mode="json"))
+
+
+def refuse_unread_images(jev: SystemOneRequest | BatchRequest, engine: Any) -> None:
+    """Refuses the first image part, naming the engine and its model, where the engine does not read
+    images (the local engine; a vLLM serving a text-only model): an image is never dropped and the
+    text read as if it had not been sent. In the validation shape, as the formats' other part
+    refusals: Jev's 422 names the part (its image mode's header is refused before this), OpenAI's
+    and Google's 400 name it as their SDKs read a field."""
+    if isinstance(jev, SystemOneRequest) and jev.assets and not engine.capabilities.images:
+        loc, _ = jev.image_parts()[0]
+        message = (
+            f"images are not read here: the {engine.kind} engine serves {engine.info.name}, which reads "
+            "text only (GET /v1/models: reads_images)"
+        )
+        raise validation_error(loc, message, "unsupported_feature")
 
 
 def observed(request: Request, model: str, answer_sets: Iterable[dict]) -> None:

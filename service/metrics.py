@@ -95,6 +95,13 @@ class ServiceMetrics:
             registry=r,
         )
         self.engine_errors = Counter("decide_engine_errors", "Engine failures by kind", ["kind"], registry=r)
+        # No tenant label: the metrics port takes no key, and tenant names are callers' data.
+        self.automatic_refits = Counter(
+            "decide_automatic_refits",
+            "Refits feedback made due, by outcome: made, or skipped over the refit limit (made at the key's next feedback)",
+            ["outcome"],
+            registry=r,
+        )
         self.in_flight = Gauge(
             "decide_in_flight_requests", "Requests being served", registry=r, multiprocess_mode="livesum"
         )
@@ -133,6 +140,8 @@ class ServiceMetrics:
             self.abstentions.labels(reason)
         for kind in ("computed", "reused"):
             self.prompt_tokens.labels(kind)
+        for outcome in ("made", "skipped"):
+            self.automatic_refits.labels(outcome)
 
     def set_engine(self, engine) -> None:
         self.engine_info.labels(

@@ -30,6 +30,7 @@ from calibration.store import DEFAULT_TENANT
 from readers.reader import Reader
 from service.errors import NotUtf8, Overloaded, UnsupportedFeature, validation_error
 from service.middleware.decompress import INLINE_BODY_BYTES
+from service.protocol import SystemOneRequest
 from service.scopes import ANONYMOUS
 from service.state import JEV_ALIASES, reader_of
 
@@ -239,21 +240,45 @@ async def parse_request(request: Request, model: type[ModelT]) -> ModelT:
     return await slots.run(request.url.path, functools.partial(parse_large_body, body, model), tenant)
 
 
-# Jev 1.14 switches these modes on by header; this server reads text within the model's context, so a
-# request that asks for either is refused by name instead of being read without it.
+# Jev 1.14 switches these modes on by header. Long context is never served: requests are read within
+# the model's context. Image mode is served where the engine reads images (its start-up probe,
+# ``Capabilities.images``); elsewhere a request that asks for either is refused by name instead of
+# being read without it.
+IMAGES_HEADER = "typesafe-danger-zone-images"
 DANGER_ZONE_HEADERS = {
-    "typesafe-danger-zone-images": "images (Jev 1.14's Danger-Zone image mode) are not served: the served model reads text only",
+    IMAGES_HEADER: "images (Jev 1.14's Danger-Zone image mode) are not served: the served model reads text only",
     "typesafe-danger-zone-long-context": "Jev 1.14's 262k-token long-context mode is not served: requests are read within "
     "the served model's own context length (GET /v1/models)",
 }
 
 
-def refuse_danger_zone(request: Request) -> None:
-    """400 naming the header when a Danger-Zone mode is switched on (any value but ``false``)."""
+def header_on(request: Request, header: str) -> bool:
+    """Whether a Danger-Zone header switches its mode on (any value but ``false``)."""
+    value = request.headers.get(header)
+    return value is not None and value.strip().lower() != "false"
+
+
+def refuse_danger_zone(request: Request, engine: Any = None) -> None:
+    """400 naming the header when a Danger-Zone mode this server does not serve is switched on; the
+    image mode is served by an ``engine`` that reads images, and its refusal names the engine and model."""
     for header, message in DANGER_ZONE_HEADERS.items():
-        value = request.headers.get(header)
-        if value is not None and value.strip().lower() != "false":
-            raise UnsupportedFeature(message, param=_header_name(header))
+        if not header_on(request, header):
+            continue
+        if header == IMAGES_HEADER and engine is not None:
+            if engine.capabilities.images:
+                continue
+            message = f"{message} (engine {engine.kind}, model {engine.info.name})"
+        raise UnsupportedFeature(message, param=_header_name(header))
+
+
+def refuse_assets_without_image_mode(request: Request, body: Any) -> None:
+    """Jev's image assets without Jev's image-mode header: 400 naming the header, as Jev 1.14 asks
+    for it before it reads an image."""
+    if isinstance(body, SystemOneRequest) and body.assets and not header_on(request, IMAGES_HEADER):
+        raise UnsupportedFeature(
+            "image assets are Jev 1.14's image mode: send the header TypeSafe-Danger-Zone-Images: true",
+            param=_header_name(IMAGES_HEADER),
+        )
 
 
 def _header_name(header: str) -> str:
@@ -265,9 +290,10 @@ async def parse_for_model(
 ) -> tuple[Reader, ModelT]:
     """The ready reader and the validated body, whose ``model`` (if given) must name the served model
     or one of ``aliases``."""
-    refuse_danger_zone(request)
     reader = reader_of(request)
+    refuse_danger_zone(request, reader.engine)
     body = await parse_request(request, model)
+    refuse_assets_without_image_mode(request, body)
     served = reader.engine.info.name
     asked = getattr(body, "model", None)
     if asked not in (None, served, *aliases):

@@ -6,8 +6,9 @@ bucket bounds them together.
 Every refit is a fit and a stored row; unbounded, one calibrate key refitting in a loop stored ~22 fits a
 second, all read back by every replica. The limit covers explicit refits (``POST /v1/calibrations/refit``:
 over it, 429 ``rate_limit_error`` naming the limit, with Retry-After) and automatic ones
-(``auto_refit_every``, triggered by feedback: over it, the refit is skipped, counted in ``skipped``, and
-the key is owed one, which its next feedback triggers again). A refit that fails (too few gold answers)
+(``auto_refit_every``, triggered by feedback: over it, the refit is skipped, counted on /metrics as
+``decide_automatic_refits{outcome="skipped"}``, and the key is owed one, which its next feedback
+triggers again). A refit that fails (too few gold answers)
 counts too: it read the store all the same. Fits from examples (``POST /v1/calibrations``) are bounded by
 admission instead: they cost reads.
 
@@ -47,8 +48,6 @@ class RefitLimits:
         self._tenants = TokenBuckets(per_minute / 60, per_minute, clock=clock)
         self._last: OrderedDict[tuple[CalibrationKey, str], float] = OrderedDict()  # → when it last refitted
         self._owed: set[CalibrationKey] = set()
-        self.skipped = 0
-        """Automatic refits skipped over the limit, since start."""
 
     def check(self, key: CalibrationKey, mode: str) -> None:
         """Take a refit of ``key`` (its tenant's) in ``mode``, or raise ``TenantLimited`` naming the limit
@@ -79,12 +78,11 @@ class RefitLimits:
         return key in self._owed
 
     def take_automatic(self, key: CalibrationKey, mode: str) -> bool:
-        """Whether an automatic refit of ``key`` in ``mode`` may run now; if not, it is skipped, counted
-        and owed."""
+        """Whether an automatic refit of ``key`` in ``mode`` may run now; if not, it is skipped and
+        owed (the caller counts it)."""
         try:
             self.check(key, mode)
         except TenantLimited as refused:
-            self.skipped += 1
             if len(self._owed) < MAX_CALLERS:
                 self._owed.add(key)
             logger.info("automatic refit skipped (%s)", refused.message)

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from readers.images import StateImage
+
 Tier = Literal["interactive", "batch"]
 
 
@@ -56,6 +58,12 @@ class Capabilities:
     """The engine computes each distinct prompt token of one ``read_many`` call once (the local
     engine's token tree), so a token trie's levels can all go in one call. Otherwise (vLLM) a level's
     prompts reuse the level above only once it is computed: one call per level."""
+    images: bool = False
+    """The served model reads images (a vLLM engine's start-up probe, ``readers/engines/vllm.py``):
+    ``ReadRequest.images`` are read, not ignored."""
+    image_tokens: int = 0
+    """Prompt tokens one image takes, as the engine counted the probe's image (its prompt count less
+    the text's): what admission prices an image at before it is read (``service/pricing.py``)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,10 @@ class ReadRequest:
     calibration example sets). An engine behind a router that schedules by priority names it there
     (vLLM behind GKE Inference Gateway: the InferenceObjective header, ``readers/engines/vllm.py``).
     None: the engine's default. A hint for scheduling only: the read's result never depends on it."""
+    images: tuple[StateImage, ...] = ()
+    """The state's images, read before its text (``readers.images``): only an engine whose
+    ``Capabilities.images`` is true reads them; the service refuses them for any other (a 400
+    naming the engine and model) before a read is made."""
 
 
 @dataclass(frozen=True)

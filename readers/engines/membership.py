@@ -74,7 +74,8 @@ class Member:
 
 
 def common_capabilities(engines: Sequence[VLLMEngine], read_mode: ReadMode | None) -> Capabilities:
-    """The best read mode every engine supports (or ``read_mode``, if all do), at the smallest top-k."""
+    """The best read mode every engine supports (or ``read_mode``, if all do), at the smallest top-k;
+    images read only where every engine reads them, priced at the most any engine counts."""
     supports = {
         mode: all(engine.capabilities.probe["supports"][mode.value] for engine in engines)
         for mode in ReadMode
@@ -84,11 +85,14 @@ def common_capabilities(engines: Sequence[VLLMEngine], read_mode: ReadMode | Non
             f"not every engine supports {read_mode.value} reads: {[e.capabilities.probe['supports'] for e in engines]}"
         )
     mode = read_mode or next(mode for mode in ReadMode if supports[mode])
+    images = all(engine.capabilities.images for engine in engines)
     return Capabilities(
         read_mode=mode,
         max_logprobs=min(engine.capabilities.max_logprobs for engine in engines),
         top_k=min(engine.capabilities.top_k for engine in engines),
         probe={"supports": {mode.value: ok for mode, ok in supports.items()}, "engines": {}},
+        images=images,
+        image_tokens=max(engine.capabilities.image_tokens for engine in engines) if images else 0,
     )
 
 

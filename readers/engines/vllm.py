@@ -25,6 +25,14 @@ A server started with ``--enable-prompt-tokens-details`` (``decide engine start`
 manifests do) reports how many prompt tokens its prefix cache served
 (``usage.prompt_tokens_details.cached_tokens``); each reply carries it as ``cached_tokens``, and the
 rest of the prompt as ``computed_tokens``. Without the flag both stay None.
+
+A read whose state has images (``ReadRequest.images``) goes to ``POST /v1/chat/completions``
+instead (``chat_body``): ``/v1/completions`` takes no images. Its one user message is the images as
+``image_url`` data-URL parts and the prompt as text, rendered by ``RAW_CHAT_TEMPLATE`` per request
+(the server needs ``--trust-request-chat-template``), so the text the model reads is the prompt the
+reader built with the model's own template, with the model's image placeholders before it, and the
+same read modes, label ids and cache salt apply. The probe finds whether the server reads images
+(``Capabilities.images``).
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from readers.engines.base import (
     ReadRequest,
     Tier,
 )
-from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable
+from readers.errors import EngineBadReply, EngineError, EngineTimeout, EngineUnavailable, InvalidQuestion
 
 CLAMPED_LOGPROB = -9999.0
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
@@ -65,6 +73,16 @@ OBJECTIVES: dict[Tier, str] = {"interactive": "decide-interactive", "batch": "de
 under (llm-d router, ``OBJECTIVE_HEADER``): the objectives deploy/k8s/components/gateway/pool.yaml
 defines. A vLLM reached directly ignores the header."""
 _MAX_ALLOWED = re.compile(r"max allowed:\s*(\d+)")
+RAW_CHAT_TEMPLATE = "{{ messages[0]['content'] }}"
+"""The chat template an image read is rendered with: the message's content as it is. vLLM sees no
+loop over content parts, so it renders the content as one string (its "string" content format),
+the served model's own image placeholders first, then the prompt text, which the reader already
+rendered with the model's chat template. Passed per request: the served template stays the
+model's for everyone else."""
+PROBE_IMAGE = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAgAAAAICAIAAABLbSncAAAAEklEQVR4nGP4z8CAFWEXHbQSACj/P8Fu7N9hAAAAAElFTkSuQmCC"
+)
+"""An 8 × 8 PNG the probe reads to learn whether the server takes images."""
 
 
 class VLLMEngine(ClosingEngine):
@@ -156,6 +174,8 @@ class VLLMEngine(ClosingEngine):
         return await super().read_many(requests)
 
     async def read(self, request: ReadRequest) -> EngineReply:
+        if request.images:
+            return await self._read_images(request)
         read_mode = self.capabilities.read_mode
         body = completion_body(self.served_name, request.prompt_ids, top_k=self.capabilities.top_k)
         if read_mode is ReadMode.EXACT:
@@ -193,6 +213,66 @@ class VLLMEngine(ClosingEngine):
             cached_tokens=cached,
         )
 
+    async def _read_images(self, request: ReadRequest) -> EngineReply:
+        """A read over a state with images, through the chat endpoint (``chat_body``). The prompt
+        count is the engine's own, image tokens included: what the read cost."""
+        if not self.capabilities.images:
+            raise EngineError(f"engine {self.kind} serving {self.info.name} does not read images")
+        read_mode = self.capabilities.read_mode
+        prompt = self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
+        # The chat endpoint takes text, which the server tokenizes again with special tokens parsed:
+        # caller text that spells one ("<|im_start|>", the model's image placeholder) would become a
+        # real turn or image slot there, though the reader encoded it as plain text. Sent only where
+        # the text comes back with the reader's special tokens, in order, and its answer slot (the
+        # ids after the last of them) unchanged. Plain text between them may come back split at
+        # other token boundaries (the reader encodes the state and the question apart: "door." then
+        # "\n\n" re-encodes as "door.", "\n", "\n"): the same text, read as the server tokenizes it.
+        back = self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not same_structure(request.prompt_ids, back, set(self.tokenizer.added_tokens_decoder)):
+            raise InvalidQuestion(
+                "the state or question spells the model's special tokens (chat markers, image "
+                "placeholders): with images it is sent as text, where they would not stay plain text; "
+                "remove them, or send no images",
+                loc=("body",),
+            )
+        body = chat_body(
+            self.served_name,
+            prompt,
+            [image.data_url() for image in request.images],
+            top_k=self.capabilities.top_k,
+        )
+        if read_mode is ReadMode.EXACT:
+            body["logprob_token_ids"] = list(request.label_ids)
+        elif read_mode is ReadMode.MASKED:
+            body["structured_outputs"] = {"choice": list(request.label_texts)}
+        if not self.share_prefix:
+            body["cache_salt"] = secrets.token_urlsafe(32)
+        elif request.cache_salt is not None:
+            body["cache_salt"] = engine_cache_salt(request.cache_salt)
+        headers = {OBJECTIVE_HEADER: OBJECTIVES[request.tier]} if request.tier is not None else None
+        waiting = time.monotonic()
+        async with self._in_flight:
+            started = time.monotonic()
+            reply = await _call(self._client, "POST", "/v1/chat/completions", json=body, headers=headers)
+        logprobs, prompt_tokens = parse_chat(reply)
+        outside = [token for token in logprobs if token >= self.info.vocab_size]
+        if outside:
+            raise EngineBadReply(
+                f"engine returned token id {outside[0]}, outside the tokenizer's {self.info.vocab_size} tokens: is it serving another model?"
+            )
+        counted = prompt_tokens if prompt_tokens is not None else len(request.prompt_ids)
+        cached = cached_prompt_tokens(reply, counted)
+        return EngineReply(
+            logprobs=logprobs,
+            read_mode=read_mode,
+            prompt_tokens=counted,
+            latency_ms=(time.monotonic() - started) * 1000,
+            queued_ms=(started - waiting) * 1000,
+            normalised_over_labels=read_mode is ReadMode.MASKED,
+            computed_tokens=None if cached is None else counted - cached,
+            cached_tokens=cached,
+        )
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
@@ -215,6 +295,48 @@ def completion_body(model: str, prompt_ids: tuple[int, ...] | list[int], *, top_
         "logprobs": top_k,
         "return_tokens_as_token_ids": True,
     }
+
+
+def same_structure(ids: Sequence[int], back: Sequence[int], special: set[int]) -> bool:
+    """Whether ``back`` (a prompt's text encoded again) has ``ids``' special tokens in the same order
+    and the same ids after the last of them (the answer slot, and a token trie's level below it)."""
+    if [t for t in ids if t in special] != [t for t in back if t in special]:
+        return False
+    last = max((i for i, t in enumerate(ids) if t in special), default=-1)
+    tail = list(ids[last + 1 :])
+    return list(back[len(back) - len(tail) :]) == tail if tail else True
+
+
+def chat_body(model: str, prompt: str, image_urls: Sequence[str], *, top_k: int) -> dict[str, Any]:
+    """The image read's request shape: one user message (the images, then the rendered prompt) under
+    ``RAW_CHAT_TEMPLATE``, no generation prompt added (the reader's prompt ends at the answer slot),
+    one greedy token, top-k log-probs as token ids."""
+    content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in image_urls]
+    content.append({"type": "text", "text": prompt})
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "chat_template": RAW_CHAT_TEMPLATE,
+        "add_generation_prompt": False,
+        "add_special_tokens": False,
+        "max_tokens": 1,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": top_k,
+        "return_tokens_as_token_ids": True,
+    }
+
+
+def parse_chat(reply: Any) -> tuple[dict[int, float], int | None]:
+    """A chat reply's ``choices[0].logprobs.content[0].top_logprobs`` as {token id: log-prob}, and
+    the prompt token count, read as ``parse_completion`` reads a completion's."""
+    try:
+        top = reply["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        items = {entry["token"]: entry["logprob"] for entry in top}
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise EngineBadReply("engine reply has no choices[0].logprobs.content[0].top_logprobs") from None
+    as_completion = {"choices": [{"logprobs": {"top_logprobs": [items]}}], "usage": reply.get("usage")}
+    return parse_completion(as_completion)
 
 
 def parse_completion(reply: Any) -> tuple[dict[int, float], int | None]:
@@ -398,6 +520,36 @@ async def probe(client: httpx.AsyncClient, model: str, tokenizer: Any, *, top_k:
     except EngineBadReply as error:
         evidence["masked_refused"] = error.message
 
+    images_ok, image_tokens = await probe_images(client, model, prompt, len(prompt_ids), evidence)
+
     read_mode = ReadMode.EXACT if exact_ok else ReadMode.MASKED if masked_ok else ReadMode.TOPK
-    evidence["supports"] = {"exact": exact_ok, "masked": masked_ok, "topk": True}
-    return Capabilities(read_mode=read_mode, max_logprobs=max_logprobs, top_k=top_k, probe=evidence)
+    evidence["supports"] = {"exact": exact_ok, "masked": masked_ok, "topk": True, "images": images_ok}
+    return Capabilities(
+        read_mode=read_mode,
+        max_logprobs=max_logprobs,
+        top_k=top_k,
+        probe=evidence,
+        images=images_ok,
+        image_tokens=image_tokens,
+    )
+
+
+async def probe_images(
+    client: httpx.AsyncClient, model: str, prompt: str, prompt_tokens: int, evidence: dict[str, Any]
+) -> tuple[bool, int]:
+    """Whether the server reads an image with a text prompt as image reads are made (``chat_body``),
+    and how many prompt tokens the image took (the reply's prompt count less the text's ``prompt_tokens``).
+    A text-only model, or a server without ``--trust-request-chat-template``, refuses with a 4xx,
+    kept as evidence; an unreachable server still fails the start."""
+    data_url = f"data:image/png;base64,{base64.b64encode(PROBE_IMAGE).decode('ascii')}"
+    try:
+        evidence["images"] = await _call(
+            client, "POST", "/v1/chat/completions", json=chat_body(model, prompt, [data_url], top_k=1)
+        )
+        counted = parse_chat(evidence["images"])[1]
+    except EngineBadReply as error:
+        evidence["images_refused"] = error.message
+        return False, 0
+    image_tokens = max(counted - prompt_tokens, 0) if counted is not None else 0
+    evidence["image_tokens"] = image_tokens
+    return True, image_tokens

@@ -17,6 +17,7 @@ from calibration.store import (
 from calibration.temperature import apply_temperature, as_logits
 from readers.debias import RotatedReading
 from readers.engines.base import ModelInfo
+from readers.images import state_images
 from readers.prompt import PROMPT_VERSION
 from readers.reader import Reader, Reading
 from service.pipeline.abstain import abstains
@@ -120,7 +121,9 @@ async def _decide(
     affinity_key: str | None = None,
     tenant: str = DEFAULT_TENANT,
 ) -> tuple[SystemOneResponse, list[DecisionRecord]]:
-    state = request.state_text()
+    # The state's text, carrying its images for an engine that reads them (refused before here for
+    # one that does not: service/decision_route.py).
+    state = request.state_for_reading()
     names = list(request.questions)
     # One engine call for all questions (and their rotations): their prompts share the state, which
     # the engine reads once.
@@ -131,6 +134,7 @@ async def _decide(
         affinity_key=affinity_key,
     )
     engine = reader.engine
+    digests = [image.sha256 for image in state_images(state)]
     answers, decisions = {}, []
     # New questions' priors are measured together (three reads each, once per question per process).
     served = await asyncio.gather(*(served_prior(priors, reader, reading) for reading in readings))
@@ -140,6 +144,8 @@ async def _decide(
         )
         calibration = store.lookup(key) if store is not None else None
         answer = build_answer(request.questions[name], reading, calibration, prior)
+        if digests:
+            answer.reading.images = digests
         answers[name] = answer
         decisions.append(
             DecisionRecord(
@@ -173,6 +179,7 @@ async def _decide(
             request_id=request_id,
             engine_image=images.engine,
             service_image=images.service,
+            reads_images=engine.capabilities.images,
         ),
     )
     return response, decisions

@@ -28,6 +28,8 @@ from service.protocol.google_answers import (
     ModalityTokens,
 )
 from service.protocol.google_decisions import GoogleDecisionRequest, GoogleScoreQuestion, parts_text
+from service.protocol.image_parts import MAX_IMAGES, ImageRefused, image_from_base64
+from service.protocol.questions import ImageAsset
 
 
 def to_systemone(request: GoogleDecisionRequest) -> SystemOneRequest:
@@ -36,8 +38,9 @@ def to_systemone(request: GoogleDecisionRequest) -> SystemOneRequest:
     media = request.media_part()
     if media is not None:
         where, kind = media
-        message = f"{kind} parts are not supported: the served model reads text only"
+        message = f"{kind} parts are not supported: the served model reads text and images only"
         raise TranscriptError(("body", *where), message, "unsupported_feature")
+    assets = image_assets(request)
     questions = {}
     for name, question in request.questions.items():
         try:
@@ -54,9 +57,35 @@ def to_systemone(request: GoogleDecisionRequest) -> SystemOneRequest:
         model=request.model,
         state=parts_text(request.input_parts()),
         questions=questions,
-        assets=None,
+        assets=assets or None,
         domain=None,
     )
+
+
+def image_assets(request: GoogleDecisionRequest) -> dict[str, ImageAsset]:
+    """The input's image parts, decoded and checked, as the state's images; TranscriptError naming
+    the part that breaks a limit, has no inline data, or names a ``uri`` (never fetched)."""
+    # Keyed by position: Jev names its assets, these formats only order them.
+    assets: dict[str, ImageAsset] = {}
+    for count, (where, part) in enumerate(request.image_parts(), start=1):
+        loc = ("body", *where)
+        if count > MAX_IMAGES:
+            raise TranscriptError(loc, f"a request holds at most {MAX_IMAGES} images")
+        fields = part.model_extra or {}
+        data, mime_type = fields.get("data"), fields.get("mime_type")
+        if not isinstance(data, str):
+            message = (
+                "image parts are not supported by uri: send the image inline, as base64 data with its "
+                "mime_type; this service makes no outbound request for caller input"
+            )
+            raise TranscriptError(loc, message, "unsupported_feature")
+        if not isinstance(mime_type, str):
+            raise TranscriptError(loc, "image: inline data needs its mime_type (image/png, image/jpeg, …)")
+        try:
+            assets[str(count - 1)] = ImageAsset.from_image(image_from_base64(data, mime_type), loc)
+        except ImageRefused as refused:
+            raise TranscriptError(loc, f"image: {refused}", refused.code) from None
+    return assets
 
 
 def to_google_response(request: GoogleDecisionRequest, response: SystemOneResponse) -> GoogleDecisionResponse:

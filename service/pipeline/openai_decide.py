@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from service.pipeline.transcript import TRANSCRIPT_VERSION, TranscriptError, render_input
 from service.protocol import ChoiceAnswer, NoulAnswer, ScoreAnswer, SystemOneRequest, SystemOneResponse
+from service.protocol.image_parts import MAX_IMAGES, ImageRefused, image_from_url
 from service.protocol.openai_answers import (
     ChoiceProbability,
     DecisionAnswer,
@@ -38,6 +39,7 @@ from service.protocol.openai_answers import (
     ScoreProbability,
 )
 from service.protocol.openai_decisions import DecisionChoiceQuestion, DecisionRequest, DecisionScoreQuestion
+from service.protocol.questions import ImageAsset
 
 
 def question_key(index: int) -> str:
@@ -51,8 +53,12 @@ def to_systemone(request: DecisionRequest) -> SystemOneRequest:
     question cannot be read as Jev's, or an image is anywhere (the served models read text)."""
     image = request.images_in()
     if image is not None:
-        message = "input_image is not supported: the served model reads text only"
+        message = (
+            "input_image in a question's instructions is not read: images belong in input, the state "
+            "every question shares"
+        )
         raise TranscriptError(("body", *image), message, "unsupported_feature")
+    assets = input_assets(request)
     state = render_input(request.input)
     questions = {}
     for index, question in enumerate(request.questions):
@@ -65,8 +71,24 @@ def to_systemone(request: DecisionRequest) -> SystemOneRequest:
     # Constructed, not validated: Jev's 64-question cap is Jev's; this route allows OpenAI's 400,
     # and admission still prices every read.
     return SystemOneRequest.model_construct(
-        model=request.model, state=state, questions=questions, assets=None, domain=None
+        model=request.model, state=state, questions=questions, assets=assets or None, domain=None
     )
+
+
+def input_assets(request: DecisionRequest) -> dict[str, ImageAsset]:
+    """The input's ``input_image`` parts, decoded and checked, as the state's images; TranscriptError
+    naming the part that breaks a limit or is not a data URL (never fetched)."""
+    # Keyed by position: Jev names its assets, these formats only order them.
+    assets: dict[str, ImageAsset] = {}
+    for count, (where, part) in enumerate(request.input_images(), start=1):
+        loc = ("body", *where)
+        if count > MAX_IMAGES:
+            raise TranscriptError(loc, f"a request holds at most {MAX_IMAGES} images")
+        try:
+            assets[str(count - 1)] = ImageAsset.from_image(image_from_url(part.image_url), loc)
+        except ImageRefused as refused:
+            raise TranscriptError(loc, f"input_image: {refused}", refused.code) from None
+    return assets
 
 
 def _message(item: dict) -> str:

@@ -23,7 +23,8 @@ state); an assistant refusal part reads ``(refused) …``. A tool output names i
 among custom tool calls): an output without such a call is refused (400 naming the item), as is a
 second call with a ``call_id`` already used. A call without an output is kept: the question may be
 about it. A tool's name and a call id are written into headers, so the wire model holds them to
-characters that cannot close one (``TOOL_NAME``, ``CALL_ID`` in service/protocol/openai_decisions.py). ``input_image`` parts are refused before rendering (the served models read text).
+characters that cannot close one (``TOOL_NAME``, ``CALL_ID`` in service/protocol/openai_decisions.py). An ``input_image`` part reads ``[image]`` where it stands: the
+images themselves come before the text, in order (``readers.images``), on an engine that reads them.
 
 Changing any of this changes what the model reads: bump :data:`TRANSCRIPT_VERSION`, which every
 ``/v1/decisions`` response reports (``x_provenance.input_rendering``).
@@ -108,7 +109,8 @@ def _message_text(content: str | Sequence[object]) -> str:
         elif isinstance(part, RefusalPart):
             texts.append(f"(refused) {part.refusal}")
         elif isinstance(part, InputImage):
-            raise AssertionError("input_image is refused before rendering")
+            # The image itself is read before the state (in order); here it marks where it was sent.
+            texts.append("[image]")
     return "\n".join(texts)
 
 

@@ -99,6 +99,10 @@ class ReadingOut(ResponseModel):
         default=None,
         description="prompt tokens of those reads the engine did not compute again (its prefix cache, or another read of the request)",
     )
+    images: list[str] | None = Field(
+        default=None,
+        description="the sha256 (hex) of each image the state carried, in order, so a decision can be traced to its input; null when none",
+    )
 
 
 class NoulAnswer(ResponseModel):
@@ -150,6 +154,9 @@ class Provenance(ResponseModel):
     )
     service_image: str | None = Field(
         default=None, description="this service's container image by digest, when run from one"
+    )
+    reads_images: bool = Field(
+        default=False, description="the served model reads images (the engine's start-up probe)"
     )
 
 

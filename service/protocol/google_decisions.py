@@ -45,8 +45,10 @@ class TextPart(RequestModel):
 
 
 class MediaPart(RequestModel):
-    """Image, audio, video and document parts, parsed only so they can be refused by name and index:
-    the served models read text. Their own fields (``data``, ``uri``, ``mime_type``, …) are not checked."""
+    """Image, audio, video and document parts. An image with inline ``data`` (base64) and its
+    ``mime_type`` is read where the served model reads images (``image_parts.py``); one by ``uri``
+    is refused, never fetched. Audio, video and documents are refused by name and index. Their other
+    fields are not checked."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -58,12 +60,13 @@ Instructions = str | TextPart | list[TextPart]
 
 
 def parts_text(parts: str | TextPart | list[Any]) -> str:
-    """Text parts in order, one per line (as the OpenAI route joins its instruction parts)."""
+    """Text parts in order, one per line (as the OpenAI route joins its instruction parts); an image
+    part reads ``[image]`` where it stands (the image itself is read before the text)."""
     if isinstance(parts, str):
         return parts
     if isinstance(parts, TextPart):
         return parts.text
-    return "\n".join(part.text for part in parts)
+    return "\n".join(part.text if isinstance(part, TextPart) else "[image]" for part in parts)
 
 
 # -- questions -----------------------------------------------------------------------------------
@@ -193,11 +196,24 @@ class GoogleDecisionRequest(BodyModel):
         return self.input if isinstance(self.input, list) else [self.input]
 
     def media_part(self) -> tuple[tuple[str | int, ...], str] | None:
-        """Where the first non-text part of ``input`` is (a path under the body) and its type, or None."""
-        if isinstance(self.input, MediaPart):
-            return ("input",), self.input.type
-        if isinstance(self.input, list):
-            for index, part in enumerate(self.input):
-                if isinstance(part, MediaPart):
-                    return ("input", index), part.type
+        """Where the first part of ``input`` that is neither text nor an image is (a path under the
+        body) and its type, or None."""
+        for where, part in self._located_parts():
+            if isinstance(part, MediaPart) and part.type != "image":
+                return where, part.type
         return None
+
+    def image_parts(self) -> list[tuple[tuple[str | int, ...], MediaPart]]:
+        """Every image part of ``input``, in order, with its path under the body."""
+        return [
+            (where, part)
+            for where, part in self._located_parts()
+            if isinstance(part, MediaPart) and part.type == "image"
+        ]
+
+    def _located_parts(self) -> list[tuple[tuple[str | int, ...], TextPart | MediaPart]]:
+        if isinstance(self.input, list):
+            return [(("input", index), part) for index, part in enumerate(self.input)]
+        if isinstance(self.input, (TextPart, MediaPart)):
+            return [(("input",), self.input)]
+        return []

@@ -30,6 +30,10 @@ class ModelCard(ResponseModel):
     top_k: int
     context_length: int
     aliases: list[str]
+    reads_images: bool = Field(
+        default=False,
+        description="the served model reads images in decisions (the engine's start-up probe); false: image parts get a 400",
+    )
 
 
 class OpenAIModel(ResponseModel):

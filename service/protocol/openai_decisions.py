@@ -53,7 +53,10 @@ class InputText(RequestModel):
 
 
 class InputImage(RequestModel):
-    """Parsed so that it can be refused by name: the served models read text only."""
+    """An image of the input, as a ``data:`` URL (``service/protocol/image_parts.py``; any other URL
+    is refused, never fetched), read where the served model reads images. ``detail`` is accepted and
+    not used: the served model's processor sizes the image. An image in a question's instructions is
+    refused: a request's images are its state, which all its questions share."""
 
     image_url: str
     type: Literal["input_image"]
@@ -225,7 +228,7 @@ class _Question(RequestModel):
         texts = []
         for part in instructions:
             if isinstance(part, InputImage):  # refused by name before translation (images_in)
-                raise AssertionError("input_image reached the translation")
+                raise AssertionError("an instructions input_image reached the translation")
             texts.append(part.text if isinstance(part, InputText) else content_text(part.data))
         return "\n".join(texts)
 
@@ -424,7 +427,19 @@ class DecisionRequest(BodyModel):
         return questions
 
     def images_in(self) -> tuple[str | int, ...] | None:
-        """Where the first ``input_image`` part is (a path under the body), or None."""
+        """Where the first ``input_image`` part of a question's instructions is (a path under the
+        body), or None: those are refused, the input's are read (``input_images``)."""
+        for index, question in enumerate(self.questions):
+            if isinstance(question.instructions, list):
+                for at, part in enumerate(question.instructions):
+                    if isinstance(part, InputImage):
+                        return ("questions", index, "instructions", at)
+        return None
+
+    def input_images(self) -> list[tuple[tuple[str | int, ...], InputImage]]:
+        """Every ``input_image`` part of ``input`` (messages and tool outputs), in order, with its path
+        under the body: the state's images."""
+        found: list[tuple[tuple[str | int, ...], InputImage]] = []
         if isinstance(self.input, list):
             for index, item in enumerate(self.input):
                 parts = item.content if isinstance(item, Message) else getattr(item, "output", "")
@@ -432,10 +447,5 @@ class DecisionRequest(BodyModel):
                 if isinstance(parts, list):
                     for at, part in enumerate(parts):
                         if isinstance(part, InputImage):
-                            return ("input", index, field, at)
-        for index, question in enumerate(self.questions):
-            if isinstance(question.instructions, list):
-                for at, part in enumerate(question.instructions):
-                    if isinstance(part, InputImage):
-                        return ("questions", index, "instructions", at)
-        return None
+                            found.append((("input", index, field, at), part))
+        return found

@@ -10,12 +10,15 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from readers.debias import MAX_ROTATIONS, default_rotations, distinct_orders
+from readers.errors import Loc
+from readers.images import ImageState, StateImage
 from readers.prompt import QuestionSpec, content_text
 from service.protocol.base import BodyModel, Content, RequestModel, described
 from service.protocol.confusables import skeleton
+from service.protocol.image_parts import MAX_IMAGES, ImageRefused, image_from_base64, image_from_url
 
 MIN_OPTIONS, MAX_OPTIONS = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
@@ -276,6 +279,46 @@ def refuse_box(questions: Any) -> Any:
     return questions
 
 
+class ImageAsset(RequestModel):
+    """One image of the state (Jev 1.14's image mode, ``TypeSafe-Danger-Zone-Images``): a ``data:``
+    URL in ``url``, or base64 in ``data`` with its ``media_type``. Decoded and checked here
+    (``service/protocol/image_parts.py``); a URL is never fetched. The other formats' image parts
+    become these too (``from_image``), keeping the path of the part they came from for errors."""
+
+    type: Literal["image"]
+    url: str | None = None
+    data: str | None = None
+    media_type: str | None = None
+    _image: StateImage | None = PrivateAttr(default=None)
+    _loc: Loc | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def decode(self) -> ImageAsset:
+        if (self.url is None) == (self.data is None):
+            raise ValueError("an image asset has either url (a data: URL) or data (base64) with media_type")
+        try:
+            if self.url is not None:
+                self._image = image_from_url(self.url)
+            else:
+                if self.media_type is None:
+                    raise ImageRefused("base64 data needs its media_type (image/png, image/jpeg, …)")
+                self._image = image_from_base64(self.data or "", self.media_type)
+        except ImageRefused as refused:
+            raise ValueError(str(refused)) from None
+        return self
+
+    @classmethod
+    def from_image(cls, image: StateImage, loc: Loc) -> ImageAsset:
+        """An image another format's part carried, already decoded, refused under ``loc`` if need be."""
+        asset = cls.model_construct(type="image", url=None, data=None, media_type=image.media_type)
+        asset._image, asset._loc = image, loc
+        return asset
+
+    def image(self) -> StateImage:
+        assert self._image is not None, "an asset is decoded when validated or built by from_image"
+        return self._image
+
+
 class SystemOneRequest(BodyModel):
     """``POST /v1/systemone`` and ``POST /decide``."""
 
@@ -284,7 +327,11 @@ class SystemOneRequest(BodyModel):
     questions: dict[str, Question] = Field(
         json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS}
     )
-    assets: Any = None
+    assets: dict[str, ImageAsset] | None = Field(
+        default=None,
+        description="the state's images (Jev 1.14's image mode: send TypeSafe-Danger-Zone-Images), read before "
+        f"its text, in order; at most {MAX_IMAGES}; data URLs or base64 only",
+    )
     # -- opendecide extensions
     domain: str | None = Field(default=None, max_length=200, description="calibration domain tag (optional)")
 
@@ -303,13 +350,28 @@ class SystemOneRequest(BodyModel):
 
     @field_validator("assets")
     @classmethod
-    def check_no_assets(cls, assets: Any) -> None:
-        if assets is not None:
-            raise ValueError("image assets need a vision model; this server reads text decisions only")
-        return None
+    def check_image_count(cls, assets: dict[str, ImageAsset] | None) -> dict[str, ImageAsset] | None:
+        if assets is not None and len(assets) > MAX_IMAGES:
+            raise ValueError(f"a request holds at most {MAX_IMAGES} images, got {len(assets)}")
+        return assets
 
     def state_text(self) -> str:
         return content_text(self.state)
+
+    def image_parts(self) -> list[tuple[Loc, StateImage]]:
+        """The state's images in order, each with the path of the part it came from."""
+        if not self.assets:
+            return []
+        return [
+            (asset._loc or ("body", "assets", name), asset.image()) for name, asset in self.assets.items()
+        ]
+
+    def state_for_reading(self) -> str:
+        """What the reader reads: the state's text, carrying its images where it has any
+        (``readers.images.ImageState``)."""
+        text = self.state_text()
+        images = [image for _, image in self.image_parts()]
+        return ImageState(text, images) if images else text
 
 
 MAX_BATCH_STATES = 1024
@@ -325,6 +387,16 @@ class BatchRequest(BodyModel):
         json_schema_extra={"minProperties": 1, "maxProperties": MAX_QUESTIONS}
     )
     domain: str | None = Field(default=None, max_length=200)
+    assets: Any = Field(default=None, description="refused: a batch's states carry no images")
+
+    @field_validator("assets")
+    @classmethod
+    def refuse_assets(cls, assets: Any) -> None:
+        # Declared so that images are refused by name: an unknown field would be ignored, and the
+        # states read as if no image had been sent.
+        if assets is not None:
+            raise ValueError("a batch reads text states only: send a state with images to /v1/systemone")
+        return None
 
     @field_validator("questions", mode="before")
     @classmethod

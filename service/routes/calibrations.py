@@ -147,9 +147,12 @@ async def feedback(request: Request) -> FeedbackResponse:
     current = store.lookup(key)  # memory only
     # A key whose caller named its mode keeps it; one on the defaults (None) follows them at its new n.
     mode = refit_mode(current if current is not None and current.key == key else None)
-    if due and limits.take_automatic(key, mode or "default"):  # the defaults' own slot, as in refit()
-        refitted = await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows)
-        refit = stored(caller, refitted, "auto_refit")
+    if due:
+        made = limits.take_automatic(key, mode or "default")  # the defaults' own slot, as in refit()
+        request.app.state.metrics.automatic_refits.labels("made" if made else "skipped").inc()
+        if made:
+            refitted = await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows)
+            refit = stored(caller, refitted, "auto_refit")
     return FeedbackResponse(
         decision_id=decision.id, recorded=recorded, gold_answers=len(gold_rows), refit=refit
     )

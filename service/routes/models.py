@@ -28,6 +28,7 @@ async def list_models(request: Request) -> ModelList:
         top_k=served.capabilities.top_k,
         context_length=served.info.context_length,
         aliases=list(JEV_ALIASES),
+        reads_images=served.capabilities.images,
     )
     created = _unix_seconds(served.info.release_date)
     names = (served.info.name, *JEV_ALIASES, *OPENAI_ALIASES)

@@ -88,9 +88,11 @@ def test_dry_run_shows_the_pins_flags_teardown_and_upload(example_name):
         "--generation-config vllm",
         "--enable-prefix-caching",
         "--enable-prompt-tokens-details",
-        """--limit-mm-per-prompt '{"image":0,"audio":0}'""",
+        # Images read only by a model whose run file says how many (v6e-vision), audio never.
+        f"""--limit-mm-per-prompt '{{"image":{run.models[0].images},"audio":0}}'""",
     ):
         assert flag in serve, flag
+    assert ("--trust-request-chat-template" in serve) == bool(run.models[0].images)
     # The self-delete, run from the exit trap after the upload, and the cloud-side backstop.
     assert f"SELF_DELETE=({shlex.join(self_delete_command(run))})" in lines
     assert (

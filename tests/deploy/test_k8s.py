@@ -318,3 +318,23 @@ def test_pod_monitoring_fields(docs):
         assert ports[endpoint["port"]] == port
         assert endpoint["path"] == "/metrics"
         assert re.fullmatch(r"[0-9]+(ms|s|m)", endpoint["interval"])
+
+
+def test_the_vision_overlay_serves_a_model_that_reads_images():
+    """overlays/v6e-vision: the v6e fleet with components/vision, which the image reads need
+    (readers/engines/vllm.py): images allowed per prompt, audio still zeroed, request templates trusted."""
+    docs = render("overlays/v6e-vision")
+    engine = find(docs, "Deployment", "vllm-engine")
+    vllm = container(engine, "vllm")
+    flags = flag_values(vllm["args"])
+    assert json.loads(flags["--limit-mm-per-prompt"]) == {"image": 8, "audio": 0}
+    assert "--trust-request-chat-template" in flags and flags["--enable-prefix-caching"] is None
+    assert vllm["image"] == TPU_IMAGE
+    config = find(docs, "ConfigMap", "vllm-engine-config")
+    assert config["data"]["MODEL"] == "google/gemma-4-E4B-it"
+    for doc in docs:
+        if doc["apiVersion"].split("/")[0] not in CRD_GROUPS:
+            assert kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
+    # The text overlays keep every modality at 0 (test_engine_serves_with_the_one_chip_flags).
+    text = flag_values(container(find(render("overlays/v6e"), "Deployment", "vllm-engine"), "vllm")["args"])
+    assert "--trust-request-chat-template" not in text

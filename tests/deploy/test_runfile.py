@@ -19,8 +19,11 @@ def test_example_loads_with_the_study_defaults(example_name):
     run = load_run(ROOT / "deploy" / "runs" / f"{example_name}.toml")
     assert run.max_num_seqs == 16 and run.max_logprobs == 32
     assert run.max_run_duration == "4h" and run.max_run_seconds == 4 * 3600
-    # Generation arms need room for a 2,048-token answer after the prompt.
-    assert run.models and all(m.max_model_len == (4096 if run.generate else 2048) for m in run.models)
+    # Generation arms need room for a 2,048-token answer after the prompt, image arms for the images'
+    # tokens (Gemma: 256 each) before it.
+    assert run.models and all(
+        m.max_model_len == (4096 if run.generate or m.images else 2048) for m in run.models
+    )
     if run.accelerator == "tpu":
         assert run.engine_image == TPU_ENGINE_IMAGE
 
@@ -54,6 +57,15 @@ def good() -> dict:
         (lambda d: d["model"][0].pop("id"), "model[0].id", "required"),
         (lambda d: d["model"][0].update(modalities=["smell"]), "model[0].modalities", "image, audio, video"),
         (lambda d: d["model"].append(dict(d["model"][0])), "model", "once per run"),
+        (lambda d: d["model"][0].update(images=129), "model[0].images", "at most 128"),
+        (lambda d: d["model"][0].update(images=0), "model[0].images", "positive integer"),
+        (
+            lambda d: d["model"][0].update(
+                images=4, extra_flags=["--hf-overrides", '{"architectures": ["Gemma4ForCausalLM"]}']
+            ),
+            "model[0].images",
+            "multimodal architecture",
+        ),
         (lambda d: d["eval"].update(run="bench"), "eval.run", "one of tasks, suite, load"),
         (lambda d: d["eval"].update(run="suite"), "eval.data", "gs:// URL"),
         (lambda d: d.update(aws={"region": "us-east-1"}), "aws", "unknown field"),

@@ -54,7 +54,12 @@ async def test_probe_finds_every_mode_and_the_logprob_cap(vllm_url):
     engine = await VLLMEngine.connect(vllm_url, top_k=64)
     try:
         capabilities = engine.capabilities
-        assert capabilities.probe["supports"] == {"exact": True, "masked": True, "topk": True}
+        assert capabilities.probe["supports"] == {
+            "exact": True,
+            "masked": True,
+            "topk": True,
+            "images": False,
+        }
         assert capabilities.read_mode is ReadMode.EXACT
         assert capabilities.max_logprobs == 32 and capabilities.top_k == 32  # the server's --max-logprobs
         assert "max allowed: 32" in capabilities.probe["topk_refused"]

@@ -50,6 +50,8 @@ class FakeServer:
             )
         if self.timing_out:
             raise httpx.ReadTimeout("timed out", request=request)
+        if request.url.path == "/v1/chat/completions":  # the image probe: a text model refuses it
+            return httpx.Response(400, json={"error": {"message": "smol is not a multimodal model"}})
         body = json.loads(request.content)
         if self.gate is not None:
             await self.gate.wait()

@@ -300,4 +300,7 @@ async def test_an_automatic_refit_over_the_limit_is_skipped_counted_and_made_at_
             refits[i] = reply.json()["refit"]
         # Due at 10 and 15; 15 is skipped (5 s per key), so 16 is due again and skipped, and 17 refits.
         assert [i for i, refit in refits.items() if refit is not None] == [10, 17]
-        assert refits[17]["n"] == 17 and limits.skipped == 2
+        assert refits[17]["n"] == 17
+        metrics = (await client.get("/metrics")).text
+        assert 'decide_automatic_refits_total{outcome="skipped"} 2.0' in metrics
+        assert 'decide_automatic_refits_total{outcome="made"} 2.0' in metrics

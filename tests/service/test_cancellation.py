@@ -124,10 +124,10 @@ async def test_flood_of_disconnecting_clients_is_not_computed(counting_engine):
         f"gave up {gave_up}, answered {answered}, computed {computed}, one read {one_read_s:.2f} s, later {later:.2f} s"
     )
     assert gave_up >= 30 and gave_up + answered == 60
-    # Besides the answered ones, only the batches taken when the clients left ran.
+    # Besides the answered ones, only the batches taken when the clients left ran, so the later
+    # request waited for at most those, not for the ~30 batches the flood queued. Counted, not timed:
+    # its wall-clock wait (printed) moves with whatever else the machine runs.
     assert computed <= answered + RUNNING_BATCHES * BATCH, (computed, answered, gave_up)
-    # The later request waits for at most those, not for the ~30 batches the flood queued.
-    assert later < (RUNNING_BATCHES * BATCH + 1) * one_read_s + 2.0, (later, one_read_s)
     disconnected = next(
         line for line in metrics.splitlines() if 'status="disconnected"' in line and "/v1/systemone" in line
     )

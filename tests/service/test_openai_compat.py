@@ -76,21 +76,22 @@ def test_an_output_without_its_call_is_refused_naming_the_item(items, loc):
 
 
 @pytest.mark.parametrize(
-    "input, questions, loc",
+    "input, questions, loc, code",
     [
+        # A data URL whose bytes are no image; a URL to fetch; an image in a question's instructions.
         ([{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}],
-         [QUESTION], ("body", "input", 0, "content", 1)),
+         [QUESTION], ("body", "input", 0, "content", 1), "invalid_input"),
         ([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
           {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}],
-         [QUESTION], ("body", "input", 1, "output", 0)),
+         [QUESTION], ("body", "input", 1, "output", 0), "unsupported_feature"),
         ("x", [QUESTION, {"type": "predicate", "instructions": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}],
-         ("body", "questions", 1, "instructions", 0)),
+         ("body", "questions", 1, "instructions", 0), "unsupported_feature"),
     ],
 )  # fmt: skip
-def test_an_image_anywhere_is_refused_naming_where(input, questions, loc):
+def test_an_image_that_cannot_be_read_is_refused_naming_where(input, questions, loc, code):
     with pytest.raises(TranscriptError) as raised:
         to_systemone(request(input, questions))
-    assert raised.value.loc == loc and raised.value.code == "unsupported_feature"
+    assert raised.value.loc == loc and raised.value.code == code
 
 
 def test_typed_choices_stay_distinct_options():
@@ -167,7 +168,7 @@ async def test_a_box_question_and_image_assets_are_refused_naming_the_feature(cl
             "/v1/systemone",
             json={
                 "state": "x",
-                "assets": [{"type": "image"}],
+                "assets": [{"type": "image"}],  # Jev names its assets: a map, not a list
                 "questions": {"q": {"type": "noul", "instructions": "x"}},
             },
         )

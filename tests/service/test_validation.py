@@ -99,14 +99,14 @@ CASES = [
         "got 401",
     ),
     (
-        "image assets",
+        "an image asset without its image",
         {
             "state": "s",
             "assets": {"img": {"type": "image"}},
             "questions": {"q": {"type": "noul", "instructions": "?"}},
         },
-        ["body", "assets"],
-        "vision model",
+        ["body", "assets", "img"],
+        "either url",
     ),
     (
         "unknown model",
