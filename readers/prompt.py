@@ -333,6 +333,10 @@ class PromptLayout:
     many_options: tuple[int, PromptLayout] | None = None
     """(n, layout): choice questions of at least n options are read under that layout (an
     options-first one, ``build_options_first``), n chosen on development records (``MANY_OPTIONS``)."""
+    reads_as: str | None = None
+    """The earlier version whose prompts this one's questions outside ``many_options`` have, token for
+    token (tested): their reads keep its name as their read version, so calibrations fitted on them
+    still apply (``read_version_for``). None: this version's own."""
 
     def __post_init__(self) -> None:
         # One preference order of noul/choice styles per reader (a caller may override it for all).
@@ -347,6 +351,17 @@ class PromptLayout:
             return self.many_options[1]
         # A scan, not a dict: it runs for every question read, and there are at most three parts.
         return next((part for kind, part in self.by_type if kind == question_type), self)
+
+    def read_version_for(self, question_type: str, options: int = 0) -> str:
+        """The prompt version a question's reads are made under, as calibrations are keyed: the
+        many-options part's for a question read under it, else ``reads_as`` or this version. A
+        question whose prompt did not change keeps its read version, and so its stored fits."""
+        if (
+            self.many_options is not None
+            and self.for_question(question_type, options) is self.many_options[1]
+        ):
+            return self.many_options[1].version
+        return self.reads_as or self.version
 
     def slot_forms(self) -> tuple[tuple[str, str], ...]:
         """(assistant text before the slot, text before each label) to try, in order. After a lead
@@ -418,6 +433,7 @@ PROMPT_LAYOUTS["decide-prompt/9"] = PromptLayout(
     score_label_styles=WORDED_SCORES,
     by_type=(("noul", PROMPT_LAYOUTS["decide-prompt/3"]),),
     many_options=(MANY_OPTIONS, PROMPT_LAYOUTS["decide-prompt/8"]),
+    reads_as="decide-prompt/7",
 )
 CURRENT_LAYOUT = PROMPT_LAYOUTS[PROMPT_VERSION]
 

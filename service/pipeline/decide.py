@@ -18,7 +18,7 @@ from calibration.temperature import apply_temperature, as_logits
 from readers.debias import RotatedReading
 from readers.engines.base import ModelInfo
 from readers.images import state_images
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import CURRENT_LAYOUT, PROMPT_VERSION
 from readers.reader import Reader, Reading
 from service.pipeline.abstain import abstains
 from service.pipeline.confidence import answer_confidence
@@ -203,7 +203,9 @@ def calibration_key(
         question.question_type,
         len(question.options),
         domain,
-        read_version=read_version(PROMPT_VERSION, corrected),
+        read_version=read_version(
+            CURRENT_LAYOUT.read_version_for(question.question_type, len(question.options)), corrected
+        ),
         tenant=tenant,
     )
 

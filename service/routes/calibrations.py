@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 
 from calibration.fit import MIN_GOLD, gold_index, refit_from_store, refit_mode
 from calibration.store import Calibration, CalibrationKey
-from readers.prompt import PROMPT_VERSION, content_text
+from readers.prompt import CURRENT_LAYOUT, content_text
 from service.admission import admitted
 from service.audit import audit
 from service.cancel import unless_disconnected
@@ -182,7 +182,9 @@ async def refit(request: Request) -> CalibrationOut:
         body.question_type,
         body.option_count,
         body.domain,
-        read_version=read_version(PROMPT_VERSION, corrected),
+        read_version=read_version(
+            CURRENT_LAYOUT.read_version_for(body.question_type, body.option_count or 0), corrected
+        ),
         tenant=caller.tenant,
     )
     request.app.state.refit_limits.check(

@@ -6,6 +6,7 @@ import pytest
 
 from readers.prompt import (
     CURRENT_LAYOUT,
+    MANY_OPTIONS,
     PROMPT_LAYOUTS,
     PROMPT_VERSION,
     LabelStyle,
@@ -98,3 +99,15 @@ def test_a_trie_whose_labels_all_begin_with_the_space_takes_the_form_without_it(
     slot, style = Reader(local_engine).prepare(question, STATE)
     assert style is LabelStyle.TRIE and slot.labels == ("10", "20", "30") and len(set(slot.label_ids)) == 3
     assert local_engine.tokenizer.decode(list(slot.prompt_ids)).endswith("assistant\nAnswer: ")
+
+
+def test_questions_read_as_before_keep_their_read_version():
+    """Calibrations are keyed by read version: under decide-prompt/9 a question whose prompt is
+    decide-prompt/7's, token for token, keeps /7 (its stored fits still apply); a choice of
+    MANY_OPTIONS or more, read options-first, is keyed /8."""
+    current = prompt_layout("decide-prompt/9")
+    assert current.read_version_for("noul", 2) == "decide-prompt/7"
+    assert current.read_version_for("score", 5) == "decide-prompt/7"
+    assert current.read_version_for("choice", MANY_OPTIONS - 1) == "decide-prompt/7"
+    assert current.read_version_for("choice", MANY_OPTIONS) == "decide-prompt/8"
+    assert prompt_layout("decide-prompt/7").read_version_for("choice", 255) == "decide-prompt/7"

@@ -13,7 +13,7 @@ from calibration.open import open_store
 from calibration.store import CalibrationKey
 from readers.engines.base import Capabilities, EngineReply, ReadMode, ReadRequest
 from readers.engines.function import FunctionEngine
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import CURRENT_LAYOUT
 from service.pipeline.prior import read_version
 
 RUN_SUMMARIES: list[str] = []
@@ -84,7 +84,7 @@ def calibrated_store(engine, path):
             info.revision,
             question_type,
             options,
-            read_version=read_version(PROMPT_VERSION, corrected),
+            read_version=read_version(CURRENT_LAYOUT.read_version_for(question_type, options), corrected),
         )
         store.add_calibration(key, temperature=temperature, n=50, source="examples")
     return store

@@ -9,7 +9,7 @@ import pytest
 from calibration.fit import DEFAULT_MODES
 from calibration.open import open_store
 from eval.decisions.tasks import TASKS, load_sample, spread
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import CURRENT_LAYOUT
 from service.app import create_app
 from service.pipeline.prior import read_version
 from service.refit_limits import RefitLimits
@@ -88,15 +88,15 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     used = answer["x_reading"]["calibration"]
     assert used == {
         "mode": mode, "id": calibration["id"], "temperature": calibration["temperature"], "n": 60,
-        "bias": dict(zip(QUESTION["criteria"], calibration["bias"])), "read_version": read_version(PROMPT_VERSION, True),
+        "bias": dict(zip(QUESTION["criteria"], calibration["bias"])), "read_version": read_version(CURRENT_LAYOUT.read_version_for("choice", 2), True),
     }  # fmt: skip
     assert in_domain["x_reading"]["calibration"] == {
         "mode": "temperature", "id": temperature["id"], "temperature": temperature["temperature"], "n": 60,
-        "bias": None, "read_version": read_version(PROMPT_VERSION, True),
+        "bias": None, "read_version": read_version(CURRENT_LAYOUT.read_version_for("choice", 2), True),
     }  # fmt: skip
     # A choice question: fitted on, and applied after, the default prior correction.
     assert (
-        calibration["read_version"] == read_version(PROMPT_VERSION, True)
+        calibration["read_version"] == read_version(CURRENT_LAYOUT.read_version_for("choice", 2), True)
         and calibration["heldout_ece_floor"] > 0
     )
     for reply in (answer, in_domain):

@@ -11,7 +11,7 @@ from calibration.bias import CONTENT_FREE_STATES, state_prior_bias
 from calibration.open import open_store
 from calibration.store import LEGACY_READ_VERSION, CalibrationKey
 from eval.decisions.tasks import TASKS, load_sample, spread
-from readers.prompt import PROMPT_VERSION, LabelStyle
+from readers.prompt import CURRENT_LAYOUT, PROMPT_VERSION, LabelStyle
 from readers.reader import Reader
 from service.pipeline.decide import decide
 from service.pipeline.prior import OptionPriors, PriorCorrection, read_version
@@ -56,7 +56,7 @@ async def test_a_temperature_bias_fit_is_stored_applied_and_reported(client_fact
         and len(calibration["bias"]) == 4
         and sum(calibration["bias"]) == pytest.approx(0, abs=1e-9)
     )
-    assert calibration["read_version"] == read_version(PROMPT_VERSION, True)
+    assert calibration["read_version"] == read_version(CURRENT_LAYOUT.read_version_for("choice", 4), True)
     used = answer["x_reading"]["calibration"]
     assert used["mode"] == "temperature_bias" and used["bias"] == dict(zip(OPTIONS, calibration["bias"]))
     raw = np.array([answer["x_reading"]["raw_probabilities"][o] for o in OPTIONS])
@@ -128,7 +128,11 @@ async def test_a_state_prior_is_fitted_from_states_without_gold_or_from_served_d
     )
     recorded = store.recorded(
         CalibrationKey(
-            local_engine.info.name, local_engine.info.revision, "choice", 4, read_version=PROMPT_VERSION
+            local_engine.info.name,
+            local_engine.info.revision,
+            "choice",
+            4,
+            read_version=CURRENT_LAYOUT.read_version_for("choice", 4),
         )
     )
     assert len(recorded) == 14  # every decision served, none with a gold answer
@@ -198,7 +202,7 @@ def choice_key(engine, *, corrected: bool) -> CalibrationKey:
         engine.info.revision,
         "choice",
         4,
-        read_version=read_version(PROMPT_VERSION, corrected),
+        read_version=read_version(CURRENT_LAYOUT.read_version_for("choice", 4), corrected),
     )
 
 

@@ -9,7 +9,7 @@ import pytest
 from calibration.open import open_store
 from calibration.store import CalibrationKey
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
-from readers.prompt import PROMPT_VERSION
+from readers.prompt import CURRENT_LAYOUT
 from readers.reader import Reader
 from service.pipeline.prior import OptionPriors, PriorCorrection, measure_prior, read_version
 from service.protocol import SystemOneRequest
@@ -58,7 +58,11 @@ async def test_a_read_that_used_the_floor_is_answered_raw_under_the_raw_key(
     info = local_engine.info
     keys = {
         corrected: CalibrationKey(
-            info.name, info.revision, "choice", 3, read_version=read_version(PROMPT_VERSION, corrected)
+            info.name,
+            info.revision,
+            "choice",
+            3,
+            read_version=read_version(CURRENT_LAYOUT.read_version_for("choice", 3), corrected),
         )
         for corrected in (False, True)
     }
