@@ -124,9 +124,9 @@ async def test_layouts_side_by_side_in_one_run(local_engine, tmp_path):
 
 
 async def test_unknown_prompt_version_is_refused_before_reading(local_engine, tmp_path):
-    with pytest.raises(ValueError, match="decide-prompt/9"):
+    with pytest.raises(ValueError, match="decide-prompt/99"):
         await run_label_styles(
-            local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/9"]
+            local_engine, tmp_path, style_sets=["default"], prompt_versions=["decide-prompt/99"]
         )
     assert not any(tmp_path.iterdir())
 
