@@ -41,7 +41,7 @@ PICKER_IMAGE = (
     "2e516fa1310da7be59b82beb1445362139597d6d553ef04d546716abe3aaaa70"
 )
 # The paths readers/engines/vllm.py calls; the route admits these and nothing else.
-ENGINE_PATHS = {"/v1/completions", "/v1/models"}
+ENGINE_PATHS = {"/v1/completions", "/v1/chat/completions", "/v1/models"}
 # Kinds with a published schema shipped in tests/fixtures/crds; HealthCheckPolicy (GKE) and PodMonitoring
 # (Managed Prometheus) have none there and are asserted field by field.
 SCHEMA_VALIDATED = {"Gateway", "HTTPRoute", "InferencePool", "InferenceObjective"}
