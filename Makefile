@@ -4,8 +4,8 @@
 #   external tool (tests/tiers.py fails a test that breaks this), the real embedded model. Measured on a
 #   fresh clone, 2 otherwise idle cores (2026-12-03, issue 38): 875 tests in 134 s (pytest), 144 s
 #   for the make target; the budget is 3 minutes.
-#   make test (CI's command), measured on a fresh clone, 2 cores, CI=true (2026-12-04, issues 39-41):
-#   1,299 passed, 1 xfailed in 1,623 s (27.0 min; `bash .ci/run` with the venv and lint: 28.5 min).
+#   make test (CI's command), measured on a fresh clone, 2 cores, CI=true (2026-12-04, issues 41-45):
+#   1,430 tests (1,429 pass, 1 xfailed) in 1,592 s (26.5 min; `bash .ci/run` with the venv and lint: 27.9 min).
 #   The budget is 30 minutes.
 PYTHON ?= python3
 VENV ?= .venv
