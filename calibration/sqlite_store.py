@@ -19,6 +19,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -121,6 +122,28 @@ POLL_S = 0.25
 nothing costs microseconds, so a short wait costs nothing worth saving."""
 
 
+BUSY_TIMEOUT_S = 30.0  # how long a connection waits for another's lock before it fails
+
+
+def _into_wal(db: sqlite3.Connection) -> None:
+    """Put the file in WAL mode, waiting up to ``BUSY_TIMEOUT_S`` for other openers.
+
+    Switching a new file's journal needs its exclusive lock, and SQLite answers "database is locked"
+    at once, without waiting in its busy handler, when another connection opening the same file holds
+    the shared lock it would have to wait on (two waiting on each other would deadlock). Several
+    processes or threads opening one new file together hit this, so retry here until the timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 class SQLiteStore(CalibrationStore):
     """Thread-safe: one connection per thread, all in WAL mode on the same file; one more thread
     (``opendecide-store-poller``) refreshes the cache every ``poll_s``."""
@@ -148,11 +171,11 @@ class SQLiteStore(CalibrationStore):
     def _connection(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
         if db is None:
-            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
+            _into_wal(db)
             db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA busy_timeout=30000")
+            db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             db.execute("PRAGMA foreign_keys=ON")
             self._local.db = db
         return db
