@@ -176,49 +176,21 @@ class VLLMEngine(ClosingEngine):
     async def read(self, request: ReadRequest) -> EngineReply:
         if request.images:
             return await self._read_images(request)
-        read_mode = self.capabilities.read_mode
         body = completion_body(self.served_name, request.prompt_ids, top_k=self.capabilities.top_k)
-        if read_mode is ReadMode.EXACT:
-            body["logprob_token_ids"] = list(request.label_ids)
-        elif read_mode is ReadMode.MASKED:
-            body["structured_outputs"] = {"choice": list(request.label_texts)}
-        if not self.share_prefix:
-            body["cache_salt"] = secrets.token_urlsafe(32)
-        elif request.cache_salt is not None:
-            body["cache_salt"] = engine_cache_salt(request.cache_salt)
-        headers = {OBJECTIVE_HEADER: OBJECTIVES[request.tier]} if request.tier is not None else None
-        waiting = time.monotonic()
-        async with self._in_flight:
-            started = time.monotonic()
-            reply = await _call(self._client, "POST", "/v1/completions", json=body, headers=headers)
+        reply, started, waiting = await self._post("/v1/completions", body, request)
         logprobs, prompt_tokens = parse_completion(reply)
-        cached = cached_prompt_tokens(reply, len(request.prompt_ids))
-        outside = [token for token in logprobs if token >= self.info.vocab_size]
-        if outside:
-            raise EngineBadReply(
-                f"engine returned token id {outside[0]}, outside the tokenizer's {self.info.vocab_size} tokens: is it serving another model?"
-            )
+        self._check_vocabulary(logprobs)
         if prompt_tokens is not None and prompt_tokens != len(request.prompt_ids):
             raise EngineBadReply(
                 f"engine counted {prompt_tokens} prompt tokens for {len(request.prompt_ids)} ids: is it serving another model?"
             )
-        return EngineReply(
-            logprobs=logprobs,
-            read_mode=read_mode,
-            prompt_tokens=len(request.prompt_ids),
-            latency_ms=(time.monotonic() - started) * 1000,
-            queued_ms=(started - waiting) * 1000,
-            normalised_over_labels=read_mode is ReadMode.MASKED,
-            computed_tokens=None if cached is None else len(request.prompt_ids) - cached,
-            cached_tokens=cached,
-        )
+        return self._reply(reply, logprobs, len(request.prompt_ids), started, waiting)
 
     async def _read_images(self, request: ReadRequest) -> EngineReply:
         """A read over a state with images, through the chat endpoint (``chat_body``). The prompt
         count is the engine's own, image tokens included: what the read cost."""
         if not self.capabilities.images:
             raise EngineError(f"engine {self.kind} serving {self.info.name} does not read images")
-        read_mode = self.capabilities.read_mode
         prompt = self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
         # The chat endpoint takes text, which the server tokenizes again with special tokens parsed:
         # caller text that spells one ("<|im_start|>", the model's image placeholder) would become a
@@ -241,9 +213,19 @@ class VLLMEngine(ClosingEngine):
             [image.data_url() for image in request.images],
             top_k=self.capabilities.top_k,
         )
-        if read_mode is ReadMode.EXACT:
+        reply, started, waiting = await self._post("/v1/chat/completions", body, request)
+        logprobs, prompt_tokens = parse_chat(reply)
+        self._check_vocabulary(logprobs)
+        counted = prompt_tokens if prompt_tokens is not None else len(request.prompt_ids)
+        return self._reply(reply, logprobs, counted, started, waiting)
+
+    async def _post(self, path: str, body: dict[str, Any], request: ReadRequest) -> tuple[Any, float, float]:
+        """Send one read's ``body`` with what every read carries (the read mode's label fields, the
+        cache salt, the gateway's objective header), within the in-flight bound; the reply with the
+        times it entered the bound and was sent."""
+        if self.capabilities.read_mode is ReadMode.EXACT:
             body["logprob_token_ids"] = list(request.label_ids)
-        elif read_mode is ReadMode.MASKED:
+        elif self.capabilities.read_mode is ReadMode.MASKED:
             body["structured_outputs"] = {"choice": list(request.label_texts)}
         if not self.share_prefix:
             body["cache_salt"] = secrets.token_urlsafe(32)
@@ -253,23 +235,29 @@ class VLLMEngine(ClosingEngine):
         waiting = time.monotonic()
         async with self._in_flight:
             started = time.monotonic()
-            reply = await _call(self._client, "POST", "/v1/chat/completions", json=body, headers=headers)
-        logprobs, prompt_tokens = parse_chat(reply)
+            reply = await _call(self._client, "POST", path, json=body, headers=headers)
+        return reply, started, waiting
+
+    def _check_vocabulary(self, logprobs: dict[int, float]) -> None:
         outside = [token for token in logprobs if token >= self.info.vocab_size]
         if outside:
             raise EngineBadReply(
                 f"engine returned token id {outside[0]}, outside the tokenizer's {self.info.vocab_size} tokens: is it serving another model?"
             )
-        counted = prompt_tokens if prompt_tokens is not None else len(request.prompt_ids)
-        cached = cached_prompt_tokens(reply, counted)
+
+    def _reply(
+        self, reply: Any, logprobs: dict[int, float], prompt_tokens: int, started: float, waiting: float
+    ) -> EngineReply:
+        read_mode = self.capabilities.read_mode
+        cached = cached_prompt_tokens(reply, prompt_tokens)
         return EngineReply(
             logprobs=logprobs,
             read_mode=read_mode,
-            prompt_tokens=counted,
+            prompt_tokens=prompt_tokens,
             latency_ms=(time.monotonic() - started) * 1000,
             queued_ms=(started - waiting) * 1000,
             normalised_over_labels=read_mode is ReadMode.MASKED,
-            computed_tokens=None if cached is None else counted - cached,
+            computed_tokens=None if cached is None else prompt_tokens - cached,
             cached_tokens=cached,
         )
 
