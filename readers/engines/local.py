@@ -71,8 +71,10 @@ from readers.engines.chunked import ChunkedForward
 from readers.engines.jobs import EngineClosed, Job, JobQueue, ReadsAbandoned
 from readers.engines.turns import (
     MAX_RUNNING_BATCHES,
+    ActiveTenants,
     Running,
     busy_tenants,
+    chunk_limit,
     next_turn,
     passed_over,
 )
@@ -134,8 +136,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         self.stopped_batches = 0  # batches stopped between chunks, every caller cancelled
         # The batches the compute thread takes turns between, with their jobs (variants share it).
         self._running: collections.deque[Running] = collections.deque()
-        # Tenant → when a batch of its reads last started (compute thread only): who is active.
-        self._started: dict[str | None, float] = {}
+        self._active = ActiveTenants()  # who started a batch lately (compute thread only)
         self.batch_window_s = batching.batch_window_ms / 1000
         self.max_batch = batching.max_batch
         self._probe = {
@@ -269,7 +270,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                     return
                 if jobs:
                     running.append(Running(jobs, self._run(jobs)))
-                    self._note_started(jobs[0].tenant)
+                    self._active.started(jobs[0].tenant)
                 if not running:
                     continue
                 turn = next_turn(running)
@@ -289,23 +290,14 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 if not turn.blocked:
                     passed_over(running, turn, time.monotonic() - stepped)
 
-    def _note_started(self, tenant: str | None) -> None:
-        now = time.monotonic()
-        self._started[tenant] = now
-        if len(self._started) > MAX_RUNNING_BATCHES:  # forget who has been quiet long enough
-            self._started = {t: at for t, at in self._started.items() if now - at < ACTIVE_S}
-
     def _chunk_limit(self, batch_tokens: int, tenant: str | None) -> int:
-        """A batch's next chunk at most: ``YIELDING_CHUNK_TOKENS`` for a batch another tenant's reads
-        may arrive behind (one started a batch within ``ACTIVE_S``, or one is queued);
-        ``SHORT_CHUNK_TOKENS`` for a long batch or beside others; else ``chunk_tokens``."""
-        now = time.monotonic()
-        others_active = any(t != tenant and now - at < ACTIVE_S for t, at in self._started.items())
-        if batch_tokens > YIELDING_CHUNK_TOKENS and (others_active or self._jobs.waiting_besides(tenant)):
-            return min(self.chunk_tokens, YIELDING_CHUNK_TOKENS)
-        if batch_tokens > LONG_BATCH_TOKENS or len(self._running) > 1:
-            return min(self.chunk_tokens, SHORT_CHUNK_TOKENS)
-        return self.chunk_tokens
+        """A batch's next chunk at most (``readers/engines/turns.py``, ``chunk_limit``)."""
+        return chunk_limit(
+            self.chunk_tokens,
+            batch_tokens,
+            others_active=self._active.besides(tenant) or self._jobs.waiting_besides(tenant),
+            batches_running=len(self._running),
+        )
 
     def _run(self, jobs: list[Job]) -> Generator[bool, None, None]:
         """One batch, a step at a time (yields True while it waits for tree nodes another batch is
@@ -354,35 +346,6 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 (results[at : at + len(job.requests)], (started - job.submitted) * 1000, latency_ms)
             )
             at += len(job.requests)
-
-
-SHORT_CHUNK_TOKENS = 128
-"""A chunk's tokens at most in a long batch (over ``LONG_BATCH_TOKENS``), or beside other batches:
-a chunk in torch cannot be stopped, so it is what a short read arriving behind a long batch waits
-for. 128 tokens take ~0.2-0.3 s on two cores beside 1,200-token prompts, where 512 took ~0.7 s, at
-the same tokens a second within the machine's noise (4 × 1,200-token prompts: 279–385 tokens/s at
-128, 315–371 at 512). A short batch alone keeps ``chunk_tokens``: it is one or two chunks, and small
-chunks of short prompts cost their overhead."""
-YIELDING_CHUNK_TOKENS = 64
-"""A chunk's tokens at most while other tenants are active (``ACTIVE_S``): their next read waits for
-the chunk in progress, and for one more between its engine calls, so the chunk's size is their
-latency. Issue 39's probe, a polite tenant's p99 beside a 20 × 1,200-token flood (one run each, ~100
-ms alone): 475 ms with 128-token chunks; 580–732 ms (5 runs) with 64 only while its reads were
-queued or running, the chunk between its engine calls still 128; 291–1,141 ms (3 runs) with 64
-throughout; 266–407 ms (4 runs) with this rule, 64 while another tenant is active. Not the default for a long batch when nobody else is active: 4 × 1,200-token prompts
-compute at 341 tokens/s in 64-token chunks against 476 in 128 (median of 3, 2 cores).
-
-32 was tried (2026-12-04, same probe, 6 runs): p99 203–385 ms against 102–123 ms alone, 2 runs of 6
-over 3×, for 95 ms chunks instead of 142 and 336 tokens/s instead of 451 on a 1,200-token prompt. The
-slowest polite reads were not waiting for a chunk: one's own 30 tokens took ~340 ms in the engine
-(~80 ms otherwise), another spent ~250 ms outside the server's own latency (before its handler ran),
-so smaller chunks do not remove the tail, and 64 stays. Where a chunk's time goes (cProfile, 64 tokens, 1,200-token prompt): the projections 63%,
-attention 15%, reassembling the past keys 6%; keeping a running past across chunks would save little."""
-ACTIVE_S = 5.0
-"""A tenant that started a batch this recently is active: the others' long batches yield to it."""
-LONG_BATCH_TOKENS = 2_048
-"""Prompt tokens over which a batch computes in short chunks even alone: it runs for seconds, and
-whoever arrives meanwhile should wait for one short chunk, not for a long one already in torch."""
 
 
 def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -> dict[int, float]:

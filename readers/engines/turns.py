@@ -1,5 +1,6 @@
 """Which running batch the local engine's compute thread steps next (``readers/engines/local.py``,
-module docstring, 4): tenants take turns, the smallest batch first, none passed over for long.
+module docstring, 4), and how long its step may be: tenants take turns, the smallest batch first,
+none passed over for long, and a long batch computes in short chunks while another tenant is active.
 
 Pure bookkeeping over ``Running`` batches (their jobs, steps and how their turns went), apart from
 the engine so the rule reads in one place and is tested without a model.
@@ -8,7 +9,8 @@ the engine so the rule reads in one place and is tested without a model.
 from __future__ import annotations
 
 import collections
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 from readers.engines.jobs import Job
@@ -92,3 +94,62 @@ def busy_tenants(running: collections.deque[Running]) -> frozenset[str | None]:
     """Tenants running as many batches as one tenant may: their next batch waits."""
     counts = collections.Counter(batch.tenant for batch in running)
     return frozenset(tenant for tenant, count in counts.items() if count >= RUNNING_BATCHES)
+
+
+SHORT_CHUNK_TOKENS = 128
+"""A chunk's tokens at most in a long batch (over ``LONG_BATCH_TOKENS``), or beside other batches:
+a chunk in torch cannot be stopped, so it is what a short read arriving behind a long batch waits
+for. 128 tokens take ~0.2-0.3 s on two cores beside 1,200-token prompts, where 512 took ~0.7 s, at
+the same tokens a second within the machine's noise (4 × 1,200-token prompts: 279–385 tokens/s at
+128, 315–371 at 512). A short batch alone keeps ``chunk_tokens``: it is one or two chunks, and small
+chunks of short prompts cost their overhead."""
+YIELDING_CHUNK_TOKENS = 64
+"""A chunk's tokens at most while other tenants are active (``ACTIVE_S``): their next read waits for
+the chunk in progress, and for one more between its engine calls, so the chunk's size is their
+latency. Issue 39's probe, a polite tenant's p99 beside a 20 × 1,200-token flood (one run each, ~100
+ms alone): 475 ms with 128-token chunks; 580–732 ms (5 runs) with 64 only while its reads were
+queued or running, the chunk between its engine calls still 128; 291–1,141 ms (3 runs) with 64
+throughout; 266–407 ms (4 runs) with this rule, 64 while another tenant is active. Not the default for a long batch when nobody else is active: 4 × 1,200-token prompts
+compute at 341 tokens/s in 64-token chunks against 476 in 128 (median of 3, 2 cores).
+
+32 was tried (2026-12-04, same probe, 6 runs): p99 203–385 ms against 102–123 ms alone, 2 runs of 6
+over 3×, for 95 ms chunks instead of 142 and 336 tokens/s instead of 451 on a 1,200-token prompt. The
+slowest polite reads were not waiting for a chunk: one's own 30 tokens took ~340 ms in the engine
+(~80 ms otherwise), another spent ~250 ms outside the server's own latency (before its handler ran),
+so smaller chunks do not remove the tail, and 64 stays. Where a chunk's time goes (cProfile, 64 tokens, 1,200-token prompt): the projections 63%,
+attention 15%, reassembling the past keys 6%; keeping a running past across chunks would save little."""
+ACTIVE_S = 5.0
+"""A tenant that started a batch this recently is active: the others' long batches yield to it."""
+LONG_BATCH_TOKENS = 2_048
+"""Prompt tokens over which a batch computes in short chunks even alone: it runs for seconds, and
+whoever arrives meanwhile should wait for one short chunk, not for a long one already in torch."""
+
+
+def chunk_limit(chunk_tokens: int, batch_tokens: int, *, others_active: bool, batches_running: int) -> int:
+    """A batch's next chunk at most: ``YIELDING_CHUNK_TOKENS`` for a batch another tenant's reads may
+    arrive behind (``others_active``: one started a batch within ``ACTIVE_S``, or one is queued);
+    ``SHORT_CHUNK_TOKENS`` for a long batch or beside other batches; else the engine's ``chunk_tokens``."""
+    if batch_tokens > YIELDING_CHUNK_TOKENS and others_active:
+        return min(chunk_tokens, YIELDING_CHUNK_TOKENS)
+    if batch_tokens > LONG_BATCH_TOKENS or batches_running > 1:
+        return min(chunk_tokens, SHORT_CHUNK_TOKENS)
+    return chunk_tokens
+
+
+class ActiveTenants:
+    """When each tenant last started a batch: who is active (within ``ACTIVE_S``)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.last_started: dict[str | None, float] = {}
+
+    def started(self, tenant: str | None) -> None:
+        now = self.clock()
+        self.last_started[tenant] = now
+        if len(self.last_started) > MAX_RUNNING_BATCHES:  # forget who has been quiet long enough
+            self.last_started = {t: at for t, at in self.last_started.items() if now - at < ACTIVE_S}
+
+    def besides(self, tenant: str | None) -> bool:
+        """Whether a tenant other than ``tenant`` is active."""
+        now = self.clock()
+        return any(t != tenant and now - at < ACTIVE_S for t, at in self.last_started.items())

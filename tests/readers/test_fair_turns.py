@@ -11,8 +11,17 @@ import pytest
 
 from readers.engines.base import LocalBatching, ReadRequest
 from readers.engines.jobs import Job, JobQueue
-from readers.engines.local import ACTIVE_S, SHORT_CHUNK_TOKENS, YIELDING_CHUNK_TOKENS, LocalEngine
-from readers.engines.turns import MAX_PASSED_S, MAX_PASSED_TURNS, Running, next_turn, passed_over
+from readers.engines.local import LocalEngine
+from readers.engines.turns import (
+    ACTIVE_S,
+    MAX_PASSED_S,
+    MAX_PASSED_TURNS,
+    SHORT_CHUNK_TOKENS,
+    YIELDING_CHUNK_TOKENS,
+    Running,
+    next_turn,
+    passed_over,
+)
 
 
 def job(tenant: str | None, reads: int = 1) -> Job:
@@ -121,11 +130,11 @@ async def test_a_long_batch_yields_in_short_chunks_only_while_another_tenant_is_
     try:
         assert engine._chunk_limit(4_000, "a") == SHORT_CHUNK_TOKENS
         assert engine._chunk_limit(300, "a") == 512  # a short batch alone: whole chunks
-        engine._note_started("a")
+        engine._active.started("a")
         assert engine._chunk_limit(4_000, "a") == SHORT_CHUNK_TOKENS  # its own batches do not count
-        engine._note_started("b")
+        engine._active.started("b")
         assert engine._chunk_limit(4_000, "a") == YIELDING_CHUNK_TOKENS
-        engine._started["b"] -= ACTIVE_S  # b has been quiet since
+        engine._active.last_started["b"] -= ACTIVE_S  # b has been quiet since
         assert engine._chunk_limit(4_000, "a") == SHORT_CHUNK_TOKENS
         engine._jobs.put(job("c"))  # queued, not started: it waits for a's chunk all the same
         assert engine._chunk_limit(4_000, "a") == YIELDING_CHUNK_TOKENS
