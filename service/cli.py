@@ -15,6 +15,7 @@ from service.connections import ConnectionLimits
 from service.pipeline.images import ServedImages
 from service.pipeline.options import (
     ChatTemplateOption,
+    DtypeOption,
     EngineOption,
     EngineUrlOption,
     ModelDirOption,
@@ -58,6 +59,7 @@ def serve(
     model_dir: ModelDirOption = None,
     chat_template: ChatTemplateOption = None,
     tokenizer: TokenizerOption = None,
+    dtype: DtypeOption = DEFAULT.dtype,
     batch_window_ms: Annotated[
         float, typer.Option(help="local engine: how long a batch waits for more reads")
     ] = DEFAULT.batching.batch_window_ms,
@@ -179,7 +181,7 @@ def serve(
     try:
         options = ServeOptions(
             host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model=model, model_dir=model_dir,
-            chat_template=chat_template, tokenizer=tokenizer, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
+            chat_template=chat_template, tokenizer=tokenizer, dtype=dtype, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost,

@@ -42,6 +42,8 @@ class ServeOptions:
     chat_template: Path | None = None
     """A jinja file replacing the tokenizer's chat template (as vLLM's ``--chat-template``)."""
     tokenizer: str | None = None
+    dtype: str = "float32"
+    """What the local engine computes in (``readers.engines.LOCAL_DTYPES``)."""
     batching: LocalBatching = LocalBatching()
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     engine_timeout_s: float = DEFAULT_TIMEOUT_S
@@ -66,10 +68,16 @@ class ServeOptions:
 
 def check_engine(options: ServeOptions) -> None:
     """The engine options are usable together (the model itself is checked by ``resolve_model``)."""
-    from readers.engines import ENGINE_KINDS
+    from readers.engines import ENGINE_KINDS, LOCAL_DTYPES
 
     if options.engine not in ENGINE_KINDS:
         raise ServeRefused(f"choose one of {', '.join(ENGINE_KINDS)}", option="--engine")
+    if options.dtype not in LOCAL_DTYPES:
+        raise ServeRefused(f"choose one of {', '.join(LOCAL_DTYPES)}", option="--dtype")
+    if options.dtype != "float32" and options.engine != "local":
+        raise ServeRefused(
+            "--dtype sets the local engine's precision; a vLLM server's is its own --dtype", option="--dtype"
+        )
     if options.engine == "vllm" and not options.engine_url:
         raise ServeRefused("--engine vllm needs --engine-url", option="--engine-url")
     if options.engine_url:
@@ -128,7 +136,7 @@ def open_local_engine(options: ServeOptions, folder: Path, chat_template: str | 
     try:
         return asyncio.run(
             open_engine(
-                "local", model_dir=folder, top_k=options.top_k,
+                "local", model_dir=folder, top_k=options.top_k, dtype=options.dtype,
                 batching=options.batching, chat_template=chat_template,
             )
         )  # fmt: skip

@@ -58,6 +58,7 @@ with needs_extra("local", "the local engine"):
     import torch
 
 from readers.embedded import model_manifest
+from readers.engines import LOCAL_DTYPES
 from readers.engines.base import (
     Capabilities,
     ClosingEngine,
@@ -110,6 +111,9 @@ class LocalEngine(ChunkedForward, ClosingEngine):
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if dtype not in LOCAL_DTYPES:
+            raise ValueError(f"dtype {dtype!r}: the local engine computes in {' or '.join(LOCAL_DTYPES)}")
+        self.dtype = dtype
         self.thread_budget = thread_budget()
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -124,7 +128,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         manifest = model_manifest(model_dir)
         self.info = ModelInfo(
             name=manifest.get("name", model_dir.name),
-            revision=manifest.get("revision", "local-folder"),
+            revision=precision_revision(manifest.get("revision", "local-folder"), dtype),
             description=manifest.get("description", f"Hugging Face model folder {model_dir}"),
             release_date=manifest.get("release_date", ""),
             context_length=int(config.max_position_embeddings),
@@ -346,6 +350,13 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 (results[at : at + len(job.requests)], (started - job.submitted) * 1000, latency_ms)
             )
             at += len(job.requests)
+
+
+def precision_revision(revision: str, dtype: str) -> str:
+    """The model revision as answers and calibrations name it: a bfloat16 engine's reads are another
+    function of the same weights, so its calibration fits and decision records are kept apart from
+    float32's (they are keyed by revision) and every answer says which it was."""
+    return revision if dtype == "float32" else f"{revision}+{dtype}"
 
 
 def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -> dict[int, float]:

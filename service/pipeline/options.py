@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from readers.engines import DEFAULT_VLLM_TOP_K
+from readers.engines import DEFAULT_VLLM_TOP_K, LOCAL_DTYPES
 from service.pipeline.prior import PriorCorrection
 
 
@@ -36,6 +36,14 @@ TopKOption = Annotated[
     typer.Option(
         "--top-k",
         help=f"read only the top-k log-probs (local: emulate a top-k engine; vllm: default {DEFAULT_VLLM_TOP_K})",
+    ),
+]
+DtypeOption = Annotated[
+    str,
+    typer.Option(
+        "--dtype",
+        help=f"local engine: compute in {' or '.join(LOCAL_DTYPES)}; bfloat16 is faster where the CPU has bf16 "
+        "units, its probabilities within 0.1 of float32's, its answers and calibrations kept apart (docs/shared-state.md)",
     ),
 ]
 ModelDirOption = Annotated[

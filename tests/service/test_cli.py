@@ -44,6 +44,20 @@ def test_ask_refuses_two_question_kinds():
     assert result.exit_code != 0 and "exactly one of" in result.output
 
 
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--dtype", "float16"], "choose one of float32, bfloat16"),
+        (["--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--dtype", "bfloat16"], "a vLLM server's"),
+    ],
+)
+def test_serve_refuses_a_precision_the_engine_does_not_take(flags, says):
+    """Refused before anything loads or connects, naming the flag."""
+    result = CliRunner().invoke(app, ["serve", "--port", "1", *flags])
+    output = " ".join(result.output.replace("│", " ").split())  # unwrapped from the error box
+    assert result.exit_code != 0 and "--dtype" in output and says in output, output
+
+
 def readme_curl() -> str:
     """The curl under the README's quick start (the one a new user runs after `make serve`)."""
     text = (ROOT / "README.md").read_text()
