@@ -235,6 +235,7 @@ def _serve(options: ServeOptions) -> None:
     from readers.engines import open_engine
     from service.app import create_app
     from service.connections import KEEP_ALIVE_S, connection_cap, raise_open_file_limit, uvicorn_options
+    from service.heap import freeze_startup_heap
     from service.keys import KEYS_ENV, check_bind, hold_sighup, redact_access_log
 
     check_engine(options)
@@ -272,12 +273,14 @@ def _serve(options: ServeOptions) -> None:
         raise ServeRefused(str(error), option="--store") from None
 
     async def opener():
-        if local is not None:
-            return local
-        return await open_engine(
+        engine = local if local is not None else await open_engine(
             options.engine, url=options.engine_url, model_dir=folder, top_k=options.top_k, tokenizer=options.tokenizer,
             max_in_flight=options.max_in_flight, timeout_s=options.engine_timeout_s, chat_template=chat_template,
         )  # fmt: skip
+        # Here, not in create_app: the serving process's long-lived state is complete once its engine
+        # is open, and an app built in a test process must not freeze that process's objects.
+        freeze_startup_heap()
+        return engine
 
     failures: list[str] = []
 

@@ -90,6 +90,9 @@ def test_serve_answers_the_readme_curl(embedded_model_dir, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+    # The serving process froze its start-up heap once its engine was open (service/heap.py).
+    frozen = re.search(r"start-up heap: (\d+) objects frozen", log.read_text())
+    assert frozen and int(frozen.group(1)) > 100_000, log.read_text()[-2000:]
 
 
 # The child alone cannot import the wheel's package (None in sys.modules blocks an import, and
