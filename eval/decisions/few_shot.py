@@ -501,9 +501,16 @@ def done_when(dev: dict, test: dict | None = None) -> dict:
         modes = entry["modes"]
         majority = float(np.mean([np.mean(dev["tasks"][t]["majority"]) for t in entry["tasks"]]))
         raw, temp, pick = modes["temperature"]["0"], modes["temperature"]["50"], modes[mode]["50"]
-        out["dev"][question_type] = _verdict(
+        out["dev"][f"all {question_type}"] = _verdict(
             mode, majority, raw["accuracy"], pick["accuracy"], temp["ece"], pick["ece"]
         )
+        for task in entry["tasks"]:  # each task of the type under the type's default, for the detail
+            curves = dev["tasks"][task]["modes"]
+            out["dev"][task] = _verdict(
+                mode, float(np.mean(dev["tasks"][task]["majority"])),
+                *(float(np.mean(curves[m][n]["accuracy"])) for m, n in (("temperature", "0"), (mode, "50"))),
+                *(float(np.mean(curves[m]["50"]["ece"])) for m in ("temperature", mode)),
+            )  # fmt: skip
     for name, row in (test or {}).get("rows", {}).items():
         out["test"][name] = _verdict(
             row["mode"], row["majority"], row["uncalibrated_accuracy"], row["candidate_accuracy"],
@@ -564,7 +571,8 @@ def run_few_shot(
     round_: int = 1,
 ) -> dict:
     """The dev curve, the rule's choice and (with ``test_run``) its confirmation, written into ``out``:
-    dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}; from round 2 also done-when.{json,md}."""
+    dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}; from round 2 also read-signal.{json,md}
+    (:func:`read_signal`, the study written before round 2's rule) and done-when.{json,md}."""
     from eval.evidence.figures import plot_few_shot_curves
 
     spec = ROUNDS[round_]
@@ -584,6 +592,9 @@ def run_few_shot(
         (out / "test-confirm.md").write_text(confirm_table(test))
         result["test"] = test
     if round_ > 1:
+        signal = read_signal({k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed)
+        write_json(out / "read-signal.json", signal)
+        (out / "read-signal.md").write_text(signal_table(signal))
         result["done_when"] = done_when(dev, result.get("test"))
         write_json(out / "done-when.json", result["done_when"])
         (out / "done-when.md").write_text(done_table(result["done_when"]))
