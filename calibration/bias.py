@@ -16,6 +16,12 @@ T runs to a bound and b to whatever separates them. The two share the stored for
 :func:`apply_temperature_bias`: only the fit differs, so ``affine`` is ``temperature_bias`` with a
 prior that fades with n, not a twin (docs/calibration.md).
 
+**Gold prior** (``GoldPriorScaler``, a candidate of the cross-validated choice, stored as
+``temperature_bias``): the same form with T pinned at its upper bound (20), so the read moves a
+probability by a twentieth of its log-odds and the biases, fitted on the gold answers, carry the
+answer: about the gold class frequencies. What a fit should fall back to where the read carries no
+signal (calibration/select.py).
+
 **Prior correction** (no gold answers): the model's prior q over the options is the mean
 of its label probabilities on content-free states (e.g. "", "N/A", "[MASK]"), read with the same
 question and prompt layout; a decision's probabilities are divided by q and renormalised,
@@ -137,6 +143,14 @@ class AffineScaler(TemperatureBiasScaler):
         z, y = _one_count(logits, gold)
         weight = self.prior / len(y)  # a fixed total weight: on the mean-NLL scale it fades as 1/n
         return self._fit(z, y, bias_weight=weight, log_t_weight=weight)
+
+
+class GoldPriorScaler(TemperatureBiasScaler):
+    """``temperature_bias`` with T pinned at ``T_MAX``: the biases, about the gold class log-frequencies,
+    answer; the read barely moves them (module docstring)."""
+
+    def __init__(self, l2: float = BIAS_L2) -> None:
+        super().__init__(l2, T_MAX, T_MAX)
 
 
 def option_prior(probabilities) -> np.ndarray:

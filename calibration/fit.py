@@ -29,7 +29,9 @@ DEFAULT_MODES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
 """Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none
 and it has at least that many gold answers; ``temperature`` otherwise and for the types not listed.
 Chosen per type on the dev split by the rule committed before the run (evidence/few-shot/rule.md:
-yes/no and score questions keep temperature), confirmed on the test samples (docs/calibration.md)."""
+yes/no and score questions keep temperature), confirmed on the test samples (docs/calibration.md).
+Round 2 (evidence/few-shot/round-2/rule.md) added a mode chosen per fit by cross-validation and kept
+these: it is not eligible for yes/no or score questions and lifts choice questions less."""
 
 
 def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:

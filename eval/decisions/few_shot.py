@@ -10,7 +10,10 @@ for the others, so a fit here is fitted on what a service fit is fitted on.
 
 The rule that picks each type's default on the dev split, and the confirmation on the test samples,
 are in evidence/few-shot/rule.md, committed before the dev curve was computed; :func:`choose` and
-:func:`confirm` implement its steps 1–4 and 5. Every figure comes from committed record rows.
+:func:`confirm` implement its steps 1–4 and 5. Round 2 (evidence/few-shot/round-2/rule.md) runs the same
+rule over more modes (``ROUNDS``): ``gold_prior`` for reference and ``cv_selected``, the mode chosen
+per fit by cross-validation on the fit's own gold answers (calibration/select.py), as a candidate; it
+adds the issue's pass check (:func:`done_when`). Every figure comes from committed record rows.
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from calibration.bias import AffineScaler, StatePriorScaler, TemperatureBiasScaler
-from calibration.metrics import N_BINS, ece, macro_f1_score
+from calibration.bias import AffineScaler, GoldPriorScaler, StatePriorScaler, TemperatureBiasScaler
+from calibration.metrics import N_BINS, auroc_score, ece, macro_f1_score
 from calibration.ordinal import CumulativeLogitScaler
+from calibration.select import CrossValidatedScaler
 from calibration.temperature import TemperatureScaler, as_logits
 from eval.decisions.gold_curve import draw, split
 from eval.decisions.tasks import TASKS
@@ -35,6 +39,12 @@ QUESTION_TYPES = ("noul", "choice", "score")
 MODES = ("temperature", "temperature_bias", "affine", "state_prior", "cumulative_logit")
 CANDIDATES = ("temperature", "temperature_bias", "affine")
 """The modes rule step 1 chooses among, simplest first (the tie order of step 3)."""
+ROUNDS = {
+    1: {"modes": MODES, "candidates": CANDIDATES},
+    2: {"modes": MODES + ("gold_prior", "cv_selected"), "candidates": CANDIDATES + ("cv_selected",)},
+}
+"""Per round of the rule, the modes its curve scores and the candidates it chooses among, simplest
+first (round 2: evidence/few-shot/round-2/rule.md)."""
 SCORE_ONLY = ("cumulative_logit",)
 COUNTS = (0, 4, 8, 16, 32, 50)
 FROM_COUNTS = (16, 32, 50)
@@ -52,7 +62,14 @@ DEV_RUNS = {
 """Committed dev runs holding decide-prompt/7's reads of each type (evidence/few-shot/rule.md)."""
 TEST_RUN = "evidence/reads/regression-7/candidate"
 
-Scaler = TemperatureScaler | TemperatureBiasScaler | AffineScaler | StatePriorScaler | CumulativeLogitScaler
+Scaler = (
+    TemperatureScaler
+    | TemperatureBiasScaler
+    | AffineScaler
+    | StatePriorScaler
+    | CumulativeLogitScaler
+    | CrossValidatedScaler
+)
 
 
 def default_read(row: dict) -> dict[str, float]:
@@ -76,10 +93,15 @@ def task_reads(rows: Sequence[dict], task: str) -> tuple[np.ndarray, np.ndarray]
 
 
 def scaler_for(mode: str) -> Scaler:
-    """An unfitted scaler of ``mode`` (``calibration.fit.scaler_for`` plus the eval-only ordinal fit)."""
+    """An unfitted scaler of ``mode`` (``calibration.fit.scaler_for`` plus the eval-only fits)."""
     from calibration.fit import scaler_for as service_scaler
 
-    return CumulativeLogitScaler() if mode == "cumulative_logit" else service_scaler(mode)
+    eval_only = {
+        "cumulative_logit": CumulativeLogitScaler,
+        "gold_prior": GoldPriorScaler,
+        "cv_selected": CrossValidatedScaler,
+    }
+    return eval_only[mode]() if mode in eval_only else service_scaler(mode)
 
 
 def fitted(
@@ -93,8 +115,8 @@ def fitted(
     return scaler_for(mode).fit(logits[fit], gold[fit]).predict_proba
 
 
-def modes_for(question_type: str) -> tuple[str, ...]:
-    return tuple(m for m in MODES if m not in SCORE_ONLY or question_type == "score")
+def modes_for(question_type: str, modes: Sequence[str] = MODES) -> tuple[str, ...]:
+    return tuple(m for m in modes if m not in SCORE_ONLY or question_type == "score")
 
 
 def mode_curve(
@@ -105,12 +127,13 @@ def mode_curve(
     counts: Sequence[int] = COUNTS,
     splits: int = SPLITS,
     seed: int = 0,
+    modes: Sequence[str] = MODES,
 ) -> dict:
     """Per mode and N: the held-out accuracy, macro-F1 and ECE of every split (lists), and the
     held-out majority rate of every split."""
     per: dict[str, dict[int, dict[str, list[float]]]] = {
         mode: {n: {"accuracy": [], "macro_f1": [], "ece": []} for n in counts}
-        for mode in modes_for(question_type)
+        for mode in modes_for(question_type, modes)
     }
     majority = []
     for index in range(splits):
@@ -126,7 +149,9 @@ def mode_curve(
     return {"majority": majority, "modes": {m: {str(n): v for n, v in c.items()} for m, c in per.items()}}
 
 
-def curve_report(runs: Mapping[str, Path], *, splits: int = SPLITS, seed: int = 0) -> dict:
+def curve_report(
+    runs: Mapping[str, Path], *, splits: int = SPLITS, seed: int = 0, modes: Sequence[str] = MODES
+) -> dict:
     """:func:`mode_curve` of every task whose type's run is in ``runs`` (type → run directory), and
     the per-type means (each task counted once) the rule reads."""
     tasks = {}
@@ -137,7 +162,7 @@ def curve_report(runs: Mapping[str, Path], *, splits: int = SPLITS, seed: int = 
                 continue
             logits, gold = task_reads(rows, task)
             tasks[task] = {"type": question_type, "n": len(gold), "run": str(run)} | mode_curve(
-                logits, gold, question_type, splits=splits, seed=seed
+                logits, gold, question_type, splits=splits, seed=seed, modes=modes
             )
     return {"n_bins": N_BINS, "splits": splits, "seed": seed, "counts": list(COUNTS), "tasks": tasks,
             "types": type_means(tasks)}  # fmt: skip
@@ -152,7 +177,7 @@ def type_means(tasks: Mapping[str, dict]) -> dict:
         if not mine:
             continue
         out[question_type] = {"tasks": list(mine), "modes": {}}
-        for mode in modes_for(question_type):
+        for mode in next(iter(mine.values()))["modes"]:
             out[question_type]["modes"][mode] = {
                 n: {
                     "lift": float(
@@ -192,18 +217,19 @@ def eligible(modes: Mapping[str, dict], mode: str, n: str) -> bool:
     )
 
 
-def choose(types: Mapping[str, dict]) -> dict:
-    """Rule steps 1–4 over :func:`type_means`: per type, the default mode and the N it starts from."""
+def choose(types: Mapping[str, dict], candidates: Sequence[str] = CANDIDATES) -> dict:
+    """Rule steps 1–4 over :func:`type_means`: per type, the default mode among ``candidates``
+    (simplest first) and the N it starts from."""
     chosen = {}
     for question_type, entry in types.items():
         modes = entry["modes"]
-        ok = [m for m in CANDIDATES if m == "temperature" or eligible(modes, m, "50")]
+        ok = [m for m in candidates if m == "temperature" or eligible(modes, m, "50")]
         best = max(modes[m]["50"]["lift"] for m in ok)
         tied = [m for m in ok if modes[m]["50"]["lift"] >= best - LIFT_TIE]
         top_f1 = max(modes[m]["50"]["macro_f1"] for m in tied)
         # Ties on macro-F1 to 4 places go to the simpler mode (CANDIDATES order).
         pick = next(
-            m for m in CANDIDATES if m in tied and round(modes[m]["50"]["macro_f1"], 4) == round(top_f1, 4)
+            m for m in candidates if m in tied and round(modes[m]["50"]["macro_f1"], 4) == round(top_f1, 4)
         )
         start = None
         if pick != "temperature":
@@ -232,29 +258,32 @@ def confirm(
     splits: int = SPLITS,
     seed: int = 0,
     resamples: int = RESAMPLES,
+    uncalibrated: bool = False,
 ) -> dict:
     """Rule step 5: temperature against each type's chosen mode after ``n_gold`` gold answers, on the
-    held-out halves of ``splits`` splits; pooled over splits, with cluster-bootstrap intervals."""
+    held-out halves of ``splits`` splits; pooled over splits, with cluster-bootstrap intervals.
+    ``uncalibrated``: also the reads as answered without a fit (round 2's pass check)."""
     held: dict[str, dict] = {}
     for task in TASKS:
         question_type = TASKS[task].question_type
         if question_type not in chosen or not any(r["task"] == task for r in rows):
             continue
         logits, gold = task_reads(rows, task)
-        record, base, cand = [], [], []
+        record, base, cand, raw = [], [], [], []
         for index in range(splits):
             pool, out = split(len(gold), seed, index)
             fit = draw(pool, n_gold, seed, index)
             record.append(out)
             base.append(fitted("temperature", logits, gold, fit)(logits[out]))
             cand.append(fitted(chosen[question_type]["mode"], logits, gold, fit)(logits[out]))
+            raw.append(fitted("temperature", logits, gold, fit[:0])(logits[out]))
         record = np.concatenate(record)
         held[task] = {
             "type": question_type, "n": len(gold), "record": record, "gold": gold[record],
             "majority": Counter(gold.tolist()).most_common(1)[0][1] / len(gold),
             "positions": [np.flatnonzero(record == i) for i in range(len(gold))],
             "baseline": np.vstack(base), "candidate": np.vstack(cand),
-        }  # fmt: skip
+        } | ({"uncalibrated": np.vstack(raw)} if uncalibrated else {})  # fmt: skip
     groups = {task: [task] for task in held}
     for question_type in QUESTION_TYPES:
         typed = [t for t in held if held[t]["type"] == question_type]
@@ -277,7 +306,7 @@ def confirm(
                "majority": sum(held[t]["majority"] * held[t]["n"] for t in tasks) / sum(held[t]["n"] for t in tasks),
                "mode": chosen[held[tasks[0]]["type"]]["mode"]}  # fmt: skip
         for metric in ("accuracy", "macro_f1", "ece"):
-            for side in ("baseline", "candidate"):
+            for side in point:
                 values = [b[side][metric] for b in boot]
                 row[f"{side}_{metric}"] = point[side][metric]
                 row[f"{side}_{metric}_ci95"] = [float(v) for v in np.percentile(values, [2.5, 97.5])]
@@ -300,7 +329,9 @@ def _group_metrics(
     """Accuracy and ECE over the tasks' held-out reads pooled (each task's records resampled as
     given: a record's reads over the splits stay together), macro-F1 the mean of the tasks'."""
     out = {}
-    for side in ("baseline", "candidate"):
+    for side in ("baseline", "candidate", "uncalibrated"):
+        if side not in held[tasks[0]]:
+            continue
         top, right, f1 = [], [], []
         for task in tasks:
             e = held[task]
@@ -321,6 +352,59 @@ def _group_metrics(
             "macro_f1": float(np.mean(f1)),
         }
     return out
+
+
+def read_signal(runs: Mapping[str, Path], *, n_gold: int = 50, splits: int = SPLITS, seed: int = 0) -> dict:
+    """Per task, how much the default read knows and how well ``n_gold`` gold answers know the class
+    balance (round 2's study): gold and answered counts per option, the uncalibrated accuracy and the
+    majority rate, each option's one-vs-rest AUROC of its read probability, and in how many of
+    ``splits`` splits the drawn gold answers' most common class is not the held-out half's."""
+    out = {}
+    for question_type, run in runs.items():
+        rows = load_rows(Path(run))
+        for task in TASKS:
+            if TASKS[task].question_type != question_type or not any(r["task"] == task for r in rows):
+                continue
+            logits, gold = task_reads(rows, task)
+            p = np.exp(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True))
+            k = p.shape[1]
+            wrong_majority = 0
+            for index in range(splits):
+                pool, held = split(len(gold), seed, index)
+                drawn = np.bincount(gold[draw(pool, n_gold, seed, index)], minlength=k)
+                held_counts = np.bincount(gold[held], minlength=k)
+                # A tie among the drawn answers counts as wrong: it names no majority.
+                wrong_majority += int(
+                    (drawn == drawn.max()).sum() > 1 or drawn.argmax() != held_counts.argmax()
+                )
+            out[task] = {
+                "type": question_type, "n": len(gold), "options": list(TASKS[task].options),
+                "gold_counts": np.bincount(gold, minlength=k).tolist(),
+                "answered_counts": np.bincount(p.argmax(axis=1), minlength=k).tolist(),
+                "uncalibrated_accuracy": float(np.mean(p.argmax(axis=1) == gold)),
+                "majority": float(np.bincount(gold, minlength=k).max() / len(gold)),
+                "auroc": [auroc_score(p[:, i], gold == i) if 0 < (gold == i).sum() < len(gold) else None for i in range(k)],
+                "splits": splits, "n_gold": n_gold, "drawn_majority_wrong": wrong_majority,
+            }  # fmt: skip
+    return out
+
+
+def signal_table(signal: Mapping[str, dict]) -> str:
+    """:func:`read_signal` as a table."""
+    lines = [
+        "Dev split, the default reads (as the service answers before any fit).",
+        "",
+        "| task | type | n | gold per option | answered per option | uncalibrated accuracy | majority | AUROC per option | splits whose drawn gold majority is wrong |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for task, e in signal.items():
+        auroc = ", ".join("—" if a is None else f"{a:.2f}" for a in e["auroc"])
+        lines.append(
+            f"| {task} | {e['type']} | {e['n']} | {e['gold_counts']} | {e['answered_counts']} | "
+            f"{e['uncalibrated_accuracy']:.1%} | {e['majority']:.1%} | {auroc} | "
+            f"{e['drawn_majority_wrong']} of {e['splits']} (N = {e['n_gold']}) |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def top_label_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_BINS) -> float:
@@ -406,23 +490,112 @@ def confirm_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def done_when(dev: dict, test: dict | None = None) -> dict:
+    """The issue's pass check per question type after 50 gold answers (round 2's rule): accuracy at
+    or above the majority rate, above the uncalibrated accuracy where that was below it, ECE no worse
+    than temperature's. Dev: the rule's means over splits and tasks; test: the pooled figures of
+    :func:`confirm` (with ``uncalibrated``), each with its interval."""
+    out: dict = {"dev": {}, "test": {}}
+    for question_type, entry in dev["types"].items():
+        mode = dev["chosen"][question_type]["mode"]
+        modes = entry["modes"]
+        majority = float(np.mean([np.mean(dev["tasks"][t]["majority"]) for t in entry["tasks"]]))
+        raw, temp, pick = modes["temperature"]["0"], modes["temperature"]["50"], modes[mode]["50"]
+        out["dev"][f"all {question_type}"] = _verdict(
+            mode, majority, raw["accuracy"], pick["accuracy"], temp["ece"], pick["ece"]
+        )
+        for task in entry["tasks"]:  # each task of the type under the type's default, for the detail
+            curves = dev["tasks"][task]["modes"]
+            out["dev"][task] = _verdict(
+                mode, float(np.mean(dev["tasks"][task]["majority"])),
+                *(float(np.mean(curves[m][n]["accuracy"])) for m, n in (("temperature", "0"), (mode, "50"))),
+                *(float(np.mean(curves[m]["50"]["ece"])) for m in ("temperature", mode)),
+            )  # fmt: skip
+    for name, row in (test or {}).get("rows", {}).items():
+        out["test"][name] = _verdict(
+            row["mode"], row["majority"], row["uncalibrated_accuracy"], row["candidate_accuracy"],
+            row["baseline_ece"], row["candidate_ece"],
+        ) | {
+            "uncalibrated_accuracy_ci95": row["uncalibrated_accuracy_ci95"],
+            "accuracy_ci95": row["candidate_accuracy_ci95"],
+            "difference_ece_ci95": row["difference_ece_ci95"],
+        }  # fmt: skip
+    return out
+
+
+def _verdict(
+    mode: str, majority: float, raw: float, accuracy: float, temperature_ece: float, ece_: float
+) -> dict:
+    checks = {
+        "at_or_above_majority": accuracy >= majority,
+        "above_uncalibrated_if_that_was_below_majority": raw >= majority or accuracy > raw,
+        "ece_no_worse_than_temperature": ece_ <= temperature_ece,
+    }
+    return {
+        "mode": mode, "majority": majority, "uncalibrated_accuracy": raw, "accuracy": accuracy,
+        "temperature_ece": temperature_ece, "ece": ece_, "checks": checks, "passes": all(checks.values()),
+    }  # fmt: skip
+
+
+def done_table(done: dict) -> str:
+    """:func:`done_when` as a table: dev rows, then test rows with their 95% intervals."""
+    lines = [
+        "After 50 gold answers: the issue's pass check (accuracy ≥ majority; > uncalibrated where that was "
+        "below majority; ECE ≤ temperature's).",
+        "",
+        "| split | type / task | default | majority | uncalibrated accuracy | accuracy | ECE: temperature → default | passes | fails on |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for split_, rows in done.items():
+        for name, v in rows.items():
+            fails = [check for check, ok in v["checks"].items() if not ok]
+            lines.append(
+                f"| {split_} | {name} | {v['mode']} | {v['majority']:.1%} | {v['uncalibrated_accuracy']:.1%}"
+                f"{_interval(v, 'uncalibrated_accuracy_ci95')} | {v['accuracy']:.1%}{_interval(v, 'accuracy_ci95')} | "
+                f"{v['temperature_ece']:.3f} → {v['ece']:.3f} | {'yes' if v['passes'] else '**no**'} | "
+                f"{', '.join(fails) or '—'} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _interval(verdict: dict, key: str) -> str:
+    return f" ({verdict[key][0]:.1%}–{verdict[key][1]:.1%})" if key in verdict else ""
+
+
 def run_few_shot(
-    out: Path, *, dev_runs: Mapping[str, Path] | None = None, test_run: Path | None = None, seed: int = 0
+    out: Path,
+    *,
+    dev_runs: Mapping[str, Path] | None = None,
+    test_run: Path | None = None,
+    seed: int = 0,
+    round_: int = 1,
 ) -> dict:
     """The dev curve, the rule's choice and (with ``test_run``) its confirmation, written into ``out``:
-    dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}."""
+    dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}; from round 2 also read-signal.{json,md}
+    (:func:`read_signal`, the study written before round 2's rule) and done-when.{json,md}."""
     from eval.evidence.figures import plot_few_shot_curves
 
-    dev = curve_report({k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed)
-    dev["chosen"] = choose(dev["types"])
+    spec = ROUNDS[round_]
+    dev = curve_report(
+        {k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed, modes=spec["modes"]
+    )
+    dev["round"] = round_
+    dev["chosen"] = choose(dev["types"], spec["candidates"])
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "dev-curve.json", dev)
     (out / "dev-curve.md").write_text(curve_table(dev))
     plot_few_shot_curves(dev, out / "few-shot.png")
     result = {"dev": dev}
     if test_run is not None:
-        test = confirm(load_rows(Path(test_run)), dev["chosen"], seed=seed)
+        test = confirm(load_rows(Path(test_run)), dev["chosen"], seed=seed, uncalibrated=round_ > 1)
         write_json(out / "test-confirm.json", test)
         (out / "test-confirm.md").write_text(confirm_table(test))
         result["test"] = test
+    if round_ > 1:
+        signal = read_signal({k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed)
+        write_json(out / "read-signal.json", signal)
+        (out / "read-signal.md").write_text(signal_table(signal))
+        result["done_when"] = done_when(dev, result.get("test"))
+        write_json(out / "done-when.json", result["done_when"])
+        (out / "done-when.md").write_text(done_table(result["done_when"]))
     return result

@@ -303,14 +303,25 @@ def eval_few_shot(
         ),
     ] = True,
     seed: Annotated[int, typer.Option(help="split, bootstrap and ECE-floor seed")] = 0,
+    round_: Annotated[
+        int,
+        typer.Option(
+            "--round",
+            help="the rule's round: 1 (evidence/few-shot/rule.md) or 2 (evidence/few-shot/round-2/rule.md: more modes, the pass check)",
+        ),
+    ] = 1,
 ) -> None:
     """Accuracy, macro-F1 and ECE after N gold answers per mode, the default the committed rule picks
     on the dev rows, and its confirmation on the test rows (eval/decisions/few_shot.py; rows only, no reads)."""
-    from eval.decisions.few_shot import TEST_RUN, confirm_table, curve_table, run_few_shot
+    from eval.decisions.few_shot import ROUNDS, TEST_RUN, confirm_table, curve_table, done_table, run_few_shot
 
-    # The committed rows, candidates and rule only: the test table is what was reported, regenerated,
-    # never a second confirmation of another candidate set (evidence/few-shot/rule.md).
-    result = run_few_shot(out, test_run=Path(TEST_RUN) if confirm else None, seed=seed)
+    if round_ not in ROUNDS:
+        raise typer.BadParameter(f"--round is one of {', '.join(map(str, ROUNDS))}, not {round_}")
+    # The committed rows, candidates and rule only: each round's test table is what it reported,
+    # regenerated, never another confirmation of another candidate set (its rule.md).
+    result = run_few_shot(out, test_run=Path(TEST_RUN) if confirm else None, seed=seed, round_=round_)
     typer.echo(curve_table(result["dev"]), nl=False)
     if confirm:
         typer.echo(confirm_table(result["test"]), nl=False)
+    if "done_when" in result:
+        typer.echo(done_table(result["done_when"]), nl=False)

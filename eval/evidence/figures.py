@@ -162,12 +162,21 @@ def plot_few_shot_curves(report: dict, path: Path) -> None:
     types = list(report["types"])
     figure, axes = plt.subplots(2, len(types), figsize=(4.2 * len(types), 6.4), dpi=110, squeeze=False)
     counts = report["counts"]
+    # One colour per mode across the panels: a type lacking a mode (score-only ones) must not shift the rest.
+    every = list(dict.fromkeys(mode for entry in report["types"].values() for mode in entry["modes"]))
+    colour = {mode: f"C{i % 10}" for i, mode in enumerate(every)}
     for column, question_type in enumerate(types):
         entry = report["types"][question_type]
         majority = float(_mean([_mean(report["tasks"][t]["majority"]) for t in entry["tasks"]]))
         for mode, curve in entry["modes"].items():
-            axes[0][column].plot(counts, [curve[str(n)]["accuracy"] for n in counts], marker="o", label=mode)
-            axes[1][column].plot(counts, [curve[str(n)]["ece"] for n in counts], marker="o", label=mode)
+            for row, metric in enumerate(("accuracy", "ece")):
+                axes[row][column].plot(
+                    counts,
+                    [curve[str(n)][metric] for n in counts],
+                    marker="o",
+                    label=mode,
+                    color=colour[mode],
+                )
         axes[0][column].axhline(majority, color="grey", linestyle="--", label="majority rate")
         axes[0][column].set_title(f"{question_type} ({', '.join(entry['tasks'])})")
         axes[0][column].set_ylabel("held-out accuracy")
@@ -175,7 +184,8 @@ def plot_few_shot_curves(report: dict, path: Path) -> None:
         axes[1][column].set_xlabel("gold answers fitted on (N)")
         for axis in (axes[0][column], axes[1][column]):
             axis.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)  # the last type (score) draws every mode
+    handles = {label: h for axis in axes[0] for h, label in zip(*axis.get_legend_handles_labels())}
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize=7)  # every mode any panel draws
     _save(figure, path)
 
 

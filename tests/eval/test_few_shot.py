@@ -8,7 +8,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from eval.decisions.few_shot import COUNTS, choose
+from eval.decisions.few_shot import (
+    COUNTS,
+    DEV_RUNS,
+    ROUNDS,
+    choose,
+    confirm,
+    done_when,
+    mode_curve,
+    read_signal,
+    task_reads,
+)
+from eval.evidence.rows import load_rows
 from opendecide.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +85,62 @@ def test_decide_eval_few_shot_regenerates_the_committed_choice_and_test_table(tm
         for metric in ("accuracy", "macro_f1", "ece"):
             assert again[f"candidate_{metric}"] == pytest.approx(row[f"candidate_{metric}"], abs=1e-6)
     assert (tmp_path / "few-shot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+ROUND_2 = EVIDENCE / "round-2"
+
+
+def test_round_2_choice_and_pass_check_follow_from_its_committed_figures():
+    dev = json.loads((ROUND_2 / "dev-curve.json").read_text())
+    test = json.loads((ROUND_2 / "test-confirm.json").read_text())
+    assert dev["round"] == 2 and set(ROUNDS[2]["candidates"]) < set(dev["types"]["choice"]["modes"])
+    again = choose(dev["types"], ROUNDS[2]["candidates"])
+    assert {t: (c["mode"], c["from_n"], c["eligible"]) for t, c in again.items()} == {
+        t: (c["mode"], c["from_n"], c["eligible"]) for t, c in dev["chosen"].items()
+    }
+    committed = json.loads((ROUND_2 / "done-when.json").read_text())
+    verdicts = done_when(dev, test)
+    for split_ in ("dev", "test"):
+        assert {k: (v["mode"], v["passes"], v["checks"]) for k, v in verdicts[split_].items()} == {
+            k: (v["mode"], v["passes"], v["checks"]) for k, v in committed[split_].items()
+        }
+    # What the round found: the yes/no type fails on both splits, under temperature.
+    assert not verdicts["dev"]["all noul"]["passes"] and not verdicts["test"]["all noul"]["passes"]
+
+
+def test_round_2_curve_regenerates_its_first_splits():
+    rows = load_rows(ROOT / DEV_RUNS["noul"])
+    logits, gold = task_reads(rows, "irony")
+    modes = ("temperature", "gold_prior", "cv_selected")
+    again = mode_curve(logits, gold, "noul", splits=2, modes=modes)
+    committed = json.loads((ROUND_2 / "dev-curve.json").read_text())["tasks"]["irony"]
+    assert again["majority"] == committed["majority"][:2]
+    for mode in modes:
+        for n, metrics in again["modes"][mode].items():
+            for metric, values in metrics.items():
+                assert values == pytest.approx(committed["modes"][mode][n][metric][:2], abs=1e-12)
+
+
+def test_the_read_signal_study_regenerates():
+    committed = json.loads((ROUND_2 / "read-signal.json").read_text())
+    again = read_signal({"noul": ROOT / DEV_RUNS["noul"]})
+    assert again["irony"]["drawn_majority_wrong"] == committed["irony"]["drawn_majority_wrong"] == 4
+    assert again["irony"]["auroc"] == pytest.approx(committed["irony"]["auroc"])
+    assert again["irony"]["answered_counts"] == committed["irony"]["answered_counts"]
+
+
+def test_the_uncalibrated_reads_of_a_temperature_default_answer_alike():
+    # Temperature never changes an answer: its held-out accuracy is the uncalibrated one, read by read.
+    rows = [r for r in load_rows(ROOT / DEV_RUNS["noul"]) if r["task"] == "irony"]
+    report = confirm(rows, {"noul": {"mode": "temperature"}}, splits=2, resamples=20, uncalibrated=True)
+    row = report["rows"]["irony"]
+    assert row["uncalibrated_accuracy"] == row["baseline_accuracy"] == row["candidate_accuracy"]
+    assert row["uncalibrated_ece"] != row["baseline_ece"]  # the confidences do move
+    lo, hi = row["uncalibrated_accuracy_ci95"]
+    assert lo <= row["uncalibrated_accuracy"] <= hi
+
+
+def test_an_unknown_round_is_refused_by_name():
+    ran = CliRunner().invoke(app, ["eval", "few-shot", "--round", "3", "--no-confirm"])
+    assert ran.exit_code != 0
+    assert "--round is one of 1, 2, not 3" in ran.output
