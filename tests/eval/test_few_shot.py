@@ -56,6 +56,7 @@ def test_a_mode_that_sacrifices_one_task_of_a_type_is_not_chosen():
     assert choose({"score": {"tasks": ["a", "b"], "modes": modes}})["score"]["mode"] == "temperature"
 
 
+@pytest.mark.slow  # the whole round-1 study: 20 splits × 6 gold counts × every mode and task (~40-90 s)
 def test_decide_eval_few_shot_regenerates_the_committed_choice_and_test_table(tmp_path, monkeypatch):
     monkeypatch.chdir(
         ROOT
