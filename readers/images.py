@@ -3,7 +3,7 @@
 A state with images is still the state's text (``ImageState`` is a ``str``), so every layer that
 builds prompts, rotates options or prices reads handles it unchanged; only the engine call looks at
 ``ImageState.images`` (``ReadRequest.images``). The bytes are the caller's own, decoded and checked
-by the service (``service/pipeline/image_parts.py``): nothing here fetches anything.
+by the service (``service/protocol/image_parts.py``): nothing here fetches anything.
 """
 
 from __future__ import annotations

@@ -150,12 +150,21 @@ def _parse_json(
         raise validation_error(("body",), "body nests JSON too deeply", "json_invalid") from None
     _check_values(payload)
     try:
-        return model.model_validate(payload, context=context)
+        parsed = model.model_validate(payload, context=context)
     except ValidationError as error:
         # Jev keeps the question type in the path, as pydantic does: body.questions.q.score.criteria.
         raise RequestValidationError(
             [{**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)]
         ) from None
+    if isinstance(parsed, SystemOneRequest):
+        # Searching a large state for every image's name is parsing work: done here, in the parse's
+        # thread for a large body; a refusal waits for the image-mode header's check
+        # (``refuse_unplaced_images``).
+        try:
+            parsed.place_images()
+        except ImageReferenceRefused as refused:
+            parsed._image_refusal = refused
+    return parsed
 
 
 LARGE_PARSES_PER_ROUTE = 2
@@ -314,15 +323,12 @@ def refuse_assets_without_image_mode(request: Request, body: Any) -> None:
         )
 
 
-def place_images(body: Any) -> None:
-    """Jev's images placed where the state references them (``SystemOneRequest.place_images``): 400
-    ``unsupported_feature`` naming a question's field that references one, 422 naming an image
-    nothing references."""
-    if not isinstance(body, SystemOneRequest):
-        return
-    try:
-        body.place_images()
-    except ImageReferenceRefused as refused:
+def refuse_unplaced_images(body: Any) -> None:
+    """The refusal placing Jev's images found when the body was parsed
+    (``SystemOneRequest.place_images``): 400 ``unsupported_feature`` naming a question's field that
+    references one, 422 naming an image nothing references."""
+    refused = getattr(body, "_image_refusal", None) if isinstance(body, SystemOneRequest) else None
+    if refused is not None:
         if refused.code == "unsupported_feature":
             raise UnsupportedFeature(
                 str(refused), param=".".join(str(part) for part in refused.loc[1:])
@@ -343,7 +349,7 @@ async def parse_for_model(
     refuse_danger_zone(request, reader.engine)
     body = await parse_request(request, model)
     refuse_assets_without_image_mode(request, body)
-    place_images(body)
+    refuse_unplaced_images(body)
     served = reader.engine.info.name
     asked = getattr(body, "model", None)
     if asked not in (None, served, *aliases):

@@ -388,6 +388,9 @@ class SystemOneRequest(BodyModel):
     # -- opendecide extensions
     domain: str | None = Field(default=None, max_length=200, description="calibration domain tag (optional)")
     _image_order: list[str] | None = PrivateAttr(default=None)
+    _image_refusal: ImageReferenceRefused | None = PrivateAttr(default=None)
+    """What ``place_images`` refused when the body was parsed, raised by the route after its header
+    checks (``service/parse.py``)."""
 
     @field_validator("questions")
     @classmethod

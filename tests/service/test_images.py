@@ -451,6 +451,7 @@ async def test_a_reference_the_reader_cannot_place_is_refused_naming_its_field(c
         instructions = await client.post("/v1/systemone", json=in_instructions, headers=IMAGES_ON)
         criteria = await client.post("/v1/systemone", json=in_criteria, headers=IMAGES_ON)
         nowhere = await client.post("/v1/systemone", json=unreferenced, headers=IMAGES_ON)
+        no_header = await client.post("/v1/systemone", json=unreferenced)
     for reply, param in [
         (instructions, "questions.q.noul.instructions"),
         (criteria, "questions.kind.choice.criteria.box"),
@@ -460,6 +461,10 @@ async def test_a_reference_the_reader_cannot_place_is_refused_naming_its_field(c
         assert detail["param"] == param and "'photo-1'" in detail["message"]
     assert nowhere.status_code == 422 and nowhere.json()["detail"][0]["loc"] == ["body", "assets", "photo-9"]
     assert "not referenced in state" in nowhere.json()["detail"][0]["msg"]
+    # Without image mode's header, the header is what is missing, whatever else is.
+    assert (
+        no_header.status_code == 400 and no_header.json()["detail"]["param"] == "TypeSafe-Danger-Zone-Images"
+    )
 
 
 @pytest.mark.anyio
