@@ -3,13 +3,14 @@
 A state with images is still the state's text (``ImageState`` is a ``str``), so every layer that
 builds prompts, rotates options or prices reads handles it unchanged; only the engine call looks at
 ``ImageState.images`` (``ReadRequest.images``). The bytes are the caller's own, decoded and checked
-by the service (``service/pipeline/image_parts.py``): nothing here fetches anything.
+by the service (``service/protocol/image_parts.py``): nothing here fetches anything.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -52,3 +53,58 @@ class ImageState(str):
 def state_images(state: str) -> tuple[StateImage, ...]:
     """The images ``state`` carries: none for a plain ``str``."""
     return state.images if isinstance(state, ImageState) else ()
+
+
+MAX_SIZES_KEPT = 1024
+"""Image sizes whose token counts ``ImageTokens`` keeps: one entry each, so callers sending images of
+ever new sizes cannot grow it without bound. Past it, new sizes are priced from those kept."""
+
+
+class ImageTokens:
+    """Prompt tokens an engine's model gives an image, as its engine reported them.
+
+    The start-up probe counts one 8 × 8 image (``Capabilities.image_tokens``). LLaVA and Gemma give
+    every image that count; Idefics3, Qwen2-VL and the like give a larger image more (tiles, or
+    patches per pixel area). So every read of a state whose images share one size records the count
+    the engine reported for them (its prompt tokens less the text's, ``observe``), and an image is
+    estimated (``estimate``) at the count recorded for its size, else the largest of the probe's and
+    those recorded for images of no more pixels: no processor gives a larger image fewer tokens, so
+    the estimate is at most what the engine will count (but for an image under the probe's 8 × 8),
+    and it is exact once an image of its size has been read. One per reader, shared by its tenants' views (``Reader.for_tenant``).
+    """
+
+    def __init__(self) -> None:
+        self.by_size: dict[tuple[int, int], int] = {}
+
+    def estimate(self, image: StateImage, probed: int) -> int:
+        size = (image.width, image.height)
+        if size in self.by_size:
+            return self.by_size[size]
+        pixels = image.width * image.height
+        return max([probed, *(count for (w, h), count in self.by_size.items() if w * h <= pixels)])
+
+    def total(self, images: Sequence[StateImage], probed: int) -> int:
+        """The estimated tokens of ``images`` together."""
+        return sum(self.estimate(image, probed) for image in images)
+
+    def observe(self, images: Sequence[StateImage], image_prompt_tokens: int) -> None:
+        """Record what the engine counted for ``images`` (its prompt tokens less the text's) where they
+        share one size, so the count splits evenly between them; mixed sizes record nothing."""
+        sizes = {(image.width, image.height) for image in images}
+        if len(sizes) != 1 or image_prompt_tokens <= 0:
+            return
+        (size,) = sizes
+        if size in self.by_size or len(self.by_size) < MAX_SIZES_KEPT:
+            self.by_size[size] = image_prompt_tokens // len(images)
+
+
+# vLLM refuses a prompt with more images than its --limit-mm-per-prompt allows with a 400 whose text
+# is this (vllm/multimodal/processing/context.py, ``validate_num_items``, 0.32.0), which the engine
+# passes on in its EngineBadReply; the limit itself is not in any endpoint the probe could ask.
+_ENGINE_IMAGE_LIMIT = re.compile(r"At most (\d+) image\(s\) may be provided in one prompt")
+
+
+def engine_image_limit(message: str) -> int | None:
+    """The images per prompt an engine's refusal says it reads at most, or None if it says no such thing."""
+    match = _ENGINE_IMAGE_LIMIT.search(message)
+    return int(match.group(1)) if match else None

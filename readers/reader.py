@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest, Tier
 from readers.errors import InvalidQuestion, PromptTooLong
-from readers.images import state_images
+from readers.images import ImageTokens, state_images
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
 from readers.probabilities import (
     DEFAULT_FLOOR_OFFSET,
@@ -114,6 +114,8 @@ class Reader:
         self.tier: Tier | None = None
         """How urgent its reads are (``ReadRequest.tier``); set by ``for_tenant``."""
         self.progress = ReadProgress()
+        self.image_tokens = ImageTokens()
+        """The tokens the engine gives an image, learned from its reads (shared by ``for_tenant``'s views)."""
 
     def for_tenant(self, tenant: str | None, cache_salt: str | None, tier: Tier | None = None) -> Reader:
         """This reader, its engine reads marked as ``tenant``'s, so the engine takes turns between
@@ -166,7 +168,11 @@ class Reader:
                     failures.append(f"{name}: {error}")
                     continue
                 self._check_length(
-                    len(slot.prompt_ids) + max(map(len, slot.label_sequences), default=1) - 1, loc
+                    len(slot.prompt_ids)
+                    + self.image_tokens.total(state_images(state), self.engine.capabilities.image_tokens)
+                    + max(map(len, slot.label_sequences), default=1)
+                    - 1,
+                    loc,
                 )
                 if style.reads_trie and n > 1 and len(set(slot.label_ids)) == 1 and deferred is None:
                     # Every label begins with the same token (a lone space before "10", "20"): that
@@ -281,6 +287,10 @@ class Reader:
                 call_of[i][node] = call
                 engine_calls[i] = call + 1
         latency_ms = (time.monotonic() - started) * 1000
+        images = state_images(state)
+        if images and prepared:
+            # The engine's count less the text's is what it gave the images: priced so from now on.
+            self.image_tokens.observe(images, replies[0][()].prompt_tokens - len(prepared[0][0].prompt_ids))
         readings = []
         for question, (slot, style), trie, nodes, calls, node_calls in zip(
             questions, prepared, tries, replies, engine_calls, call_of

@@ -35,6 +35,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from readers.errors import EngineBadReply
+from readers.images import engine_image_limit
 from service.admission import admitted
 from service.cancel import unless_disconnected
 from service.errors import validation_error
@@ -120,7 +122,11 @@ async def serve_decisions(
         return await decide(asked.jev, reads, affinity_key=asked.affinity_key, **context)
 
     jobs = [(asked.states, asked.jev.questions, ("body",))]
-    decided = await unless_disconnected(request, admitted(request, reader, jobs, work))
+    try:
+        decided = await unless_disconnected(request, admitted(request, reader, jobs, work))
+    except EngineBadReply as error:
+        refuse_over_engine_image_limit(asked.jev, reader.engine, error)
+        raise
     answer_sets = (
         [result.answers for result in decided.results]
         if isinstance(decided, BatchResponse)
@@ -143,6 +149,26 @@ def refuse_unread_images(jev: SystemOneRequest | BatchRequest, engine: Any) -> N
             "text only (GET /v1/models: reads_images)"
         )
         raise validation_error(loc, message, "unsupported_feature")
+
+
+def refuse_over_engine_image_limit(
+    jev: SystemOneRequest | BatchRequest, engine: Any, error: EngineBadReply
+) -> None:
+    """The engine refused more images in one prompt than it was started to read (vLLM's
+    ``--limit-mm-per-prompt``, below this service's ``MAX_IMAGES``): the caller's request, not an
+    engine fault, so refused in the validation shape naming the first image over the engine's limit
+    (Jev's 422, OpenAI's and Google's 400), rather than answered 502."""
+    limit = engine_image_limit(str(error))
+    if limit is None or not isinstance(jev, SystemOneRequest):
+        return
+    parts = jev.image_parts()
+    if len(parts) <= limit:
+        return
+    message = (
+        f"the {engine.kind} engine serving {engine.info.name} reads at most {limit} images in one prompt "
+        f"(its --limit-mm-per-prompt); this request has {len(parts)}"
+    )
+    raise validation_error(parts[limit][0], message, "too_many_images") from error
 
 
 def observed(request: Request, model: str, answer_sets: Iterable[dict]) -> None:

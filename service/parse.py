@@ -31,6 +31,8 @@ from readers.reader import Reader
 from service.errors import NotUtf8, Overloaded, UnsupportedFeature, validation_error
 from service.middleware.decompress import INLINE_BODY_BYTES
 from service.protocol import SystemOneRequest
+from service.protocol.multipart import MultipartRefused, is_multipart, split_multipart
+from service.protocol.questions import ImageReferenceRefused
 from service.scopes import ANONYMOUS
 from service.state import JEV_ALIASES, reader_of
 
@@ -88,10 +90,39 @@ def _decoder(*, yielding: bool) -> json.JSONDecoder:
     return decoder
 
 
-def parse_body(body: bytes, model: type[ModelT], *, yielding: bool = False) -> ModelT:
+def parse_body(
+    body: bytes, model: type[ModelT], *, yielding: bool = False, content_type: str | None = None
+) -> ModelT:
     """Bytes → validated ``model``, every failure a 422 whose ``loc`` names the field (415 for a body
     that is not UTF-8). ``yielding``: parse with the scanner that lets other threads run between
-    values (``parse_large_body``)."""
+    values (``parse_large_body``). A ``multipart/form-data`` body (Jev 1.14's image mode, on
+    ``/v1/systemone`` only) is its JSON part, whose assets take the file parts by name."""
+    if content_type is not None and is_multipart(content_type):
+        return _parse_multipart(body, content_type, model, yielding=yielding)
+    return _parse_json(body, model, yielding=yielding)
+
+
+def _parse_multipart(body: bytes, content_type: str, model: type[ModelT], *, yielding: bool) -> ModelT:
+    try:
+        request, files = split_multipart(body, content_type)
+    except MultipartRefused as refused:
+        loc = ("body",) if refused.part is None else ("body", refused.part)
+        raise validation_error(loc, str(refused), "multipart_invalid") from None
+    parsed = _parse_json(request, model, yielding=yielding, context={"file_parts": files})
+    unused = files.unused()
+    if unused:
+        raise validation_error(
+            ("body", unused[0]),
+            f"file part {unused[0]!r} is no asset's part: every image is named by an asset "
+            '({"type": "image", "format": …, "part": "<part name>"})',
+            "multipart_invalid",
+        )
+    return parsed
+
+
+def _parse_json(
+    body: bytes, model: type[ModelT], *, yielding: bool, context: dict[str, Any] | None = None
+) -> ModelT:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -119,12 +150,21 @@ def parse_body(body: bytes, model: type[ModelT], *, yielding: bool = False) -> M
         raise validation_error(("body",), "body nests JSON too deeply", "json_invalid") from None
     _check_values(payload)
     try:
-        return model.model_validate(payload)
+        parsed = model.model_validate(payload, context=context)
     except ValidationError as error:
         # Jev keeps the question type in the path, as pydantic does: body.questions.q.score.criteria.
         raise RequestValidationError(
             [{**item, "loc": ("body", *item["loc"])} for item in error.errors(include_url=False)]
         ) from None
+    if isinstance(parsed, SystemOneRequest):
+        # Searching a large state for every image's name is parsing work: done here, in the parse's
+        # thread for a large body; a refusal waits for the image-mode header's check
+        # (``refuse_unplaced_images``).
+        try:
+            parsed.place_images()
+        except ImageReferenceRefused as refused:
+            parsed._image_refusal = refused
+    return parsed
 
 
 LARGE_PARSES_PER_ROUTE = 2
@@ -222,22 +262,24 @@ class _CollectionPause:
 COLLECTION_PAUSE = _CollectionPause()
 
 
-def parse_large_body(body: bytes, model: type[ModelT]) -> ModelT:
+def parse_large_body(body: bytes, model: type[ModelT], content_type: str | None = None) -> ModelT:
     """``parse_body`` for a large body, in a worker thread: the garbage collector paused, and the
     scanner that lets the GIL go between values."""
     with COLLECTION_PAUSE.paused():
-        return parse_body(body, model, yielding=True)
+        return parse_body(body, model, yielding=True, content_type=content_type)
 
 
 async def parse_request(request: Request, model: type[ModelT]) -> ModelT:
     """The request's body as a validated ``model`` (``parse_body``): on the event loop for a small body,
     in a worker thread, within the route's parse slots, for one over ``INLINE_BODY_BYTES``."""
     body = await request.body()
+    content_type = request.headers.get("content-type")
     if len(body) <= INLINE_BODY_BYTES:
-        return parse_body(body, model)
+        return parse_body(body, model, content_type=content_type)
     slots: ParseSlots = request.app.state.parse_slots
     tenant = request.scope.get("state", {}).get("caller", ANONYMOUS).tenant
-    return await slots.run(request.url.path, functools.partial(parse_large_body, body, model), tenant)
+    parse = functools.partial(parse_large_body, body, model, content_type)
+    return await slots.run(request.url.path, parse, tenant)
 
 
 # Jev 1.14 switches these modes on by header. Long context is never served: requests are read within
@@ -281,6 +323,19 @@ def refuse_assets_without_image_mode(request: Request, body: Any) -> None:
         )
 
 
+def refuse_unplaced_images(body: Any) -> None:
+    """The refusal placing Jev's images found when the body was parsed
+    (``SystemOneRequest.place_images``): 400 ``unsupported_feature`` naming a question's field that
+    references one, 422 naming an image nothing references."""
+    refused = getattr(body, "_image_refusal", None) if isinstance(body, SystemOneRequest) else None
+    if refused is not None:
+        if refused.code == "unsupported_feature":
+            raise UnsupportedFeature(
+                str(refused), param=".".join(str(part) for part in refused.loc[1:])
+            ) from None
+        raise validation_error(refused.loc, str(refused), "image_unreferenced") from None
+
+
 def _header_name(header: str) -> str:
     return "-".join("TypeSafe" if part == "typesafe" else part.capitalize() for part in header.split("-"))
 
@@ -294,6 +349,7 @@ async def parse_for_model(
     refuse_danger_zone(request, reader.engine)
     body = await parse_request(request, model)
     refuse_assets_without_image_mode(request, body)
+    refuse_unplaced_images(body)
     served = reader.engine.info.name
     asked = getattr(body, "model", None)
     if asked not in (None, served, *aliases):

@@ -11,9 +11,9 @@ content-free prior reads a new question schedules) and counting **each distinct 
   content-free prior reads of a question share it with the question's own read);
 - below each prompt, its answer slot's token-trie nodes, one token each (``readers/trie.py``): a
   255-option question adds the trie's distinct tokens, not levels × options;
-- a state's images once per state, each at the tokens the engine counted for its start-up probe's
-  image (``Capabilities.image_tokens``): a model whose image tokens grow with the image's size is
-  priced as for the probe's.
+- a state's images once per state, each at the tokens the engine gives an image of its size
+  (``readers.images.ImageTokens``): the count its reads reported for that size, else the largest of
+  its start-up probe's (``Capabilities.image_tokens``) and those reported for smaller images.
 
 This is what the local engine computes for a request on an empty prefix cache (its reads report it:
 ``tokens_computed``), and what vLLM computes with prefix caching; with prompts already cached both
@@ -49,11 +49,12 @@ def distinct_tokens(reader: Reader, reads: Iterable[tuple[QuestionSpec, str, Loc
     the distinct prefixes of their prompts plus each distinct prompt's answer-trie nodes below it.
     Raises what ``Reader.prepare`` raises (a question or state that cannot be read, naming ``loc``)."""
     below: dict[tuple[int, ...], int] = {}
-    images: dict[tuple[str, ...], int] = {}  # a state's images, by their digests: read once per state
+    images: dict[tuple[str, ...], int] = {}  # a state's images' tokens, by their digests: once per state
+    probed = reader.engine.capabilities.image_tokens
     for spec, state, loc in reads:
         carried = state_images(state)
         if carried:
-            images[(state, *(image.sha256 for image in carried))] = len(carried)
+            images[(state, *(image.sha256 for image in carried))] = reader.image_tokens.total(carried, probed)
         slot, style = reader.prepare(spec, state, loc=loc)
         # The root is the prompt's own last token; every other node adds one token under it.
         below[slot.prompt_ids] = max(below.get(slot.prompt_ids, 0), answer_trie(slot, style).node_count - 1)
@@ -63,8 +64,8 @@ def distinct_tokens(reader: Reader, reads: Iterable[tuple[QuestionSpec, str, Loc
     for prompt in sorted(below):
         total += len(prompt) - _common_prefix(previous, prompt)
         previous = prompt
-    # Images come before the text, as many tokens each as the engine counted its probe's image.
-    return total + sum(below.values()) + sum(images.values()) * reader.engine.capabilities.image_tokens
+    # Images come before the text, each at the tokens the engine gives an image of its size.
+    return total + sum(below.values()) + sum(images.values())
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from service.errors import send_error
 from service.middleware.asgi import ASGIApp, Receive, Scope, Send
+from service.protocol.multipart import is_multipart
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+MULTIPART_PATHS = frozenset({"/v1/systemone", "/decide"})
+"""The routes that also read ``multipart/form-data``: Jev's, for its image mode."""
 
 
 def is_json(content_type: str) -> bool:
@@ -35,7 +38,10 @@ class JsonBodyMiddleware:
             content_type = next(
                 (value.decode("latin-1") for name, value in scope["headers"] if name == b"content-type"), ""
             )
-            if not is_json(content_type):
+            # Jev 1.14's image mode sends its images as file parts beside the JSON request
+            # (service/protocol/multipart.py); no other route reads a form.
+            multipart = scope["path"] in MULTIPART_PATHS and is_multipart(content_type)
+            if not is_json(content_type) and not multipart:
                 shown = content_type[:60] or "none"
                 message = f"Content-Type {shown!r} is not accepted; send application/json (UTF-8)"
                 await send_error(send, 415, "unsupported_media_type", message, param="Content-Type")

@@ -76,6 +76,12 @@ def image_from_base64(data: str, media_type: str) -> StateImage:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise ImageRefused("the image data is not valid base64") from None
+    return image_from_bytes(raw, media_type)
+
+
+def image_from_bytes(raw: bytes, media_type: str) -> StateImage:
+    """An image's own bytes (a multipart file part's, or decoded base64) of ``media_type``, within the
+    limits."""
     if len(raw) > MAX_IMAGE_BYTES:
         raise ImageRefused(f"the image is over {MAX_IMAGE_BYTES} bytes ({len(raw)} bytes)")
     found, width, height = image_header(raw)

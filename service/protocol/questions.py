@@ -18,7 +18,8 @@ from readers.images import ImageState, StateImage
 from readers.prompt import QuestionSpec, content_text
 from service.protocol.base import BodyModel, Content, RequestModel, described
 from service.protocol.confusables import skeleton
-from service.protocol.image_parts import MAX_IMAGES, ImageRefused, image_from_base64, image_from_url
+from service.protocol.image_parts import MAX_IMAGES, ImageRefused, image_from_base64, image_from_bytes
+from service.protocol.multipart import FileParts
 
 MIN_OPTIONS, MAX_OPTIONS = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
@@ -279,30 +280,37 @@ def refuse_box(questions: Any) -> Any:
     return questions
 
 
+JEV_IMAGE_FORMATS = {"png": "image/png", "jpeg": "image/jpeg", "jpg": "image/jpeg"}
+"""Jev 1.14's image formats (PNG and JPEG only), as ``format`` names them, to their media types."""
+
+
 class ImageAsset(RequestModel):
-    """One image of the state (Jev 1.14's image mode, ``TypeSafe-Danger-Zone-Images``): a ``data:``
-    URL in ``url``, or base64 in ``data`` with its ``media_type``. Decoded and checked here
-    (``service/protocol/image_parts.py``); a URL is never fetched. The other formats' image parts
-    become these too (``from_image``), keeping the path of the part they came from for errors."""
+    """One image of the request (Jev 1.14's image mode, ``TypeSafe-Danger-Zone-Images``), under the
+    name that stands for it in the request's text: its bytes in ``data_base64`` (standard base64, no
+    ``data:`` prefix) or in the multipart file part ``part`` names (``service/protocol/multipart.py``).
+    Decoded and checked here (``service/protocol/image_parts.py``); nothing is ever fetched. The other
+    formats' image parts become these too (``from_image``), keeping the path of the part they came
+    from for errors."""
 
     type: Literal["image"]
-    url: str | None = None
-    data: str | None = None
-    media_type: str | None = None
+    format: Literal["png", "jpeg", "jpg"]
+    data_base64: str | None = None
+    part: str | None = None
     _image: StateImage | None = PrivateAttr(default=None)
     _loc: Loc | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
-    def decode(self) -> ImageAsset:
-        if (self.url is None) == (self.data is None):
-            raise ValueError("an image asset has either url (a data: URL) or data (base64) with media_type")
+    def decode(self, info: ValidationInfo) -> ImageAsset:
+        if (self.data_base64 is None) == (self.part is None):
+            raise ValueError(
+                "an image asset has either data_base64 (the image in base64) or part (a file part)"
+            )
+        media_type = JEV_IMAGE_FORMATS[self.format]
         try:
-            if self.url is not None:
-                self._image = image_from_url(self.url)
+            if self.data_base64 is not None:
+                self._image = image_from_base64(self.data_base64, media_type)
             else:
-                if self.media_type is None:
-                    raise ImageRefused("base64 data needs its media_type (image/png, image/jpeg, …)")
-                self._image = image_from_base64(self.data or "", self.media_type)
+                self._image = image_from_bytes(_file_part(self.part or "", info), media_type)
         except ImageRefused as refused:
             raise ValueError(str(refused)) from None
         return self
@@ -310,13 +318,57 @@ class ImageAsset(RequestModel):
     @classmethod
     def from_image(cls, image: StateImage, loc: Loc) -> ImageAsset:
         """An image another format's part carried, already decoded, refused under ``loc`` if need be."""
-        asset = cls.model_construct(type="image", url=None, data=None, media_type=image.media_type)
+        # Constructed, not validated: ``format`` records the part's own type (GIF and WebP included).
+        media = image.media_type.removeprefix("image/")
+        asset = cls.model_construct(type="image", format=media, data_base64=None, part=None)
         asset._image, asset._loc = image, loc
         return asset
 
     def image(self) -> StateImage:
         assert self._image is not None, "an asset is decoded when validated or built by from_image"
         return self._image
+
+
+def _file_part(name: str, info: ValidationInfo) -> bytes:
+    """The bytes of the multipart file part ``name`` (``FileParts`` in the validation context)."""
+    files = (info.context or {}).get("file_parts")
+    if not isinstance(files, FileParts):
+        raise ImageRefused(
+            f"part {name!r} names a file part of a multipart/form-data request; this request is JSON: "
+            "send the image in data_base64"
+        )
+    try:
+        part = files.take(name)
+    except KeyError:
+        raise ImageRefused(f"the request has no file part named {name!r}") from None
+    return part.data
+
+
+class ImageReferenceRefused(Exception):
+    """An image the request's text does not place where this server can read it: ``loc`` names the
+    field, ``code`` is ``unsupported_feature`` (a reference in a question) or ``invalid_input`` (an
+    image nothing references). Not a ValueError: raised by ``SystemOneRequest.place_images`` after
+    validation, and turned into the route's error there (``service/parse.py``)."""
+
+    def __init__(self, loc: Loc, message: str, code: str) -> None:
+        super().__init__(message)
+        self.loc, self.code = loc, code
+
+
+def question_texts(name: str, question: Any) -> list[tuple[Loc, str]]:
+    """Every text of a question in which a reference could stand: its instructions and each
+    criterion's description, with the path of each."""
+    texts: list[tuple[Loc, Any]] = [(("questions", name, "instructions"), question.instructions)]
+    criteria = question.criteria
+    if isinstance(criteria, NoulCriteria):
+        texts += [
+            (("questions", name, "criteria", side), getattr(criteria, side)) for side in ("true", "false")
+        ]
+    elif isinstance(criteria, dict):
+        texts += [(("questions", name, "criteria", option), text) for option, text in criteria.items()]
+    elif isinstance(criteria, list):
+        texts += [(("questions", name, "criteria", level), text) for level, text in enumerate(criteria)]
+    return [(loc, content_text(text)) for loc, text in texts if described(text)]
 
 
 class SystemOneRequest(BodyModel):
@@ -329,11 +381,16 @@ class SystemOneRequest(BodyModel):
     )
     assets: dict[str, ImageAsset] | None = Field(
         default=None,
-        description="the state's images (Jev 1.14's image mode: send TypeSafe-Danger-Zone-Images), read before "
-        f"its text, in order; at most {MAX_IMAGES}; data URLs or base64 only",
+        description="the request's images by the name that stands for each in its state (Jev 1.14's image "
+        "mode: send TypeSafe-Danger-Zone-Images), read before the state's text in the order the state names "
+        f"them; at most {MAX_IMAGES}; PNG or JPEG, in data_base64 or a multipart file part (part)",
     )
     # -- opendecide extensions
     domain: str | None = Field(default=None, max_length=200, description="calibration domain tag (optional)")
+    _image_order: list[str] | None = PrivateAttr(default=None)
+    _image_refusal: ImageReferenceRefused | None = PrivateAttr(default=None)
+    """What ``place_images`` refused when the body was parsed, raised by the route after its header
+    checks (``service/parse.py``)."""
 
     @field_validator("questions")
     @classmethod
@@ -359,12 +416,50 @@ class SystemOneRequest(BodyModel):
         return content_text(self.state)
 
     def image_parts(self) -> list[tuple[Loc, StateImage]]:
-        """The state's images in order, each with the path of the part it came from."""
+        """The state's images in order (``place_images``'s, else the map's), each with the path of the
+        part it came from."""
         if not self.assets:
             return []
+        order = getattr(self, "_image_order", None) or list(self.assets)
         return [
-            (asset._loc or ("body", "assets", name), asset.image()) for name, asset in self.assets.items()
+            (self.assets[name]._loc or ("body", "assets", name), self.assets[name].image()) for name in order
         ]
+
+    def place_images(self) -> None:
+        """Where Jev's text references each image (its name, matched as plain text): the reader puts a
+        request's images before its state's text, which every question shares, in the order the state
+        names them. ImageReferenceRefused naming the field for a reference in a question's instructions
+        or criteria (an image there would be read with the state, not where it stands), and naming the
+        asset for an image the request never references (Jev 1.14 refuses those too)."""
+        if not self.assets:
+            return
+        state = self.state_text()
+        texts = [
+            (("body", "questions", name, question.type, *loc[2:]), text)
+            for name, question in self.questions.items()
+            for loc, text in question_texts(name, question)
+        ]
+        first: dict[str, int] = {}
+        for name in self.assets:
+            for loc, text in texts:
+                if name in text:
+                    raise ImageReferenceRefused(
+                        loc,
+                        f"image {name!r} is referenced in a question's {loc[4]}; this server reads a request's "
+                        "images with its state, which all its questions share, and places no image inside a "
+                        "question: reference it in state, and name it there (a state key in backticks)",
+                        "unsupported_feature",
+                    )
+            at = state.find(name)
+            if at < 0:
+                raise ImageReferenceRefused(
+                    ("body", "assets", name),
+                    f"image {name!r} is not referenced in state: an image stands where its name is in the "
+                    "request's text",
+                    "invalid_input",
+                )
+            first[name] = at
+        self._image_order = sorted(self.assets, key=first.__getitem__)
 
     def state_for_reading(self) -> str:
         """What the reader reads: the state's text, carrying its images where it has any

@@ -167,10 +167,16 @@ async def test_a_states_images_are_computed_once_for_its_questions_under_its_sal
 
 async def test_every_wire_format_answers_an_image_decision(engine, client_factory):
     digest = hashlib.sha256(RED).hexdigest()
+    # Jev 1.14's image mode as its clients send it: the request in a JSON part, the image in a file
+    # part its asset names, and the asset's name where the image stands in the state.
     jev = {
-        "state": STATE,
-        "assets": {"photo": {"type": "image", "url": data_url(RED)}},
+        "state": f"{STATE} Photo: photo-1.",
+        "assets": {"photo-1": {"type": "image", "format": "png", "part": "photo"}},
         "questions": {"q": {"type": "noul", "instructions": "Is the parcel damaged?"}},
+    }
+    jev_files = {
+        "request": (None, json.dumps(jev).encode(), "application/json"),
+        "photo": ("photo.png", RED, "image/png"),
     }
     openai = {
         "model": SERVED,
@@ -186,7 +192,7 @@ async def test_every_wire_format_answers_an_image_decision(engine, client_factor
         models = (await client.get("/v1/models")).json()["models"][0]
         replies = {
             "jev": await client.post(
-                "/v1/systemone", json=jev, headers={"TypeSafe-Danger-Zone-Images": "true"}
+                "/v1/systemone", files=jev_files, headers={"TypeSafe-Danger-Zone-Images": "true"}
             ),
             "openai": await client.post("/v1/decisions", json=openai),
             "google": await client.post("/v1beta/decisions", json=google),
@@ -226,3 +232,46 @@ async def test_a_choice_read_level_by_level_reads_every_level_with_the_images(en
     assert reading.label_probabilities.probabilities != pytest.approx(
         text.label_probabilities.probabilities, abs=1e-6
     )
+
+
+async def test_more_images_than_the_engine_reads_are_refused_naming_the_first_over(engine, client_factory):
+    # The server reads MAX_IMAGES per prompt (--limit-mm-per-prompt), far below the service's 128:
+    # its refusal is the caller's request, answered naming the first image over, not a 502.
+    over = MAX_IMAGES + 1
+    b64 = base64.b64encode(RED).decode()
+    names = [f"photo-{i}" for i in range(over)]
+    question = {"type": "noul", "instructions": "Is the parcel damaged?"}
+    jev = {
+        "state": f"{STATE} Photos: {', '.join(names)}.",
+        "assets": {name: {"type": "image", "format": "png", "data_base64": b64} for name in names},
+        "questions": {"q": question},
+    }
+    openai = {
+        "model": SERVED,
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": STATE}] + [{"type": "input_image", "image_url": data_url(RED)}] * over}],
+        "questions": [{"type": "predicate", "instructions": question["instructions"]}],
+    }  # fmt: skip
+    google = {
+        "model": f"models/{SERVED}",
+        "input": [{"type": "text", "text": STATE}] + [{"type": "image", "data": b64, "mime_type": "image/png"}] * over,
+        "questions": {"q": question},
+    }  # fmt: skip
+    async with client_factory(engine) as client:
+        jev_reply = await client.post(
+            "/v1/systemone", json=jev, headers={"TypeSafe-Danger-Zone-Images": "true"}
+        )
+        openai_reply = await client.post("/v1/decisions", json=openai)
+        google_reply = await client.post("/v1beta/decisions", json=google)
+    says = f"reads at most {MAX_IMAGES} images in one prompt"
+    detail = jev_reply.json()["detail"][0]
+    print(f"engine limit: {jev_reply.status_code} {detail}")
+    assert jev_reply.status_code == 422 and detail["loc"] == ["body", "assets", names[MAX_IMAGES]]
+    assert says in detail["msg"] and f"this request has {over}" in detail["msg"]
+    error = openai_reply.json()["error"]
+    assert (
+        openai_reply.status_code == 400
+        and error["param"] == f"input[0].content[{over}]"
+        and says in error["message"]
+    )
+    error = google_reply.json()["error"]
+    assert google_reply.status_code == 400 and says in error["message"], error

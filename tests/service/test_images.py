@@ -12,6 +12,8 @@ import base64
 import dataclasses
 import hashlib
 import io
+import json
+import random
 import struct
 import zlib
 
@@ -19,6 +21,7 @@ import pytest
 from PIL import Image
 
 from readers.engines.base import EngineReply, ReadMode, ReadRequest
+from readers.errors import EngineBadReply
 from readers.images import ImageState, state_images
 from readers.prompt import QuestionSpec
 from readers.reader import Reader
@@ -150,12 +153,26 @@ def vision_engine(local_engine, seen: list[ReadRequest]):
     return engine
 
 
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
 def jev(images: dict[str, bytes]) -> dict:
+    """Jev 1.14's image mode: each image under a name the state references (plain text)."""
+    state = "A parcel at the door." + (f" Photos: {', '.join(images)}." if images else "")
     return {
-        "state": "A parcel at the door.",
-        "assets": {name: {"type": "image", "url": data_url(raw)} for name, raw in images.items()},
+        "state": state,
+        "assets": {
+            name: {"type": "image", "format": "png", "data_base64": b64(raw)} for name, raw in images.items()
+        },
         "questions": {"q": QUESTION},
     }
+
+
+def multipart(request: dict, files: dict[str, tuple[str, bytes]]) -> dict:
+    """httpx's ``files=``: the JSON request in an application/json part, each image in a file part."""
+    parts = {"request": (None, json.dumps(request).encode(), "application/json")}
+    return {**parts, **{name: (f"{name}.png", raw, media_type) for name, (media_type, raw) in files.items()}}
 
 
 def openai(images: list[bytes], model: str) -> dict:
@@ -313,9 +330,10 @@ async def test_every_limit_refuses_naming_the_part_on_every_route(client_factory
     huge = png_header_only(5000, 5000)
     async with client_factory(engine) as client:
         jev_huge = await client.post("/v1/systemone", json=jev({"ok": RED, "bomb": huge}), headers=IMAGES_ON)
+        far = {"type": "image", "format": "png", "url": "https://example.com/a.png"}
         jev_url = await client.post(
             "/v1/systemone",
-            json={**jev({}), "assets": {"far": {"type": "image", "url": "https://example.com/a.png"}}},
+            json={**jev({}), "state": "far", "assets": {"far": far}},
             headers=IMAGES_ON,
         )
         jev_many = await client.post(
@@ -332,7 +350,13 @@ async def test_every_limit_refuses_naming_the_part_on_every_route(client_factory
         google_uri = await client.post("/v1beta/decisions", json=by_uri)
     assert jev_huge.status_code == 422 and jev_huge.json()["detail"][0]["loc"] == ["body", "assets", "bomb"]
     assert "pixels" in jev_huge.json()["detail"][0]["msg"]
-    assert jev_url.status_code == 422 and "not fetched" in jev_url.json()["detail"][0]["msg"]
+    # Jev's assets carry an image's bytes only: a URL is no field of theirs, refused by name.
+    assert jev_url.status_code == 422 and jev_url.json()["detail"][0]["loc"] == [
+        "body",
+        "assets",
+        "far",
+        "url",
+    ]
     assert (
         jev_many.status_code == 422 and f"at most {MAX_IMAGES} images" in jev_many.json()["detail"][0]["msg"]
     )
@@ -359,9 +383,253 @@ async def test_a_batch_refuses_images_rather_than_ignoring_them(client_factory, 
     body = {
         "states": ["a parcel"],
         "questions": {"q": QUESTION},
-        "assets": {"p": {"type": "image", "url": data_url(RED)}},
+        "assets": {"p": {"type": "image", "format": "png", "data_base64": b64(RED)}},
     }
     async with client_factory(engine) as client:
         reply = await client.post("/decide/batch", json=body, headers=IMAGES_ON)
     assert reply.status_code == 422 and reply.json()["detail"][0]["loc"] == ["body", "assets"]
     assert "text states only" in reply.json()["detail"][0]["msg"]
+
+
+# -- Jev 1.14's image mode: references and multipart ---------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_jev_images_come_as_file_parts_or_base64_alike_in_the_order_the_state_names_them(
+    client_factory, local_engine
+):
+    seen: list[ReadRequest] = []
+    engine = vision_engine(local_engine, seen)
+    # The map lists blue first; the state names red first: the state's order is the reading order.
+    request = {
+        "state": {"note": "A parcel at the door.", "front": "photo-red", "back": "photo-blue"},
+        "questions": {"q": QUESTION},
+    }
+    inline = {
+        **request,
+        "assets": {
+            "photo-blue": {"type": "image", "format": "png", "data_base64": b64(BLUE)},
+            "photo-red": {"type": "image", "format": "png", "data_base64": b64(RED)},
+        },
+    }
+    parts = {
+        **request,
+        "assets": {
+            "photo-blue": {"type": "image", "format": "png", "part": "blue"},
+            "photo-red": {"type": "image", "format": "png", "part": "red"},
+        },
+    }
+    files = multipart(parts, {"blue": ("image/png", BLUE), "red": ("image/png", RED)})
+    async with client_factory(engine) as client:
+        by_json = await client.post("/v1/systemone", json=inline, headers=IMAGES_ON)
+        by_parts = await client.post("/v1/systemone", files=files, headers=IMAGES_ON)
+        on_decide = await client.post("/decide", files=files, headers=IMAGES_ON)
+    assert by_json.status_code == by_parts.status_code == on_decide.status_code == 200, by_parts.text
+    digests = [hashlib.sha256(raw).hexdigest() for raw in (RED, BLUE)]
+    for reply in (by_json, by_parts, on_decide):
+        assert reply.json()["answers"]["q"]["x_reading"]["images"] == digests
+    assert by_parts.json()["answers"]["q"]["noul"] == by_json.json()["answers"]["q"]["noul"]
+    assert seen and all([image.data for image in read.images] == [RED, BLUE] for read in seen)
+
+
+@pytest.mark.anyio
+async def test_a_reference_the_reader_cannot_place_is_refused_naming_its_field(client_factory, local_engine):
+    engine = vision_engine(local_engine, [])
+    asset = {"type": "image", "format": "png", "data_base64": b64(RED)}
+    in_instructions = {
+        "state": "A parcel: photo-1.",
+        "assets": {"photo-1": asset},
+        "questions": {"q": {"type": "noul", "instructions": "Is photo-1 damaged?"}},
+    }
+    in_criteria = {
+        "state": "A parcel: photo-1.",
+        "assets": {"photo-1": asset},
+        "questions": {"kind": {"type": "choice", "criteria": {"box": "like photo-1", "bag": None}}},
+    }
+    unreferenced = {**jev({}), "assets": {"photo-9": asset}}
+    async with client_factory(engine) as client:
+        instructions = await client.post("/v1/systemone", json=in_instructions, headers=IMAGES_ON)
+        criteria = await client.post("/v1/systemone", json=in_criteria, headers=IMAGES_ON)
+        nowhere = await client.post("/v1/systemone", json=unreferenced, headers=IMAGES_ON)
+        no_header = await client.post("/v1/systemone", json=unreferenced)
+    for reply, param in [
+        (instructions, "questions.q.noul.instructions"),
+        (criteria, "questions.kind.choice.criteria.box"),
+    ]:
+        detail = reply.json()["detail"]
+        assert reply.status_code == 400 and detail["error_type"] == "unsupported_feature", detail
+        assert detail["param"] == param and "'photo-1'" in detail["message"]
+    assert nowhere.status_code == 422 and nowhere.json()["detail"][0]["loc"] == ["body", "assets", "photo-9"]
+    assert "not referenced in state" in nowhere.json()["detail"][0]["msg"]
+    # Without image mode's header, the header is what is missing, whatever else is.
+    assert (
+        no_header.status_code == 400 and no_header.json()["detail"]["param"] == "TypeSafe-Danger-Zone-Images"
+    )
+
+
+@pytest.mark.anyio
+async def test_a_multipart_request_outside_the_rules_is_refused_naming_the_part(client_factory, local_engine):
+    engine = vision_engine(local_engine, [])
+    by_part = {
+        **jev({}),
+        "state": "photo",
+        "assets": {"photo": {"type": "image", "format": "png", "part": "p"}},
+    }
+    async with client_factory(engine) as client:
+
+        async def post(files, path="/v1/systemone"):
+            return await client.post(path, files=files, headers=IMAGES_ON)
+
+        unused = await post(multipart(by_part, {"p": ("image/png", RED), "extra": ("image/png", BLUE)}))
+        missing = await post(multipart(by_part, {"q": ("image/png", RED)}))
+        wrong_type = await post(multipart(by_part, {"p": ("image/gif", RED)}))
+        lying = await post(
+            multipart(
+                {**by_part, "assets": {"photo": {**by_part["assets"]["photo"], "format": "jpeg"}}},
+                {"p": ("image/jpeg", RED)},
+            )
+        )
+        too_many = await post(
+            multipart(jev({}), {f"f{n}": ("image/png", RED) for n in range(MAX_IMAGES + 1)})
+        )
+        no_request = await post({"p": ("p.png", RED, "image/png")})
+        in_json = await client.post("/v1/systemone", json=by_part, headers=IMAGES_ON)
+        elsewhere = await post(multipart(by_part, {"p": ("image/png", RED)}), "/v1/decisions")
+    for reply, loc, says in [
+        (unused, ["body", "extra"], "no asset's part"),
+        (missing, ["body", "assets", "photo"], "no file part named 'p'"),
+        (wrong_type, ["body", "p"], "image/gif"),
+        (lying, ["body", "assets", "photo"], "declared image/jpeg but its bytes are image/png"),
+        (too_many, ["body"], f"at most {MAX_IMAGES + 1} parts"),
+        (no_request, ["body"], "application/json part"),
+        (in_json, ["body", "assets", "photo"], "this request is JSON"),
+    ]:
+        detail = reply.json()["detail"][0]
+        assert reply.status_code == 422 and detail["loc"] == loc and says in detail["msg"], (says, detail)
+    # Only Jev's route reads a form: another still answers 415 naming the header.
+    assert elsewhere.status_code == 415
+
+
+# -- what images cost ----------------------------------------------------------------------------
+
+
+def sized_engine(local_engine, seen: list[ReadRequest], probed: int = 4):
+    """An engine whose model gives an image one token per 16 pixels (a tiling processor's growth),
+    reporting its prompt count as vLLM does; its start-up probe counted ``probed`` per image."""
+
+    def read(request: ReadRequest) -> EngineReply:
+        seen.append(request)
+        logprobs = {token: -0.5 - i for i, token in enumerate(request.label_ids)}
+        images = sum(image.width * image.height // 16 for image in request.images)
+        return EngineReply(logprobs, ReadMode.EXACT, len(request.prompt_ids) + images, 1.0)
+
+    engine = function_engine(local_engine, read, ReadMode.EXACT)
+    engine.capabilities = dataclasses.replace(engine.capabilities, images=True, image_tokens=probed)
+    return engine
+
+
+@pytest.mark.anyio
+async def test_images_are_priced_at_the_tokens_the_engine_reported_for_their_size(local_engine):
+    seen: list[ReadRequest] = []
+    reader = Reader(sized_engine(local_engine, seen))
+    spec = QuestionSpec("noul", "Is it damaged?", ("true", "false"), (None, None))
+    small, medium, large = (image_from_url(data_url(picture((9, 9, 9), (s, s)))) for s in (16, 32, 64))
+    text = distinct_tokens(reader, [(spec, "a parcel", ())])
+
+    def priced(image) -> int:
+        return distinct_tokens(reader, [(spec, ImageState("a parcel", [image]), ())]) - text
+
+    assert [priced(image) for image in (small, medium, large)] == [4, 4, 4]  # the probe's count
+    reading = await reader.read(spec, ImageState("a parcel", [medium]))
+    assert reading.prompt_tokens == len(seen[-1].prompt_ids) + 64  # the engine's count: 1,024 px / 16
+    # Read once, a size is priced at what the engine counted; a larger image at least at that, a
+    # smaller one at the probe's, as nothing no larger has been read.
+    assert [priced(image) for image in (small, medium, large)] == [4, 64, 64]
+    await reader.read(spec, ImageState("a parcel", [large, large]))
+    # Two 64 × 64 images read together: the engine's 512 image tokens split between them.
+    assert priced(large) == 256 and priced(medium) == 64
+
+
+@pytest.mark.anyio
+async def test_the_context_check_counts_the_images_tokens(client_factory, local_engine):
+    seen: list[ReadRequest] = []
+    # The probe's count alone fills the context: text that fits is refused with its image.
+    engine = sized_engine(local_engine, seen, probed=local_engine.info.context_length)
+    async with client_factory(engine) as client:
+        with_image = await client.post("/v1/systemone", json=jev({"photo": RED}), headers=IMAGES_ON)
+        text_only = await client.post("/v1/systemone", json=jev({}))
+    assert text_only.status_code == 200, text_only.text
+    detail = with_image.json()["detail"]
+    assert with_image.status_code == 413 and detail["error_type"] == "prompt_too_long", detail
+    assert detail["prompt_tokens"] > local_engine.info.context_length
+    assert all(request.images == () for request in seen)  # refused before the engine saw it
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("route", ROUTES)
+async def test_more_images_than_the_engine_reads_are_refused_naming_the_first_over(
+    client_factory, local_engine, route
+):
+    # What vLLM answers for a prompt over its --limit-mm-per-prompt, as the vLLM engine passes it on.
+    def read(request: ReadRequest) -> EngineReply:
+        if len(request.images) > 2:
+            raise EngineBadReply(
+                "engine answered /v1/chat/completions with 400: At most 2 image(s) may be provided in one "
+                "prompt. Set `--limit-mm-per-prompt` to increase this limit."
+            )
+        return EngineReply(
+            {token: -0.5 - i for i, token in enumerate(request.label_ids)}, ReadMode.EXACT, 1, 1.0
+        )
+
+    engine = function_engine(local_engine, read, ReadMode.EXACT)
+    engine.capabilities = dataclasses.replace(engine.capabilities, images=True, image_tokens=16)
+    name = engine.info.name
+    async with client_factory(engine) as client:
+        if route == "jev":
+            two = await client.post(
+                "/v1/systemone", json=jev({"photo-a": RED, "photo-b": BLUE}), headers=IMAGES_ON
+            )
+            three = await client.post(
+                "/v1/systemone",
+                json=jev({"photo-a": RED, "photo-b": BLUE, "photo-c": RED}),
+                headers=IMAGES_ON,
+            )
+        elif route == "openai":
+            two = await client.post("/v1/decisions", json=openai([RED, BLUE], name))
+            three = await client.post("/v1/decisions", json=openai([RED, BLUE, RED], name))
+        else:
+            two = await client.post("/v1beta/decisions", json=google([RED, BLUE], name))
+            three = await client.post("/v1beta/decisions", json=google([RED, BLUE, RED], name))
+    assert two.status_code == 200, two.text
+    if route == "jev":
+        detail = three.json()["detail"][0]
+        assert three.status_code == 422 and detail["loc"] == ["body", "assets", "photo-c"]
+        message = detail["msg"]
+    elif route == "openai":
+        error = three.json()["error"]
+        assert three.status_code == 400 and error["param"] == "input[0].content[3]"
+        message = error["message"]
+    else:
+        error = three.json()["error"]
+        assert three.status_code == 400 and google_field(error) == "input[3]"
+        message = error["message"]
+    assert "at most 2 images in one prompt" in message and "this request has 3" in message, message
+
+
+@pytest.mark.anyio
+async def test_a_multipart_body_is_held_to_the_body_limit_before_it_is_parsed(client_factory, local_engine):
+    engine = vision_engine(local_engine, [])
+    request = {
+        **jev({}),
+        "state": "photo",
+        "assets": {"photo": {"type": "image", "format": "png", "part": "p"}},
+    }
+    out = io.BytesIO()
+    Image.frombytes("RGB", (256, 256), random.Random(7).randbytes(256 * 256 * 3)).save(out, "PNG")
+    big = out.getvalue()  # tens of kB, where the JSON part is a few hundred bytes
+    assert len(big) > 16_384
+    async with client_factory(engine, max_body_bytes=16_384) as client:
+        over = await client.post(
+            "/v1/systemone", files=multipart(request, {"p": ("image/png", big)}), headers=IMAGES_ON
+        )
+    assert over.status_code == 413 and over.json()["detail"]["error_type"] == "body_too_large", over.text

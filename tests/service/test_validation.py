@@ -102,11 +102,11 @@ CASES = [
         "an image asset without its image",
         {
             "state": "s",
-            "assets": {"img": {"type": "image"}},
+            "assets": {"img": {"type": "image", "format": "png"}},
             "questions": {"q": {"type": "noul", "instructions": "?"}},
         },
         ["body", "assets", "img"],
-        "either url",
+        "either data_base64",
     ),
     (
         "unknown model",
