@@ -38,11 +38,27 @@ DESCRIPTIONS = {
 }
 
 
-def body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The route's ``openapi_extra``: a JSON request body of ``model``."""
+def body_schema(model: type[BaseModel], *, with_image_parts: bool = False) -> dict[str, Any]:
+    """The route's ``openapi_extra``: a JSON request body of ``model``; ``with_image_parts`` adds Jev's
+    image mode, ``multipart/form-data`` with the request as its one JSON part and the images as file
+    parts its assets name (docs/images.md)."""
     REQUEST_MODELS[model.__name__] = model
     schema = {"$ref": REF.format(model=model.__name__)}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
+    if with_image_parts:
+        content["multipart/form-data"] = {
+            "schema": {
+                "type": "object",
+                "description": "Jev's image mode (header TypeSafe-Danger-Zone-Images: true): the one "
+                "application/json part is the request, whatever its name; every other part a PNG or "
+                "JPEG image, named by the part field of an asset",
+                "properties": {"request": schema},
+                "required": ["request"],
+                "additionalProperties": {"type": "string", "contentMediaType": "image/png"},
+            },
+            "encoding": {"request": {"contentType": "application/json"}},
+        }
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:

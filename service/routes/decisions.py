@@ -32,7 +32,7 @@ for path in ("/v1/systemone", "/decide"):
         answer,
         methods=["POST"],
         response_model=SystemOneResponse,
-        openapi_extra=body_schema(SystemOneRequest),
+        openapi_extra=body_schema(SystemOneRequest, with_image_parts=True),
         responses=DECISION_ERRORS,
     )
 router.add_api_route(
