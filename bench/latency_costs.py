@@ -60,15 +60,50 @@ def distinct_tokens(prompts: Sequence[Sequence[int]]) -> int:
     return count
 
 
-def token_counts(reads: Sequence[tuple[ReadRequest, EngineReply]]) -> dict[str, Any]:
-    """What one request's reads cost: reads, prompt tokens, distinct tokens, and the computed and
-    cached tokens the engine reported (None unless every read reported them)."""
+def block_floor_tokens(prompts: Sequence[Sequence[int]], block_size: int) -> int:
+    """The fewest tokens an engine that reuses whole blocks of ``block_size`` computes for ``prompts``
+    from an empty cache, in the best order: what ``distinct_tokens`` is for an engine without blocks.
+
+    A read reuses at most its prompt but the last token, in whole blocks (vLLM: the first
+    ``(length - 1) // block_size`` blocks), and computes the rest itself, however many reads share
+    that rest (the trie levels of a multi-token label: each computes the partial block under its
+    last token). Every block below is computed once, by the first read that needs it, unless one
+    read's own part already completes it.
+
+    >>> block_floor_tokens([(1, 2, 3, 4, 5), (1, 2, 3, 4, 6)], 2)  # blocks (1, 2), (3, 4) once; 5, 6
+    6
+    >>> block_floor_tokens([(1, 2, 3, 4), (1, 2, 3, 4, 5)], 2)  # the first's own (3, 4) serves the second
+    5
+    """
+    # A block is named by its parent's name and its tokens: a whole prefix without hashing it anew.
+    names: dict[tuple[int, tuple[int, ...]], int] = {}
+    required: set[int] = set()
+    completed: set[int] = set()
+    own = 0
+    for prompt in prompts:
+        reused = (len(prompt) - 1) // block_size * block_size
+        own += len(prompt) - reused
+        parent = -1
+        for end in range(block_size, len(prompt) + 1, block_size):
+            parent = names.setdefault((parent, tuple(prompt[end - block_size : end])), len(names))
+            (required if end <= reused else completed).add(parent)
+    return own + block_size * len(required - completed)
+
+
+def token_counts(
+    reads: Sequence[tuple[ReadRequest, EngineReply]], block_size: int | None = None
+) -> dict[str, Any]:
+    """What one request's reads cost: reads, prompt tokens, distinct tokens, the fewest an engine
+    with KV blocks of ``block_size`` computes (``block_floor_tokens``; None without a block size),
+    and the computed and cached tokens the engine reported (None unless every read reported them)."""
     computed = [reply.computed_tokens for _, reply in reads]
     cached = [reply.cached_tokens for _, reply in reads]
+    prompts = [request.prompt_ids for request, _ in reads]
     return {
         "reads": len(reads),
-        "prompt_tokens": sum(len(request.prompt_ids) for request, _ in reads),
-        "distinct_tokens": distinct_tokens([request.prompt_ids for request, _ in reads]),
+        "prompt_tokens": sum(len(prompt) for prompt in prompts),
+        "distinct_tokens": distinct_tokens(prompts),
+        "block_floor_tokens": block_floor_tokens(prompts, block_size) if block_size else None,
         "computed_tokens": None if None in computed or not reads else sum(computed),
         "cached_tokens": None if None in cached or not reads else sum(cached),
     }
@@ -116,6 +151,8 @@ class Rows:
             effective = [s["distinct_tokens"] / (s["latency_ms"] / 1000) for s in done]
             computed = [s["computed_tokens"] for s in done]
             known = None not in computed and bool(done)
+            floors = [s.get("block_floor_tokens") for s in done]
+            floored = None not in floors and bool(done)
             hits = [s["prefix_cache_hits"] for s in done if s.get("prefix_cache_hits") is not None]
             queries = [s["prefix_cache_queries"] for s in done if s.get("prefix_cache_queries") is not None]
             row = {
@@ -132,6 +169,12 @@ class Rows:
                     [s["computed_tokens"] / s["distinct_tokens"] for s in done]
                 )
                 if known
+                else None,
+                "block_floor_tokens": statistics.median(floors) if floored else None,
+                "computed_over_block_floor": statistics.median(
+                    [s["computed_tokens"] / s["block_floor_tokens"] for s in done]
+                )
+                if known and floored
                 else None,
                 "cached_tokens": statistics.median([s["cached_tokens"] for s in done])
                 if done and None not in [s["cached_tokens"] for s in done]

@@ -61,11 +61,22 @@ def report(result: dict) -> str:
         if engine.get("threads"):
             lines.append("engine threads: " + ", ".join(f"{k} {v}" for k, v in engine["threads"].items()))
         vllm = any("prefix_cache_hit_rate" in row for row in engine["rows"])
+        blocks = engine.get("kv_block_size")
+        if blocks:
+            lines.append(
+                f"KV blocks of {blocks} tokens: the block floor is the fewest tokens an engine reusing "
+                "whole blocks computes for the request's reads (bench/latency_costs.py block_floor_tokens)"
+            )
         lines += [
             "",
-            "| shape | variant | ms | reads | distinct tokens | computed | computed ÷ distinct | effective tok/s | ÷ limit |"
+            "| shape | variant | ms | reads | distinct tokens | computed | computed ÷ distinct |"
+            + (" block floor | computed ÷ floor |" if blocks else "")
+            + " effective tok/s | ÷ limit |"
             + (" cached (replies) | prefix-cache hit rate |" if vllm else ""),
-            "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if vllm else ""),
+            "|---|---|---|---|---|---|---|"
+            + ("---|---|" if blocks else "")
+            + "---|---|"
+            + ("---|---|" if vllm else ""),
         ]
         for row in engine["rows"]:
             failed = f" [{row['failed']} failed]" if row["failed"] else ""
@@ -77,6 +88,10 @@ def report(result: dict) -> str:
                 fmt(row["distinct_tokens"]),
                 fmt(row["computed_tokens"]),
                 fmt(row["computed_over_distinct"], ".2f"),
+            ]
+            if blocks:
+                cells += [fmt(row["block_floor_tokens"]), fmt(row["computed_over_block_floor"], ".2f")]
+            cells += [
                 fmt(row["effective_tokens_per_s"]),
                 fmt(row["effective_over_limit"], ".2f"),
             ]

