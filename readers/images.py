@@ -9,6 +9,7 @@ by the service (``service/protocol/image_parts.py``): nothing here fetches anyth
 from __future__ import annotations
 
 import base64
+import collections
 import hashlib
 import re
 from collections.abc import Sequence
@@ -55,9 +56,12 @@ def state_images(state: str) -> tuple[StateImage, ...]:
     return state.images if isinstance(state, ImageState) else ()
 
 
-MAX_SIZES_KEPT = 1024
-"""Image sizes whose token counts ``ImageTokens`` keeps: one entry each, so callers sending images of
-ever new sizes cannot grow it without bound. Past it, new sizes are priced from those kept."""
+MAX_SIZES_KEPT = 128
+"""Image sizes whose token counts one ``ImageTokens`` keeps: one entry each, so a caller sending images
+of ever new sizes cannot grow it without bound. Past it, new sizes are priced from those kept."""
+MAX_SALTS_KEPT = 1024
+"""Cache salts ``ImageTokensBySalt`` keeps counts for, the least recently used forgotten first (its
+images are then priced from the probe's count again until they are read)."""
 
 
 class ImageTokens:
@@ -70,7 +74,9 @@ class ImageTokens:
     estimated (``estimate``) at the count recorded for its size, else the largest of the probe's and
     those recorded for images of no more pixels: no processor gives a larger image fewer tokens, so
     the estimate is at most what the engine will count (but for an image under the probe's 8 × 8),
-    and it is exact once an image of its size has been read. One per reader, shared by its tenants' views (``Reader.for_tenant``).
+    and it is exact once an image of its size has been read. One per cache salt (``ImageTokensBySalt``):
+    which sizes of image a tenant sent is its own, as its prompt cache is, so another tenant's prices
+    and refusals never depend on them.
     """
 
     def __init__(self) -> None:
@@ -96,6 +102,23 @@ class ImageTokens:
         (size,) = sizes
         if size in self.by_size or len(self.by_size) < MAX_SIZES_KEPT:
             self.by_size[size] = image_prompt_tokens // len(images)
+
+
+class ImageTokensBySalt:
+    """An ``ImageTokens`` per cache salt (a tenant's, or its cache group's: ``ReadRequest.cache_salt``),
+    at most ``MAX_SALTS_KEPT`` of them."""
+
+    def __init__(self) -> None:
+        self._by_salt: collections.OrderedDict[str | None, ImageTokens] = collections.OrderedDict()
+
+    def for_salt(self, salt: str | None) -> ImageTokens:
+        found = self._by_salt.get(salt)
+        if found is None:
+            found = self._by_salt[salt] = ImageTokens()
+            if len(self._by_salt) > MAX_SALTS_KEPT:
+                self._by_salt.popitem(last=False)
+        self._by_salt.move_to_end(salt)
+        return found
 
 
 # vLLM refuses a prompt with more images than its --limit-mm-per-prompt allows with a 400 whose text

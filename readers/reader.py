@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from readers.engines.base import Engine, EngineReply, ReadMode, ReadRequest, Tier
 from readers.errors import InvalidQuestion, PromptTooLong
-from readers.images import ImageTokens, state_images
+from readers.images import ImageTokens, ImageTokensBySalt, state_images
 from readers.labels import AnswerSlot, ChatTemplate, LabelsUnresolvable
 from readers.probabilities import (
     DEFAULT_FLOOR_OFFSET,
@@ -114,18 +114,21 @@ class Reader:
         self.tier: Tier | None = None
         """How urgent its reads are (``ReadRequest.tier``); set by ``for_tenant``."""
         self.progress = ReadProgress()
-        self.image_tokens = ImageTokens()
-        """The tokens the engine gives an image, learned from its reads (shared by ``for_tenant``'s views)."""
+        self._image_tokens = ImageTokensBySalt()  # shared by ``for_tenant``'s views
+        self.image_tokens: ImageTokens = self._image_tokens.for_salt(None)
+        """The tokens the engine gives an image, learned from this cache salt's reads (``for_tenant``)."""
 
     def for_tenant(self, tenant: str | None, cache_salt: str | None, tier: Tier | None = None) -> Reader:
         """This reader, its engine reads marked as ``tenant``'s, so the engine takes turns between
         tenants (``ReadRequest.tenant``), salted with ``cache_salt``, so they reuse only prompt
         tokens read under the same salt (``ReadRequest.cache_salt``), and of ``tier``
-        (``ReadRequest.tier``). Shares everything else, progress included."""
+        (``ReadRequest.tier``), with the image token counts learned under that salt. Shares everything
+        else, progress included."""
         view = copy.copy(self)
         view.tenant = tenant
         view.cache_salt = cache_salt
         view.tier = tier
+        view.image_tokens = self._image_tokens.for_salt(cache_salt)
         return view
 
     def prepare(

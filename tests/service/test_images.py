@@ -551,6 +551,24 @@ async def test_images_are_priced_at_the_tokens_the_engine_reported_for_their_siz
 
 
 @pytest.mark.anyio
+async def test_image_sizes_learned_under_one_cache_salt_price_only_its_reads(local_engine):
+    """Which sizes of image a tenant sent is its own, as its prompt cache is: tenant a's read teaches
+    a's price for that size, and b's stays the probe's."""
+    seen: list[ReadRequest] = []
+    reader = Reader(sized_engine(local_engine, seen))
+    a, b = reader.for_tenant("a", "salt-a"), reader.for_tenant("b", "salt-b")
+    spec = QuestionSpec("noul", "Is it damaged?", ("true", "false"), (None, None))
+    image = image_from_url(data_url(picture((9, 9, 9), (32, 32))))
+
+    def priced(view: Reader) -> int:
+        with_image = distinct_tokens(view, [(spec, ImageState("a parcel", [image]), ())])
+        return with_image - distinct_tokens(view, [(spec, "a parcel", ())])
+
+    await a.read(spec, ImageState("a parcel", [image]))
+    assert (priced(a), priced(b), priced(reader.for_tenant("a", "salt-a"))) == (64, 4, 64)
+
+
+@pytest.mark.anyio
 async def test_the_context_check_counts_the_images_tokens(client_factory, local_engine):
     seen: list[ReadRequest] = []
     # The probe's count alone fills the context: text that fits is refused with its image.
