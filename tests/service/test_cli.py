@@ -48,7 +48,10 @@ def test_ask_refuses_two_question_kinds():
     ("flags", "says"),
     [
         (["--dtype", "float16"], "choose one of float32, bfloat16"),
-        (["--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--dtype", "bfloat16"], "a vLLM server's"),
+        (
+            ["--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--dtype", "bfloat16"],
+            "a vLLM server's",
+        ),
     ],
 )
 def test_serve_refuses_a_precision_the_engine_does_not_take(flags, says):
