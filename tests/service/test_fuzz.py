@@ -17,6 +17,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
+from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from calibration.open import open_store
@@ -61,7 +62,11 @@ def error_shape(ctx, response, case) -> bool | None:
 def test_generated_requests_never_get_a_5xx(local_engine, tmp_path):
     engine = function_engine(local_engine, favour_first, ReadMode.EXACT)
     app = create_app(engine, store=open_store(tmp_path / "fuzz.sqlite3"), api_keys=[KEY])
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    config = SchemathesisConfig()
+    # A generated body over its route's limit is refused by its size (413, before it is parsed): that
+    # rejects negative data as much as a 422 does.
+    config.projects.default.checks.negative_data_rejection.expected_statuses.append("413")
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
     statuses: collections.Counter = collections.Counter()
     started = time.monotonic()
     operations = [result.ok() for result in schema.get_all_operations()]
