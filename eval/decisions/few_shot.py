@@ -19,7 +19,7 @@ adds the issue's pass check (:func:`done_when`). Every figure comes from committ
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -149,21 +149,26 @@ def mode_curve(
     return {"majority": majority, "modes": {m: {str(n): v for n, v in c.items()} for m, c in per.items()}}
 
 
+def runs_reads(runs: Mapping[str, Path]) -> Iterator[tuple[str, Path, str, np.ndarray, np.ndarray]]:
+    """(question type, run, task, logits, gold) of every task of its type that ``runs`` (type → run
+    directory) holds rows of."""
+    for question_type, run in runs.items():
+        rows = load_rows(Path(run))
+        for task in TASKS:
+            if TASKS[task].question_type == question_type and any(r["task"] == task for r in rows):
+                yield question_type, run, task, *task_reads(rows, task)
+
+
 def curve_report(
     runs: Mapping[str, Path], *, splits: int = SPLITS, seed: int = 0, modes: Sequence[str] = MODES
 ) -> dict:
     """:func:`mode_curve` of every task whose type's run is in ``runs`` (type → run directory), and
     the per-type means (each task counted once) the rule reads."""
     tasks = {}
-    for question_type, run in runs.items():
-        rows = load_rows(Path(run))
-        for task in TASKS:
-            if TASKS[task].question_type != question_type or not any(r["task"] == task for r in rows):
-                continue
-            logits, gold = task_reads(rows, task)
-            tasks[task] = {"type": question_type, "n": len(gold), "run": str(run)} | mode_curve(
-                logits, gold, question_type, splits=splits, seed=seed, modes=modes
-            )
+    for question_type, run, task, logits, gold in runs_reads(runs):
+        tasks[task] = {"type": question_type, "n": len(gold), "run": str(run)} | mode_curve(
+            logits, gold, question_type, splits=splits, seed=seed, modes=modes
+        )
     return {"n_bins": N_BINS, "splits": splits, "seed": seed, "counts": list(COUNTS), "tasks": tasks,
             "types": type_means(tasks)}  # fmt: skip
 
@@ -360,32 +365,25 @@ def read_signal(runs: Mapping[str, Path], *, n_gold: int = 50, splits: int = SPL
     majority rate, each option's one-vs-rest AUROC of its read probability, and in how many of
     ``splits`` splits the drawn gold answers' most common class is not the held-out half's."""
     out = {}
-    for question_type, run in runs.items():
-        rows = load_rows(Path(run))
-        for task in TASKS:
-            if TASKS[task].question_type != question_type or not any(r["task"] == task for r in rows):
-                continue
-            logits, gold = task_reads(rows, task)
-            p = np.exp(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True))
-            k = p.shape[1]
-            wrong_majority = 0
-            for index in range(splits):
-                pool, held = split(len(gold), seed, index)
-                drawn = np.bincount(gold[draw(pool, n_gold, seed, index)], minlength=k)
-                held_counts = np.bincount(gold[held], minlength=k)
-                # A tie among the drawn answers counts as wrong: it names no majority.
-                wrong_majority += int(
-                    (drawn == drawn.max()).sum() > 1 or drawn.argmax() != held_counts.argmax()
-                )
-            out[task] = {
-                "type": question_type, "n": len(gold), "options": list(TASKS[task].options),
-                "gold_counts": np.bincount(gold, minlength=k).tolist(),
-                "answered_counts": np.bincount(p.argmax(axis=1), minlength=k).tolist(),
-                "uncalibrated_accuracy": float(np.mean(p.argmax(axis=1) == gold)),
-                "majority": float(np.bincount(gold, minlength=k).max() / len(gold)),
-                "auroc": [auroc_score(p[:, i], gold == i) if 0 < (gold == i).sum() < len(gold) else None for i in range(k)],
-                "splits": splits, "n_gold": n_gold, "drawn_majority_wrong": wrong_majority,
-            }  # fmt: skip
+    for question_type, _run, task, logits, gold in runs_reads(runs):
+        p = np.exp(logits - np.logaddexp.reduce(logits, axis=1, keepdims=True))
+        k = p.shape[1]
+        wrong_majority = 0
+        for index in range(splits):
+            pool, held = split(len(gold), seed, index)
+            drawn = np.bincount(gold[draw(pool, n_gold, seed, index)], minlength=k)
+            held_counts = np.bincount(gold[held], minlength=k)
+            # A tie among the drawn answers counts as wrong: it names no majority.
+            wrong_majority += int((drawn == drawn.max()).sum() > 1 or drawn.argmax() != held_counts.argmax())
+        out[task] = {
+            "type": question_type, "n": len(gold), "options": list(TASKS[task].options),
+            "gold_counts": np.bincount(gold, minlength=k).tolist(),
+            "answered_counts": np.bincount(p.argmax(axis=1), minlength=k).tolist(),
+            "uncalibrated_accuracy": float(np.mean(p.argmax(axis=1) == gold)),
+            "majority": float(np.bincount(gold, minlength=k).max() / len(gold)),
+            "auroc": [auroc_score(p[:, i], gold == i) if 0 < (gold == i).sum() < len(gold) else None for i in range(k)],
+            "splits": splits, "n_gold": n_gold, "drawn_majority_wrong": wrong_majority,
+        }  # fmt: skip
     return out
 
 
