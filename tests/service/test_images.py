@@ -169,6 +169,11 @@ def jev(images: dict[str, bytes]) -> dict:
     }
 
 
+def jev_by_part() -> dict:
+    """Jev's image mode in a multipart body: the state references one image, file part ``p``."""
+    return {**jev({}), "state": "photo", "assets": {"photo": {"type": "image", "format": "png", "part": "p"}}}
+
+
 def multipart(request: dict, files: dict[str, tuple[str, bytes]]) -> dict:
     """httpx's ``files=``: the JSON request in an application/json part, each image in a file part."""
     parts = {"request": (None, json.dumps(request).encode(), "application/json")}
@@ -470,11 +475,7 @@ async def test_a_reference_the_reader_cannot_place_is_refused_naming_its_field(c
 @pytest.mark.anyio
 async def test_a_multipart_request_outside_the_rules_is_refused_naming_the_part(client_factory, local_engine):
     engine = vision_engine(local_engine, [])
-    by_part = {
-        **jev({}),
-        "state": "photo",
-        "assets": {"photo": {"type": "image", "format": "png", "part": "p"}},
-    }
+    by_part = jev_by_part()
     async with client_factory(engine) as client:
 
         async def post(files, path="/v1/systemone"):
@@ -637,11 +638,7 @@ async def test_more_images_than_the_engine_reads_are_refused_naming_the_first_ov
 @pytest.mark.anyio
 async def test_a_multipart_body_is_held_to_the_body_limit_before_it_is_parsed(client_factory, local_engine):
     engine = vision_engine(local_engine, [])
-    request = {
-        **jev({}),
-        "state": "photo",
-        "assets": {"photo": {"type": "image", "format": "png", "part": "p"}},
-    }
+    request = jev_by_part()
     out = io.BytesIO()
     Image.frombytes("RGB", (256, 256), random.Random(7).randbytes(256 * 256 * 3)).save(out, "PNG")
     big = out.getvalue()  # tens of kB, where the JSON part is a few hundred bytes
