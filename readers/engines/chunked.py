@@ -124,7 +124,7 @@ class ChunkedForward:
                 raise ReadsAbandoned  # nothing planned yet: nothing to take out of the tree
             yield True
         try:
-            wanted = {(id(segment), offset) for segment, offset in plan.outputs}
+            wanted = {(id(output[0]), output[1]) for output in plan.outputs if output is not None}
             hidden: dict[tuple[int, int], torch.Tensor] = {}
             peak = 0
             for queries in _cut(plan.chunks(self.chunk_tokens, self.chunk_scores), chunk_limit):
@@ -142,11 +142,15 @@ class ChunkedForward:
                     if (id(segment), offset) in wanted:
                         hidden[(id(segment), offset)] = states[row].clone()
                 yield False
-            self.prefix_cache.finish(plan)
+            outputs = [
+                plan.kept[read] if output is None else hidden[(id(output[0]), output[1])]
+                for read, output in enumerate(plan.outputs)
+            ]
+            self.prefix_cache.finish(plan, outputs)
         except BaseException:
             self.prefix_cache.abandon(plan)
             raise
-        return Computed([hidden[(id(segment), offset)] for segment, offset in plan.outputs], plan, peak)
+        return Computed(outputs, plan, peak)
 
     def chunk_bytes(self, chunk: Chunk) -> int:
         """A chunk's working memory, estimated: its past and new keys and values, held twice (the

@@ -7,8 +7,10 @@ that work; the engine runs it (``readers/engines/chunked.py``).
 
 A plan is a forest of *segments*, runs of consecutive prompt tokens: a segment either brings keys and
 values from the tree (a snapshot: later changes to the tree do not touch a running batch) or is to
-be computed. Every prompt is a path from a root; its last token is always computed, since a read
-needs the hidden state there, which the tree does not keep. Segments to compute are visited in
+be computed. Every prompt is a path from a root; a read needs the final hidden state of its last
+token, so the tree keeps that state where a read ended (``_Node.hidden``): a prompt read again is
+answered from the tree with nothing computed, and a prompt that ends at a token the tree holds
+without its state computes that one token again. Segments to compute are visited in
 depth-first order, so a token comes after every token it attends to; the engine computes them in
 chunks, each chunk attending to the keys of its tokens' ancestors (``Chunk.visible``).
 
@@ -61,10 +63,18 @@ class _Node:
     children: dict[int, _Node] = field(default_factory=dict)
     used: int = 0
     keep: bool = True  # False while only reads that need not be kept (ReadRequest.keep) pass through it
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Offset in ``tokens`` → the final hidden state there, kept where a read ended: a read of the same
+    prompt again needs no forward at all (a repeated request of 255 options is 262 such reads)."""
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
+
+    @property
+    def nbytes(self) -> int:
+        kv = 0 if self.kv is None else self.kv.nbytes
+        return kv + sum(state.nbytes for state in self.hidden.values())
 
 
 @dataclass(eq=False)
@@ -143,10 +153,16 @@ class Plan:
     what each read computed and reused."""
 
     segments: list[Segment]
-    outputs: list[tuple[Segment, int]]
+    outputs: list[tuple[Segment, int] | None]
+    """Per read, the token whose hidden state it needs; None: the tree kept that state (``kept``)."""
     computed_tokens: list[int]
     cached_tokens: list[int]
     batch: object
+    kept: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Read index → its final hidden state, from the tree."""
+    paths: list[tuple[str | None, tuple[int, ...]] | None] = field(default_factory=list)
+    """Per read, its salt and prompt where it goes into the tree (None: computed alone), so ``finish``
+    can keep the state it ends in wherever the tree has split or evicted meanwhile."""
 
     @property
     def tokens_to_compute(self) -> int:
@@ -276,6 +292,7 @@ class KVTree:
                 if shared:
                     self._insert(root, ids, batch, kept)
             plan = self._segments(trees, prompts, reuse, batch)
+            plan.paths = [(salt, ids) if shared else None for salt, ids, shared in zip(salts, prompts, reuse)]
         return plan
 
     def _root(self, salt: str | None) -> _Node:
@@ -325,6 +342,8 @@ class KVTree:
         tail.children, node.children = node.children, {tail.tokens[0]: tail}
         for child in tail.children.values():
             child.parent = tail
+        tail.hidden = {offset - at: state for offset, state in node.hidden.items() if offset >= at}
+        node.hidden = {offset: state for offset, state in node.hidden.items() if offset < at}
         node.tokens = node.tokens[:at]
         if node.kv is not None:
             # Copies, not views: each node then owns exactly the bytes it is charged for.
@@ -337,7 +356,8 @@ class KVTree:
         by_key: dict[object, Segment] = {}
         children: dict[int, list[Segment]] = {}
         roots: list[Segment] = []
-        outputs: list[tuple[Segment, int]] = []
+        outputs: list[tuple[Segment, int] | None] = []
+        kept: dict[int, torch.Tensor] = {}
         computed = [0] * len(prompts)
 
         def segment(key: object, **fields) -> Segment:
@@ -371,7 +391,10 @@ class KVTree:
                     parent = segment(
                         id(node), tokens=node.tokens, start=node.start, parent=parent, kv=node.kv
                     )
-                else:  # the prompt ends in tokens the tree holds: its last token is read again
+                elif (state := node.hidden.get(used - 1)) is not None:  # read before: nothing to compute
+                    outputs.append(None)
+                    kept[i] = state
+                else:  # the prompt ends in tokens the tree holds without its state: the last is read again
                     if used > 1:
                         parent = segment(
                             (id(node), used - 1),
@@ -402,12 +425,13 @@ class KVTree:
             stack.append((current, True))
             stack.extend((child, False) for child in reversed(children.get(id(current), ())))
         cached = [len(ids) - n for ids, n in zip(prompts, computed)]
-        return Plan(ordered, outputs, computed, cached, batch)
+        return Plan(ordered, outputs, computed, cached, batch, kept)
 
     # Finishing --------------------------------------------------------------------------------
 
-    def finish(self, plan: Plan) -> None:
-        """Keeps what ``plan`` computed, then evicts down to the bound."""
+    def finish(self, plan: Plan, hidden: Sequence[torch.Tensor] | None = None) -> None:
+        """Keeps what ``plan`` computed, and ``hidden`` (each read's final hidden state, in read
+        order) where the read ended, then evicts down to the bound."""
         with self._lock:
             for s in plan.segments:
                 if s.node is not None:
@@ -419,6 +443,10 @@ class KVTree:
                     # A slice of a chunk's tensor would keep the whole chunk alive: own the bytes.
                     s.node.kv = kv if kv._base is None else kv.clone()
                     self.bytes += s.node.kv.nbytes
+            if hidden is not None:
+                for path, state in zip(plan.paths, hidden):
+                    if path is not None:
+                        self._keep_hidden(*path, state)
             # Not to keep: leave the tree, deepest first (a node's descendants are not kept either).
             for s in reversed(plan.segments):
                 node = s.node
@@ -430,6 +458,23 @@ class KVTree:
             self._evict()
             self._drop_empty_roots()
             self._done.notify_all()
+
+    def _keep_hidden(self, salt: str | None, ids: tuple[int, ...], state: torch.Tensor) -> None:
+        """Keeps ``state`` at the token that ends ``ids``, if the tree holds it (kept, not evicted)."""
+        node, at = self._roots.get(salt), 0
+        while node is not None and at < len(ids):
+            child = node.children.get(ids[at])
+            if child is None or child.kv is None or not child.keep:
+                return
+            matched = _common(child.tokens, ids, at)
+            if at + matched == len(ids):
+                if matched - 1 not in child.hidden:
+                    child.hidden[matched - 1] = state
+                    self.bytes += state.nbytes
+                return
+            if matched < len(child.tokens):
+                return
+            node, at = child, at + matched
 
     def abandon(self, plan: Plan) -> None:
         """Takes the nodes ``plan`` was to compute out of the tree (its batch failed)."""
@@ -474,8 +519,8 @@ class KVTree:
             if parent is None or node.children or node.kv is None:
                 continue
             del parent.children[node.tokens[0]]
-            self.bytes -= node.kv.nbytes
-            node.kv = None
+            self.bytes -= node.nbytes
+            node.kv, node.hidden = None, {}
             self.evicted_nodes += 1
             if parent.parent is not None and not parent.children and parent.kv is not None:
                 heapq.heappush(heap, (parent.used, id(parent), parent))

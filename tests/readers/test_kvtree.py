@@ -19,9 +19,18 @@ TOKEN_BYTES = 1 * 2 * 1 * 1 * 4  # [layers, 2, heads, tokens, dim] float32 with 
 
 
 def run(
-    tree: KVTree, prompts, reuse=True, *, keep=None, max_queries=512, max_scores=2**22, salts=None
+    tree: KVTree,
+    prompts,
+    reuse=True,
+    *,
+    keep=None,
+    max_queries=512,
+    max_scores=2**22,
+    salts=None,
+    hidden=False,
 ) -> Plan:
-    """Plans and "computes" ``prompts``: each token's stand-in keys hold its position."""
+    """Plans and "computes" ``prompts``: each token's stand-in keys hold its position; with
+    ``hidden``, each read's stand-in final hidden state (its prompt, as floats) is given to the tree."""
     reuse = [reuse] * len(prompts) if isinstance(reuse, bool) else reuse
     plan = tree.plan(prompts, reuse, keep, salts=salts)
     for queries in plan.chunks(max_queries, max_scores):
@@ -31,8 +40,46 @@ def run(
         for segment, offset in queries:
             kv = torch.full((1, 2, 1, 1, 1), float(segment.start + offset))
             segment.pieces.append(kv)
-    tree.finish(plan)
+    tree.finish(plan, [state_of(ids) for ids in prompts] if hidden else None)
     return plan
+
+
+def state_of(ids) -> torch.Tensor:
+    return torch.tensor(ids, dtype=torch.float32)
+
+
+def test_a_prompt_read_again_takes_its_hidden_state_from_the_tree():
+    """The tree keeps each read's final hidden state where the read ended: the same prompts again
+    compute nothing and get exactly those states back (a repeated request of many options)."""
+    tree = KVTree(2**20)
+    state = tuple(range(100, 140))
+    prompts = [state + (1, 2, 3), state + (1, 2), state + (5,)]
+    run(tree, prompts, hidden=True)
+    again = run(tree, prompts, hidden=True)
+    assert again.computed_tokens == [0, 0, 0] and again.outputs == [None, None, None]
+    assert again.cached_tokens == [len(ids) for ids in prompts]
+    assert all(torch.equal(again.kept[i], state_of(ids)) for i, ids in enumerate(prompts))
+    # A prompt ending at a held token no read ended at computes that token again, then keeps it.
+    inner = state + (1,)
+    assert run(tree, [inner], hidden=True).computed_tokens == [1]
+    assert run(tree, [inner], hidden=True).computed_tokens == [0]
+
+
+def test_kept_hidden_states_follow_a_split_and_count_in_the_byte_bound():
+    tree = KVTree(2**20)
+    run(tree, [(1, 2, 3, 4, 5)], hidden=True)
+    assert tree.stats()["bytes"] == 5 * TOKEN_BYTES + state_of((1, 2, 3, 4, 5)).nbytes
+    run(tree, [(1, 2, 3, 7)], hidden=True)  # splits (1, 2, 3, 4, 5) after its third token
+    again = run(tree, [(1, 2, 3, 4, 5), (1, 2, 3, 7)])
+    assert again.computed_tokens == [0, 0]
+    assert torch.equal(again.kept[0], state_of((1, 2, 3, 4, 5)))
+    tree.clear()
+    assert tree.stats()["bytes"] == 0
+    # Reads not to keep (content-free priors) leave no state behind, nor do reads computed alone.
+    run(tree, [(1, 2, 3)], keep=[False], hidden=True)
+    run(tree, [(4, 5, 6)], reuse=False, hidden=True)
+    assert tree.stats()["bytes"] == 0
+    assert run(tree, [(1, 2, 3)]).computed_tokens == [3]
 
 
 def test_every_distinct_token_of_a_batch_is_computed_once_and_charged_to_one_read():

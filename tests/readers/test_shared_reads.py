@@ -54,16 +54,22 @@ def test_shared_cached_alone_and_chunked_reads_equal_the_single_sequence(local_e
     engine.prefix_cache = KVTree(local_engine.prefix_cache.max_bytes)
     computed = engine.batch_logprobs(prompts)  # every distinct token computed in this batch
     assert engine.prefix_cache.stats()["computed_tokens"] == distinct_tokens(prompts)
-    cached = engine.batch_logprobs(prompts)  # every prompt in the tree: only last tokens read again
+    kept = engine.batch_logprobs(prompts)  # every prompt read before: its state from the tree
     stats = engine.prefix_cache.stats()
-    assert stats["computed_tokens"] == distinct_tokens(prompts) + len(prompts)
+    assert stats["computed_tokens"] == distinct_tokens(prompts)
     assert stats["reused_tokens"] == 2 * sum(map(len, prompts)) - stats["computed_tokens"]
+    # A tree that holds every prompt's tokens but no state where they end: only last tokens read again.
+    engine.prefix_cache = KVTree(local_engine.prefix_cache.max_bytes)
+    longer = [ids + ids[-1:] for ids in prompts]
+    engine.batch_logprobs(longer)
+    cached = engine.batch_logprobs(prompts)
+    assert engine.prefix_cache.stats()["computed_tokens"] == distinct_tokens(longer) + len(prompts)
     whole = engine.batch_logprobs(prompts, reuse=False)  # the per-question path: each prompt alone
     engine.prefix_cache = KVTree(0)
     engine.chunk_tokens, engine.chunk_scores = 16, 16 * 200  # many chunks, segments cut inside
     chunked = engine.batch_logprobs(prompts[: len(QUESTIONS)])  # one state's questions
     truth = [local_engine.next_token_logprobs(ids) for ids in prompts]
-    for rows in (computed, cached, whole, chunked):
+    for rows in (computed, kept, cached, whole, chunked):
         assert max(float((row - true).abs().max()) for row, true in zip(rows, truth)) < EXACT
 
 
