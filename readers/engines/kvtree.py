@@ -560,10 +560,18 @@ class KVTree:
 
 
 def _common(tokens: tuple[int, ...], ids: tuple[int, ...], at: int) -> int:
-    """How many of ``tokens`` match ``ids`` from ``at`` on."""
-    n = 0
-    for token, other in zip(tokens, ids[at : at + len(tokens)]):
-        if token != other:
-            break
-        n += 1
-    return n
+    """How many of ``tokens`` match ``ids`` from ``at`` on. Runs are compared as tuples (in C), and a
+    mismatch is found by halving: a node of a many-option list holds thousands of tokens, which every
+    prompt through it is compared with, up to three times per batch (``_blocked``, ``_insert``,
+    ``_keep_hidden``)."""
+    other = ids[at : at + len(tokens)]
+    if tokens[: len(other)] == other:
+        return len(other)
+    matched, unmatched = 0, len(other)  # tokens[:matched] == other[:matched]; not so at unmatched
+    while unmatched - matched > 1:
+        middle = (matched + unmatched) // 2
+        if tokens[matched:middle] == other[matched:middle]:
+            matched = middle
+        else:
+            unmatched = middle
+    return matched

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from readers.engines.kvtree import KV_TOKEN_DIM, KVTree, Plan
+from readers.engines.kvtree import KV_TOKEN_DIM, KVTree, Plan, _common
 from tests.readers.support import distinct_tokens
 
 TOKEN_BYTES = 1 * 2 * 1 * 1 * 4  # [layers, 2, heads, tokens, dim] float32 with one of each
@@ -253,3 +253,14 @@ def test_a_prompt_reuses_only_tokens_of_its_own_salt():
     assert tree.stats()["salts"] == 3
     tree.clear()
     assert tree.stats()["salts"] == 0
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 7, 64, 1000])
+def test_common_counts_the_matching_run_at_every_mismatch(length):
+    tokens = tuple(range(length))
+    for at in (0, 5):
+        for cut in range(length + 1):
+            changed = tokens[:cut] + tuple(-1 - t for t in tokens[cut:])
+            ids = (9,) * at + changed
+            assert _common(tokens, ids, at) == cut
+            assert _common(tokens, (9,) * at + tokens[:cut], at) == cut  # the prompt ends inside the node
