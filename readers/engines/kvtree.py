@@ -27,7 +27,7 @@ on its own instead (no reuse): one tenant never waits out another's batch, which
 shared prefix, the system prompt and what follows, computed twice). A batch that fails takes its
 uncomputed nodes out of the tree.
 
-Memory: the tree keeps at most ``max_bytes`` of keys and values, least recently used leaves evicted
+Memory: the tree keeps at most ``max_bytes`` of keys, values and kept hidden states, least recently used leaves evicted
 first once a batch is done; a running batch holds its own snapshot and chunks on top of that. Tokens
 only reads marked not to keep computed (``ReadRequest.keep``: content-free prior reads) are shared
 within their batch and leave the tree after it.
