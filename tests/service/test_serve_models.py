@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,7 +18,9 @@ def serve(*args: str, cwd, prelude: str = "") -> subprocess.CompletedProcess:
     """``decide serve ARGS`` in a child process; it must end by itself (a started server would not)."""
     code = f"{prelude}from opendecide.cli import app; app()"
     command = [sys.executable, "-c", code, "serve", "--port", str(free_port()), *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+    # Wide enough that the error panel never breaks a long path across lines (the tests look for names).
+    env = {**os.environ, "COLUMNS": "400"}
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_an_unknown_model_name_is_refused(tmp_path):

@@ -1,6 +1,8 @@
-"""deploy/acceptance/soak.py's 2-minute mode on the embedded model: three tenants' mixed traffic through
+"""deploy/acceptance/soak.py for one minute on the embedded model: three tenants' mixed traffic through
 the real service and a real SQLite file; no 5xx but those by design, every acknowledged feedback stored,
-every kind of request sent. (The memory goal is the 20-minute run's: two minutes barely warm up.)"""
+every kind of request sent, refits that succeed. (The memory goal is the 20-minute run's: a minute
+barely warms up. 45 s alone on 2 cores sent 323 requests, 125 feedback and 5 refits, every kind this
+test asks for; the two minutes it ran before added none, only a minute of the suite.)"""
 
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import pytest
 from deploy.acceptance import soak
 
 
-@pytest.mark.slow  # two minutes of real-model reads
-def test_two_minutes_of_mixed_traffic(tmp_path, capsys):
+@pytest.mark.slow  # a minute of real-model reads
+@pytest.mark.alone  # a time-boxed run: beside another worker it sent too few gold answers for a refit
+def test_a_minute_of_mixed_traffic(tmp_path, capsys):
     out = tmp_path / "soak.json"
-    status = soak.main(["--minutes", "2", "--store-dir", str(tmp_path), "--out", str(out)])
+    status = soak.main(["--minutes", "1", "--store-dir", str(tmp_path), "--out", str(out)])
     result = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert result["goals"]["no_5xx_but_503_504_529"], result["unexpected"]
