@@ -17,5 +17,7 @@ def test_a_full_collection_no_longer_walks_what_start_up_left(local_engine):
     finally:
         gc.unfreeze()  # this test process's objects go back where they were
     assert walked_before > 100_000  # the model's, tokenizer's and libraries' objects
-    assert frozen >= walked_before
+    # Within a few objects: another thread (pytest-xdist's channel to its worker) allocates and frees
+    # objects between the two counts.
+    assert frozen >= walked_before - 100
     assert walked_after < walked_before / 100
