@@ -19,6 +19,8 @@ from opendecide.extras import needs_extra
 
 with needs_extra("local", "the local engine"):
     import torch
+    from transformers import Cache, DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
 from readers.engines.base import LocalBatching
 from readers.engines.jobs import ReadsAbandoned
@@ -136,7 +138,7 @@ class ChunkedForward:
                 at = 0
                 for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
                     n = sum(1 for _ in group)
-                    segment.pieces.append(new_kv[:, :, :, at : at + n])
+                    segment.add_keys(new_kv[:, :, :, at : at + n])
                     at += n
                 for row, (segment, offset) in enumerate(queries):
                     if (id(segment), offset) in wanted:
@@ -162,13 +164,24 @@ class ChunkedForward:
     def _forward(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """One chunk through the decoder against its past keys: the chunk's own keys and values
         [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
-        from transformers import DynamicCache
-
         past_tokens = chunk.key_tokens
-        cache = DynamicCache()
+        new_tokens = len(chunk.queries)
         if past_tokens:
-            past = torch.cat([kv for _, kv in chunk.keys], dim=KV_TOKEN_DIM)
-            cache = DynamicCache([(layer[0][None], layer[1][None]) for layer in past])
+            # The past and room for the chunk in one tensor, filled once; each layer writes its new keys
+            # and values after the past in place (a growing cache would copy the past again per layer).
+            first = chunk.keys[0][1]
+            shape = [*first.shape]
+            shape[KV_TOKEN_DIM] = past_tokens + new_tokens
+            kv = first.new_empty(shape)
+            at = 0
+            for _, piece in chunk.keys:
+                n = piece.shape[KV_TOKEN_DIM]
+                kv.narrow(KV_TOKEN_DIM, at, n).copy_(piece)
+                at += n
+            cache = Cache(layers=[_FilledLayer(layer, past_tokens) for layer in kv])
+        else:
+            kv = None
+            cache = DynamicCache()
         queries, keys = chunk.positions()
         ids = torch.tensor([[segment.tokens[offset] for segment, offset in chunk.queries]])
         mask = chunk.visible()[None, None]
@@ -179,12 +192,9 @@ class ChunkedForward:
             cache=cache,
             use_cache=True,
         ).last_hidden_state[0]
-        new_kv = torch.stack(
-            [
-                torch.stack((layer.keys[0, :, past_tokens:], layer.values[0, :, past_tokens:]))
-                for layer in cache.layers
-            ]
-        )
+        if kv is not None:
+            return kv.narrow(KV_TOKEN_DIM, past_tokens, new_tokens), hidden
+        new_kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
         return new_kv, hidden
 
     def _logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -218,3 +228,22 @@ def _cut(
             size = len(chunk) if limit is None else max(1, limit())
             yield chunk[at : at + size]
             at += size
+
+
+class _FilledLayer(DynamicLayer):
+    """One layer's keys and values [2, kv heads, past + new, head dim] with the past already in place:
+    ``update`` writes the new tokens' after it and returns the whole, as views (no copy)."""
+
+    def __init__(self, kv: torch.Tensor, past_tokens: int) -> None:
+        super().__init__()
+        self.kv = kv
+        self.past_tokens = past_tokens
+        self.keys, self.values = kv[0, :, :past_tokens][None], kv[1, :, :past_tokens][None]
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.past_tokens + key_states.shape[-2]
+        self.kv[0, :, self.past_tokens : end] = key_states[0]
+        self.kv[1, :, self.past_tokens : end] = value_states[0]
+        self.keys, self.values = self.kv[0, :, :end][None], self.kv[1, :, :end][None]
+        return self.keys, self.values

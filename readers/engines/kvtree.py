@@ -79,8 +79,8 @@ class _Node:
 
 @dataclass(eq=False)
 class Segment:
-    """Consecutive tokens of a plan: from the tree (``kv``), or computed by this batch (``pieces``
-    gather the keys and values chunk by chunk; ``node`` is the tree node they fill, if any)."""
+    """Consecutive tokens of a plan: from the tree (``kv``), or computed by this batch (``add_keys``
+    gathers the keys and values chunk by chunk; ``node`` is the tree node they fill, if any)."""
 
     tokens: tuple[int, ...]
     start: int
@@ -89,23 +89,37 @@ class Segment:
     node: _Node | None = None
     owner: int = -1
     """The read charged with computing it (the first of the batch that needs it); -1: from the tree."""
-    pieces: list[torch.Tensor] = field(default_factory=list)
     order: int = 0  # depth-first position in the plan
     last: int = 0  # the last depth-first position in its subtree
+    computed_kv: torch.Tensor | None = None
+    """The keys and values this batch computed, in a tensor of the whole segment's length filled from
+    the front (``filled`` tokens): a chunk's keys are copied in once, where gathering them by
+    concatenation would copy everything before them again at every chunk of a long segment."""
+    filled: int = 0
 
     @property
     def computed(self) -> bool:
         return self.kv is None
 
+    def add_keys(self, kv: torch.Tensor) -> None:
+        """The keys and values of this segment's next computed tokens."""
+        if self.computed_kv is None:
+            shape = list(kv.shape)
+            shape[KV_TOKEN_DIM] = len(self.tokens)
+            self.computed_kv = kv.new_empty(shape)
+        n = kv.shape[KV_TOKEN_DIM]
+        self.computed_kv.narrow(KV_TOKEN_DIM, self.filled, n).copy_(kv)
+        self.filled += n
+
     def keys_so_far(self) -> torch.Tensor | None:
         """Its keys and values available now: all of a tree segment's, the computed part of the others'."""
         if self.kv is not None:
             return self.kv
-        if not self.pieces:
+        if not self.filled:
             return None
-        if len(self.pieces) > 1:
-            self.pieces = [torch.cat(self.pieces, dim=KV_TOKEN_DIM)]
-        return self.pieces[0]
+        if self.filled == len(self.tokens):
+            return self.computed_kv
+        return self.computed_kv.narrow(KV_TOKEN_DIM, 0, self.filled)
 
 
 @dataclass

@@ -39,7 +39,7 @@ def run(
         assert visible.shape == (len(queries), chunk.key_tokens + len(queries))
         for segment, offset in queries:
             kv = torch.full((1, 2, 1, 1, 1), float(segment.start + offset))
-            segment.pieces.append(kv)
+            segment.add_keys(kv)
     tree.finish(plan, [state_of(ids) for ids in prompts] if hidden else None)
     return plan
 
@@ -114,7 +114,7 @@ def test_a_query_sees_exactly_the_tokens_before_it_in_its_own_prompt():
             ]
             assert seen == [(token, n) for n, token in enumerate(prompt)], (segment.tokens, offset)
         for segment, _ in queries:
-            segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+            segment.add_keys(torch.zeros(1, 2, 1, 1, 1))
     tree.finish(plan)
 
 
@@ -141,7 +141,7 @@ def test_chunks_hold_bounded_queries_and_scores_and_keep_depth_first_order():
         keys = plan.chunk_keys(chunk).key_tokens + len(chunk)
         assert len(chunk) == 1 or len(chunk) * keys <= 64 * 400
         for segment, _ in chunk:
-            segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+            segment.add_keys(torch.zeros(1, 2, 1, 1, 1))
     flat = [query for chunk in chunks for query in chunk]
     assert len(flat) == distinct_tokens(prompts)
     tree.finish(plan)
@@ -202,7 +202,7 @@ def test_a_batch_waits_for_tokens_another_batch_is_computing_then_reuses_them():
     assert second.is_alive()  # waiting: the state is being computed by the first batch
     for queries in first.chunks(512, 2**22):
         for segment, _ in queries:
-            segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+            segment.add_keys(torch.zeros(1, 2, 1, 1, 1))
     tree.finish(first)
     second.join(timeout=5)
     assert planned and planned[0].computed_tokens == [1]  # only its own question token
@@ -221,7 +221,7 @@ def test_another_tenants_batch_computes_the_tokens_itself_instead_of_waiting():
     for plan in (flood, polite):
         for queries in plan.chunks(512, 2**22):
             for segment, _ in queries:
-                segment.pieces.append(torch.zeros(1, 2, 1, 1, 1))
+                segment.add_keys(torch.zeros(1, 2, 1, 1, 1))
         tree.finish(plan)
     assert tree.plan([system + (9,)], [True], wait=False, tenant="a").computed_tokens == [1]
 
