@@ -85,6 +85,30 @@ def test_an_unmarked_test_that_starts_a_process_or_looks_up_a_name_fails(pyteste
     )
 
 
+def test_an_alone_test_in_the_fast_tier_stops_the_run(pytester):
+    pytester.makeconftest(
+        GUARD_CONFTEST + '    config.addinivalue_line("markers", "alone: one at a time")\n'
+        '    config.addinivalue_line("markers", "slow: long")\n'
+    )
+    pytester.makepyfile(
+        test_planted="""
+import pytest
+
+@pytest.mark.alone
+def test_loose():
+    pass
+
+@pytest.mark.alone
+@pytest.mark.slow
+def test_placed():
+    pass
+"""
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*marked alone but in the fast tier*test_planted.py::test_loose"])
+
+
 @pytest.mark.parametrize(
     ("event", "args", "expected"),
     [

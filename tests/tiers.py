@@ -159,6 +159,21 @@ class TierGuard:
     def guarded(item: pytest.Item) -> bool:
         return item.get_closest_marker("integration") is None
 
+    @staticmethod
+    def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+        """``alone`` tests run one at a time after make test's two workers; make test-fast has no
+        such pass, so an ``alone`` test must be out of the fast tier (slow or integration)."""
+        loose = [
+            item.nodeid
+            for item in items
+            if item.get_closest_marker("alone")
+            and not (item.get_closest_marker("slow") or item.get_closest_marker("integration"))
+        ]
+        if loose:
+            raise pytest.UsageError(
+                "marked alone but in the fast tier (mark it slow or integration too): " + ", ".join(loose)
+            )
+
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_setup(self, item: pytest.Item):
         with watching(item.nodeid, "setup", self.guarded(item)):

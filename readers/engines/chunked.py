@@ -155,9 +155,9 @@ class ChunkedForward:
         return Computed(outputs, plan, peak)
 
     def chunk_bytes(self, chunk: Chunk) -> int:
-        """A chunk's working memory, estimated: its past and new keys and values, held twice (the
-        past is assembled, then each layer's cache concatenates the new keys to it), and the attention
-        scores of one layer."""
+        """A chunk's working memory, estimated: its past and new keys and values, held twice (where
+        the tree and the batch's segments keep them, and the chunk's own copy that each layer's cache
+        fills: ``_forward``), and the attention scores of one layer."""
         keys = chunk.key_tokens + len(chunk.queries)
         return 2 * keys * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
 

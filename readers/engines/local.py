@@ -150,6 +150,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
             "engine": "local",
             "model_dir": str(model_dir),
             "dtype": dtype,
+            "attention": attention,  # transformers' attn_implementation: which kernel read the answers
             "share_prefix": share_prefix,
             "batch_window_ms": batching.batch_window_ms,
             "max_batch": batching.max_batch,

@@ -101,9 +101,12 @@ def test_anything_but_one_boolean_masked_sequence_goes_to_sdpa(change):
     assert torch.equal(grouped, reference)
 
 
-def test_the_engine_attends_with_it_only_in_bfloat16():
+def test_the_engine_attends_with_it_only_in_bfloat16(local_engine):
     assert attention_function("float32") == "sdpa"
     assert attention_function("bfloat16") == NAME
     from transformers import AttentionInterface
 
     assert AttentionInterface()[NAME] is grouped_attention
+    # The engine says which kernel read its answers (the float32 engine the tests share: sdpa).
+    assert local_engine.capabilities.probe["attention"] == "sdpa"
+    assert local_engine.model.config._attn_implementation == "sdpa"

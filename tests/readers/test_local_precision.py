@@ -44,6 +44,8 @@ async def test_a_bfloat16_engine_names_its_precision_in_its_revision(local_engin
     assert bfloat16_engine.info.revision == f"{local_engine.info.revision}+bfloat16"
     assert "+" not in local_engine.info.revision
     assert bfloat16_engine.capabilities.probe["dtype"] == "bfloat16"
+    # and reads with its own attention (readers/engines/attention.py), which the bound above covers
+    assert bfloat16_engine.capabilities.probe["attention"] == "opendecide_grouped"
 
 
 async def test_other_precisions_are_refused_by_name(embedded_model_dir):
