@@ -26,6 +26,7 @@ from opendecide.extras import needs_extra
 
 with needs_extra("local", "the local engine"):
     import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "opendecide_grouped"
 """The name the engine loads a bfloat16 model with (``attn_implementation``)."""
@@ -44,8 +45,6 @@ def grouped_attention(
     """transformers' attention-function contract: ``query`` [1, heads, q, d], ``key`` and ``value``
     [1, kv heads, k, d], ``attention_mask`` boolean [1, 1, q, k] (True: visible); returns [1, q, heads, d].
     Anything else (a batch, a float mask, soft-capped scores) goes to transformers' sdpa function."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     plain = (
         query.shape[0] == 1
         and attention_mask is not None

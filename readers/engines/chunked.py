@@ -19,7 +19,7 @@ from opendecide.extras import needs_extra
 
 with needs_extra("local", "the local engine"):
     import torch
-    from transformers import Cache, DynamicCache
+    from transformers import Cache
     from transformers.cache_utils import DynamicLayer
 
 from readers.engines.base import LocalBatching
@@ -62,6 +62,8 @@ class ChunkedForward:
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
         bytes_per = torch.finfo(getattr(torch, dtype)).bits // 8
         self.kv_bytes_per_token = int(config.num_hidden_layers) * 2 * kv_heads * head_dim * bytes_per
+        self._kv_shape = (int(config.num_hidden_layers), 2, kv_heads, head_dim)  # tokens go before head_dim
+        self._kv_dtype = getattr(torch, dtype)
         self._score_bytes = heads * 4  # float32 scores per query × key pair, over the heads
 
     def next_token_logprobs(self, prompt_ids: Sequence[int]) -> torch.Tensor:
@@ -166,22 +168,16 @@ class ChunkedForward:
         [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
         past_tokens = chunk.key_tokens
         new_tokens = len(chunk.queries)
-        if past_tokens:
-            # The past and room for the chunk in one tensor, filled once; each layer writes its new keys
-            # and values after the past in place (a growing cache would copy the past again per layer).
-            first = chunk.keys[0][1]
-            shape = [*first.shape]
-            shape[KV_TOKEN_DIM] = past_tokens + new_tokens
-            kv = first.new_empty(shape)
-            at = 0
-            for _, piece in chunk.keys:
-                n = piece.shape[KV_TOKEN_DIM]
-                kv.narrow(KV_TOKEN_DIM, at, n).copy_(piece)
-                at += n
-            cache = Cache(layers=[_FilledLayer(layer, past_tokens) for layer in kv])
-        else:
-            kv = None
-            cache = DynamicCache()
+        # The past and room for the chunk in one tensor, the past copied in once; each layer writes its
+        # new keys and values after it in place (a growing cache would copy the past again per layer).
+        layers, pair, kv_heads, head_dim = self._kv_shape
+        kv = torch.empty(layers, pair, kv_heads, past_tokens + new_tokens, head_dim, dtype=self._kv_dtype)
+        at = 0
+        for _, piece in chunk.keys:
+            n = piece.shape[KV_TOKEN_DIM]
+            kv.narrow(KV_TOKEN_DIM, at, n).copy_(piece)
+            at += n
+        cache = Cache(layers=[_FilledLayer(layer, past_tokens) for layer in kv])
         queries, keys = chunk.positions()
         ids = torch.tensor([[segment.tokens[offset] for segment, offset in chunk.queries]])
         mask = chunk.visible()[None, None]
@@ -192,10 +188,7 @@ class ChunkedForward:
             cache=cache,
             use_cache=True,
         ).last_hidden_state[0]
-        if kv is not None:
-            return kv.narrow(KV_TOKEN_DIM, past_tokens, new_tokens), hidden
-        new_kv = torch.stack([torch.stack((layer.keys[0], layer.values[0])) for layer in cache.layers])
-        return new_kv, hidden
+        return kv.narrow(KV_TOKEN_DIM, past_tokens, new_tokens), hidden
 
     def _logprobs(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
         """Full-vocabulary log-softmax rows from final hidden states."""
