@@ -22,6 +22,8 @@ with needs_extra("local", "the local engine"):
     from transformers import Cache
     from transformers.cache_utils import DynamicLayer
 
+from readers.engines.attention import NAME as GROUPED_ATTENTION
+from readers.engines.attention import ForwardMasks
 from readers.engines.base import LocalBatching
 from readers.engines.jobs import ReadsAbandoned
 from readers.engines.kvtree import KV_TOKEN_DIM, Chunk, KVTree, Plan, Segment
@@ -64,6 +66,8 @@ class ChunkedForward:
         self.kv_bytes_per_token = int(config.num_hidden_layers) * 2 * kv_heads * head_dim * bytes_per
         self._kv_shape = (int(config.num_hidden_layers), 2, kv_heads, head_dim)  # tokens go before head_dim
         self._kv_dtype = getattr(torch, dtype)
+        # The grouped kernel prepares each mask once per forward for all the layers (ForwardMasks).
+        self._grouped = config._attn_implementation == GROUPED_ATTENTION
         self._score_bytes = heads * 4  # float32 scores per query × key pair, over the heads
 
     def next_token_logprobs(self, prompt_ids: Sequence[int]) -> torch.Tensor:
@@ -131,12 +135,13 @@ class ChunkedForward:
             wanted = {(id(output[0]), output[1]) for output in plan.outputs if output is not None}
             hidden: dict[tuple[int, int], torch.Tensor] = {}
             peak = 0
+            past = _Past(self._kv_shape, self._kv_dtype)
             for queries in _cut(plan.chunks(self.chunk_tokens, self.chunk_scores), chunk_limit):
                 if stop is not None and stop():
                     raise ReadsAbandoned
                 chunk = plan.chunk_keys(queries)
                 peak = max(peak, self.chunk_bytes(chunk))
-                new_kv, states = self._forward(chunk)
+                new_kv, states = self._forward(chunk, past)
                 at = 0
                 for segment, group in itertools.groupby(queries, key=lambda query: query[0]):
                     n = sum(1 for _ in group)
@@ -157,26 +162,21 @@ class ChunkedForward:
         return Computed(outputs, plan, peak)
 
     def chunk_bytes(self, chunk: Chunk) -> int:
-        """A chunk's working memory, estimated: its past and new keys and values, held twice (where
-        the tree and the batch's segments keep them, and the chunk's own copy that each layer's cache
-        fills: ``_forward``), and the attention scores of one layer."""
+        """A chunk's working memory, estimated: its past and new keys and values, held where the
+        tree and the batch's segments keep them and in the batch's ``_Past`` (with room for half as
+        many again), and the attention scores of one layer."""
         keys = chunk.key_tokens + len(chunk.queries)
-        return 2 * keys * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
+        return 5 * keys // 2 * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
 
-    def _forward(self, chunk: Chunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """One chunk through the decoder against its past keys: the chunk's own keys and values
-        [layers, 2, kv heads, tokens, head dim] and its last hidden states [tokens, hidden]."""
+    def _forward(self, chunk: Chunk, past: _Past) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk through the decoder against its past keys, which ``past`` holds: the chunk's
+        own keys and values [layers, 2, kv heads, tokens, head dim] and its last hidden states
+        [tokens, hidden]."""
         past_tokens = chunk.key_tokens
         new_tokens = len(chunk.queries)
-        # The past and room for the chunk in one tensor, the past copied in once; each layer writes its
-        # new keys and values after it in place (a growing cache would copy the past again per layer).
-        layers, pair, kv_heads, head_dim = self._kv_shape
-        kv = torch.empty(layers, pair, kv_heads, past_tokens + new_tokens, head_dim, dtype=self._kv_dtype)
-        at = 0
-        for _, piece in chunk.keys:
-            n = piece.shape[KV_TOKEN_DIM]
-            kv.narrow(KV_TOKEN_DIM, at, n).copy_(piece)
-            at += n
+        # Each layer writes its new keys and values after the past in place (a growing cache would
+        # copy the past again per layer).
+        kv = past.hold(chunk)
         cache = Cache(layers=[_FilledLayer(layer, past_tokens) for layer in kv])
         queries, keys = chunk.positions()
         ids = torch.tensor([[segment.tokens[offset] for segment, offset in chunk.queries]])
@@ -187,6 +187,7 @@ class ChunkedForward:
             position_ids=queries[None],
             cache=cache,
             use_cache=True,
+            **({"grouped_masks": ForwardMasks()} if self._grouped else {}),
         ).last_hidden_state[0]
         return kv.narrow(KV_TOKEN_DIM, past_tokens, new_tokens), hidden
 
@@ -221,6 +222,63 @@ def _cut(
             size = len(chunk) if limit is None else max(1, limit())
             yield chunk[at : at + size]
             at += size
+
+
+class _Past:
+    """One batch's chunks' keys and values, [layers, 2, kv heads, tokens, head dim], kept from chunk to
+    chunk: consecutive chunks mostly attend to the same past (a long segment's next chunk to all the
+    last one did and to the last one's own tokens; the trie reads under one state to the list and the
+    state), so a chunk copies in only the keys after the longest run the last chunk left in place.
+    Without it each chunk of a 3,700-token list copied its whole past again (~180 MB a chunk in
+    bfloat16, a tenth of a 255-option question's first read)."""
+
+    def __init__(self, shape: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+        self._shape = shape
+        self._dtype = dtype
+        self._kv: torch.Tensor | None = None
+        # What the tensor holds from its front: (segment, first offset, tokens) runs.
+        self._runs: list[tuple[Segment, int, int]] = []
+        self.copied_tokens = 0  # past tokens copied in, over the batch's chunks
+
+    def hold(self, chunk: Chunk) -> torch.Tensor:
+        """The chunk's past keys and values in order, then room for its own tokens (which its
+        layers fill); a view of ``chunk.key_tokens + len(chunk.queries)`` tokens."""
+        wanted = [(segment, 0, kv.shape[KV_TOKEN_DIM]) for segment, kv in chunk.keys]
+        kept, at, partial = 0, 0, 0  # runs wholly in place, tokens in place, of them in a partial run
+        for have, want in zip(self._runs, wanted):
+            if have[:2] != want[:2]:
+                break
+            if have[2] != want[2]:  # more or less of the same segment: keep what both have
+                partial = min(have[2], want[2])
+                at += partial
+                break
+            at += want[2]
+            kept += 1
+        needed = chunk.key_tokens + len(chunk.queries)
+        if self._kv is None or needed > self._kv.shape[KV_TOKEN_DIM]:
+            layers, pair, kv_heads, head_dim = self._shape
+            # Room for the rest of the segment the chunk ends in (a long list's next chunks), or half
+            # again its keys, whichever is more: a growing past is reallocated a few times at most.
+            segment, offset = chunk.queries[-1]
+            room = needed + max(len(segment.tokens) - offset - 1, needed // 2)
+            self._kv = torch.empty(layers, pair, kv_heads, room, head_dim, dtype=self._dtype)
+            kept, at, partial = 0, 0, 0
+        kept_tokens = at
+        for index in range(kept, len(wanted)):
+            skip = partial if index == kept else 0
+            n = wanted[index][2] - skip
+            self._kv.narrow(KV_TOKEN_DIM, at, n).copy_(chunk.keys[index][1].narrow(KV_TOKEN_DIM, skip, n))
+            at += n
+        self.copied_tokens += at - kept_tokens
+        self._runs = wanted
+        for segment, group in itertools.groupby(chunk.queries, key=lambda query: query[0]):
+            offsets = [offset for _, offset in group]
+            last = self._runs[-1] if self._runs else None
+            if last is not None and last[0] is segment and last[1] + last[2] == offsets[0]:
+                self._runs[-1] = (segment, last[1], last[2] + len(offsets))
+            else:
+                self._runs.append((segment, offsets[0], len(offsets)))
+        return self._kv.narrow(KV_TOKEN_DIM, 0, needed)
 
 
 class _FilledLayer(DynamicLayer):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from readers.engines.attention import NAME, attention_function, grouped_attention
+from readers.engines.attention import NAME, ForwardMasks, attention_function, grouped_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 LAYER = SimpleNamespace(num_key_value_groups=HEADS // KV_HEADS, is_causal=True)
@@ -40,6 +40,35 @@ def test_grouped_attention_equals_sdpa_in_float32():
     reference, _ = sdpa_attention_forward(LAYER, q, k, v, mask)
     assert grouped.shape == reference.shape == (1, q.shape[2], HEADS, DIM)
     assert torch.allclose(grouped, reference, atol=1e-5)
+
+
+def test_a_scale_that_is_not_a_power_of_two_scales_the_scores():
+    """Power-of-two scales (SmolLM2's 1/8, Gemma 3's 1/16) scale the queries first, exactly; any
+    other scales the scores in the product."""
+    q, k, v, mask = tree_case(torch.float32)
+    grouped, _ = grouped_attention(LAYER, q, k, v, mask, scaling=0.1)
+    reference, _ = sdpa_attention_forward(LAYER, q, k, v, mask, scaling=0.1)
+    assert torch.allclose(grouped, reference, atol=1e-5)
+    default, _ = grouped_attention(LAYER, q, k, v, mask)
+    assert not torch.allclose(grouped, default, atol=1e-3)
+
+
+def test_a_forward_prepares_each_mask_once_for_all_its_layers():
+    """The layers of one forward share its ``ForwardMasks``: a mask is prepared on the first layer
+    and given back to the others; another mask (Gemma's sliding layers) is prepared on its own. A
+    block's masked keys start at the first key one of its queries does not see."""
+    q, k, v, mask = tree_case(torch.float32, queries=24, past=40)
+    masks = ForwardMasks()
+    first = masks.blocks(mask, 3)
+    assert masks.blocks(mask, 3) is first
+    [(at, (hidden_from, hidden))] = first
+    assert at == 0 and hidden_from == 40  # the second branch does not see the first's first token
+    assert hidden.shape == (3 * 24, k.shape[2] - hidden_from)
+    sliding = mask.clone()
+    sliding[..., :10] = False
+    assert masks.blocks(sliding, 3)[0][1][0] == 0
+    out, _ = grouped_attention(LAYER, q, k, v, mask, grouped_masks=masks)
+    assert torch.equal(out, grouped_attention(LAYER, q, k, v, mask)[0])
 
 
 def test_each_query_head_reads_its_own_key_value_head():

@@ -216,8 +216,8 @@ async def test_batches_take_turns_on_one_thread_with_every_core(embedded_model_d
     from readers.engines.local import LocalEngine, thread_budget
 
     class Recording(LocalEngine):
-        def _forward(self, chunk):
-            result = super()._forward(chunk)
+        def _forward(self, chunk, past):
+            result = super()._forward(chunk, past)
             self.seen.append((threading.current_thread().name, torch.get_num_threads(), len(chunk.queries)))
             return result
 

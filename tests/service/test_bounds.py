@@ -296,9 +296,9 @@ async def test_an_abandoned_embedded_read_stops_between_chunks(local_engine, mon
     chunks: list[int] = []
     forward = local_engine._forward
 
-    def counting(chunk):
+    def counting(chunk, past):
         chunks.append(1)
-        return forward(chunk)
+        return forward(chunk, past)
 
     # The session's engine, computing in small chunks for this test (restored after).
     monkeypatch.setattr(local_engine, "chunk_tokens", 16)
