@@ -5,7 +5,7 @@ in float32, ~110-130 GFLOP/s on this project's 2-core AMD EPYC in either precisi
 matrix product of the same shapes runs at 260-400 GFLOP/s (avx512_bf16; ``torch.bmm`` timed once, by a
 script not kept). A read of many described options is mostly attention (each option's tokens attend to a
 ~4,000-token list), so the bfloat16 engine attends with plain matrix products instead (``bench/attention_chunk.py`` times both kernels: one layer,
-128 queries over 4,028 keys, 11.3 ms fused, 6.9 ms here):
+128 queries over 4,028 keys, 11.3 ms fused, 6.3 ms here; evidence/latency/past-in-place/kernel.md):
 
 - the query heads that share one key-value head are stacked along the queries, so each product reads
   that head's keys once and no key or value is copied per query head (transformers' ``repeat_kv``);

@@ -135,7 +135,7 @@ class ChunkedForward:
             wanted = {(id(output[0]), output[1]) for output in plan.outputs if output is not None}
             hidden: dict[tuple[int, int], torch.Tensor] = {}
             peak = 0
-            past = _Past(self._kv_shape, self._kv_dtype)
+            past = _Past(self._kv_shape, self._kv_dtype, max(len(ids) for ids in prompts))
             for queries in _cut(plan.chunks(self.chunk_tokens, self.chunk_scores), chunk_limit):
                 if stop is not None and stop():
                     raise ReadsAbandoned
@@ -163,8 +163,8 @@ class ChunkedForward:
 
     def chunk_bytes(self, chunk: Chunk) -> int:
         """A chunk's working memory, estimated: its past and new keys and values, held where the
-        tree and the batch's segments keep them and in the batch's ``_Past`` (with room for half as
-        many again), and the attention scores of one layer."""
+        tree and the batch's segments keep them and in the batch's ``_Past`` (room for the longest
+        prompt, or half as many again), and the attention scores of one layer."""
         keys = chunk.key_tokens + len(chunk.queries)
         return 5 * keys // 2 * self.kv_bytes_per_token + len(chunk.queries) * keys * self._score_bytes
 
@@ -232,9 +232,10 @@ class _Past:
     Without it each chunk of a 3,700-token list copied its whole past again (~180 MB a chunk in
     bfloat16, a tenth of a 255-option question's first read)."""
 
-    def __init__(self, shape: tuple[int, int, int, int], dtype: torch.dtype) -> None:
+    def __init__(self, shape: tuple[int, int, int, int], dtype: torch.dtype, longest: int) -> None:
         self._shape = shape
         self._dtype = dtype
+        self._longest = longest  # tokens of the batch's longest prompt
         self._kv: torch.Tensor | None = None
         # What the tensor holds from its front: (segment, first offset, tokens) runs.
         self._runs: list[tuple[Segment, int, int]] = []
@@ -257,10 +258,10 @@ class _Past:
         needed = chunk.key_tokens + len(chunk.queries)
         if self._kv is None or needed > self._kv.shape[KV_TOKEN_DIM]:
             layers, pair, kv_heads, head_dim = self._shape
-            # Room for the rest of the segment the chunk ends in (a long list's next chunks), or half
-            # again its keys, whichever is more: a growing past is reallocated a few times at most.
-            segment, offset = chunk.queries[-1]
-            room = needed + max(len(segment.tokens) - offset - 1, needed // 2)
+            # Room for the batch's longest prompt and a chunk more: the chunks on one prompt's path
+            # never need more (a long list's next chunks, then the state and trie reads after it);
+            # half again for a chunk whose queries are on paths that share less.
+            room = max(self._longest + len(chunk.queries), needed * 3 // 2)
             self._kv = torch.empty(layers, pair, kv_heads, room, head_dim, dtype=self._dtype)
             kept, at, partial = 0, 0, 0
         kept_tokens = at
