@@ -16,7 +16,15 @@ import numpy as np
 
 from calibration.bias import AffineScaler, StatePriorScaler, TemperatureBiasScaler
 from calibration.metrics import N_BINS, ece, ece_floor
-from calibration.store import BIAS_MODES, CALIBRATION_MODES, Calibration, CalibrationKey, CalibrationStore
+from calibration.probe import ProbeScaler
+from calibration.store import (
+    BIAS_MODES,
+    CALIBRATION_MODES,
+    FEATURE_MODES,
+    Calibration,
+    CalibrationKey,
+    CalibrationStore,
+)
 from calibration.temperature import TemperatureScaler, as_logits
 
 Gold = bool | int | str
@@ -25,6 +33,9 @@ Gold = bool | int | str
 MIN_GOLD = 10
 """Fewest decisions with a gold answer a calibration is fitted on."""
 NOUL_GOLD = {True: 0, "true": 0, "yes": 0, False: 1, "false": 1, "no": 1}
+DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
+"""``DEFAULT_MODES`` where a decision comes without the answer slot's hidden state (a vLLM engine):
+round 3's rule without the probe, which is rounds 1–2's choice."""
 DEFAULT_MODES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
 """Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none
 and it has at least that many gold answers; ``temperature`` otherwise and for the types not listed.
@@ -63,10 +74,12 @@ def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
     return np.array([np.pad(row, (0, width - len(row))) for row in probabilities])
 
 
-def default_mode(question_type: str, n: int, option_count: int | None) -> str:
-    """The mode of a fit on ``n`` gold answers that names none (``DEFAULT_MODES``); temperature on a
-    key without an option count, where a per-option bias has no options to belong to."""
-    mode, fewest = DEFAULT_MODES.get(question_type, ("temperature", 0))
+def default_mode(question_type: str, n: int, option_count: int | None, *, features: bool = False) -> str:
+    """The mode of a fit on ``n`` gold answers that names none: ``DEFAULT_MODES`` where every
+    decision comes with the answer slot's hidden state (``features``), else ``DEFAULT_MODES_WITHOUT_FEATURES``;
+    temperature on a key without an option count, where a per-option bias has no options to belong to."""
+    table = DEFAULT_MODES if features else DEFAULT_MODES_WITHOUT_FEATURES
+    mode, fewest = table.get(question_type, ("temperature", 0))
     if n < fewest or (mode in BIAS_MODES and option_count is None):
         return "temperature"
     return mode
@@ -81,8 +94,9 @@ def refit_mode(current: Calibration | None) -> str | None:
     return current.mode if current is not None and current.mode_chosen_by == "caller" else None
 
 
-def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePriorScaler:
-    """An unfitted scaler of calibration ``mode``."""
+def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePriorScaler | ProbeScaler:
+    """An unfitted scaler of calibration ``mode`` (a ``FEATURE_MODES`` one fits and predicts on the
+    hidden states as well: :func:`fitted_scaler`)."""
     if mode == "temperature":
         return TemperatureScaler()
     if mode == "temperature_bias":
@@ -91,7 +105,21 @@ def scaler_for(mode: str) -> TemperatureScaler | TemperatureBiasScaler | StatePr
         return AffineScaler()
     if mode == "state_prior":
         return StatePriorScaler()
+    if mode == "probe":
+        return ProbeScaler()
     raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")
+
+
+def fitted_scaler(mode: str, logits: list[np.ndarray], gold: np.ndarray, features: np.ndarray | None, rows):
+    """``mode`` fitted on ``rows`` (indices); returns a function of the rows to predict."""
+    scaler = scaler_for(mode)
+    if mode in FEATURE_MODES:
+        scaler.fit([logits[i] for i in rows], gold[rows], features[rows])
+        return scaler, lambda at: np.vstack(
+            [scaler.predict_proba(logits[i][None], features[i][None]) for i in at]
+        )
+    scaler.fit([logits[i] for i in rows], gold[rows])
+    return scaler, lambda at: _padded([scaler.predict_proba(logits[i]) for i in at])
 
 
 def fit_and_store(
@@ -103,17 +131,22 @@ def fit_and_store(
     seed: int = 0,
     mode: str | None = None,
     shared: bool = False,
+    features: list | None = None,
 ) -> Calibration:
     """Fit ``mode`` on all ``rows`` (uncalibrated probabilities, gold index), score a held-out half, store
     under ``key``, or among the shared fits (``key.as_shared()``) when ``shared``. ``mode`` None:
     :func:`default_mode` at ``len(rows)``, stored as ``mode_chosen_by`` ``default``; a named mode is
-    stored as the caller's.
+    stored as the caller's. ``features``: each row's answer-slot hidden state or None; a
+    ``FEATURE_MODES`` fit needs every row's, and the defaults offer one only where every row has it.
 
     ``state_prior`` needs no gold answers (a row's gold may be None): it fits on every row, and the
     held-out scores and NLLs are reported over the rows that have one (None when none has).
     """
     chosen_by = "caller" if mode is not None else "default"
-    mode = mode or default_mode(key.question_type, len(rows), key.option_count)
+    has_features = (
+        features is not None and len(features) == len(rows) and all(f is not None for f in features)
+    )
+    mode = mode or default_mode(key.question_type, len(rows), key.option_count, features=has_features)
     needs_gold = mode != "state_prior"
     if needs_gold and any(gold is None for _, gold in rows):
         raise ValueError(
@@ -124,19 +157,26 @@ def fit_and_store(
         raise ValueError(f"{len(rows)} {what}; a calibration needs at least {MIN_GOLD}")
     if mode in BIAS_MODES and key.option_count is None:
         raise ValueError(f"a {mode} calibration needs an option count: its biases are per option")
+    if mode in FEATURE_MODES and not has_features:
+        missing = len(rows) if features is None else sum(f is None for f in features)
+        raise ValueError(
+            f"a {mode} calibration reads the answer slot's hidden state, and {missing} of {len(rows)} decisions "
+            "have none: only an engine that returns it (the local engine) can fit one"
+        )
     logits = [as_logits(probabilities) for probabilities, _ in rows]
     gold = np.array([-1 if index is None else index for _, index in rows])  # -1: no gold answer
+    state = np.asarray(features, dtype=float) if mode in FEATURE_MODES else None
     has_gold = gold >= 0
-    scaler = scaler_for(mode).fit(logits, gold)
+    scaler, _ = fitted_scaler(mode, logits, gold, state, np.arange(len(rows)))
 
     order = np.random.default_rng(seed).permutation(len(rows))
     fit_half, score_half = order[: len(rows) // 2], order[len(rows) // 2 :]
-    half = scaler_for(mode).fit([logits[i] for i in fit_half], gold[fit_half])
+    _, predict = fitted_scaler(mode, logits, gold, state, fit_half)
     scored = [i for i in score_half if has_gold[i]]
     metrics: dict = {"heldout_n": len(scored) or None}
     if scored:
         uncalibrated = _padded([np.exp(logits[i]) / np.exp(logits[i]).sum() for i in scored])
-        calibrated = _padded([half.predict_proba(logits[i]) for i in scored])
+        calibrated = predict(scored)
         metrics |= {
             "heldout_ece_before": ece(uncalibrated, gold[scored], N_BINS),
             "heldout_ece_after": ece(calibrated, gold[scored], N_BINS),
@@ -144,7 +184,7 @@ def fit_and_store(
         }
     return store.add_calibration(
         key.as_shared() if shared else key, temperature=scaler.temperature_, n=scaler.n_samples_, source=source, mode=mode, bias=getattr(scaler, "bias_", None),
-        mode_chosen_by=chosen_by, nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
+        mode_chosen_by=chosen_by, probe=getattr(scaler, "probe_", None), nll_before=scaler.nll_before_, nll_after=scaler.nll_after_, **metrics,
     )  # fmt: skip
 
 
@@ -152,12 +192,12 @@ def refit_from_store(
     store: CalibrationStore,
     key: CalibrationKey,
     mode: str | None,
-    gold_rows: list[tuple[list[float], int]] | None = None,
+    gold_rows: list[tuple] | None = None,
     *,
     shared: bool = False,
 ) -> Calibration:
     """Fit ``key`` again from what the store holds of its tenant: its feedback (``gold_rows``, when the
-    caller has already read them), or for ``state_prior`` its recorded decisions, whose reads need no
+    caller has already read them, with ``features=True``: each decision's hidden state where it has one), or for ``state_prior`` its recorded decisions, whose reads need no
     gold answer. ``mode`` None: :func:`default_mode` at the number of gold answers, stored as the
     defaults' choice. ``shared`` publishes the fit among the shared fits instead of the tenant's own.
 
@@ -175,5 +215,13 @@ def refit_from_store(
             mode=mode,
             shared=shared,
         )
-    rows = store.gold_rows(key) if gold_rows is None else gold_rows
-    return fit_and_store(store, key, rows, source="feedback", mode=mode, shared=shared)
+    rows = store.gold_rows(key, features=True) if gold_rows is None else gold_rows
+    return fit_and_store(
+        store,
+        key,
+        [(probabilities, gold) for probabilities, gold, *_ in rows],
+        source="feedback",
+        mode=mode,
+        shared=shared,
+        features=[row[2] if len(row) > 2 else None for row in rows],
+    )

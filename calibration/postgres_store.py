@@ -35,6 +35,7 @@ with needs_extra("postgres", "a postgresql:// calibration store"):
     from psycopg.types.json import Jsonb
     from psycopg_pool import ConnectionPool
 
+from calibration.probe import ProbeMap, encode_floats, stored_features
 from calibration.store import (
     CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
@@ -137,6 +138,12 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     # affine mode: a replica from before cannot render an affine fit, and refuses a store at version 8.
     (8, "calibrations.mode_chosen_by: caller or default; calibration mode affine", (
         "ALTER TABLE calibrations ADD COLUMN mode_chosen_by TEXT NOT NULL DEFAULT 'caller'",
+    )),
+    # The probe mode: its linear term and each decision's hidden state, as the SQLite store keeps them
+    # (calibration/sqlite_store.py, migration 9: why, and why it is a version step).
+    (9, "calibrations.probe and decisions.features: calibration mode probe", (
+        "ALTER TABLE calibrations ADD COLUMN probe TEXT",
+        "ALTER TABLE decisions ADD COLUMN features TEXT",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -297,7 +304,8 @@ class PostgresStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, Jsonb(list(d.options)),
-             Jsonb(list(d.uncalibrated_probabilities)), bool(d.informative), d.read_version, d.tenant)
+             Jsonb(list(d.uncalibrated_probabilities)), bool(d.informative), d.read_version, d.tenant,
+             None if d.features is None else encode_floats(d.features))
             for d in decisions
         ]  # fmt: skip
         if not rows:
@@ -305,18 +313,23 @@ class PostgresStore(CalibrationStore):
         with self._connection() as db, db.transaction(), db.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, "
-                "uncalibrated_probabilities, informative, read_version, tenant) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "uncalibrated_probabilities, informative, read_version, tenant, features) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 rows,
             )
 
     def decision(self, decision_id: str, tenant: str = DEFAULT_TENANT) -> DecisionRecord | None:
         with self._connection() as db:
             row = db.execute(
-                "SELECT id, model, revision, question_type, option_count, domain, options, uncalibrated_probabilities, informative, read_version "
+                "SELECT id, model, revision, question_type, option_count, domain, options, uncalibrated_probabilities, informative, read_version, features "
                 "FROM decisions WHERE id = %s AND tenant = %s",
                 (decision_id, tenant),
             ).fetchone()
-        return None if row is None else DecisionRecord(*row[:-1], read_version=row[-1], tenant=tenant)
+        if row is None:
+            return None
+        return DecisionRecord(
+            *row[:-2], read_version=row[-2], tenant=tenant, features=stored_features(row[-1])
+        )
 
     def add_feedback(self, decision_id: str, gold: str, tenant: str = DEFAULT_TENANT) -> int:
         with self._connection() as db:
@@ -333,15 +346,21 @@ class PostgresStore(CalibrationStore):
             )
             return cursor.rowcount
 
-    def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+    def gold_rows(self, key: CalibrationKey, *, features: bool = False) -> list[tuple]:
         where, params = key_filter(key, "%s")
+        state = ", d.features" if features else ""
         query = f"""
-            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
+            SELECT d.options, d.uncalibrated_probabilities, f.gold{state} FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
             WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
             ORDER BY f.seq
         """
         with self._connection() as db:
             rows = db.execute(query, params).fetchall()
+        if features:
+            return [
+                (uncalibrated, options.index(gold), stored_features(state))
+                for options, uncalibrated, gold, state in rows
+            ]
         return [(uncalibrated, options.index(gold)) for options, uncalibrated, gold in rows]
 
     def recorded(
@@ -357,4 +376,5 @@ class PostgresStore(CalibrationStore):
 def _calibration(row: dict) -> Calibration:
     fitted_at = row["fitted_at"].astimezone(dt.UTC).isoformat(timespec="microseconds")
     bias = None if row["bias"] is None else tuple(row["bias"])
-    return Calibration(**{**row, "fitted_at": fitted_at, "bias": bias})
+    probe = None if row["probe"] is None else ProbeMap(row["probe"])
+    return Calibration(**{**row, "fitted_at": fitted_at, "bias": bias, "probe": probe})

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
+from calibration.probe import ProbeMap, encode_floats, stored_features
 from calibration.store import (
     CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
@@ -112,6 +113,15 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
     # affine mode: a replica from before cannot render an affine fit, and refuses a store at version 8.
     (8, "calibrations.mode_chosen_by: caller or default; calibration mode affine", (
         "ALTER TABLE calibrations ADD COLUMN mode_chosen_by TEXT NOT NULL DEFAULT 'caller'",
+    )),
+    # The probe mode (calibration.probe): its linear term on the answer slot's hidden state, and each
+    # decision's hidden state for refits from feedback (base64 float32, calibration.probe.encode_floats;
+    # ~3 KB per decision on SmolLM2-135M). NULL for every row before: their keys' fits are unchanged, and
+    # a probe refit fits on the decisions that have one. A version step too: a replica from before
+    # cannot apply a probe fit, and refuses a store at version 9.
+    (9, "calibrations.probe and decisions.features: calibration mode probe", (
+        "ALTER TABLE calibrations ADD COLUMN probe TEXT",
+        "ALTER TABLE decisions ADD COLUMN features TEXT",
     )),
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -273,13 +283,15 @@ class SQLiteStore(CalibrationStore):
     def add_decisions(self, decisions: Iterable[DecisionRecord]) -> None:
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
-             json.dumps(d.uncalibrated_probabilities), int(d.informative), d.read_version, d.tenant, utc_now())
+             json.dumps(d.uncalibrated_probabilities), int(d.informative), d.read_version, d.tenant, utc_now(),
+             None if d.features is None else encode_floats(d.features))
             for d in decisions
         ]  # fmt: skip
         with self._transaction() as db:
             db.executemany(
                 "INSERT INTO decisions (id, model, revision, question_type, option_count, domain, options, "
-                "uncalibrated_probabilities, informative, read_version, tenant, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "uncalibrated_probabilities, informative, read_version, tenant, created_at, features) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 rows,
             )
 
@@ -294,7 +306,7 @@ class SQLiteStore(CalibrationStore):
         return DecisionRecord(
             row["id"], row["model"], row["revision"], row["question_type"], row["option_count"], row["domain"],
             json.loads(row["options"]), json.loads(row["uncalibrated_probabilities"]), bool(row["informative"]),
-            read_version=row["read_version"], tenant=row["tenant"],
+            read_version=row["read_version"], tenant=row["tenant"], features=stored_features(row["features"]),
         )  # fmt: skip
 
     def add_feedback(self, decision_id: str, gold: str, tenant: str = DEFAULT_TENANT) -> int:
@@ -314,16 +326,18 @@ class SQLiteStore(CalibrationStore):
             )
             return int(cursor.rowcount)
 
-    def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+    def gold_rows(self, key: CalibrationKey, *, features: bool = False) -> list[tuple]:
         where, params = key_filter(key, "?")
+        state = ", d.features" if features else ""
         query = f"""
-            SELECT d.options, d.uncalibrated_probabilities, f.gold FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
+            SELECT d.options, d.uncalibrated_probabilities, f.gold{state} FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
             WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
             ORDER BY f.seq
         """
         rows = self._connection().execute(query, params).fetchall()
         return [
             (json.loads(r["uncalibrated_probabilities"]), json.loads(r["options"]).index(r["gold"]))
+            + ((stored_features(r["features"]),) if features else ())
             for r in rows
         ]
 
@@ -368,6 +382,7 @@ def _poll(store_ref: weakref.ref[SQLiteStore], closing: threading.Event, poll_s:
 def _calibration(row: sqlite3.Row) -> Calibration:
     fields = {k: row[k] for k in row.keys() if k != "stored"}
     fields["bias"] = None if fields["bias"] is None else tuple(json.loads(fields["bias"]))
+    fields["probe"] = None if fields["probe"] is None else ProbeMap(fields["probe"])
     return Calibration(**fields)
 
 

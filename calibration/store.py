@@ -59,17 +59,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 
+from calibration.probe import ProbeMap
+
 DEFAULT_TENANT = "default"
 """The tenant of rows stored before tenants, and of every caller of a service without tenants."""
 LEGACY_READ_VERSION = "decide-prompt/1"
 """The read version of rows stored before the store recorded one."""
-CALIBRATION_MODES = ("temperature", "temperature_bias", "affine", "state_prior")
+CALIBRATION_MODES = ("temperature", "temperature_bias", "affine", "state_prior", "probe")
 RECORDED_LIMIT = 10_000
 """Most recorded decisions a refit without gold answers (``state_prior``) reads (the latest ones)."""
-BIAS_MODES = ("temperature_bias", "affine", "state_prior")
+BIAS_MODES = ("temperature_bias", "affine", "state_prior", "probe")
 MODE_CHOSEN_BY = ("caller", "default")
 """Who picked a calibration's mode: the request that named it, or the defaults for a request that named none."""
 """Calibration modes that carry one bias per option (applied as softmax(z / T + b))."""
+FEATURE_MODES = ("probe",)
+"""Calibration modes that read the answer slot's hidden state as well (``calibration.probe``): they
+carry a ``ProbeMap`` and apply only to reads that come with the state."""
 KEEP_FITS = 20
 """Fits kept per key by default: the latest and the 19 it superseded (``CalibrationStore(keep_fits=…)``)."""
 
@@ -143,6 +148,7 @@ class Calibration:
     )
     tenant: str | None = DEFAULT_TENANT  # None: shared, published by an admin key
     mode_chosen_by: str = "caller"  # MODE_CHOSEN_BY; "default": a refit re-applies the defaults at its n
+    probe: ProbeMap | None = None  # FEATURE_MODES: the linear term on the hidden state
 
     @property
     def shared(self) -> bool:
@@ -161,8 +167,10 @@ class Calibration:
         )
 
     def as_json(self) -> dict:
+        """Every field as a store row holds it (the probe as its text)."""
         row = asdict(self)
         row["bias"] = None if self.bias is None else list(self.bias)
+        row["probe"] = None if self.probe is None else self.probe.encoded
         return row
 
 
@@ -181,6 +189,9 @@ class DecisionRecord:
     informative: bool = True
     read_version: str = field(kw_only=True)
     tenant: str = field(default=DEFAULT_TENANT, kw_only=True)
+    features: tuple[float, ...] | None = field(default=None, kw_only=True)
+    """The answer slot's hidden state where the engine returned it (float32 precision): what a probe
+    refit from feedback fits on (``FEATURE_MODES``)."""
 
 
 class SchemaTooNew(RuntimeError):
@@ -260,6 +271,7 @@ class CalibrationStore(ABC):
         mode: str = "temperature",
         bias=None,
         mode_chosen_by: str = "caller",
+        probe: ProbeMap | None = None,
         **metrics: float | int | None,
     ) -> Calibration:
         """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
@@ -269,6 +281,12 @@ class CalibrationStore(ABC):
             raise ValueError(f"mode_chosen_by is one of {', '.join(MODE_CHOSEN_BY)}, not {mode_chosen_by!r}")
         if (mode in BIAS_MODES) != (bias is not None):
             raise ValueError(f"a {' or '.join(BIAS_MODES)} calibration has a bias, and only it")
+        if (mode in FEATURE_MODES) != (probe is not None):
+            raise ValueError(f"a {' or '.join(FEATURE_MODES)} calibration has a probe, and only it")
+        if probe is not None and probe.options != key.option_count:
+            raise ValueError(
+                f"a probe has one row per option: {probe.options} for option count {key.option_count}"
+            )
         if bias is not None and len(bias) != key.option_count:
             raise ValueError(
                 f"a bias has one value per option: {len(bias)} for option count {key.option_count}"
@@ -295,6 +313,7 @@ class CalibrationStore(ABC):
             bias=None if bias is None else tuple(float(b) for b in bias),
             tenant=key.tenant,
             mode_chosen_by=mode_chosen_by,
+            probe=probe,
         )
         self._remember([(self._insert_calibration(calibration), calibration)])
         return calibration
@@ -332,10 +351,11 @@ class CalibrationStore(ABC):
         Decisions with feedback are kept: they are the gold answers refits are fitted on."""
 
     @abstractmethod
-    def gold_rows(self, key: CalibrationKey) -> list[tuple[list[float], int]]:
+    def gold_rows(self, key: CalibrationKey, *, features: bool = False) -> list[tuple]:
         """(uncalibrated probabilities, gold index) for every decision of ``key`` (of its tenant) with
         feedback (its latest wins), in feedback order; abstentions (no label came back) carry nothing to fit and
-        are left out."""
+        are left out. ``features``: (uncalibrated probabilities, gold index, the decision's hidden
+        state or None), for a probe refit (``FEATURE_MODES``)."""
 
     @abstractmethod
     def recorded(

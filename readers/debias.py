@@ -225,10 +225,19 @@ def combine(question: QuestionSpec, readings: Sequence[Reading]) -> RotatedReadi
         engine_latency_ms=max(r.engine_latency_ms for r in readings),
         latency_ms=max(r.latency_ms for r in readings),
         queued_ms=max(r.queued_ms for r in readings),
+        features=_mean_features([r.features for r in readings]),
         rotations=len(readings),
         rotation_agreement=sum(choice == best for choice in choices) / len(choices),
         rotation_choices=choices,
     )
+
+
+def _mean_features(features: Sequence[tuple[float, ...] | None]) -> tuple[float, ...] | None:
+    """The answer slot's hidden state over the orders read (each order's prompt is its own): their
+    mean, as the log-probs are averaged; None where an order has none."""
+    if any(f is None for f in features):
+        return None
+    return tuple(sum(values) / len(values) for values in zip(*features))
 
 
 def _by_option(reading: Reading) -> dict[str, tuple[float, float | None, bool, tuple[float, float]]]:

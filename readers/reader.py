@@ -55,6 +55,9 @@ class Reading:
     tokens_reused: int | None = None
     """Prompt tokens of those reads whose keys and values the engine had (its cache, or another read
     of the same batch): ``tokens_computed + tokens_reused`` is the reads' prompt tokens together."""
+    features: tuple[float, ...] | None = None
+    """The model's final hidden state at the answer slot (the first read's position), where the
+    engine returns it (``Capabilities.features``): what a probe calibration reads (``calibration.probe``)."""
 
 
 class ReadProgress:
@@ -279,6 +282,7 @@ class Reader:
                     self.tenant,
                     self.cache_salt,
                     self.tier,
+                    features=not node and self.engine.capabilities.features,
                     images=state_images(state),
                 )
                 for i, node in level
@@ -319,6 +323,7 @@ class Reader:
                     engine_calls=calls,
                     tokens_computed=total_or_none(reply.computed_tokens for reply in nodes.values()),
                     tokens_reused=total_or_none(reply.cached_tokens for reply in nodes.values()),
+                    features=root.features,
                 )
             )
         return readings

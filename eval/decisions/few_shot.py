@@ -27,6 +27,7 @@ import numpy as np
 from calibration.bias import AffineScaler, GoldPriorScaler, StatePriorScaler, TemperatureBiasScaler
 from calibration.metrics import N_BINS, auroc_score, ece, macro_f1_score
 from calibration.ordinal import CumulativeLogitScaler
+from calibration.probe import ProbeScaler
 from calibration.select import CrossValidatedScaler
 from calibration.temperature import TemperatureScaler, as_logits
 from eval.decisions.gold_curve import draw, split
@@ -42,9 +43,13 @@ CANDIDATES = ("temperature", "temperature_bias", "affine")
 ROUNDS = {
     1: {"modes": MODES, "candidates": CANDIDATES},
     2: {"modes": MODES + ("gold_prior", "cv_selected"), "candidates": CANDIDATES + ("cv_selected",)},
+    3: {"modes": MODES + ("probe",), "candidates": CANDIDATES + ("probe",)},
 }
 """Per round of the rule, the modes its curve scores and the candidates it chooses among, simplest
-first (round 2: evidence/few-shot/round-2/rule.md)."""
+first (round 2: evidence/few-shot/round-2/rule.md; round 3, the probe on the answer slot's hidden
+state: evidence/few-shot/round-3/rule.md)."""
+FEATURE_MODES = ("probe",)
+"""Modes fitted on the answer slot's hidden state as well as the reads (``eval.decisions.features``)."""
 SCORE_ONLY = ("cumulative_logit",)
 COUNTS = (0, 4, 8, 16, 32, 50)
 FROM_COUNTS = (16, 32, 50)
@@ -82,13 +87,17 @@ def default_read(row: dict) -> dict[str, float]:
     return row["probabilities"]
 
 
-def task_reads(rows: Sequence[dict], task: str) -> tuple[np.ndarray, np.ndarray]:
-    """Default-read logits and gold indices of the task's successful original-order rows, by id."""
-    mine = sorted(
+def task_rows(rows: Sequence[dict], task: str) -> list[dict]:
+    """The task's successful original-order rows, by id: the curve's rows, in its order."""
+    return sorted(
         (r for r in rows if r["task"] == task and r["variant"] == "original" and r["status"] == "ok"),
         key=lambda r: r["id"],
     )
-    p, gold = rows_arrays(mine, default_read)
+
+
+def task_reads(rows: Sequence[dict], task: str) -> tuple[np.ndarray, np.ndarray]:
+    """Default-read logits and gold indices of :func:`task_rows`."""
+    p, gold = rows_arrays(task_rows(rows, task), default_read)
     return as_logits(p), gold
 
 
@@ -97,6 +106,7 @@ def scaler_for(mode: str) -> Scaler:
     from calibration.fit import scaler_for as service_scaler
 
     eval_only = {
+        "probe": ProbeScaler,
         "cumulative_logit": CumulativeLogitScaler,
         "gold_prior": GoldPriorScaler,
         "cv_selected": CrossValidatedScaler,
@@ -105,14 +115,22 @@ def scaler_for(mode: str) -> Scaler:
 
 
 def fitted(
-    mode: str, logits: np.ndarray, gold: np.ndarray, fit: np.ndarray
+    mode: str, logits: np.ndarray, gold: np.ndarray, fit: np.ndarray, features: np.ndarray | None = None
 ) -> Callable[[np.ndarray], np.ndarray]:
-    """``predict_proba`` of ``mode`` fitted on rows ``fit`` (state_prior: on their states alone)."""
+    """``mode`` fitted on rows ``fit`` (state_prior: on their states alone; ``FEATURE_MODES`` on their
+    hidden states too), as a function of the rows to predict (indices)."""
     if not len(fit):
-        return lambda z: np.exp(z - np.logaddexp.reduce(z, axis=1, keepdims=True))
+        return lambda rows: np.exp(logits[rows] - np.logaddexp.reduce(logits[rows], axis=1, keepdims=True))
     if mode == "state_prior":
-        return StatePriorScaler().fit(logits[fit]).predict_proba
-    return scaler_for(mode).fit(logits[fit], gold[fit]).predict_proba
+        scaler = StatePriorScaler().fit(logits[fit])
+    elif mode in FEATURE_MODES:
+        if features is None:
+            raise ValueError(f"mode {mode} needs the reads' hidden states")
+        probe = ProbeScaler().fit(logits[fit], gold[fit], features[fit])
+        return lambda rows: probe.predict_proba(logits[rows], features[rows])
+    else:
+        scaler = scaler_for(mode).fit(logits[fit], gold[fit])
+    return lambda rows: scaler.predict_proba(logits[rows])
 
 
 def modes_for(question_type: str, modes: Sequence[str] = MODES) -> tuple[str, ...]:
@@ -128,9 +146,10 @@ def mode_curve(
     splits: int = SPLITS,
     seed: int = 0,
     modes: Sequence[str] = MODES,
+    features: np.ndarray | None = None,
 ) -> dict:
     """Per mode and N: the held-out accuracy, macro-F1 and ECE of every split (lists), and the
-    held-out majority rate of every split."""
+    held-out majority rate of every split. ``features``: the rows' hidden states (``FEATURE_MODES``)."""
     per: dict[str, dict[int, dict[str, list[float]]]] = {
         mode: {n: {"accuracy": [], "macro_f1": [], "ece": []} for n in counts}
         for mode in modes_for(question_type, modes)
@@ -142,7 +161,7 @@ def mode_curve(
         for n in counts:
             fit = draw(pool, n, seed, index)
             for mode, curve in per.items():
-                q = fitted(mode, logits, gold, fit)(logits[held])
+                q = fitted(mode, logits, gold, fit, features)(held)
                 curve[n]["accuracy"].append(float(np.mean(q.argmax(axis=1) == gold[held])))
                 curve[n]["macro_f1"].append(macro_f1_score(q, gold[held]))
                 curve[n]["ece"].append(ece(q, gold[held], N_BINS))
@@ -160,15 +179,22 @@ def runs_reads(runs: Mapping[str, Path]) -> Iterator[tuple[str, Path, str, np.nd
 
 
 def curve_report(
-    runs: Mapping[str, Path], *, splits: int = SPLITS, seed: int = 0, modes: Sequence[str] = MODES
+    runs: Mapping[str, Path],
+    *,
+    splits: int = SPLITS,
+    seed: int = 0,
+    modes: Sequence[str] = MODES,
+    features: Mapping[str, np.ndarray] | None = None,
 ) -> dict:
     """:func:`mode_curve` of every task whose type's run is in ``runs`` (type → run directory), and
-    the per-type means (each task counted once) the rule reads."""
+    the per-type means (each task counted once) the rule reads. ``features``: per task, its rows'
+    hidden states (``FEATURE_MODES``)."""
     tasks = {}
     for question_type, run, task, logits, gold in runs_reads(runs):
         tasks[task] = {"type": question_type, "n": len(gold), "run": str(run)} | mode_curve(
-            logits, gold, question_type, splits=splits, seed=seed, modes=modes
-        )
+            logits, gold, question_type, splits=splits, seed=seed, modes=modes,
+            features=None if features is None else features[task],
+        )  # fmt: skip
     return {"n_bins": N_BINS, "splits": splits, "seed": seed, "counts": list(COUNTS), "tasks": tasks,
             "types": type_means(tasks)}  # fmt: skip
 
@@ -264,24 +290,27 @@ def confirm(
     seed: int = 0,
     resamples: int = RESAMPLES,
     uncalibrated: bool = False,
+    features: Mapping[str, np.ndarray] | None = None,
 ) -> dict:
     """Rule step 5: temperature against each type's chosen mode after ``n_gold`` gold answers, on the
     held-out halves of ``splits`` splits; pooled over splits, with cluster-bootstrap intervals.
-    ``uncalibrated``: also the reads as answered without a fit (round 2's pass check)."""
+    ``uncalibrated``: also the reads as answered without a fit (round 2's pass check); ``features``:
+    per task, its rows' hidden states (a chosen ``FEATURE_MODES`` mode)."""
     held: dict[str, dict] = {}
     for task in TASKS:
         question_type = TASKS[task].question_type
         if question_type not in chosen or not any(r["task"] == task for r in rows):
             continue
         logits, gold = task_reads(rows, task)
+        mine = None if features is None else features.get(task)
         record, base, cand, raw = [], [], [], []
         for index in range(splits):
             pool, out = split(len(gold), seed, index)
             fit = draw(pool, n_gold, seed, index)
             record.append(out)
-            base.append(fitted("temperature", logits, gold, fit)(logits[out]))
-            cand.append(fitted(chosen[question_type]["mode"], logits, gold, fit)(logits[out]))
-            raw.append(fitted("temperature", logits, gold, fit[:0])(logits[out]))
+            base.append(fitted("temperature", logits, gold, fit)(out))
+            cand.append(fitted(chosen[question_type]["mode"], logits, gold, fit, mine)(out))
+            raw.append(fitted("temperature", logits, gold, fit[:0])(out))
         record = np.concatenate(record)
         held[task] = {
             "type": question_type, "n": len(gold), "record": record, "gold": gold[record],
@@ -574,10 +603,24 @@ def run_few_shot(
     from eval.evidence.figures import plot_few_shot_curves
 
     spec = ROUNDS[round_]
+    runs = {k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}
+    dev_features = test_features = None
+    if any(mode in FEATURE_MODES for mode in spec["modes"]):
+        import asyncio
+
+        from eval.decisions.features import run_features
+
+        dev_features = asyncio.run(run_features(runs, "dev"))
+        if test_run is not None:
+            types = {TASKS[task].question_type for task in TASKS}
+            test_features = asyncio.run(run_features({t: Path(test_run) for t in types}, "test"))
     dev = curve_report(
-        {k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed, modes=spec["modes"]
-    )
+        runs, seed=seed, modes=spec["modes"],
+        features=None if dev_features is None else {t: f for t, (f, _) in dev_features.items()},
+    )  # fmt: skip
     dev["round"] = round_
+    if dev_features is not None:
+        dev["features_sha256"] = {task: sha for task, (_, sha) in dev_features.items()}
     dev["chosen"] = choose(dev["types"], spec["candidates"])
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "dev-curve.json", dev)
@@ -585,7 +628,12 @@ def run_few_shot(
     plot_few_shot_curves(dev, out / "few-shot.png")
     result = {"dev": dev}
     if test_run is not None:
-        test = confirm(load_rows(Path(test_run)), dev["chosen"], seed=seed, uncalibrated=round_ > 1)
+        test = confirm(
+            load_rows(Path(test_run)), dev["chosen"], seed=seed, uncalibrated=round_ > 1,
+            features=None if test_features is None else {t: f for t, (f, _) in test_features.items()},
+        )  # fmt: skip
+        if test_features is not None:
+            test["features_sha256"] = {task: sha for task, (_, sha) in test_features.items()}
         write_json(out / "test-confirm.json", test)
         (out / "test-confirm.md").write_text(confirm_table(test))
         result["test"] = test

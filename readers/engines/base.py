@@ -64,6 +64,9 @@ class Capabilities:
     image_tokens: int = 0
     """Prompt tokens one image takes, as the engine counted the probe's image (its prompt count less
     the text's): what admission prices an image at before it is read (``service/pricing.py``)."""
+    features: bool = False
+    """The engine returns the model's final hidden state at a read's position where the read asks
+    (``ReadRequest.features``): the local engine. A probe calibration needs it (``calibration.probe``)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ class ReadRequest:
     calibration example sets). An engine behind a router that schedules by priority names it there
     (vLLM behind GKE Inference Gateway: the InferenceObjective header, ``readers/engines/vllm.py``).
     None: the engine's default. A hint for scheduling only: the read's result never depends on it."""
+    features: bool = False
+    """Return the model's final hidden state at the answer slot (``EngineReply.features``), where the
+    engine can (``Capabilities.features``); the reader asks for it at a question's first read."""
     images: tuple[StateImage, ...] = ()
     """The state's images, read before its text (``readers.images``): only an engine whose
     ``Capabilities.images`` is true reads them; the service refuses them for any other (a 400
@@ -134,6 +140,9 @@ class EngineReply:
     cached_tokens: int | None = None
     """Prompt tokens whose keys and values came from the engine's prefix cache (or from another read
     of the same batch); ``computed_tokens + cached_tokens == prompt_tokens`` where both are known."""
+    features: tuple[float, ...] | None = None
+    """The model's final hidden state at the read's position (the unembedding's input, after the
+    last norm), where the read asked for it and the engine returns it; else None."""
 
 
 class ClosingEngine:

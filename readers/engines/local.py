@@ -190,6 +190,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
             top_k=top_k or vocab_size,
             probe={**self._probe, "top_k": top_k},
             shares_tokens_in_call=self.share_prefix,
+            features=True,
         )
 
     def with_top_k(self, top_k: int | None) -> LocalEngine:
@@ -233,8 +234,9 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 queued_ms=queued_ms,
                 computed_tokens=computed,
                 cached_tokens=cached,
+                features=features,
             )
-            for request, (logprobs, computed, cached) in zip(requests, results)
+            for request, (logprobs, computed, cached, features) in zip(requests, results)
         ]
 
     async def aclose(self) -> None:
@@ -346,7 +348,12 @@ class LocalEngine(ChunkedForward, ClosingEngine):
         self.batches += 1
         self.batched_reads += len(requests)
         plan = computed.plan
-        results = list(zip(picks, plan.computed_tokens, plan.cached_tokens))
+        # The hidden state where a read asked for it, as float32 whatever the engine computes in.
+        features = [
+            tuple(computed.hidden[i].float().tolist()) if request.features else None
+            for i, (_, request) in enumerate(requests)
+        ]
+        results = list(zip(picks, plan.computed_tokens, plan.cached_tokens, features))
         at = 0
         for job in jobs:
             # A running future cannot be cancelled (``JobQueue.take``), so this always lands.

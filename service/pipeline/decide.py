@@ -6,6 +6,7 @@ import asyncio
 import uuid
 
 from calibration.bias import apply_prior, apply_temperature_bias
+from calibration.probe import apply_probe
 from calibration.store import (
     BIAS_MODES,
     DEFAULT_TENANT,
@@ -163,6 +164,7 @@ async def _decide(
                 informative=reading.label_probabilities.informative,
                 read_version=key.read_version,
                 tenant=tenant,
+                features=reading.features,
             )
         )
     response = SystemOneResponse(
@@ -225,10 +227,14 @@ def corrected_read(raw, prior: OptionPrior | None):
     return apply_prior(raw, prior.prior) if prior is not None else raw
 
 
-def calibrated_probabilities(raw, calibration: Calibration | None, prior: OptionPrior | None):
+def calibrated_probabilities(raw, calibration: Calibration | None, prior: OptionPrior | None, features=None):
     """Raw label probabilities with the prior divided out (where one applies), then through the
-    stored fit (its mode, where one applies)."""
+    stored fit (its mode, where one applies; a probe reads the answer slot's hidden state, ``features``)."""
     read = corrected_read(raw, prior)
+    if calibration is not None and calibration.probe is not None:
+        return apply_probe(
+            as_logits(read), features, calibration.temperature, calibration.bias, calibration.probe
+        )
     if calibration is not None and calibration.mode in BIAS_MODES:
         return apply_temperature_bias(as_logits(read), calibration.temperature, calibration.bias)
     if calibration is not None:
@@ -287,6 +293,15 @@ def build_reading(
     )
 
 
+def applies(calibration: Calibration | None, reading: Reading) -> bool:
+    """Whether a stored fit can be applied to ``reading``: a probe only to a read that came with the
+    answer slot's hidden state of its size (a fit made on the local engine, looked up by a replica
+    reading through vLLM, is not applied: the answer says no calibration was)."""
+    if calibration is None or calibration.probe is None:
+        return True
+    return reading.features is not None and len(reading.features) == calibration.probe.dimension
+
+
 def build_answer(
     question, reading: Reading, calibration: Calibration | None = None, prior: OptionPrior | None = None
 ) -> Answer:
@@ -300,10 +315,12 @@ def build_answer(
     question's ``x_min_confidence``; both keep their Jev fields (``abstain.py``).
     """
     informative = reading.label_probabilities.informative
-    calibration = calibration if informative else None
+    calibration = calibration if informative and applies(calibration, reading) else None
     prior = prior if informative else None
     options = reading.question.options
-    calibrated = calibrated_probabilities(reading.label_probabilities.probabilities, calibration, prior)
+    calibrated = calibrated_probabilities(
+        reading.label_probabilities.probabilities, calibration, prior, reading.features
+    )
     probabilities = dict(zip(options, (float(p) for p in calibrated)))
     question_type = reading.question.question_type
     abstained = abstains(

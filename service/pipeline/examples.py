@@ -66,12 +66,15 @@ async def fit_from_examples(
         read = reading.label_probabilities
         prior = await served_prior(priors, reader, reading)
         key = calibration_key(info, reading, request.domain, corrected=prior is not None, tenant=tenant)
-        return key, ([float(p) for p in corrected_read(read.probabilities, prior)], gold), read.informative
+        row = ([float(p) for p in corrected_read(read.probabilities, prior)], gold)
+        return key, row, reading.features, read.informative
 
     groups: dict[CalibrationKey, list[tuple[list[float], int | None]]] = {}
-    for key, row, informative in await asyncio.gather(*(read(*job) for job in jobs)):
+    features: dict[CalibrationKey, list] = {}
+    for key, row, state, informative in await asyncio.gather(*(read(*job) for job in jobs)):
         if informative:  # an uninformative read (no label came back) carries nothing to fit on
             groups.setdefault(key, []).append(row)
+            features.setdefault(key, []).append(state)
     short = {key: len(rows) for key, rows in groups.items() if len(rows) < MIN_GOLD}
     if short or not groups:
         described = (
@@ -96,6 +99,7 @@ async def fit_from_examples(
             seed=request.seed,
             mode=request.mode,  # None: the defaults at this key's gold answers, stored as theirs
             shared=request.shared,
+            features=features[key],
         )
         for key, rows in sorted(
             groups.items(), key=lambda item: (item[0].question_type, item[0].option_count)

@@ -21,7 +21,7 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from calibration.fit import MIN_GOLD, gold_index, refit_from_store, refit_mode
-from calibration.store import Calibration, CalibrationKey
+from calibration.store import FEATURE_MODES, Calibration, CalibrationKey
 from readers.prompt import CURRENT_LAYOUT, content_text
 from service.admission import admitted
 from service.audit import audit
@@ -48,7 +48,12 @@ WRITE_ERRORS = error_responses(400, 401, 403, 408, 413, 415, 422, 429, 502, 503,
 
 
 def calibration_out(calibration: Calibration) -> CalibrationOut:
-    return CalibrationOut(**calibration.as_json(), shared=calibration.shared)
+    row = calibration.as_json()
+    del row["probe"]  # tens of kilobytes of weights: its size is what a listing says
+    probe = calibration.probe
+    return CalibrationOut(
+        **row, probe_dimension=None if probe is None else probe.dimension, shared=calibration.shared
+    )
 
 
 def caller_for(request: Request, what: str, *, shared: bool = False) -> Caller:
@@ -57,6 +62,18 @@ def caller_for(request: Request, what: str, *, shared: bool = False) -> Caller:
     if shared:
         require_scope(request.scope["state"], "admin", f"{what} with shared: true")
     return caller
+
+
+def refuse_unreadable_mode(reader, mode: str | None) -> None:
+    """422 naming ``mode`` for a mode that reads the answer slot's hidden state on an engine that does
+    not return it (vLLM): no read of this service could be fitted or answered with it."""
+    if mode in FEATURE_MODES and not reader.engine.capabilities.features:
+        raise validation_error(
+            ("body", "mode"),
+            f"mode {mode} reads the model's hidden state at the answer slot, which the {reader.engine.kind} "
+            "engine does not return (the local engine does)",
+            "mode_unavailable",
+        )
 
 
 def stored(caller: Caller, calibration: Calibration, how: str) -> CalibrationOut:
@@ -84,6 +101,7 @@ async def create_calibrations(request: Request) -> CalibrationList:
     )  # before the body is read and parsed: a flood costs no work
     reader, body = await parse_for_model(request, CalibrationRequest)
     caller = caller_for(request, "POST /v1/calibrations", shared=body.shared)
+    refuse_unreadable_mode(reader, body.mode)
 
     def work():
         return fit_from_examples(
@@ -151,7 +169,8 @@ async def feedback(request: Request) -> FeedbackResponse:
         made = limits.take_automatic(key, mode or "default")  # the defaults' own slot, as in refit()
         request.app.state.metrics.automatic_refits.labels("made" if made else "skipped").inc()
         if made:
-            refitted = await asyncio.to_thread(refit_from_store, store, key, mode, gold_rows)
+            # Read again, with each decision's hidden state (a probe refit fits on it; only then worth reading).
+            refitted = await asyncio.to_thread(refit_from_store, store, key, mode)
             refit = stored(caller, refitted, "auto_refit")
     return FeedbackResponse(
         decision_id=decision.id, recorded=recorded, gold_answers=len(gold_rows), refit=refit
@@ -170,6 +189,7 @@ async def refit(request: Request) -> CalibrationOut:
     store = store_of(request)
     body = await parse_request(request, RefitRequest)
     caller = caller_for(request, "POST /v1/calibrations/refit", shared=body.shared)
+    refuse_unreadable_mode(reader, body.mode)
     info = reader.engine.info
     priors = request.app.state.priors
     # The key this service's answers to such questions are read under: prior-corrected where its policy

@@ -17,12 +17,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
 from calibration.open import open_store
 from calibration.postgres_store import LISTENER_NAME, SCHEMA_VERSION, PostgresStore, migrate
+from calibration.probe import ProbeMap
 from calibration.sqlite_store import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from calibration.sqlite_store import SQLiteStore
 from calibration.store import (
@@ -90,6 +92,35 @@ def test_a_reopened_store_keeps_calibrations_decisions_and_feedback(new_store, l
     assert reopened.decision("d1") == decision("d1") and reopened.decision("d3") == uninformative
     assert reopened.decision("nope") is None
     assert reopened.gold_rows(KEY) == [([0.5, 0.3, 0.2], 1), ([0.5, 0.3, 0.2], 2)]
+
+
+def test_a_probe_fit_and_decisions_hidden_states_survive_a_reopen(new_store):
+    """A probe fit (its linear term) and each decision's hidden state come back as stored, in float32;
+    gold rows carry the state only when asked, and a decision without one (a vLLM read) has None."""
+    store = new_store()
+    rng = np.random.default_rng(0)
+    probe = ProbeMap.of(rng.normal(size=8), rng.uniform(0.5, 2, size=8), rng.normal(size=(3, 8)))
+    fitted = store.add_calibration(
+        KEY, temperature=1.3, n=40, source="examples", mode="probe", bias=[0.1, 0.0, -0.1], probe=probe
+    )
+    state = tuple(float(v) for v in rng.normal(size=8).astype(np.float32))
+    store.add_decisions([replace(decision("d1"), features=state), decision("d2")])
+    store.add_feedback("d1", "b")
+    store.add_feedback("d2", "c")
+    store.close()
+    reopened = new_store()
+    assert reopened.lookup(KEY) == fitted and reopened.lookup(KEY).probe.dimension == 8
+    assert np.allclose(reopened.lookup(KEY).probe.term(np.ones(8)), probe.term(np.ones(8)))
+    assert reopened.decision("d1").features == state and reopened.decision("d2").features is None
+    assert reopened.gold_rows(KEY) == [([0.5, 0.3, 0.2], 1), ([0.5, 0.3, 0.2], 2)]
+    assert reopened.gold_rows(KEY, features=True) == [([0.5, 0.3, 0.2], 1, state), ([0.5, 0.3, 0.2], 2, None)]
+    with pytest.raises(ValueError, match="has a probe, and only it"):
+        reopened.add_calibration(KEY, temperature=1.0, n=40, source="examples", mode="probe", bias=[0.0] * 3)
+    with pytest.raises(ValueError, match="one row per option"):
+        reopened.add_calibration(
+            KEY, temperature=1.0, n=40, source="examples", mode="probe", bias=[0.0] * 3,
+            probe=ProbeMap.of(np.zeros(8), np.ones(8), np.zeros((2, 8))),
+        )  # fmt: skip
 
 
 def test_writes_are_durable_at_commit(new_store, location):
@@ -404,6 +435,7 @@ def test_a_sqlite_file_from_before_schema_migrations_keeps_its_data(tmp_path):
         (6, "tenant on calibrations, decisions and feedback; NULL tenant = shared calibration"),
         (7, "calibrations by whole key, newest first: retention of superseded fits"),
         (8, "calibrations.mode_chosen_by: caller or default; calibration mode affine"),
+        (9, "calibrations.probe and decisions.features: calibration mode probe"),
     ]  # fmt: skip
 
 
@@ -648,7 +680,7 @@ def test_fits_from_before_mode_chosen_by_are_the_callers(new_store, location):
                 (id_, domain, "2026-11-01T00:00:00+00:00", VERSION, mode, bias if postgres or bias is None else json.dumps(bias)),
             )  # fmt: skip
     store = new_store()
-    assert store.schema_version() == (SCHEMA_VERSION if postgres else SQLITE_SCHEMA_VERSION) == 8
+    assert store.schema_version() == (SCHEMA_VERSION if postgres else SQLITE_SCHEMA_VERSION) == 9
     assert {(c.id, c.mode, c.mode_chosen_by) for c in store.calibrations()} == {
         ("cal_t", "temperature", "caller"),
         ("cal_b", "temperature_bias", "caller"),

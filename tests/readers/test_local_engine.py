@@ -101,3 +101,28 @@ async def test_small_top_k_applies_the_floor_and_says_so(local_engine):
             if not read.informative:
                 assert read.bounds == ((0.0, 1.0),) * len(read.bounds)
     assert seen_missing > 0, "top-2 should miss some labels on these prompts"
+
+
+async def test_features_are_the_final_hidden_state_at_the_answer_slot(local_engine):
+    """A reading's features are the decoder's last hidden state (after the final norm) at the answer
+    slot, as a direct forward computes it, for one-token labels and for a trie (its first read); the
+    head applied to them gives the read's label probabilities."""
+    assert local_engine.capabilities.features
+    trie_question = QuestionSpec("choice", "Which desk?", ("red 1", "red 2", "blue 1"), (None,) * 3)
+    for styles, question in (
+        ((LabelStyle.WORDS, LabelStyle.CODES), QUESTIONS[1]),
+        ((LabelStyle.TRIE,), trie_question),
+    ):
+        reader = Reader(local_engine, label_styles=styles)
+        reading = await reader.read(question, STATES[0])
+        prompt = torch.tensor([reading_prompt(reader, question, STATES[0])])
+        with torch.inference_mode():
+            expected = local_engine.model.model(input_ids=prompt).last_hidden_state[0, -1].double().tolist()
+        assert reading.features is not None and len(reading.features) == local_engine.model.config.hidden_size
+        assert reading.features == pytest.approx(expected, abs=1e-3)
+        if styles[0] is LabelStyle.WORDS:
+            with torch.inference_mode():
+                logits = local_engine.model.lm_head(torch.tensor([reading.features]))[0]
+            logprobs = torch.log_softmax(logits.double(), -1)
+            from_features = softmax([float(logprobs[i]) for i in reading.label_ids])
+            assert reading.label_probabilities.probabilities == pytest.approx(from_features, abs=1e-4)
