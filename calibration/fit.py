@@ -33,16 +33,18 @@ Gold = bool | int | str
 MIN_GOLD = 10
 """Fewest decisions with a gold answer a calibration is fitted on."""
 NOUL_GOLD = {True: 0, "true": 0, "yes": 0, False: 1, "false": 1, "no": 1}
+DEFAULT_MODES: dict[str, tuple[str, int]] = {"choice": ("probe", 32)}
+"""Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none,
+every decision it is fitted on comes with the answer slot's hidden state (the local engine), and it
+has at least that many gold answers; ``temperature`` otherwise and for the types not listed. Chosen
+per type on the dev split by rules committed before each run, confirmed on the test samples
+(docs/calibration.md): round 1 (evidence/few-shot/rule.md) made choice questions ``temperature_bias``
+from 32 and kept temperature for yes/no and score; round 2 (a mode chosen per fit by cross-validation)
+changed nothing; round 3 (evidence/few-shot/round-3/rule.md) made choice questions ``probe`` from 32,
+and kept temperature for yes/no (the probe's ECE 0.001 over the rule's bound) and score."""
 DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
-"""``DEFAULT_MODES`` where a decision comes without the answer slot's hidden state (a vLLM engine):
-round 3's rule without the probe, which is rounds 1–2's choice."""
-DEFAULT_MODES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
-"""Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none
-and it has at least that many gold answers; ``temperature`` otherwise and for the types not listed.
-Chosen per type on the dev split by the rule committed before the run (evidence/few-shot/rule.md:
-yes/no and score questions keep temperature), confirmed on the test samples (docs/calibration.md).
-Round 2 (evidence/few-shot/round-2/rule.md) added a mode chosen per fit by cross-validation and kept
-these: it is not eligible for yes/no or score questions and lifts choice questions less."""
+"""``DEFAULT_MODES`` where a decision comes without the hidden state (a vLLM engine; a decision
+recorded before the state was): round 3's rule without the probe, which is round 1's choice."""
 
 
 def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:

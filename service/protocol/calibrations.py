@@ -47,8 +47,9 @@ MODE_DESCRIPTION = (
     "state_prior: softmax(z + b) with b = -log of the mean label probabilities over the states (no gold answers needed); "
     "probe: softmax(z / T + b + W x), x the model's hidden state at the answer slot, W one L2-regularised row per "
     "option (only on an engine that returns the state: the local engine); "
-    "omitted: the default per question type and number of gold answers (temperature_bias for choice questions "
-    "with an option count from 32 gold answers, temperature otherwise; docs/calibration.md)"
+    "omitted: the default per question type and number of gold answers (for choice questions with an option count "
+    "from 32 gold answers probe where the engine returns the hidden state, else temperature_bias; temperature "
+    "otherwise; docs/calibration.md)"
 )
 
 

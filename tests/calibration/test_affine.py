@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 
 from calibration.bias import AffineScaler, TemperatureBiasScaler
-from calibration.fit import DEFAULT_MODES, default_mode, fit_and_store, refit_from_store, refit_mode
+from calibration.fit import (
+    DEFAULT_MODES,
+    DEFAULT_MODES_WITHOUT_FEATURES,
+    default_mode,
+    fit_and_store,
+    refit_from_store,
+    refit_mode,
+)
 from calibration.open import open_store
 from calibration.store import Calibration, CalibrationKey
 from eval.decisions.few_shot import DEV_RUNS, task_reads
@@ -57,7 +64,7 @@ def test_a_refit_without_a_mode_takes_the_default_of_its_type_and_n(tmp_path):
     rows = [(np.exp(z).tolist(), int(y)) for z, y in zip(logits, gold)]
     store = open_store(tmp_path / "calibration.sqlite3")
     choice = CalibrationKey("smol", "rev", "choice", 6, None, read_version="decide-prompt/7+prior")
-    mode, fewest = DEFAULT_MODES["choice"]
+    mode, fewest = DEFAULT_MODES_WITHOUT_FEATURES["choice"]  # rows without hidden states
     below = refit_from_store(store, choice, None, rows[: fewest - 1])
     at = refit_from_store(store, choice, None, rows[:fewest])
     assert (below.mode, at.mode) == ("temperature", mode)
@@ -68,12 +75,15 @@ def test_a_refit_without_a_mode_takes_the_default_of_its_type_and_n(tmp_path):
     # Keys no default covers: a type-level key (no options for a bias) and a yes/no key.
     assert default_mode("choice", 200, None) == "temperature"
     assert default_mode("noul", 200, 2) == "temperature"
+    # With every decision's hidden state the choice default is the probe's.
+    assert default_mode("choice", 200, 6, features=True) == DEFAULT_MODES["choice"][0] == "probe"
+    assert default_mode("choice", 200, 6) == "temperature_bias"
 
 
 def test_feedback_refits_keep_a_mode_the_caller_named_and_move_a_default_one_on(new_store):
     logits, gold = emotion_reads()
     rows = [(np.exp(z).tolist(), int(y)) for z, y in zip(logits, gold)]
-    mode, fewest = DEFAULT_MODES["choice"]
+    mode, fewest = DEFAULT_MODES_WITHOUT_FEATURES["choice"]  # rows without hidden states
     key = CalibrationKey("smol", "rev", "choice", 6, None, read_version="decide-prompt/7+prior")
     named, defaulted = replace(key, domain="named"), replace(key, domain="defaulted")
     store = new_store()

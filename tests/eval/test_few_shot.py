@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from calibration.fit import DEFAULT_MODES, DEFAULT_MODES_WITHOUT_FEATURES
+from eval.decisions.features import read_features
 from eval.decisions.few_shot import (
     COUNTS,
     DEV_RUNS,
@@ -18,6 +20,7 @@ from eval.decisions.few_shot import (
     mode_curve,
     read_signal,
     task_reads,
+    task_rows,
 )
 from eval.evidence.rows import load_rows
 from opendecide.cli import app
@@ -142,6 +145,52 @@ def test_the_uncalibrated_reads_of_a_temperature_default_answer_alike():
 
 
 def test_an_unknown_round_is_refused_by_name():
-    ran = CliRunner().invoke(app, ["eval", "few-shot", "--round", "3", "--no-confirm"])
+    ran = CliRunner().invoke(app, ["eval", "few-shot", "--round", "4", "--no-confirm"])
     assert ran.exit_code != 0
-    assert "--round is one of 1, 2, not 3" in ran.output
+    assert "--round is one of 1, 2, 3, not 4" in ran.output
+
+
+ROUND_3 = EVIDENCE / "round-3"
+
+
+def test_round_3_choice_and_pass_check_follow_from_its_committed_figures():
+    dev = json.loads((ROUND_3 / "dev-curve.json").read_text())
+    test = json.loads((ROUND_3 / "test-confirm.json").read_text())
+    assert dev["round"] == 3 and "probe" in dev["types"]["noul"]["modes"]
+    again = choose(dev["types"], ROUNDS[3]["candidates"])
+    assert {t: (c["mode"], c["from_n"]) for t, c in again.items()} == {
+        "noul": ("temperature", None),
+        "choice": ("probe", 32),
+        "score": ("temperature", None),
+    }
+    # The committed defaults are the round's pick, on engines with the hidden state, and round 1's without.
+    assert DEFAULT_MODES == {"choice": ("probe", 32)} and DEFAULT_MODES_WITHOUT_FEATURES == {
+        "choice": ("temperature_bias", 32)
+    }
+    assert not test["regresses"] and test["rows"]["all choice"]["mode"] == "probe"
+    committed = json.loads((ROUND_3 / "done-when.json").read_text())
+    verdicts = done_when(dev, test)
+    for split_ in ("dev", "test"):
+        assert {k: (v["mode"], v["passes"], v["checks"]) for k, v in verdicts[split_].items()} == {
+            k: (v["mode"], v["passes"], v["checks"]) for k, v in committed[split_].items()
+        }
+    # Yes/no: the probe lifts accuracy far above majority, and misses the rule's ECE bound by a hair.
+    noul = dev["types"]["noul"]["modes"]
+    assert noul["probe"]["50"]["accuracy"] > 0.7 > 0.61 > noul["temperature"]["50"]["accuracy"]
+    assert 0 < noul["probe"]["50"]["ece"] - (noul["temperature"]["50"]["ece"] + 0.01) < 0.002
+
+
+@pytest.mark.anyio
+@pytest.mark.slow  # 200 irony records read again on the embedded model for their hidden states
+async def test_round_3_probe_curve_regenerates_its_first_splits_from_fresh_reads(local_engine):
+    """The probe's figures come from records read again: the reads equal the committed ones, and
+    the states they come with give the committed curve's first splits."""
+    run = ROOT / DEV_RUNS["noul"]
+    rows = task_rows(load_rows(run), "irony")
+    features = await read_features(local_engine, rows, "dev", "decide-prompt/3")
+    logits, gold = task_reads(load_rows(run), "irony")
+    again = mode_curve(logits, gold, "noul", splits=2, modes=("probe",), features=features)
+    committed = json.loads((ROUND_3 / "dev-curve.json").read_text())["tasks"]["irony"]["modes"]["probe"]
+    for n, metrics in again["modes"]["probe"].items():
+        for metric, values in metrics.items():
+            assert values == pytest.approx(committed[n][metric][:2], abs=1e-3)

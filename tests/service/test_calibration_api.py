@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from calibration.fit import DEFAULT_MODES
+from calibration.fit import DEFAULT_MODES, DEFAULT_MODES_WITHOUT_FEATURES
 from calibration.open import open_store
 from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.prompt import CURRENT_LAYOUT
@@ -72,8 +72,8 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
         in_domain = await decide(client, "A joyless, plodding mess.", "reviews")
 
     # No mode named, 60 gold answers of a 2-option choice: the documented default (docs/calibration.md).
-    mode, fewest = DEFAULT_MODES["choice"]
-    assert (mode, fewest) == ("temperature_bias", 32) and 60 >= fewest
+    mode, fewest = DEFAULT_MODES["choice"]  # the local engine returns the hidden state: the probe's
+    assert (mode, fewest) == ("probe", 32) and 60 >= fewest
     assert (calibration["mode"], calibration["mode_chosen_by"], len(calibration["bias"])) == (
         mode,
         "default",
@@ -100,7 +100,8 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
         and calibration["heldout_ece_floor"] > 0
     )
     for reply in (answer, in_domain):
-        expected = applied(reply)
+        # The probe also reads the hidden state (its application: test_probe_calibration.py).
+        expected = reply["probabilities"] if reply is answer else applied(reply)
         assert reply["probabilities"] == pytest.approx(expected)
         assert reply["confidence"] == pytest.approx(
             2 * max(expected.values()) - 1
@@ -112,12 +113,13 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     assert again["x_reading"]["calibration"]["id"] == calibration["id"]
 
 
-@pytest.mark.slow  # 32 examples with gold answers read, twice
+@pytest.mark.slow  # 32 examples with gold answers read, three times
 async def test_affine_and_default_fits_are_applied_and_reported(client_factory, local_engine, tmp_path):
     mode, fewest = DEFAULT_MODES["choice"]
     async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
         fits = {}
-        for domain, named in (("affine", {"mode": "affine"}), ("defaulted", {})):
+        named_modes = (("affine", {"mode": "affine"}), ("temperature_bias", {"mode": "temperature_bias"}))
+        for domain, named in (*named_modes, ("defaulted", {})):
             body = {"examples": examples(fewest), "domain": domain, "seed": 1} | named
             reply = await client.post("/v1/calibrations", json=body)
             assert reply.status_code == 200, reply.text
@@ -126,8 +128,10 @@ async def test_affine_and_default_fits_are_applied_and_reported(client_factory, 
     # Exactly the default's fewest gold answers: a no-mode fit is already the default's, not temperature.
     assert [(f["mode"], f["mode_chosen_by"], f["n"], len(f["bias"])) for f in fits.values()] == [
         ("affine", "caller", fewest, 2),
+        ("temperature_bias", "caller", fewest, 2),
         (mode, "default", fewest, 2),
     ]
+    assert fits["defaulted"]["probe_dimension"] == local_engine.model.config.hidden_size
     for domain, answer in answers.items():
         used, fit = answer["x_reading"]["calibration"], fits[domain]
         assert (used["id"], used["mode"], used["n"]) == (fit["id"], fit["mode"], fewest)
@@ -135,18 +139,20 @@ async def test_affine_and_default_fits_are_applied_and_reported(client_factory, 
             used["bias"] == dict(zip(QUESTION["criteria"], fit["bias"]))
             and used["temperature"] == fit["temperature"]
         )
-        assert answer["probabilities"] == pytest.approx(applied(answer))
+        if fit["mode"] != "probe":  # a probe also reads the hidden state: test_probe_calibration.py
+            assert answer["probabilities"] == pytest.approx(applied(answer))
     # Fitted on the same reads, the prior toward T = 1, b = 0 is all that sets the two apart.
-    assert fits["affine"]["bias"] != fits["defaulted"]["bias"]
-    assert abs(fits["affine"]["bias"][0]) < abs(fits["defaulted"]["bias"][0])
+    assert fits["affine"]["bias"] != fits["temperature_bias"]["bias"]
+    assert abs(fits["affine"]["bias"][0]) < abs(fits["temperature_bias"]["bias"][0])
 
 
 async def test_a_feedback_refit_keeps_a_named_temperature_and_moves_a_default_one_on(
     client_factory, quick_engine, tmp_path
 ):
     """The refit mode is decided by who chose the key's mode, read from the store: a caller's
-    temperature stays temperature at the default's N, a default temperature becomes the default's mode."""
-    mode, fewest = DEFAULT_MODES["choice"]
+    temperature stays temperature at the default's N, a default temperature becomes the default's mode
+    (a function engine returns no hidden state: the defaults without one)."""
+    mode, fewest = DEFAULT_MODES_WITHOUT_FEATURES["choice"]
     records = spread(load_sample("sst2"), fewest)
     store = tmp_path / "c.sqlite3"
     async with client_factory(quick_engine, store=open_store(store)) as client:
