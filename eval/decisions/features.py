@@ -1,11 +1,11 @@
 """The answer slot's hidden state of every record a few-shot curve scores (round 3's ``probe`` mode).
 
 A committed run holds each record's reads, not the model's hidden state (576 numbers per read for
-SmolLM2-135M: ~7 MB per run as text). The probe's curve reads each record again through the service's
+SmolLM2-135M: ~2 MB per task as JSON text). The probe's curve reads each record again through the service's
 path (``service.pipeline.reads.read_planned``, the layout the run was read under) on the embedded
 engine, and checks that the read equals the committed one (``MAX_READ_DRIFT``): the features then
 belong to the same prompt as the reads the curve fits on. They are kept as float32 files under the
-opendecide cache (``FEATURES_DIR``), one per (model revision, run, task), named by the sha256 of the
+opendecide cache (:func:`features_path`, in ``readers.embedded.default_cache_dir()``), one per (model revision, run, task), named by the sha256 of the
 run's records file, so a changed run is read again; the curve's JSON names each file's sha256.
 """
 
@@ -22,11 +22,11 @@ import numpy as np
 from eval.decisions.tasks import TASKS
 from eval.evidence.manifest import MANIFEST
 from eval.evidence.rows import RECORDS, load_rows, raw_probabilities
+from readers.embedded import default_cache_dir
 from readers.engines.base import Engine
 from readers.prompt import content_text, prompt_layout
 from readers.reader import Reader
 
-FEATURES_DIR = Path.home() / ".cache" / "opendecide" / "features"
 MAX_READ_DRIFT = 1e-4
 """Largest difference, per option probability, between a record's read now and the committed one
 (the committed runs' float32 reads agree with today's to ~5e-6, evidence/few-shot/dev-check)."""
@@ -38,7 +38,7 @@ def run_digest(run: Path) -> str:
 
 def features_path(revision: str, run: Path, task: str) -> Path:
     safe = revision.replace("/", "_").replace(":", "_")
-    return FEATURES_DIR / safe / f"{run_digest(run)[:16]}-{task}.npy"
+    return default_cache_dir() / "features" / safe / f"{run_digest(run)[:16]}-{task}.npy"
 
 
 async def read_features(engine: Engine, rows: Sequence[dict], split: str, prompt_version: str) -> np.ndarray:
