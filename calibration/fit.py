@@ -45,6 +45,11 @@ and kept temperature for yes/no (the probe's ECE 0.001 over the rule's bound) an
 DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
 """``DEFAULT_MODES`` where a decision comes without the hidden state (a vLLM engine; a decision
 recorded before the state was): round 3's rule without the probe, which is round 1's choice."""
+PROBE_DEFAULT_MAX_OPTIONS = 6
+"""The most options a key gets the probe by default: the most the rule's tasks had (emotion's six).
+Beyond that it is untested, and its weights grow with the options (576 numbers each on SmolLM2-135M,
+~0.8 MB of stored text at 255): such a key gets ``DEFAULT_MODES_WITHOUT_FEATURES``, and a caller
+may still name ``probe``."""
 
 
 def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:
@@ -78,9 +83,11 @@ def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
 
 def default_mode(question_type: str, n: int, option_count: int | None, *, features: bool = False) -> str:
     """The mode of a fit on ``n`` gold answers that names none: ``DEFAULT_MODES`` where every
-    decision comes with the answer slot's hidden state (``features``), else ``DEFAULT_MODES_WITHOUT_FEATURES``;
-    temperature on a key without an option count, where a per-option bias has no options to belong to."""
-    table = DEFAULT_MODES if features else DEFAULT_MODES_WITHOUT_FEATURES
+    decision comes with the answer slot's hidden state (``features``) and the key has at most
+    ``PROBE_DEFAULT_MAX_OPTIONS`` options, else ``DEFAULT_MODES_WITHOUT_FEATURES``; temperature on a
+    key without an option count, where a per-option bias has no options to belong to."""
+    probe_allowed = features and (option_count or 0) <= PROBE_DEFAULT_MAX_OPTIONS
+    table = DEFAULT_MODES if probe_allowed else DEFAULT_MODES_WITHOUT_FEATURES
     mode, fewest = table.get(question_type, ("temperature", 0))
     if n < fewest or (mode in BIAS_MODES and option_count is None):
         return "temperature"

@@ -13,6 +13,7 @@ from calibration.bias import AffineScaler, TemperatureBiasScaler
 from calibration.fit import (
     DEFAULT_MODES,
     DEFAULT_MODES_WITHOUT_FEATURES,
+    PROBE_DEFAULT_MAX_OPTIONS,
     default_mode,
     fit_and_store,
     refit_from_store,
@@ -78,6 +79,8 @@ def test_a_refit_without_a_mode_takes_the_default_of_its_type_and_n(tmp_path):
     # With every decision's hidden state the choice default is the probe's.
     assert default_mode("choice", 200, 6, features=True) == DEFAULT_MODES["choice"][0] == "probe"
     assert default_mode("choice", 200, 6) == "temperature_bias"
+    # Past the option counts the rule was chosen on, the probe is not a default (a caller may name it).
+    assert default_mode("choice", 200, PROBE_DEFAULT_MAX_OPTIONS + 1, features=True) == "temperature_bias"
 
 
 def test_feedback_refits_keep_a_mode_the_caller_named_and_move_a_default_one_on(new_store):
