@@ -191,6 +191,10 @@ async def test_round_3_probe_curve_regenerates_its_first_splits_from_fresh_reads
     logits, gold = task_reads(load_rows(run), "irony")
     again = mode_curve(logits, gold, "noul", splits=2, modes=("probe",), features=features)
     committed = json.loads((ROUND_3 / "dev-curve.json").read_text())["tasks"]["irony"]["modes"]["probe"]
+    # The engine's chunking (it depends on who else was active) moves a state in its 6th decimal, and
+    # the fit with it: one held-out record of 100 may cross a near tie (accuracy ± 0.01) or a bin edge
+    # (ECE ± 0.02); states misread or misaligned would miss by far more.
+    tolerance = {"accuracy": 0.0101, "macro_f1": 0.02, "ece": 0.0201}
     for n, metrics in again["modes"]["probe"].items():
         for metric, values in metrics.items():
-            assert values == pytest.approx(committed[n][metric][:2], abs=1e-3)
+            assert values == pytest.approx(committed[n][metric][:2], abs=tolerance[metric])
