@@ -123,10 +123,8 @@ def fitted_scaler(mode: str, logits: list[np.ndarray], gold: np.ndarray, feature
     """``mode`` fitted on ``rows`` (indices); returns a function of the rows to predict."""
     scaler = scaler_for(mode)
     if mode in FEATURE_MODES:
-        scaler.fit([logits[i] for i in rows], gold[rows], features[rows])
-        return scaler, lambda at: np.vstack(
-            [scaler.predict_proba(logits[i][None], features[i][None]) for i in at]
-        )
+        scaler.fit([logits[i] for i in rows], gold[rows], features[rows])  # one option count: rows stack
+        return scaler, lambda at: scaler.predict_proba(np.stack([logits[i] for i in at]), features[at])
     scaler.fit([logits[i] for i in rows], gold[rows])
     return scaler, lambda at: _padded([scaler.predict_proba(logits[i]) for i in at])
 
