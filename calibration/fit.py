@@ -47,8 +47,8 @@ DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {"choice": ("temper
 recorded before the state was): round 3's rule without the probe, which is round 1's choice."""
 PROBE_DEFAULT_MAX_OPTIONS = 6
 """The most options a key gets the probe by default: the most the rule's tasks had (emotion's six).
-Beyond that it is untested, and its weights grow with the options (576 numbers each on SmolLM2-135M,
-~0.8 MB of stored text at 255): such a key gets ``DEFAULT_MODES_WITHOUT_FEATURES``, and a caller
+Beyond that it is untested, and its weights grow with the options (576 numbers each per fit on
+SmolLM2-135M; ten fits are ~8 MB of stored text at 255): such a key gets ``DEFAULT_MODES_WITHOUT_FEATURES``, and a caller
 may still name ``probe``."""
 
 

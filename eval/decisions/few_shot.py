@@ -18,7 +18,7 @@ adds the issue's pass check (:func:`done_when`). Every figure comes from committ
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -27,7 +27,7 @@ import numpy as np
 from calibration.bias import AffineScaler, GoldPriorScaler, StatePriorScaler, TemperatureBiasScaler
 from calibration.metrics import N_BINS, auroc_score, ece, macro_f1_score
 from calibration.ordinal import CumulativeLogitScaler
-from calibration.probe import ProbeScaler
+from calibration.probe import PROBE_MEMBERS, ProbeScaler
 from calibration.select import CrossValidatedScaler
 from calibration.temperature import TemperatureScaler, as_logits
 from eval.decisions.gold_curve import draw, split
@@ -43,11 +43,20 @@ CANDIDATES = ("temperature", "temperature_bias", "affine")
 ROUNDS = {
     1: {"modes": MODES, "candidates": CANDIDATES},
     2: {"modes": MODES + ("gold_prior", "cv_selected"), "candidates": CANDIDATES + ("cv_selected",)},
-    3: {"modes": MODES + ("probe",), "candidates": CANDIDATES + ("probe",)},
+    3: {"modes": MODES + ("probe",), "candidates": CANDIDATES + ("probe",), "probe_members": 1},
+    4: {
+        "modes": MODES + ("probe",),
+        "candidates": CANDIDATES + ("probe",),
+        "probe_members": PROBE_MEMBERS,
+        "ece": "pooled_ece",
+    },
 }
 """Per round of the rule, the modes its curve scores and the candidates it chooses among, simplest
 first (round 2: evidence/few-shot/round-2/rule.md; round 3, the probe on the answer slot's hidden
-state: evidence/few-shot/round-3/rule.md)."""
+state: evidence/few-shot/round-3/rule.md; round 4, the probe averaged over bootstrap fits and ECE
+read over all splits pooled: evidence/few-shot/round-4/rule.md). ``probe_members``: the fits a
+probe averages (round 3's was one); ``ece``: the ECE figure the rule and the pass check read
+(``ece``, the mean of the splits', unless named)."""
 FEATURE_MODES = ("probe",)
 """Modes fitted on the answer slot's hidden state as well as the reads (``eval.decisions.features``)."""
 SCORE_ONLY = ("cumulative_logit",)
@@ -115,10 +124,17 @@ def scaler_for(mode: str) -> Scaler:
 
 
 def fitted(
-    mode: str, logits: np.ndarray, gold: np.ndarray, fit: np.ndarray, features: np.ndarray | None = None
+    mode: str,
+    logits: np.ndarray,
+    gold: np.ndarray,
+    fit: np.ndarray,
+    features: np.ndarray | None = None,
+    *,
+    probe_members: int = PROBE_MEMBERS,
 ) -> Callable[[np.ndarray], np.ndarray]:
     """``mode`` fitted on rows ``fit`` (state_prior: on their states alone; ``FEATURE_MODES`` on their
-    hidden states too), as a function of the rows to predict (indices)."""
+    hidden states too, a probe averaging ``probe_members`` fits), as a function of the rows to
+    predict (indices)."""
     if not len(fit):
         return lambda rows: np.exp(logits[rows] - np.logaddexp.reduce(logits[rows], axis=1, keepdims=True))
     if mode == "state_prior":
@@ -126,7 +142,7 @@ def fitted(
     elif mode in FEATURE_MODES:
         if features is None:
             raise ValueError(f"mode {mode} needs the reads' hidden states")
-        probe = ProbeScaler().fit(logits[fit], gold[fit], features[fit])
+        probe = ProbeScaler(members=probe_members).fit(logits[fit], gold[fit], features[fit])
         return lambda rows: probe.predict_proba(logits[rows], features[rows])
     else:
         scaler = scaler_for(mode).fit(logits[fit], gold[fit])
@@ -147,13 +163,17 @@ def mode_curve(
     seed: int = 0,
     modes: Sequence[str] = MODES,
     features: np.ndarray | None = None,
+    probe_members: int = PROBE_MEMBERS,
 ) -> dict:
-    """Per mode and N: the held-out accuracy, macro-F1 and ECE of every split (lists), and the
-    held-out majority rate of every split. ``features``: the rows' hidden states (``FEATURE_MODES``)."""
+    """Per mode and N: the held-out accuracy, macro-F1 and ECE of every split (lists), the ECE of
+    all splits' held-out reads pooled (``pooled_ece``, with its bins' sums, ``pooled``: what a
+    type's pooled figure adds up), and the held-out majority rate of every split. ``features``: the
+    rows' hidden states (``FEATURE_MODES``)."""
     per: dict[str, dict[int, dict[str, list[float]]]] = {
         mode: {n: {"accuracy": [], "macro_f1": [], "ece": []} for n in counts}
         for mode in modes_for(question_type, modes)
     }
+    tops: dict[tuple[str, int], list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
     majority = []
     for index in range(splits):
         pool, held = split(len(gold), seed, index)
@@ -161,10 +181,15 @@ def mode_curve(
         for n in counts:
             fit = draw(pool, n, seed, index)
             for mode, curve in per.items():
-                q = fitted(mode, logits, gold, fit, features)(held)
+                q = fitted(mode, logits, gold, fit, features, probe_members=probe_members)(held)
                 curve[n]["accuracy"].append(float(np.mean(q.argmax(axis=1) == gold[held])))
                 curve[n]["macro_f1"].append(macro_f1_score(q, gold[held]))
                 curve[n]["ece"].append(ece(q, gold[held], N_BINS))
+                tops[mode, n].append((q.max(axis=1), q.argmax(axis=1) == gold[held]))
+    for (mode, n), parts in tops.items():
+        confidence, correct = (np.concatenate(side) for side in zip(*parts, strict=True))
+        pooled = {"n": len(confidence), "gap": ece_gaps(confidence, correct).tolist()}
+        per[mode][n] |= {"pooled_ece": pooled_ece([pooled]), "pooled": pooled}
     return {"majority": majority, "modes": {m: {str(n): v for n, v in c.items()} for m, c in per.items()}}
 
 
@@ -185,6 +210,7 @@ def curve_report(
     seed: int = 0,
     modes: Sequence[str] = MODES,
     features: Mapping[str, np.ndarray] | None = None,
+    probe_members: int = PROBE_MEMBERS,
 ) -> dict:
     """:func:`mode_curve` of every task whose type's run is in ``runs`` (type → run directory), and
     the per-type means (each task counted once) the rule reads. ``features``: per task, its rows'
@@ -193,7 +219,7 @@ def curve_report(
     for question_type, run, task, logits, gold in runs_reads(runs):
         tasks[task] = {"type": question_type, "n": len(gold), "run": str(run)} | mode_curve(
             logits, gold, question_type, splits=splits, seed=seed, modes=modes,
-            features=None if features is None else features[task],
+            features=None if features is None else features[task], probe_members=probe_members,
         )  # fmt: skip
     return {"n_bins": N_BINS, "splits": splits, "seed": seed, "counts": list(COUNTS), "tasks": tasks,
             "types": type_means(tasks)}  # fmt: skip
@@ -226,6 +252,8 @@ def type_means(tasks: Mapping[str, dict]) -> dict:
                         np.mean([np.mean(e["modes"][mode][n]["macro_f1"]) for e in mine.values()])
                     ),
                     "ece": float(np.mean([np.mean(e["modes"][mode][n]["ece"]) for e in mine.values()])),
+                    # Every task's held-out reads in one pool, as the test confirmation pools them.
+                    "pooled_ece": pooled_ece([e["modes"][mode][n]["pooled"] for e in mine.values()]),
                     "task_accuracy": {
                         t: float(np.mean(e["modes"][mode][n]["accuracy"])) for t, e in mine.items()
                     },
@@ -235,12 +263,12 @@ def type_means(tasks: Mapping[str, dict]) -> dict:
     return out
 
 
-def eligible(modes: Mapping[str, dict], mode: str, n: str) -> bool:
-    """Rule step 2 at N = ``n``: ECE within ECE_MARGIN of temperature's, macro-F1 not below it, and
-    no task's accuracy more than TASK_MARGIN below temperature's."""
+def eligible(modes: Mapping[str, dict], mode: str, n: str, ece_figure: str = "ece") -> bool:
+    """Rule step 2 at N = ``n``: ECE (``ece_figure``) within ECE_MARGIN of temperature's, macro-F1
+    not below it, and no task's accuracy more than TASK_MARGIN below temperature's."""
     m, t = modes[mode][n], modes["temperature"][n]
     return (
-        m["ece"] <= t["ece"] + ECE_MARGIN
+        m[ece_figure] <= t[ece_figure] + ECE_MARGIN
         and m["macro_f1"] >= t["macro_f1"]
         and all(
             m["task_accuracy"][task] >= t["task_accuracy"][task] - TASK_MARGIN for task in t["task_accuracy"]
@@ -248,13 +276,15 @@ def eligible(modes: Mapping[str, dict], mode: str, n: str) -> bool:
     )
 
 
-def choose(types: Mapping[str, dict], candidates: Sequence[str] = CANDIDATES) -> dict:
+def choose(
+    types: Mapping[str, dict], candidates: Sequence[str] = CANDIDATES, ece_figure: str = "ece"
+) -> dict:
     """Rule steps 1–4 over :func:`type_means`: per type, the default mode among ``candidates``
-    (simplest first) and the N it starts from."""
+    (simplest first) and the N it starts from, judging ECE by ``ece_figure``."""
     chosen = {}
     for question_type, entry in types.items():
         modes = entry["modes"]
-        ok = [m for m in candidates if m == "temperature" or eligible(modes, m, "50")]
+        ok = [m for m in candidates if m == "temperature" or eligible(modes, m, "50", ece_figure)]
         best = max(modes[m]["50"]["lift"] for m in ok)
         tied = [m for m in ok if modes[m]["50"]["lift"] >= best - LIFT_TIE]
         top_f1 = max(modes[m]["50"]["macro_f1"] for m in tied)
@@ -265,7 +295,7 @@ def choose(types: Mapping[str, dict], candidates: Sequence[str] = CANDIDATES) ->
         start = None
         if pick != "temperature":
             holds = {
-                n: eligible(modes, pick, str(n))
+                n: eligible(modes, pick, str(n), ece_figure)
                 and modes[pick][str(n)]["lift"] > modes["temperature"][str(n)]["lift"]
                 for n in FROM_COUNTS
             }
@@ -291,6 +321,7 @@ def confirm(
     resamples: int = RESAMPLES,
     uncalibrated: bool = False,
     features: Mapping[str, np.ndarray] | None = None,
+    probe_members: int = PROBE_MEMBERS,
 ) -> dict:
     """Rule step 5: temperature against each type's chosen mode after ``n_gold`` gold answers, on the
     held-out halves of ``splits`` splits; pooled over splits, with cluster-bootstrap intervals.
@@ -309,7 +340,11 @@ def confirm(
             fit = draw(pool, n_gold, seed, index)
             record.append(out)
             base.append(fitted("temperature", logits, gold, fit)(out))
-            cand.append(fitted(chosen[question_type]["mode"], logits, gold, fit, mine)(out))
+            cand.append(
+                fitted(chosen[question_type]["mode"], logits, gold, fit, mine, probe_members=probe_members)(
+                    out
+                )
+            )
             raw.append(fitted("temperature", logits, gold, fit[:0])(out))
         record = np.concatenate(record)
         held[task] = {
@@ -434,20 +469,37 @@ def signal_table(signal: Mapping[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def ece_gaps(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
+    """Per (lo, hi] bin of top probability (``calibration.metrics.reliability_bins``'), the sum over
+    its reads of right (1/0) − top probability: what pools of reads add up to a pooled ECE."""
+    bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
+    return np.bincount(bins, weights=np.asarray(correct, dtype=float) - confidence, minlength=n_bins)
+
+
+def pooled_ece(pools: Sequence[Mapping]) -> float:
+    """The ECE of pools of reads together, each pool its read count ``n`` and :func:`ece_gaps` ``gap``."""
+    return float(np.abs(np.sum([p["gap"] for p in pools], axis=0)).sum() / sum(p["n"] for p in pools))
+
+
 def top_label_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_BINS) -> float:
     """``calibration.metrics.ece`` from each read's top probability and whether it was right (the
     same (lo, hi] bins), for reads pooled over option counts; one bincount, fast enough to bootstrap."""
-    bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
-    gap = np.bincount(bins, weights=correct - confidence, minlength=n_bins)
-    return float(np.abs(gap).sum() / len(confidence))
+    return float(np.abs(ece_gaps(confidence, correct, n_bins)).sum() / len(confidence))
 
 
 def curve_table(report: dict) -> str:
-    """Per type and mode: accuracy / macro-F1 / ECE at each N (means over the type's tasks), then per task at N = 50."""
+    """Per type and mode: accuracy / macro-F1 / ECE at each N (means over the type's tasks; and the
+    pooled ECE where the curve has it), then per task at N = 50."""
     counts = [str(n) for n in report["counts"]]
+    pooled = "pooled_ece" in next(iter(report["types"].values()))["modes"]["temperature"]["50"]
     lines = [
         f"Dev split; {report['splits']} splits per task, N gold answers drawn from one half, the other half scored; "
-        f"accuracy / macro-F1 / ECE ({report['n_bins']} bins), means over splits, then over the type's tasks.",
+        f"accuracy / macro-F1 / ECE ({report['n_bins']} bins), means over splits, then over the type's tasks"
+        + (
+            "; then the ECE of every split's held-out reads pooled (the type's tasks' together)."
+            if pooled
+            else "."
+        ),
         "",
         "| type | mode | " + " | ".join(f"N = {n}" for n in counts) + " |",
         "|---|---|" + "---|" * len(counts),
@@ -456,13 +508,15 @@ def curve_table(report: dict) -> str:
         for mode, curve in entry["modes"].items():
             cells = [
                 f"{curve[n]['accuracy']:.1%} / {curve[n]['macro_f1']:.3f} / {curve[n]['ece']:.3f}"
+                + (f" / {curve[n]['pooled_ece']:.3f}" if pooled else "")
                 for n in counts
             ]
             lines.append(f"| {question_type} | {mode} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| task | type | n | majority (held out) | mode | accuracy (sd) at 50 | macro-F1 at 50 | ECE at 50 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task | type | n | majority (held out) | mode | accuracy (sd) at 50 | macro-F1 at 50 | ECE at 50 |"
+        + (" pooled ECE at 50 |" if pooled else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if pooled else ""),
     ]
     for task, entry in report["tasks"].items():
         majority = float(np.mean(entry["majority"]))
@@ -471,6 +525,7 @@ def curve_table(report: dict) -> str:
             lines.append(
                 f"| {task} | {entry['type']} | {entry['n']} | {majority:.1%} | {mode} | {np.mean(at['accuracy']):.1%} ({np.std(at['accuracy']):.1%}) | "
                 f"{np.mean(at['macro_f1']):.3f} | {np.mean(at['ece']):.3f} |"
+                + (f" {at['pooled_ece']:.3f} |" if pooled else "")
             )
     lines.append("")
     for question_type, pick in report["chosen"].items():
@@ -520,8 +575,10 @@ def confirm_table(report: dict) -> str:
 def done_when(dev: dict, test: dict | None = None) -> dict:
     """The issue's pass check per question type after 50 gold answers (round 2's rule): accuracy at
     or above the majority rate, above the uncalibrated accuracy where that was below it, ECE no worse
-    than temperature's. Dev: the rule's means over splits and tasks; test: the pooled figures of
-    :func:`confirm` (with ``uncalibrated``), each with its interval."""
+    than temperature's. Dev: the rule's means over splits and tasks, ECE as the round's rule reads it
+    (``ROUNDS``' ``ece``); test: the pooled figures of :func:`confirm` (with ``uncalibrated``), each
+    with its interval."""
+    figure = ROUNDS[dev.get("round", 1)].get("ece", "ece")
     out: dict = {"dev": {}, "test": {}}
     for question_type, entry in dev["types"].items():
         mode = dev["chosen"][question_type]["mode"]
@@ -529,14 +586,14 @@ def done_when(dev: dict, test: dict | None = None) -> dict:
         majority = float(np.mean([np.mean(dev["tasks"][t]["majority"]) for t in entry["tasks"]]))
         raw, temp, pick = modes["temperature"]["0"], modes["temperature"]["50"], modes[mode]["50"]
         out["dev"][f"all {question_type}"] = _verdict(
-            mode, majority, raw["accuracy"], pick["accuracy"], temp["ece"], pick["ece"]
+            mode, majority, raw["accuracy"], pick["accuracy"], temp[figure], pick[figure]
         )
         for task in entry["tasks"]:  # each task of the type under the type's default, for the detail
             curves = dev["tasks"][task]["modes"]
             out["dev"][task] = _verdict(
                 mode, float(np.mean(dev["tasks"][task]["majority"])),
                 *(float(np.mean(curves[m][n]["accuracy"])) for m, n in (("temperature", "0"), (mode, "50"))),
-                *(float(np.mean(curves[m]["50"]["ece"])) for m in ("temperature", mode)),
+                *(float(np.mean(curves[m]["50"][figure])) for m in ("temperature", mode)),
             )  # fmt: skip
     for name, row in (test or {}).get("rows", {}).items():
         out["test"][name] = _verdict(
@@ -568,7 +625,7 @@ def done_table(done: dict) -> str:
     """:func:`done_when` as a table: dev rows, then test rows with their 95% intervals."""
     lines = [
         "After 50 gold answers: the issue's pass check (accuracy ≥ majority; > uncalibrated where that was "
-        "below majority; ECE ≤ temperature's).",
+        "below majority; ECE ≤ temperature's, on dev as the round's rule reads ECE).",
         "",
         "| split | type / task | default | majority | uncalibrated accuracy | accuracy | ECE: temperature → default | passes | fails on |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -603,6 +660,7 @@ def run_few_shot(
     from eval.evidence.figures import plot_few_shot_curves
 
     spec = ROUNDS[round_]
+    members = spec.get("probe_members", PROBE_MEMBERS)
     runs = {k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}
     dev_features = test_features = None
     if any(mode in FEATURE_MODES for mode in spec["modes"]):
@@ -615,13 +673,13 @@ def run_few_shot(
             types = {TASKS[task].question_type for task in TASKS}
             test_features = asyncio.run(run_features({t: Path(test_run) for t in types}, "test"))
     dev = curve_report(
-        runs, seed=seed, modes=spec["modes"],
+        runs, seed=seed, modes=spec["modes"], probe_members=members,
         features=None if dev_features is None else {t: f for t, (f, _) in dev_features.items()},
     )  # fmt: skip
     dev["round"] = round_
     if dev_features is not None:
         dev["features_sha256"] = {task: sha for task, (_, sha) in dev_features.items()}
-    dev["chosen"] = choose(dev["types"], spec["candidates"])
+    dev["chosen"] = choose(dev["types"], spec["candidates"], spec.get("ece", "ece"))
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "dev-curve.json", dev)
     (out / "dev-curve.md").write_text(curve_table(dev))
@@ -629,7 +687,7 @@ def run_few_shot(
     result = {"dev": dev}
     if test_run is not None:
         test = confirm(
-            load_rows(Path(test_run)), dev["chosen"], seed=seed, uncalibrated=round_ > 1,
+            load_rows(Path(test_run)), dev["chosen"], seed=seed, uncalibrated=round_ > 1, probe_members=members,
             features=None if test_features is None else {t: f for t, (f, _) in test_features.items()},
         )  # fmt: skip
         if test_features is not None:

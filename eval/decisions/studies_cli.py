@@ -307,7 +307,7 @@ def eval_few_shot(
         int,
         typer.Option(
             "--round",
-            help="the rule's round: 1 (evidence/few-shot/rule.md), 2 (evidence/few-shot/round-2/rule.md: more modes, the pass check) or 3 (evidence/few-shot/round-3/rule.md: the probe; reads the records again on the embedded engine)",
+            help="the rule's round: 1 (evidence/few-shot/rule.md), 2 (evidence/few-shot/round-2/rule.md: more modes, the pass check), 3 (evidence/few-shot/round-3/rule.md: the probe; reads the records again on the embedded engine) or 4 (evidence/few-shot/round-4/rule.md: the probe averaged over bootstrap fits, ECE pooled over splits)",
         ),
     ] = 1,
 ) -> None:

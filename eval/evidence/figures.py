@@ -158,8 +158,14 @@ def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
 
 
 def plot_few_shot_curves(report: dict, path: Path) -> None:
-    """Accuracy and ECE against N per question type, one line per mode (the docs' figure)."""
+    """Accuracy and ECE against N per question type, one line per mode (the docs' figure); the ECE is
+    the pooled one where the curve has it (round 4's rule reads that), else the mean of the splits'."""
     types = list(report["types"])
+    ece = (
+        "pooled_ece"
+        if "pooled_ece" in next(iter(report["types"].values()))["modes"]["temperature"]["50"]
+        else "ece"
+    )
     figure, axes = plt.subplots(2, len(types), figsize=(4.2 * len(types), 6.4), dpi=110, squeeze=False)
     counts = report["counts"]
     # One colour per mode across the panels: a type lacking a mode (score-only ones) must not shift the rest.
@@ -169,7 +175,7 @@ def plot_few_shot_curves(report: dict, path: Path) -> None:
         entry = report["types"][question_type]
         majority = float(_mean([_mean(report["tasks"][t]["majority"]) for t in entry["tasks"]]))
         for mode, curve in entry["modes"].items():
-            for row, metric in enumerate(("accuracy", "ece")):
+            for row, metric in enumerate(("accuracy", ece)):
                 axes[row][column].plot(
                     counts,
                     [curve[str(n)][metric] for n in counts],
@@ -180,7 +186,8 @@ def plot_few_shot_curves(report: dict, path: Path) -> None:
         axes[0][column].axhline(majority, color="grey", linestyle="--", label="majority rate")
         axes[0][column].set_title(f"{question_type} ({', '.join(entry['tasks'])})")
         axes[0][column].set_ylabel("held-out accuracy")
-        axes[1][column].set_ylabel(f"held-out ECE ({report['n_bins']} bins)")
+        pooled = ", splits pooled" if ece == "pooled_ece" else ""
+        axes[1][column].set_ylabel(f"held-out ECE ({report['n_bins']} bins{pooled})")
         axes[1][column].set_xlabel("gold answers fitted on (N)")
         for axis in (axes[0][column], axes[1][column]):
             axis.grid(alpha=0.3)

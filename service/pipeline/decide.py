@@ -232,9 +232,7 @@ def calibrated_probabilities(raw, calibration: Calibration | None, prior: Option
     stored fit (its mode, where one applies; a probe reads the answer slot's hidden state, ``features``)."""
     read = corrected_read(raw, prior)
     if calibration is not None and calibration.probe is not None:
-        return apply_probe(
-            as_logits(read), features, calibration.temperature, calibration.bias, calibration.probe
-        )
+        return apply_probe(as_logits(read), features, calibration.probe)
     if calibration is not None and calibration.mode in BIAS_MODES:
         return apply_temperature_bias(as_logits(read), calibration.temperature, calibration.bias)
     if calibration is not None:

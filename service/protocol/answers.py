@@ -31,13 +31,14 @@ class CalibrationUsed(ResponseModel):
     one applied (``raw_probabilities`` are before both)."""
 
     mode: Literal["temperature", "temperature_bias", "affine", "state_prior", "probe"] = Field(
-        description="temperature: softmax(z / T); temperature_bias and affine: softmax(z / T + b) (affine fitted with a prior toward T = 1, b = 0); state_prior: softmax(z + b), b fitted on states without gold answers; probe: softmax(z / T + b + W x), x the model's hidden state at the answer slot"
+        description="temperature: softmax(z / T); temperature_bias and affine: softmax(z / T + b) (affine fitted with a prior toward T = 1, b = 0); state_prior: softmax(z + b), b fitted on states without gold answers; probe: the mean over its fits (bootstrap resamples of the gold answers) of softmax(z / T + b + W x), x the model's hidden state at the answer slot"
     )
     id: str = Field(description="the stored calibration's id")
     temperature: float
     n: int = Field(description="decisions it was fitted on (gold answers, but for state_prior)")
     bias: dict[str, float] | None = Field(
-        default=None, description="temperature_bias, affine, state_prior, probe: per-option bias b"
+        default=None,
+        description="temperature_bias, affine, state_prior: per-option bias b; probe: its fits' mean b",
     )
     read_version: str = Field(
         description="the read it was fitted on and applies to: the prompt version, with '+prior' where those reads had the prior correction divided out"

@@ -45,8 +45,9 @@ MODE_DESCRIPTION = (
     "temperature: softmax(z / T); temperature_bias: softmax(z / T + b), one L2-regularised bias per option; "
     "affine: softmax(z / T + b) with a prior toward T = 1, b = 0 that fades as gold answers accumulate; "
     "state_prior: softmax(z + b) with b = -log of the mean label probabilities over the states (no gold answers needed); "
-    "probe: softmax(z / T + b + W x), x the model's hidden state at the answer slot, W one L2-regularised row per "
-    "option (only on an engine that returns the state: the local engine); "
+    "probe: the mean over 10 fits, each on a bootstrap resample of the gold answers, of softmax(z / T + b + W x), "
+    "x the model's hidden state at the answer slot, W one L2-regularised row per option (only on an engine that "
+    "returns the state: the local engine); "
     "omitted: the default per question type and number of gold answers (for choice questions with an option count "
     "from 32 gold answers probe where the engine returns the hidden state, else temperature_bias; temperature "
     "otherwise; docs/calibration.md)"
@@ -100,11 +101,13 @@ class CalibrationOut(ResponseModel):
     )
     bias: list[float] | None = Field(
         default=None,
-        description="temperature_bias, affine, state_prior, probe: per-option bias, in option order",
+        description="temperature_bias, affine, state_prior: per-option bias, in option order; probe: its fits' mean bias "
+        "(and temperature their geometric mean)",
     )
     probe_dimension: int | None = Field(
         default=None, description="probe: the size of the hidden state its W reads (W itself is not listed)"
     )
+    probe_members: int | None = Field(default=None, description="probe: the fits it averages")
     tenant: str | None = Field(description="the tenant whose fit this is; null for a shared fit")
     shared: bool = Field(description="published by an admin key for every tenant")
 

@@ -49,10 +49,13 @@ WRITE_ERRORS = error_responses(400, 401, 403, 408, 413, 415, 422, 429, 502, 503,
 
 def calibration_out(calibration: Calibration) -> CalibrationOut:
     row = calibration.as_json()
-    del row["probe"]  # tens of kilobytes of weights: its size is what a listing says
+    del row["probe"]  # up to hundreds of kilobytes of weights: its size is what a listing says
     probe = calibration.probe
     return CalibrationOut(
-        **row, probe_dimension=None if probe is None else probe.dimension, shared=calibration.shared
+        **row,
+        probe_dimension=None if probe is None else probe.dimension,
+        probe_members=None if probe is None else len(probe.members),
+        shared=calibration.shared,
     )
 
 

@@ -9,7 +9,9 @@ from scipy.special import log_softmax
 
 from calibration.bias import TemperatureBiasScaler
 from calibration.probe import (
+    PROBE_MEMBERS,
     ProbeMap,
+    ProbeMember,
     ProbeScaler,
     apply_probe,
     decode_floats,
@@ -57,7 +59,8 @@ def test_where_the_state_is_noise_the_probe_keeps_the_read():
 def test_a_stronger_penalty_moves_the_fit_toward_temperature_and_bias():
     logits, gold, state = synthetic(40, 4, signal_in="state")
     norms = [
-        np.abs(ProbeScaler(l2).fit(logits, gold, state).probe_.term(state)).max() for l2 in (0.1, 1, 100)
+        np.abs(ProbeScaler(l2, members=1).fit(logits, gold, state).probe_.term(state)).max()
+        for l2 in (0.1, 1, 100)
     ]
     assert norms[0] > norms[1] > norms[2] and norms[2] < 0.05
     with pytest.raises(ValueError, match="> 0"):
@@ -69,13 +72,60 @@ def test_the_stored_map_is_the_fitted_one_and_refuses_another_size():
     probe = ProbeScaler().fit(logits, gold, state)
     stored = ProbeMap(probe.probe_.encoded)
     assert stored == probe.probe_ and (stored.dimension, stored.options) == (16, 3)
-    expected = apply_probe(logits, state, probe.temperature_, probe.bias_, stored)
+    assert len(stored.members) == PROBE_MEMBERS
+    expected = apply_probe(logits, state, stored)
     assert probe.predict_proba(logits, state) == pytest.approx(expected)
     assert probe.bias_.sum() == pytest.approx(0, abs=1e-9)
+    assert all(m.bias.sum() == pytest.approx(0, abs=1e-9) for m in stored.members)
     with pytest.raises(ValueError, match="fitted on 16 features, not 15"):
         stored.term(np.zeros(15))
     with pytest.raises(ValueError, match="one row of features per decision"):
         ProbeScaler().fit(logits, gold, state[:-1])
+
+
+def test_the_members_are_fits_on_resamples_and_their_mean_is_the_answer():
+    """members=1 is one fit on every gold answer; the default averages fits on bootstrap resamples,
+    drawn from a fixed seed, so the same gold answers give the same stored probe."""
+    logits, gold, state = synthetic(40, 7, signal_in="state", k=3)
+    one = ProbeScaler(members=1).fit(logits, gold, state)
+    (member,) = one.probe_.members
+    assert np.allclose(member.mean, state.mean(axis=0), rtol=1e-6) and one.temperature_ == member.temperature
+    bagged = ProbeScaler().fit(logits, gold, state)
+    assert bagged.probe_ == ProbeScaler().fit(logits, gold, state).probe_
+    assert bagged.probe_ != ProbeScaler(seed=1).fit(logits, gold, state).probe_
+    members = bagged.probe_.members
+    # Each member standardised by its own resample: no two share a mean, none is the full sample's.
+    assert len({m.mean.tobytes() for m in members}) == PROBE_MEMBERS
+    assert not any(np.allclose(m.mean, member.mean) for m in members)
+    z = np.asarray(logits)
+    each = [np.exp(log_softmax(m.logits(z, state), axis=1)) for m in members]
+    assert bagged.predict_proba(logits, state) == pytest.approx(np.mean(each, axis=0))
+    assert bagged.temperature_ == pytest.approx(np.exp(np.mean([np.log(m.temperature) for m in members])))
+    with pytest.raises(ValueError, match="members must be"):
+        ProbeScaler(members=0)
+    with pytest.raises(ValueError, match="same options and dimension"):
+        ProbeMap.of([member, ProbeMember(1.0, np.zeros(2), np.zeros(16), np.ones(16), np.zeros((2, 16)))])
+
+
+def test_averaging_resampled_fits_tempers_a_fit_that_over_reads_few_answers():
+    """40 answers, a 200-number state mixing 20 factors, one of which carries the answer: one fit is
+    surer than it is right on unseen decisions; the mean of fits on resamples is much less so."""
+    mixing = np.random.default_rng(8).normal(size=(20, 200))
+    gaps = {}
+    for members in (1, PROBE_MEMBERS):
+        gap = []
+        for seed in range(5):
+            rng = np.random.default_rng(100 + seed)
+            gold = rng.integers(0, 2, 440)
+            factors = rng.normal(size=(440, 20))
+            factors[:, 0] += 2 * gold - 1
+            state = factors @ mixing + 0.3 * rng.normal(size=(440, 200))
+            logits = list(log_softmax(rng.normal(size=(440, 2)) * 0.1, axis=1))
+            probe = ProbeScaler(members=members).fit(logits[:40], gold[:40], state[:40])
+            p = probe.predict_proba(logits[40:], state[40:])
+            gap.append(p.max(axis=1).mean() - np.mean(p.argmax(axis=1) == gold[40:]))
+        gaps[members] = float(np.mean(gap))  # mean confidence − accuracy: > 0 is overconfident
+    assert gaps[1] > 0.04 and gaps[PROBE_MEMBERS] < 0.6 * gaps[1], gaps
 
 
 def test_hidden_states_round_trip_as_float32_text():

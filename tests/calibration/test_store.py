@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 
 from calibration.open import open_store
 from calibration.postgres_store import LISTENER_NAME, SCHEMA_VERSION, PostgresStore, migrate
-from calibration.probe import ProbeMap
+from calibration.probe import ProbeMap, ProbeMember
 from calibration.sqlite_store import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from calibration.sqlite_store import SQLiteStore
 from calibration.store import (
@@ -99,7 +99,10 @@ def test_a_probe_fit_and_decisions_hidden_states_survive_a_reopen(new_store):
     gold rows carry the state only when asked, and a decision without one (a vLLM read) has None."""
     store = new_store()
     rng = np.random.default_rng(0)
-    probe = ProbeMap.of(rng.normal(size=8), rng.uniform(0.5, 2, size=8), rng.normal(size=(3, 8)))
+    probe = ProbeMap.of([
+        ProbeMember(1.3, rng.normal(size=3), rng.normal(size=8), rng.uniform(0.5, 2, size=8), rng.normal(size=(3, 8)))
+        for _ in range(2)
+    ])  # fmt: skip
     fitted = store.add_calibration(
         KEY, temperature=1.3, n=40, source="examples", mode="probe", bias=[0.1, 0.0, -0.1], probe=probe
     )
@@ -119,7 +122,7 @@ def test_a_probe_fit_and_decisions_hidden_states_survive_a_reopen(new_store):
     with pytest.raises(ValueError, match="one row per option"):
         reopened.add_calibration(
             KEY, temperature=1.0, n=40, source="examples", mode="probe", bias=[0.0] * 3,
-            probe=ProbeMap.of(np.zeros(8), np.ones(8), np.zeros((2, 8))),
+            probe=ProbeMap.of([ProbeMember(1.0, np.zeros(2), np.zeros(8), np.ones(8), np.zeros((2, 8)))]),
         )  # fmt: skip
 
 
