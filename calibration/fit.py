@@ -33,18 +33,22 @@ Gold = bool | int | str
 MIN_GOLD = 10
 """Fewest decisions with a gold answer a calibration is fitted on."""
 NOUL_GOLD = {True: 0, "true": 0, "yes": 0, False: 1, "false": 1, "no": 1}
-DEFAULT_MODES: dict[str, tuple[str, int]] = {"choice": ("probe", 32)}
+DEFAULT_MODES: dict[str, tuple[str, int]] = {"noul": ("probe", 32), "choice": ("probe", 32)}
 """Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none,
 every decision it is fitted on comes with the answer slot's hidden state (the local engine), and it
 has at least that many gold answers; ``temperature`` otherwise and for the types not listed. Chosen
 per type on the dev split by rules committed before each run, confirmed on the test samples
 (docs/calibration.md): round 1 (evidence/few-shot/rule.md) made choice questions ``temperature_bias``
 from 32 and kept temperature for yes/no and score; round 2 (a mode chosen per fit by cross-validation)
-changed nothing; round 3 (evidence/few-shot/round-3/rule.md) made choice questions ``probe`` from 32,
-and kept temperature for yes/no (the probe's ECE 0.001 over the rule's bound) and score."""
-DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
+changed nothing; round 3 (evidence/few-shot/round-3/rule.md) made choice questions ``probe`` from 32;
+round 4 (evidence/few-shot/round-4/rule.md: the probe averaged over fits on resampled gold answers,
+ECE read over all splits pooled) made yes/no and choice questions ``probe`` from 32 and kept
+temperature for score."""
+DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {}
 """``DEFAULT_MODES`` where a decision comes without the hidden state (a vLLM engine; a decision
-recorded before the state was): round 3's rule without the probe, which is round 1's choice."""
+recorded before the state was): round 4's rule without the probe, which keeps temperature for every
+type (``temperature_bias``, round 1's choice default, has a pooled ECE 0.018 over temperature's on
+choice questions, beyond the rule's 0.01)."""
 PROBE_DEFAULT_MAX_OPTIONS = 6
 """The most options a key gets the probe by default: the most the rule's tasks had (emotion's six).
 Beyond that it is untested, and its weights grow with the options (576 numbers each per fit on

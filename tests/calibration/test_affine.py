@@ -60,39 +60,51 @@ def test_affine_needs_a_prior():
         AffineScaler(prior=0.0)
 
 
+def with_states(logits, gold, d: int = 16) -> list[tuple[list[float], int, tuple[float, ...]]]:
+    """Gold rows as a store gives them to a refit, each with a hidden state (a stand-in: which mode a
+    fit gets is at stake here, not what the state carries)."""
+    states = np.random.default_rng(0).normal(size=(len(gold), d))
+    return [(np.exp(z).tolist(), int(y), tuple(h)) for z, y, h in zip(logits, gold, states)]
+
+
 def test_a_refit_without_a_mode_takes_the_default_of_its_type_and_n(tmp_path):
     logits, gold = emotion_reads()
-    rows = [(np.exp(z).tolist(), int(y)) for z, y in zip(logits, gold)]
+    rows = with_states(logits, gold)
     store = open_store(tmp_path / "calibration.sqlite3")
     choice = CalibrationKey("smol", "rev", "choice", 6, None, read_version="decide-prompt/7+prior")
-    mode, fewest = DEFAULT_MODES_WITHOUT_FEATURES["choice"]  # rows without hidden states
+    mode, fewest = DEFAULT_MODES["choice"]  # rows with hidden states
     below = refit_from_store(store, choice, None, rows[: fewest - 1])
     at = refit_from_store(store, choice, None, rows[:fewest])
     assert (below.mode, at.mode) == ("temperature", mode)
     assert below.mode_chosen_by == at.mode_chosen_by == "default"  # no mode named: the defaults chose
     # Stored and read back from SQLite as the mode, bias and n it was fitted with.
     stored = store.lookup(choice)
-    assert (stored.mode, stored.n, len(stored.bias)) == (mode, fewest, 6)
-    # Keys no default covers: a type-level key (no options for a bias) and a yes/no key.
-    assert default_mode("choice", 200, None) == "temperature"
-    assert default_mode("noul", 200, 2) == "temperature"
-    # With every decision's hidden state the choice default is the probe's.
+    assert (stored.mode, stored.n, len(stored.bias), stored.probe.dimension) == (mode, fewest, 6, 16)
+    # Without the states (a vLLM engine) round 4's rule keeps temperature for every type.
+    without = refit_from_store(store, replace(choice, domain="vllm"), None, [row[:2] for row in rows])
+    assert DEFAULT_MODES_WITHOUT_FEATURES == {} and without.mode == "temperature"
+    # With every decision's hidden state: yes/no and choice questions get the probe, score keeps temperature.
+    assert default_mode("noul", 200, 2, features=True) == DEFAULT_MODES["noul"][0] == "probe"
     assert default_mode("choice", 200, 6, features=True) == DEFAULT_MODES["choice"][0] == "probe"
-    assert default_mode("choice", 200, 6) == "temperature_bias"
+    assert default_mode("score", 200, 5, features=True) == "temperature"
+    assert default_mode("noul", 200, 2) == default_mode("choice", 200, 6) == "temperature"
+    # A type-level key (no options for a per-option bias or W) keeps temperature.
+    assert default_mode("choice", 200, None, features=True) == "temperature"
     # Past the option counts the rule was chosen on, the probe is not a default (a caller may name it).
-    assert default_mode("choice", 200, PROBE_DEFAULT_MAX_OPTIONS + 1, features=True) == "temperature_bias"
+    assert default_mode("choice", 200, PROBE_DEFAULT_MAX_OPTIONS + 1, features=True) == "temperature"
 
 
 def test_feedback_refits_keep_a_mode_the_caller_named_and_move_a_default_one_on(new_store):
     logits, gold = emotion_reads()
-    rows = [(np.exp(z).tolist(), int(y)) for z, y in zip(logits, gold)]
-    mode, fewest = DEFAULT_MODES_WITHOUT_FEATURES["choice"]  # rows without hidden states
+    rows = with_states(logits, gold)
+    mode, fewest = DEFAULT_MODES["choice"]  # rows with hidden states
     key = CalibrationKey("smol", "rev", "choice", 6, None, read_version="decide-prompt/7+prior")
     named, defaulted = replace(key, domain="named"), replace(key, domain="defaulted")
     store = new_store()
     # Both temperature fits on 20 answers: one because its caller asked, one because 20 is below 32.
-    fit_and_store(store, named, rows[:20], source="examples", mode="temperature")
-    fit_and_store(store, defaulted, rows[:20], source="examples")
+    pairs, states = [row[:2] for row in rows[:20]], [row[2] for row in rows[:20]]
+    fit_and_store(store, named, pairs, source="examples", mode="temperature", features=states)
+    fit_and_store(store, defaulted, pairs, source="examples", features=states)
     store.close()
     store = new_store()  # who chose is read back from the store, not remembered by this process
     assert [(store.lookup(k).mode, store.lookup(k).mode_chosen_by) for k in (named, defaulted)] == [

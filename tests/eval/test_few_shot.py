@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from calibration.fit import DEFAULT_MODES, DEFAULT_MODES_WITHOUT_FEATURES
 from calibration.metrics import ece
+from calibration.probe import PROBE_MEMBERS
 from eval.decisions.features import read_features
 from eval.decisions.few_shot import (
     COUNTS,
@@ -205,10 +206,7 @@ def test_round_3_choice_and_pass_check_follow_from_its_committed_figures():
         "choice": ("probe", 32),
         "score": ("temperature", None),
     }
-    # The committed defaults are the round's pick, on engines with the hidden state, and round 1's without.
-    assert DEFAULT_MODES == {"choice": ("probe", 32)} and DEFAULT_MODES_WITHOUT_FEATURES == {
-        "choice": ("temperature_bias", 32)
-    }
+    # (Round 4 replaced these defaults: below.)
     assert not test["regresses"] and test["rows"]["all choice"]["mode"] == "probe"
     committed = json.loads((ROUND_3 / "done-when.json").read_text())
     verdicts = done_when(dev, test)
@@ -222,21 +220,66 @@ def test_round_3_choice_and_pass_check_follow_from_its_committed_figures():
     assert 0 < noul["probe"]["50"]["ece"] - (noul["temperature"]["50"]["ece"] + 0.01) < 0.002
 
 
+ROUND_4 = EVIDENCE / "round-4"
+
+
+def test_round_4_choice_defaults_and_pass_check_follow_from_its_committed_figures():
+    dev = json.loads((ROUND_4 / "dev-curve.json").read_text())
+    test = json.loads((ROUND_4 / "test-confirm.json").read_text())
+    assert (
+        dev["round"] == 4 and ROUNDS[4]["ece"] == "pooled_ece" and ROUNDS[4]["probe_members"] == PROBE_MEMBERS
+    )
+    picks = {"noul": ("probe", 32), "choice": ("probe", 32), "score": ("temperature", None)}
+    again = choose(dev["types"], ROUNDS[4]["candidates"], "pooled_ece")
+    assert {t: (c["mode"], c["from_n"]) for t, c in again.items()} == picks
+    assert {t: (c["mode"], c["from_n"]) for t, c in dev["chosen"].items()} == picks
+    # The committed defaults are the round's picks where the hidden state comes with every decision,
+    # and what the same rule picks without the probe elsewhere: temperature for every type.
+    assert DEFAULT_MODES == {t: pick for t, pick in picks.items() if pick[0] != "temperature"}
+    without = choose(dev["types"], [m for m in ROUNDS[4]["candidates"] if m != "probe"], "pooled_ece")
+    assert {c["mode"] for c in without.values()} == {"temperature"} and DEFAULT_MODES_WITHOUT_FEATURES == {}
+    # Read by the mean of the splits' ECEs, as rounds 1-3 did, the yes/no probe would not have been
+    # eligible: that figure sits at its sampling floor, higher for the probe's spread reads.
+    noul = dev["types"]["noul"]["modes"]
+    assert noul["probe"]["50"]["ece"] > noul["temperature"]["50"]["ece"] + 0.01
+    assert noul["probe"]["50"]["pooled_ece"] < noul["temperature"]["50"]["pooled_ece"]
+    assert not test["regresses"] and {r["mode"] for r in test["rows"].values()} == {"probe", "temperature"}
+    committed = json.loads((ROUND_4 / "done-when.json").read_text())
+    verdicts = done_when(dev, test)
+    for split_ in ("dev", "test"):
+        assert {k: (v["mode"], v["passes"], v["checks"]) for k, v in verdicts[split_].items()} == {
+            k: (v["mode"], v["passes"], v["checks"]) for k, v in committed[split_].items()
+        }
+    # What the round found: every type passes on dev; on test yes/no and score pass, and choice
+    # misses by its pooled ECE alone.
+    assert all(v["passes"] for v in verdicts["dev"].values())
+    assert [k for k in ("all noul", "all choice", "all score") if not verdicts["test"][k]["passes"]] == [
+        "all choice"
+    ]
+    assert [c for c, ok in verdicts["test"]["all choice"]["checks"].items() if not ok] == [
+        "ece_no_worse_than_temperature"
+    ]
+
+
 @pytest.mark.anyio
 @pytest.mark.slow  # 200 irony records read again on the embedded model for their hidden states
-async def test_round_3_probe_curve_regenerates_its_first_splits_from_fresh_reads(local_engine):
+async def test_round_3_and_4_probe_curves_regenerate_their_first_splits_from_fresh_reads(local_engine):
     """The probe's figures come from records read again: the reads equal the committed ones, and
-    the states they come with give the committed curve's first splits."""
+    the states they come with give both rounds' committed curves' first splits (round 3's single
+    fit, round 4's mean of fits on resamples)."""
     run = ROOT / DEV_RUNS["noul"]
     rows = task_rows(load_rows(run), "irony")
     features = await read_features(local_engine, rows, "dev", "decide-prompt/3")
     logits, gold = task_reads(load_rows(run), "irony")
-    again = mode_curve(logits, gold, "noul", splits=2, modes=("probe",), features=features, probe_members=1)
-    committed = json.loads((ROUND_3 / "dev-curve.json").read_text())["tasks"]["irony"]["modes"]["probe"]
     # The engine's chunking (it depends on who else was active) moves a state in its 6th decimal, and
     # the fit with it: one held-out record of 100 may cross a near tie (accuracy ± 0.01) or a bin edge
     # (ECE ± 0.02); states misread or misaligned would miss by far more.
     tolerance = {"accuracy": 0.0101, "macro_f1": 0.02, "ece": 0.0201}
-    for n, metrics in again["modes"]["probe"].items():
-        for metric, bound in tolerance.items():
-            assert metrics[metric] == pytest.approx(committed[n][metric][:2], abs=bound)
+    for folder, members in ((ROUND_3, 1), (ROUND_4, PROBE_MEMBERS)):
+        again = mode_curve(
+            logits, gold, "noul", splits=2, modes=("probe",), features=features, probe_members=members
+        )
+        committed = json.loads((folder / "dev-curve.json").read_text())["tasks"]["irony"]["modes"]["probe"]
+        for n, metrics in again["modes"]["probe"].items():
+            for metric, bound in tolerance.items():
+                assert metrics[metric] == pytest.approx(committed[n][metric][:2], abs=bound), (folder.name, n)

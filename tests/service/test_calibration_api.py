@@ -146,23 +146,25 @@ async def test_affine_and_default_fits_are_applied_and_reported(client_factory, 
     assert abs(fits["affine"]["bias"][0]) < abs(fits["temperature_bias"]["bias"][0])
 
 
+@pytest.mark.slow  # 64 decisions and 20 examples read on the embedded model
 async def test_a_feedback_refit_keeps_a_named_temperature_and_moves_a_default_one_on(
-    client_factory, quick_engine, tmp_path
+    client_factory, local_engine, tmp_path
 ):
     """The refit mode is decided by who chose the key's mode, read from the store: a caller's
     temperature stays temperature at the default's N, a default temperature becomes the default's mode
-    (a function engine returns no hidden state: the defaults without one)."""
-    mode, fewest = DEFAULT_MODES_WITHOUT_FEATURES["choice"]
+    (the local engine returns the hidden state, recorded with each decision: the probe)."""
+    mode, fewest = DEFAULT_MODES["choice"]
+    assert mode == "probe" and "choice" not in DEFAULT_MODES_WITHOUT_FEATURES
     records = spread(load_sample("sst2"), fewest)
     store = tmp_path / "c.sqlite3"
-    async with client_factory(quick_engine, store=open_store(store)) as client:
+    async with client_factory(local_engine, store=open_store(store)) as client:
         for domain, named in (("named", {"mode": "temperature"}), ("defaulted", {})):
             reply = await client.post(
                 "/v1/calibrations", json={"examples": examples(10), "domain": domain} | named
             )
             assert [c["mode"] for c in reply.json()["calibrations"]] == ["temperature"], reply.text
     # A restart between the fits and the feedback: who chose each mode comes back from the file.
-    async with client_factory(quick_engine, store=open_store(store), auto_refit_every=fewest) as client:
+    async with client_factory(local_engine, store=open_store(store), auto_refit_every=fewest) as client:
         refits = {}
         for domain in ("named", "defaulted"):
             body = {"states": [r.text for r in records], "questions": {"s": QUESTION}, "domain": domain}
