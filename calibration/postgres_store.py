@@ -39,6 +39,7 @@ from calibration.probe import ProbeMap, encode_floats, stored_features
 from calibration.store import (
     CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
+    GOLD_LIMIT,
     KEEP_FITS,
     LEGACY_READ_VERSION,
     RECORDED_LIMIT,
@@ -346,22 +347,34 @@ class PostgresStore(CalibrationStore):
             )
             return cursor.rowcount
 
-    def gold_rows(self, key: CalibrationKey, *, features: bool = False) -> list[tuple]:
+    def gold_rows(
+        self, key: CalibrationKey, *, features: bool = False, limit: int = GOLD_LIMIT
+    ) -> list[tuple]:
         where, params = key_filter(key, "%s")
         state = ", d.features" if features else ""
         query = f"""
             SELECT d.options, d.uncalibrated_probabilities, f.gold{state} FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
             WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
-            ORDER BY f.seq
+            ORDER BY f.seq DESC LIMIT %s
         """
         with self._connection() as db:
-            rows = db.execute(query, params).fetchall()
+            rows = db.execute(query, [*params, limit]).fetchall()
+        rows.reverse()
         if features:
             return [
                 (uncalibrated, options.index(gold), stored_features(state))
                 for options, uncalibrated, gold, state in rows
             ]
         return [(uncalibrated, options.index(gold)) for options, uncalibrated, gold in rows]
+
+    def feedback_count(self, key: CalibrationKey) -> int:
+        where, params = key_filter(key, "%s")
+        query = f"""
+            SELECT count(*) FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
+            WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
+        """
+        with self._connection() as db:
+            return db.execute(query, params).fetchone()[0]
 
     def recorded(
         self, key: CalibrationKey, limit: int = RECORDED_LIMIT

@@ -28,6 +28,7 @@ from calibration.probe import ProbeMap, encode_floats, stored_features
 from calibration.store import (
     CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
+    GOLD_LIMIT,
     KEEP_FITS,
     LEGACY_READ_VERSION,
     RECORDED_LIMIT,
@@ -326,20 +327,30 @@ class SQLiteStore(CalibrationStore):
             )
             return int(cursor.rowcount)
 
-    def gold_rows(self, key: CalibrationKey, *, features: bool = False) -> list[tuple]:
+    def gold_rows(
+        self, key: CalibrationKey, *, features: bool = False, limit: int = GOLD_LIMIT
+    ) -> list[tuple]:
         where, params = key_filter(key, "?")
         state = ", d.features" if features else ""
         query = f"""
             SELECT d.options, d.uncalibrated_probabilities, f.gold{state} FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
             WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
-            ORDER BY f.seq
+            ORDER BY f.seq DESC LIMIT ?
         """
-        rows = self._connection().execute(query, params).fetchall()
+        rows = self._connection().execute(query, [*params, limit]).fetchall()
         return [
             (json.loads(r["uncalibrated_probabilities"]), json.loads(r["options"]).index(r["gold"]))
             + ((stored_features(r["features"]),) if features else ())
-            for r in rows
+            for r in reversed(rows)
         ]
+
+    def feedback_count(self, key: CalibrationKey) -> int:
+        where, params = key_filter(key, "?")
+        query = f"""
+            SELECT count(*) FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
+            WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
+        """
+        return self._connection().execute(query, params).fetchone()[0]
 
     def recorded(
         self, key: CalibrationKey, limit: int = RECORDED_LIMIT

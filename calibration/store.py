@@ -68,6 +68,11 @@ LEGACY_READ_VERSION = "decide-prompt/1"
 CALIBRATION_MODES = ("temperature", "temperature_bias", "affine", "state_prior", "probe")
 RECORDED_LIMIT = 10_000
 """Most recorded decisions a refit without gold answers (``state_prior``) reads (the latest ones)."""
+GOLD_LIMIT = 2_000
+"""Most gold answers a refit reads (the latest ones): bounds the memory and CPU a refit takes from the
+other tenants sharing the service. A probe's ten fits on 1,000 six-option answers take ~1.5 s of one
+core and grow with n; a temperature needs far fewer. ``CalibrationStore.feedback_count`` still counts
+every one."""
 BIAS_MODES = ("temperature_bias", "affine", "state_prior", "probe")
 MODE_CHOSEN_BY = ("caller", "default")
 """Who picked a calibration's mode: the request that named it, or the defaults for a request that named none."""
@@ -351,11 +356,19 @@ class CalibrationStore(ABC):
         Decisions with feedback are kept: they are the gold answers refits are fitted on."""
 
     @abstractmethod
-    def gold_rows(self, key: CalibrationKey, *, features: bool = False) -> list[tuple]:
-        """(uncalibrated probabilities, gold index) for every decision of ``key`` (of its tenant) with
-        feedback (its latest wins), in feedback order; abstentions (no label came back) carry nothing to fit and
-        are left out. ``features``: (uncalibrated probabilities, gold index, the decision's hidden
-        state or None), for a probe refit (``FEATURE_MODES``)."""
+    def gold_rows(
+        self, key: CalibrationKey, *, features: bool = False, limit: int = GOLD_LIMIT
+    ) -> list[tuple]:
+        """(uncalibrated probabilities, gold index) for the latest ``limit`` decisions of ``key`` (of
+        its tenant) with feedback (a decision's latest feedback wins and dates it), in feedback order;
+        abstentions (no label came back) carry nothing to fit and are left out. ``features``:
+        (uncalibrated probabilities, gold index, the decision's hidden state or None), for a probe
+        refit (``FEATURE_MODES``)."""
+
+    @abstractmethod
+    def feedback_count(self, key: CalibrationKey) -> int:
+        """How many decisions of ``key`` (of its tenant) :func:`gold_rows` would return without a
+        limit: one count, not the rows (each feedback asks whether a refit is due)."""
 
     @abstractmethod
     def recorded(
@@ -371,9 +384,6 @@ class CalibrationStore(ABC):
 
     def close(self) -> None:  # noqa: B027 - a hook: only backends holding connections override it
         """Release connections (and Postgres's listener); the store is unusable afterwards."""
-
-    def feedback_count(self, key: CalibrationKey) -> int:
-        return len(self.gold_rows(key))
 
 
 CALIBRATION_KEY_COLUMNS = (

@@ -470,7 +470,7 @@ def signal_table(signal: Mapping[str, dict]) -> str:
 
 
 def ece_gaps(confidence: np.ndarray, correct: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
-    """Per (lo, hi] bin of top probability (``calibration.metrics.reliability_bins``'), the sum over
+    """Per (lo, hi] bin of top probability (as ``calibration.metrics.reliability_bins`` bins), the sum over
     its reads of right (1/0) − top probability: what pools of reads add up to a pooled ECE."""
     bins = np.clip(np.ceil(confidence * n_bins - 1e-9).astype(int) - 1, 0, n_bins - 1)
     return np.bincount(bins, weights=np.asarray(correct, dtype=float) - confidence, minlength=n_bins)
@@ -683,7 +683,7 @@ def run_few_shot(
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "dev-curve.json", dev)
     (out / "dev-curve.md").write_text(curve_table(dev))
-    plot_few_shot_curves(dev, out / "few-shot.png")
+    plot_few_shot_curves(dev, out / "few-shot.png", spec.get("ece", "ece"))
     result = {"dev": dev}
     if test_run is not None:
         test = confirm(

@@ -157,15 +157,11 @@ def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
     _save(figure, path)
 
 
-def plot_few_shot_curves(report: dict, path: Path) -> None:
-    """Accuracy and ECE against N per question type, one line per mode (the docs' figure); the ECE is
-    the pooled one where the curve has it (round 4's rule reads that), else the mean of the splits'."""
+def plot_few_shot_curves(report: dict, path: Path, ece: str = "ece") -> None:
+    """Accuracy and ECE against N per question type, one line per mode (the docs' figure); the ECE
+    figure is ``ece``, the one the round's rule reads (``pooled_ece`` from round 4, else ``ece``, the
+    mean of the splits')."""
     types = list(report["types"])
-    ece = (
-        "pooled_ece"
-        if "pooled_ece" in next(iter(report["types"].values()))["modes"]["temperature"]["50"]
-        else "ece"
-    )
     figure, axes = plt.subplots(2, len(types), figsize=(4.2 * len(types), 6.4), dpi=110, squeeze=False)
     counts = report["counts"]
     # One colour per mode across the panels: a type lacking a mode (score-only ones) must not shift the rest.

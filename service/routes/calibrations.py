@@ -159,12 +159,12 @@ async def feedback(request: Request) -> FeedbackResponse:
         read_version=decision.read_version,
         tenant=caller.tenant,
     )
-    gold_rows = await asyncio.to_thread(store.gold_rows, key)
+    gold_answers = await asyncio.to_thread(store.feedback_count, key)
     refit = None
     every = request.app.state.auto_refit_every
     limits = request.app.state.refit_limits
     # Every N gold answers, or at the next feedback after a refit the limit skipped.
-    due = every and len(gold_rows) >= MIN_GOLD and (len(gold_rows) % every == 0 or limits.owed(key))
+    due = every and gold_answers >= MIN_GOLD and (gold_answers % every == 0 or limits.owed(key))
     current = store.lookup(key)  # memory only
     # A key whose caller named its mode keeps it; one on the defaults (None) follows them at its new n.
     mode = refit_mode(current if current is not None and current.key == key else None)
@@ -176,7 +176,7 @@ async def feedback(request: Request) -> FeedbackResponse:
             refitted = await asyncio.to_thread(refit_from_store, store, key, mode)
             refit = stored(caller, refitted, "auto_refit")
     return FeedbackResponse(
-        decision_id=decision.id, recorded=recorded, gold_answers=len(gold_rows), refit=refit
+        decision_id=decision.id, recorded=recorded, gold_answers=gold_answers, refit=refit
     )
 
 

@@ -282,6 +282,21 @@ def test_latest_feedback_for_a_decision_wins(new_store):
     )
 
 
+def test_a_refit_reads_the_latest_gold_answers_and_the_count_is_of_all(new_store):
+    """gold_rows returns the latest ``limit`` decisions with feedback (a correction re-dates one),
+    oldest first; feedback_count counts every one without reading them."""
+    store = new_store()
+    read = [[0.125 * i, 0.5, 0.5 - 0.125 * i] for i in range(5)]  # exact in binary: compared as stored
+    store.add_decisions([replace(decision(f"d{i}"), uncalibrated_probabilities=read[i]) for i in range(5)])
+    for i in range(5):
+        store.add_feedback(f"d{i}", "a")
+    store.add_feedback("d1", "c")  # d1 is now the latest, and its gold is c
+    assert store.feedback_count(KEY) == 5
+    assert store.gold_rows(KEY, limit=3) == [(read[3], 0), (read[4], 0), (read[1], 2)]
+    assert store.gold_rows(KEY) == [(read[0], 0), (read[2], 0), (read[3], 0), (read[4], 0), (read[1], 2)]
+    assert store.gold_rows(KEY, features=True, limit=1) == [(read[1], 2, None)]
+
+
 def test_pruning_deletes_old_decisions_without_feedback_only(new_store):
     store = new_store()
     store.add_decisions([decision("kept-with-gold"), decision("pruned")])
