@@ -150,11 +150,6 @@ class ProbeMap:
         return np.mean([np.exp(log_softmax(m.logits(z, h), axis=-1)) for m in self.members], axis=0)
 
 
-def apply_probe(logits, features, probe: ProbeMap) -> np.ndarray:
-    """The stored probe's probabilities for label logits and the read's hidden state(s)."""
-    return probe.apply(logits, features)
-
-
 class ProbeScaler:
     """Fit a probe on (n, k) label logits, (n,) gold indices and (n, d) hidden states: ``members``
     fits, each on a bootstrap resample drawn with ``seed`` (``members=1``: one fit on all of them).
@@ -237,4 +232,4 @@ class ProbeScaler:
         return ProbeMember(math.exp(result.x[0]), b, mean, scale, w)
 
     def predict_proba(self, logits, features) -> np.ndarray:
-        return apply_probe(logits, features, self.probe_)
+        return self.probe_.apply(logits, features)

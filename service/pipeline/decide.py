@@ -6,7 +6,6 @@ import asyncio
 import uuid
 
 from calibration.bias import apply_prior, apply_temperature_bias
-from calibration.probe import apply_probe
 from calibration.store import (
     BIAS_MODES,
     DEFAULT_TENANT,
@@ -232,7 +231,7 @@ def calibrated_probabilities(raw, calibration: Calibration | None, prior: Option
     stored fit (its mode, where one applies; a probe reads the answer slot's hidden state, ``features``)."""
     read = corrected_read(raw, prior)
     if calibration is not None and calibration.probe is not None:
-        return apply_probe(as_logits(read), features, calibration.probe)
+        return calibration.probe.apply(as_logits(read), features)
     if calibration is not None and calibration.mode in BIAS_MODES:
         return apply_temperature_bias(as_logits(read), calibration.temperature, calibration.bias)
     if calibration is not None:

@@ -13,7 +13,6 @@ from calibration.probe import (
     ProbeMap,
     ProbeMember,
     ProbeScaler,
-    apply_probe,
     decode_floats,
     encode_floats,
     stored_features,
@@ -73,7 +72,7 @@ def test_the_stored_map_is_the_fitted_one_and_refuses_another_size():
     stored = ProbeMap(probe.probe_.encoded)
     assert stored == probe.probe_ and (stored.dimension, stored.options) == (16, 3)
     assert len(stored.members) == PROBE_MEMBERS
-    expected = apply_probe(logits, state, stored)
+    expected = stored.apply(logits, state)
     assert probe.predict_proba(logits, state) == pytest.approx(expected)
     assert probe.bias_.sum() == pytest.approx(0, abs=1e-9)
     assert all(m.bias.sum() == pytest.approx(0, abs=1e-9) for m in stored.members)

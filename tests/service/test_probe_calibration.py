@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from calibration.open import open_store
-from calibration.probe import PROBE_MEMBERS, apply_probe
+from calibration.probe import PROBE_MEMBERS
 from calibration.temperature import as_logits
 from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.reader import Reader
@@ -63,7 +63,7 @@ async def test_a_probe_is_fitted_applied_to_the_answer_slot_state_and_refitted_f
     # The answer is the stored map applied to this read's own hidden state.
     reading = await Reader(local_engine).read(NoulQuestion.model_validate(QUESTION).to_spec(), STATE)
     raw = [answer["x_reading"]["raw_probabilities"][o] for o in ("true", "false")]
-    expected = apply_probe(as_logits(raw), reading.features, stored.probe)
+    expected = stored.probe.apply(as_logits(raw), reading.features)
     assert answer["noul"] == pytest.approx(float(expected[0]), abs=1e-5)
     # The caller named the mode: the refit from feedback keeps it, fitted on the recorded states.
     assert (
