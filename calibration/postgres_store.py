@@ -350,13 +350,9 @@ class PostgresStore(CalibrationStore):
     def gold_rows(
         self, key: CalibrationKey, *, features: bool = False, limit: int = GOLD_LIMIT
     ) -> list[tuple]:
-        where, params = key_filter(key, "%s")
         state = ", d.features" if features else ""
-        query = f"""
-            SELECT d.options, d.uncalibrated_probabilities, f.gold{state} FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
-            WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
-            ORDER BY f.seq DESC LIMIT %s
-        """
+        gold, params = _gold_of(key)
+        query = f"SELECT d.options, d.uncalibrated_probabilities, f.gold{state} {gold} ORDER BY f.seq DESC LIMIT %s"
         with self._connection() as db:
             rows = db.execute(query, [*params, limit]).fetchall()
         rows.reverse()
@@ -368,13 +364,9 @@ class PostgresStore(CalibrationStore):
         return [(uncalibrated, options.index(gold)) for options, uncalibrated, gold in rows]
 
     def feedback_count(self, key: CalibrationKey) -> int:
-        where, params = key_filter(key, "%s")
-        query = f"""
-            SELECT count(*) FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
-            WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
-        """
+        gold, params = _gold_of(key)
         with self._connection() as db:
-            return db.execute(query, params).fetchone()[0]
+            return db.execute(f"SELECT count(*) {gold}", params).fetchone()[0]
 
     def recorded(
         self, key: CalibrationKey, limit: int = RECORDED_LIMIT
@@ -391,3 +383,15 @@ def _calibration(row: dict) -> Calibration:
     bias = None if row["bias"] is None else tuple(row["bias"])
     probe = None if row["probe"] is None else ProbeMap(row["probe"])
     return Calibration(**{**row, "fitted_at": fitted_at, "bias": bias, "probe": probe})
+
+
+def _gold_of(key: CalibrationKey) -> tuple[str, list]:
+    """FROM and WHERE of ``key``'s decisions with feedback, each once with its latest feedback
+    (abstentions left out): what ``gold_rows`` reads and ``feedback_count`` counts."""
+    where, params = key_filter(key, "%s")
+    return (
+        "FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant"
+        f" WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback"
+        " WHERE decision_id = f.decision_id AND tenant = f.tenant)",
+        params,
+    )

@@ -330,13 +330,9 @@ class SQLiteStore(CalibrationStore):
     def gold_rows(
         self, key: CalibrationKey, *, features: bool = False, limit: int = GOLD_LIMIT
     ) -> list[tuple]:
-        where, params = key_filter(key, "?")
         state = ", d.features" if features else ""
-        query = f"""
-            SELECT d.options, d.uncalibrated_probabilities, f.gold{state} FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
-            WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
-            ORDER BY f.seq DESC LIMIT ?
-        """
+        gold, params = _gold_of(key)
+        query = f"SELECT d.options, d.uncalibrated_probabilities, f.gold{state} {gold} ORDER BY f.seq DESC LIMIT ?"
         rows = self._connection().execute(query, [*params, limit]).fetchall()
         return [
             (json.loads(r["uncalibrated_probabilities"]), json.loads(r["options"]).index(r["gold"]))
@@ -345,12 +341,8 @@ class SQLiteStore(CalibrationStore):
         ]
 
     def feedback_count(self, key: CalibrationKey) -> int:
-        where, params = key_filter(key, "?")
-        query = f"""
-            SELECT count(*) FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant
-            WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback WHERE decision_id = f.decision_id AND tenant = f.tenant)
-        """
-        return self._connection().execute(query, params).fetchone()[0]
+        gold, params = _gold_of(key)
+        return self._connection().execute(f"SELECT count(*) {gold}", params).fetchone()[0]
 
     def recorded(
         self, key: CalibrationKey, limit: int = RECORDED_LIMIT
@@ -409,3 +401,15 @@ class _Transaction:
 
     def __exit__(self, error_type, error, traceback) -> None:
         self.db.execute("ROLLBACK" if error_type else "COMMIT")
+
+
+def _gold_of(key: CalibrationKey) -> tuple[str, list]:
+    """FROM and WHERE of ``key``'s decisions with feedback, each once with its latest feedback
+    (abstentions left out): what ``gold_rows`` reads and ``feedback_count`` counts."""
+    where, params = key_filter(key, "?")
+    return (
+        "FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant"
+        f" WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback"
+        " WHERE decision_id = f.decision_id AND tenant = f.tenant)",
+        params,
+    )
