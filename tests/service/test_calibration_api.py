@@ -10,6 +10,7 @@ from calibration.fit import DEFAULT_MODES, DEFAULT_MODES_WITHOUT_FEATURES
 from calibration.open import open_store
 from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.prompt import CURRENT_LAYOUT
+from service.admission import AdmissionLimits
 from service.app import create_app
 from service.pipeline.prior import read_version
 from service.refit_limits import RefitLimits
@@ -17,6 +18,11 @@ from service.refit_limits import RefitLimits
 pytestmark = pytest.mark.anyio
 
 QUESTION = TASKS["sst2"].question()
+# A request that reads 32 to 60 examples on the embedded model takes 20–40 s alone and has passed the
+# default 60 s deadline on a busy two-core runner: these tests are about fits, not deadlines
+# (test_bounds.py has those), so they allow more, still under the client's 120 s timeout so that a
+# stuck request fails on the service's own 504.
+UNHURRIED = AdmissionLimits(deadline_s=110)
 
 
 def examples(n: int) -> list[dict]:
@@ -43,10 +49,10 @@ async def decide(client, state: str, domain: str | None = None) -> dict:
     return reply.json()["answers"]["s"]
 
 
-@pytest.mark.slow  # 60 examples with gold answers read, twice
+@pytest.mark.slow  # 60 and 32 examples with gold answers read
 async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engine, tmp_path):
     path = tmp_path / "calibration.sqlite3"
-    async with client_factory(local_engine, store=open_store(path)) as client:
+    async with client_factory(local_engine, store=open_store(path), admission=UNHURRIED) as client:
         fitted = await client.post("/v1/calibrations", json={"examples": examples(60), "seed": 1})
         assert fitted.status_code == 200, fitted.text
         (calibration,) = fitted.json()["calibrations"]
@@ -59,10 +65,10 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
             0.05 <= calibration["temperature"] <= 20 and calibration["nll_after"] <= calibration["nll_before"]
         )
         assert calibration["heldout_n"] == 30 and calibration["heldout_ece_before"] is not None
-        # The same examples with the mode named, under a domain so both fits stay in force.
+        # Some of the same examples with the mode named, under a domain so both fits stay in force.
         named = await client.post(
             "/v1/calibrations",
-            json={"examples": examples(60), "seed": 1, "mode": "temperature", "domain": "reviews"},
+            json={"examples": examples(32), "seed": 1, "mode": "temperature", "domain": "reviews"},
         )
         assert named.status_code == 200, named.text
         (temperature,) = named.json()["calibrations"]
@@ -84,14 +90,14 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
         "caller",
         None,
     )
-    assert temperature["n"] == 60 and temperature["domain"] == "reviews"
+    assert temperature["n"] == 32 and temperature["domain"] == "reviews"
     used = answer["x_reading"]["calibration"]
     assert used == {
         "mode": mode, "id": calibration["id"], "temperature": calibration["temperature"], "n": 60,
         "bias": dict(zip(QUESTION["criteria"], calibration["bias"])), "read_version": read_version(CURRENT_LAYOUT.read_version_for("choice", 2), True),
     }  # fmt: skip
     assert in_domain["x_reading"]["calibration"] == {
-        "mode": "temperature", "id": temperature["id"], "temperature": temperature["temperature"], "n": 60,
+        "mode": "temperature", "id": temperature["id"], "temperature": temperature["temperature"], "n": 32,
         "bias": None, "read_version": read_version(CURRENT_LAYOUT.read_version_for("choice", 2), True),
     }  # fmt: skip
     # A choice question: fitted on, and applied after, the default prior correction.
@@ -116,7 +122,9 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
 @pytest.mark.slow  # 32 examples with gold answers read, three times
 async def test_affine_and_default_fits_are_applied_and_reported(client_factory, local_engine, tmp_path):
     mode, fewest = DEFAULT_MODES["choice"]
-    async with client_factory(local_engine, store=open_store(tmp_path / "c.sqlite3")) as client:
+    async with client_factory(
+        local_engine, store=open_store(tmp_path / "c.sqlite3"), admission=UNHURRIED
+    ) as client:
         fits = {}
         named_modes = (("affine", {"mode": "affine"}), ("temperature_bias", {"mode": "temperature_bias"}))
         for domain, named in (*named_modes, ("defaulted", {})):
@@ -164,7 +172,9 @@ async def test_a_feedback_refit_keeps_a_named_temperature_and_moves_a_default_on
             )
             assert [c["mode"] for c in reply.json()["calibrations"]] == ["temperature"], reply.text
     # A restart between the fits and the feedback: who chose each mode comes back from the file.
-    async with client_factory(local_engine, store=open_store(store), auto_refit_every=fewest) as client:
+    async with client_factory(
+        local_engine, store=open_store(store), auto_refit_every=fewest, admission=UNHURRIED
+    ) as client:
         refits = {}
         for domain in ("named", "defaulted"):
             body = {"states": [r.text for r in records], "questions": {"s": QUESTION}, "domain": domain}
