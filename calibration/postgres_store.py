@@ -36,7 +36,9 @@ with needs_extra("postgres", "a postgresql:// calibration store"):
     from psycopg_pool import ConnectionPool
 
 from calibration.probe import ProbeMap, encode_floats, stored_features
+from calibration.probe_cache import ProbeCache
 from calibration.store import (
+    CALIBRATION_COLUMNS,
     CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
     GOLD_LIMIT,
@@ -149,8 +151,6 @@ MIGRATIONS: list[tuple[int, str, tuple[str, ...]]] = [
 ]  # fmt: skip
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
-COLUMNS = tuple(Calibration.__dataclass_fields__)
-
 
 def redacted(url: str) -> str:
     """``url`` without its password, for messages and logs."""
@@ -195,8 +195,9 @@ class PostgresStore(CalibrationStore):
         poll_s: float = 1.0,
         connect_timeout_s: float = 10.0,
         keep_fits: int = KEEP_FITS,
+        probe_cache: ProbeCache | None = None,
     ) -> None:
-        super().__init__(keep_fits=keep_fits)
+        super().__init__(keep_fits=keep_fits, probe_cache=probe_cache)
         self.url = url
         self.poll_s = poll_s
         try:
@@ -272,7 +273,7 @@ class PostgresStore(CalibrationStore):
             rows = (
                 conn.cursor(row_factory=dict_row)
                 .execute(
-                    f"SELECT seq, {', '.join(COLUMNS)} FROM calibrations WHERE seq > %s ORDER BY seq",
+                    f"SELECT seq, {', '.join(CALIBRATION_COLUMNS)} FROM calibrations WHERE seq > %s ORDER BY seq",
                     (self._seen,),
                 )
                 .fetchall()
@@ -318,6 +319,11 @@ class PostgresStore(CalibrationStore):
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 rows,
             )
+
+    def _probe_text(self, calibration_id: str) -> str | None:
+        with self._connection() as db:
+            row = db.execute("SELECT probe FROM calibrations WHERE id = %s", (calibration_id,)).fetchone()
+        return None if row is None else row[0]
 
     def decision(self, decision_id: str, tenant: str = DEFAULT_TENANT) -> DecisionRecord | None:
         with self._connection() as db:

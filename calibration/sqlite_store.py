@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from calibration.probe import ProbeMap, encode_floats, stored_features
+from calibration.probe_cache import ProbeCache
 from calibration.store import (
     CALIBRATION_KEY_COLUMNS,
     DEFAULT_TENANT,
@@ -159,8 +160,15 @@ class SQLiteStore(CalibrationStore):
     """Thread-safe: one connection per thread, all in WAL mode on the same file; one more thread
     (``opendecide-store-poller``) refreshes the cache every ``poll_s``."""
 
-    def __init__(self, path: Path | str, *, poll_s: float = POLL_S, keep_fits: int = KEEP_FITS) -> None:
-        super().__init__(keep_fits=keep_fits)
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        poll_s: float = POLL_S,
+        keep_fits: int = KEEP_FITS,
+        probe_cache: ProbeCache | None = None,
+    ) -> None:
+        super().__init__(keep_fits=keep_fits, probe_cache=probe_cache)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.poll_s = poll_s
@@ -262,6 +270,14 @@ class SQLiteStore(CalibrationStore):
                 (self.keep_fits,),
             )
             return int(cursor.rowcount)
+
+    def _probe_text(self, calibration_id: str) -> str | None:
+        row = (
+            self._connection()
+            .execute("SELECT probe FROM calibrations WHERE id = ?", (calibration_id,))
+            .fetchone()
+        )
+        return None if row is None else row["probe"]
 
     def refresh(self) -> int:
         # One at a time, so the last rowid seen only moves forward.

@@ -34,8 +34,11 @@ This module is the contract the backends implement; it knows none of them.
   survives a crash of the writer (and of SQLite's host or the Postgres server).
 - Lookups read a cache, kept in each process's memory, of the latest calibration per key: ``lookup``
   and ``calibrations`` are pure memory and never touch the database, so the service calls them on its
-  event loop and a decision's lookup costs the same at 25 stored fits as at 50,000. A write by this
-  process updates the cache at once. Fits stored by other processes reach it without a restart, by
+  event loop and a decision's lookup costs the same at 25 stored fits as at 50,000. The cache holds a
+  probe's shape, not its weights (tens of kilobytes to megabytes a key): those are loaded on first use
+  (``load_probe``, one query) into a ``ProbeCache`` bounded per tenant and in all, and ``cached_probe``
+  reads them from memory after that. A write by this process updates the cache at once. Fits stored
+  by other processes reach it without a restart, by
   ``refresh``: one incremental query that reads only the rows stored after the last one seen, never
   the whole table, run by each backend's own background thread (so no caller, and no decision, waits
   on it; each backend says how often and how it knows the order is complete).
@@ -57,9 +60,10 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
-from calibration.probe import ProbeMap
+from calibration.probe import FoldedProbe, ProbeMap
+from calibration.probe_cache import ProbeCache
 
 DEFAULT_TENANT = "default"
 """The tenant of rows stored before tenants, and of every caller of a service without tenants."""
@@ -153,7 +157,16 @@ class Calibration:
     )
     tenant: str | None = DEFAULT_TENANT  # None: shared, published by an admin key
     mode_chosen_by: str = "caller"  # MODE_CHOSEN_BY; "default": a refit re-applies the defaults at its n
-    probe: ProbeMap | None = None  # FEATURE_MODES: the linear term on the hidden state
+    probe: ProbeMap | None = None  # FEATURE_MODES: the linear term on the hidden state (None in the cache)
+    # A probe's shape, which a listing reports: set from ``probe`` and kept when the cache drops it;
+    # derived, not a column.
+    probe_dimension: int | None = field(default=None, metadata={"column": False})
+    probe_members: int | None = field(default=None, metadata={"column": False})
+
+    def __post_init__(self) -> None:
+        if self.probe is not None:  # frozen: set once, from the probe it was made with
+            object.__setattr__(self, "probe_dimension", self.probe.dimension)
+            object.__setattr__(self, "probe_members", len(self.probe.members))
 
     @property
     def shared(self) -> bool:
@@ -172,11 +185,17 @@ class Calibration:
         )
 
     def as_json(self) -> dict:
-        """Every field as a store row holds it (the probe as its text)."""
-        row = asdict(self)
+        """Every field as a store row holds it (the probe as its text; its shape is not a column)."""
+        row = {name: getattr(self, name) for name in CALIBRATION_COLUMNS}
         row["bias"] = None if self.bias is None else list(self.bias)
         row["probe"] = None if self.probe is None else self.probe.encoded
         return row
+
+
+CALIBRATION_COLUMNS = tuple(
+    name for name, spec in Calibration.__dataclass_fields__.items() if spec.metadata.get("column", True)
+)
+"""A calibration's fields as the stores' columns."""
 
 
 @dataclass(frozen=True)
@@ -218,10 +237,11 @@ class CalibrationStore(ABC):
     database round trip (one transaction for writes), for a worker thread.
     """
 
-    def __init__(self, *, keep_fits: int = KEEP_FITS) -> None:
+    def __init__(self, *, keep_fits: int = KEEP_FITS, probe_cache: ProbeCache | None = None) -> None:
         if keep_fits < 1:
             raise ValueError("keep_fits must be at least 1: a key's latest fit is never deleted")
         self.keep_fits = keep_fits
+        self.probe_cache = ProbeCache() if probe_cache is None else probe_cache
         # key → (order, calibration); order is the backend's insertion counter, so "latest" does not
         # depend on the clocks of the replicas that wrote the fits.
         self._latest: dict[CalibrationKey, tuple[int, Calibration]] = {}
@@ -233,6 +253,8 @@ class CalibrationStore(ABC):
         """Merge stored calibrations into the cache, keeping each key's latest. A merge, never a
         replacement: retention deletes only superseded fits (never one the cache holds), and a
         refresh that read before this process's own newest write committed must not hide that write."""
+        # Without the probe's weights: the probe cache holds those for the keys in use.
+        rows = [(order, replace(calibration, probe=None)) for order, calibration in rows]
         with self._cache_lock:
             for order, calibration in rows:
                 known = self._latest.get(calibration.key)
@@ -266,6 +288,21 @@ class CalibrationStore(ABC):
                     return found[1]
         return None
 
+    def cached_probe(self, calibration: Calibration) -> FoldedProbe | None:
+        """The probe of a ``probe`` calibration if this process holds it decoded. Memory only."""
+        return self.probe_cache.get(calibration.tenant, calibration.id)
+
+    def load_probe(self, calibration: Calibration) -> FoldedProbe | None:
+        """The probe of a ``probe`` calibration, read from the store and kept in the probe cache (one
+        query: a worker thread's call). None if the fit is no longer stored (another replica stored
+        newer fits of its key and pruned it before this process's cache saw them)."""
+        text = self._probe_text(calibration.id)
+        if text is None:
+            return None
+        probe = ProbeMap(text).folded
+        self.probe_cache.put(calibration.tenant, calibration.id, probe)
+        return probe
+
     def add_calibration(
         self,
         key: CalibrationKey,
@@ -279,7 +316,8 @@ class CalibrationStore(ABC):
         probe: ProbeMap | None = None,
         **metrics: float | int | None,
     ) -> Calibration:
-        """Store a fit of ``key`` (one durable transaction) and return it; it is the key's latest."""
+        """Store a fit of ``key`` (one durable transaction) and return it as ``lookup`` will (a probe's
+        shape, its weights in ``cached_probe``); it is the key's latest."""
         if mode not in CALIBRATION_MODES:
             raise ValueError(f"mode is one of {', '.join(CALIBRATION_MODES)}, not {mode!r}")
         if mode_chosen_by not in MODE_CHOSEN_BY:
@@ -321,7 +359,9 @@ class CalibrationStore(ABC):
             probe=probe,
         )
         self._remember([(self._insert_calibration(calibration), calibration)])
-        return calibration
+        if probe is not None:  # the key's answers apply it next
+            self.probe_cache.put(calibration.tenant, calibration.id, probe.folded)
+        return replace(calibration, probe=None)
 
     # -- the backend's part ---------------------------------------------------------------------
 
@@ -329,6 +369,10 @@ class CalibrationStore(ABC):
     def _insert_calibration(self, calibration: Calibration) -> int:
         """Write one fit in one durable transaction, deleting in it the key's fits beyond its latest
         ``keep_fits``; return its insertion order (later fits of a key win)."""
+
+    @abstractmethod
+    def _probe_text(self, calibration_id: str) -> str | None:
+        """The stored probe text of one fit (one query), None if it is not stored."""
 
     @abstractmethod
     def prune_calibrations(self) -> int:

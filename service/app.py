@@ -199,6 +199,8 @@ def create_app(
     app.state.admission = Admission(admission)
     app.state.parse_slots = ParseSlots()
     app.state.metrics = metrics
+    if store is not None:
+        metrics.watch_probe_cache(store.probe_cache)
     app.state.store = store
     app.state.keyring = keyring
     app.state.auto_refit_every = auto_refit_every

@@ -78,6 +78,12 @@ def serve(
     auto_refit_every: Annotated[
         int | None, typer.Option(help="refit a calibration from feedback every N labels")
     ] = None,
+    probe_cache_mib: Annotated[
+        float,
+        typer.Option(
+            help="MiB of decoded probe calibrations kept in memory, all tenants; one tenant at most a quarter (0: none)"
+        ),
+    ] = DEFAULT.probe_cache_mib,
     max_in_flight: Annotated[
         int, typer.Option(help="vllm engine: requests in flight at once (like --max-num-seqs)")
     ] = DEFAULT.max_in_flight,
@@ -181,7 +187,7 @@ def serve(
     try:
         options = ServeOptions(
             host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model=model, model_dir=model_dir,
-            chat_template=chat_template, tokenizer=tokenizer, dtype=dtype, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store,
+            chat_template=chat_template, tokenizer=tokenizer, dtype=dtype, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store, probe_cache_mib=probe_cache_mib,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost,

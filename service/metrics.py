@@ -20,7 +20,9 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from calibration.probe_cache import ProbeCache
 from readers.engines.routed import RoutedEngine
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0)
@@ -186,6 +188,10 @@ class ServiceMetrics:
         elif reading.abstained:  # an informative read, so the question's minimum confidence abstained it
             self.abstentions.labels("low_confidence").inc()
 
+    def watch_probe_cache(self, cache: ProbeCache) -> None:
+        """Expose the store's probe cache (calibration/probe_cache.py), read at each scrape."""
+        self.registry.register(_ProbeCacheCollector(cache))
+
     def observe_error(self, error_type: str) -> None:
         kind = ENGINE_ERROR_KINDS.get(error_type)
         if kind:
@@ -197,3 +203,30 @@ class ServiceMetrics:
             multiprocess.MultiProcessCollector(registry)
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _ProbeCacheCollector:
+    """The probe cache's totals as metrics: what it holds now, how many probes were decoded into it
+    and how many it gave back to stay within its bounds."""
+
+    def __init__(self, cache: ProbeCache) -> None:
+        self.cache = cache
+
+    def collect(self):
+        stats = self.cache.stats()
+        yield GaugeMetricFamily(
+            "decide_probe_cache_bytes", "Bytes of decoded probe weights held", value=stats.bytes
+        )
+        yield GaugeMetricFamily(
+            "decide_probe_cache_probes", "Probe calibrations held decoded", value=stats.probes
+        )
+        yield CounterMetricFamily(
+            "decide_probe_cache_loads",
+            "Probes decoded into the cache (first use or a new fit)",
+            value=stats.loads,
+        )
+        yield CounterMetricFamily(
+            "decide_probe_cache_evictions",
+            "Probes evicted to keep a tenant's or the total bound",
+            value=stats.evictions,
+        )

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calibration.probe_cache import DEFAULT_PROBE_CACHE_MIB
 from readers.engines.base import DEFAULT_MAX_IN_FLIGHT, DEFAULT_TIMEOUT_S, LocalBatching
 from service.admission import AdmissionLimits
 from service.connections import ConnectionLimits
@@ -49,6 +50,9 @@ class ServeOptions:
     engine_timeout_s: float = DEFAULT_TIMEOUT_S
     store: str | None = None
     """A SQLite file or a postgresql:// URL; default ``~/.cache/opendecide/calibration.sqlite3``."""
+    probe_cache_mib: float = DEFAULT_PROBE_CACHE_MIB
+    """Decoded probe weights kept in memory, all tenants together; a tenant at most a quarter
+    (``calibration.probe_cache``)."""
     auto_refit_every: int | None = None
     images: ServedImages = ServedImages()
     api_key_file: Path | None = None
@@ -230,6 +234,7 @@ def _serve(options: ServeOptions) -> None:
     import uvicorn
 
     from calibration.open import open_store
+    from calibration.probe_cache import ProbeCache
     from calibration.store import SchemaTooNew
     from readers.embedded import default_cache_dir
     from readers.engines import open_engine
@@ -239,6 +244,8 @@ def _serve(options: ServeOptions) -> None:
     from service.keys import KEYS_ENV, check_bind, hold_sighup, redact_access_log
 
     check_engine(options)
+    if options.probe_cache_mib < 0:
+        raise ServeRefused("the probe cache cannot be negative (0: keep none)", option="--probe-cache-mib")
     if options.max_body_bytes <= 0:
         raise ServeRefused("the body limit must be positive", option="--max-body-bytes")
     if options.metrics_port is not None and options.metrics_port == options.port:
@@ -268,7 +275,10 @@ def _serve(options: ServeOptions) -> None:
     local = open_local_engine(options, folder, chat_template) if options.engine == "local" else None
 
     try:
-        store = open_store(options.store or default_cache_dir() / "calibration.sqlite3")
+        store = open_store(
+            options.store or default_cache_dir() / "calibration.sqlite3",
+            probe_cache=ProbeCache(total_bytes=int(options.probe_cache_mib * 2**20)),
+        )
     except (ConnectionError, SchemaTooNew) as error:
         raise ServeRefused(str(error), option="--store") from None
 

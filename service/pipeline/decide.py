@@ -6,9 +6,11 @@ import asyncio
 import uuid
 
 from calibration.bias import apply_prior, apply_temperature_bias
+from calibration.probe import FoldedProbe
 from calibration.store import (
     BIAS_MODES,
     DEFAULT_TENANT,
+    FEATURE_MODES,
     Calibration,
     CalibrationKey,
     CalibrationStore,
@@ -143,7 +145,8 @@ async def _decide(
             engine.info, reading, request.domain, corrected=prior is not None, tenant=tenant
         )
         calibration = store.lookup(key) if store is not None else None
-        answer = build_answer(request.questions[name], reading, calibration, prior)
+        probe = await probe_of(store, calibration, reading)
+        answer = build_answer(request.questions[name], reading, calibration, prior, probe)
         if digests:
             answer.reading.images = digests
         answers[name] = answer
@@ -226,12 +229,37 @@ def corrected_read(raw, prior: OptionPrior | None):
     return apply_prior(raw, prior.prior) if prior is not None else raw
 
 
-def calibrated_probabilities(raw, calibration: Calibration | None, prior: OptionPrior | None, features=None):
+async def probe_of(
+    store: CalibrationStore | None, calibration: Calibration | None, reading: Reading
+) -> FoldedProbe | None:
+    """A ``probe`` calibration's weights where ``reading`` can take them (it came with the hidden
+    state): from the store's probe cache, or read from the store in a worker thread on first use (the
+    lookup cache holds no weights: calibration/probe_cache.py)."""
+    if (
+        store is None
+        or calibration is None
+        or calibration.mode not in FEATURE_MODES
+        or reading.features is None
+    ):
+        return None
+    probe = store.cached_probe(calibration)
+    return probe if probe is not None else await asyncio.to_thread(store.load_probe, calibration)
+
+
+def calibrated_probabilities(
+    raw,
+    calibration: Calibration | None,
+    prior: OptionPrior | None,
+    features=None,
+    probe: FoldedProbe | None = None,
+):
     """Raw label probabilities with the prior divided out (where one applies), then through the
-    stored fit (its mode, where one applies; a probe reads the answer slot's hidden state, ``features``)."""
+    stored fit (its mode, where one applies; a probe, ``probe``, reads the answer slot's hidden state,
+    ``features``)."""
     read = corrected_read(raw, prior)
-    if calibration is not None and calibration.probe is not None:
-        return calibration.probe.apply(as_logits(read), features)
+    if calibration is not None and calibration.mode in FEATURE_MODES:
+        assert probe is not None, "applies() keeps a probe calibration without its probe out"
+        return probe.apply(as_logits(read), features)
     if calibration is not None and calibration.mode in BIAS_MODES:
         return apply_temperature_bias(as_logits(read), calibration.temperature, calibration.bias)
     if calibration is not None:
@@ -290,17 +318,22 @@ def build_reading(
     )
 
 
-def applies(calibration: Calibration | None, reading: Reading) -> bool:
+def applies(calibration: Calibration | None, reading: Reading, probe: FoldedProbe | None = None) -> bool:
     """Whether a stored fit can be applied to ``reading``: a probe only to a read that came with the
     answer slot's hidden state of its size (a fit made on the local engine, looked up by a replica
-    reading through vLLM, is not applied: the answer says no calibration was)."""
-    if calibration is None or calibration.probe is None:
+    reading through vLLM, is not applied: the answer says no calibration was), and only with its
+    weights (None: the fit was pruned by another replica before this one's cache saw its successor)."""
+    if calibration is None or calibration.mode not in FEATURE_MODES:
         return True
-    return reading.features is not None and len(reading.features) == calibration.probe.dimension
+    return probe is not None and reading.features is not None and len(reading.features) == probe.dimension
 
 
 def build_answer(
-    question, reading: Reading, calibration: Calibration | None = None, prior: OptionPrior | None = None
+    question,
+    reading: Reading,
+    calibration: Calibration | None = None,
+    prior: OptionPrior | None = None,
+    probe: FoldedProbe | None = None,
 ) -> Answer:
     """Jev's answer fields from a reading: the prior divided out where one applies, then the stored
     calibration where one applies.
@@ -312,11 +345,11 @@ def build_answer(
     question's ``x_min_confidence``; both keep their Jev fields (``abstain.py``).
     """
     informative = reading.label_probabilities.informative
-    calibration = calibration if informative and applies(calibration, reading) else None
+    calibration = calibration if informative and applies(calibration, reading, probe) else None
     prior = prior if informative else None
     options = reading.question.options
     calibrated = calibrated_probabilities(
-        reading.label_probabilities.probabilities, calibration, prior, reading.features
+        reading.label_probabilities.probabilities, calibration, prior, reading.features, probe
     )
     probabilities = dict(zip(options, (float(p) for p in calibrated)))
     question_type = reading.question.question_type

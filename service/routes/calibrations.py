@@ -49,12 +49,11 @@ WRITE_ERRORS = error_responses(400, 401, 403, 408, 413, 415, 422, 429, 502, 503,
 
 def calibration_out(calibration: Calibration) -> CalibrationOut:
     row = calibration.as_json()
-    del row["probe"]  # up to hundreds of kilobytes of weights: its size is what a listing says
-    probe = calibration.probe
+    del row["probe"]  # up to megabytes of weights: its shape is what a listing says
     return CalibrationOut(
         **row,
-        probe_dimension=None if probe is None else probe.dimension,
-        probe_members=None if probe is None else len(probe.members),
+        probe_dimension=calibration.probe_dimension,
+        probe_members=calibration.probe_members,
         shared=calibration.shared,
     )
 

@@ -136,11 +136,11 @@ def location(request, tmp_path) -> str:
 
 @pytest.fixture
 def new_store(location):
-    """``new_store()`` → a store on ``location``; every one opened is closed at the end."""
+    """``new_store(**options)`` → a store on ``location``; every one opened is closed at the end."""
     opened = []
 
-    def open_() -> CalibrationStore:
-        opened.append(open_store(location))
+    def open_(**options) -> CalibrationStore:
+        opened.append(open_store(location, **options))
         return opened[-1]
 
     yield open_

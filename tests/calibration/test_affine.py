@@ -79,7 +79,7 @@ def test_a_refit_without_a_mode_takes_the_default_of_its_type_and_n(tmp_path):
     assert below.mode_chosen_by == at.mode_chosen_by == "default"  # no mode named: the defaults chose
     # Stored and read back from SQLite as the mode, bias and n it was fitted with.
     stored = store.lookup(choice)
-    assert (stored.mode, stored.n, len(stored.bias), stored.probe.dimension) == (mode, fewest, 6, 16)
+    assert (stored.mode, stored.n, len(stored.bias), stored.probe_dimension) == (mode, fewest, 6, 16)
     # Without the states (a vLLM engine) round 4's rule keeps temperature for every type.
     without = refit_from_store(store, replace(choice, domain="vllm"), None, [row[:2] for row in rows])
     assert DEFAULT_MODES_WITHOUT_FEATURES == {} and without.mode == "temperature"

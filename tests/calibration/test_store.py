@@ -112,8 +112,14 @@ def test_a_probe_fit_and_decisions_hidden_states_survive_a_reopen(new_store):
     store.add_feedback("d2", "c")
     store.close()
     reopened = new_store()
-    assert reopened.lookup(KEY) == fitted and reopened.lookup(KEY).probe.dimension == 8
-    assert np.allclose(reopened.lookup(KEY).probe.term(np.ones(8)), probe.term(np.ones(8)))
+    # The lookup cache holds the probe's shape; its weights load on first use, then stay in memory.
+    assert reopened.lookup(KEY) == fitted and fitted.probe is None
+    assert (fitted.probe_dimension, fitted.probe_members) == (8, 2)
+    assert reopened.cached_probe(fitted) is None
+    loaded = reopened.load_probe(fitted)
+    z, h = rng.normal(size=(4, 3)), rng.normal(size=(4, 8))
+    assert np.allclose(loaded.apply(z, h), probe.apply(z, h), atol=1e-6)
+    assert reopened.cached_probe(fitted) is loaded
     assert reopened.decision("d1").features == state and reopened.decision("d2").features is None
     assert reopened.gold_rows(KEY) == [([0.5, 0.3, 0.2], 1), ([0.5, 0.3, 0.2], 2)]
     assert reopened.gold_rows(KEY, features=True) == [([0.5, 0.3, 0.2], 1, state), ([0.5, 0.3, 0.2], 2, None)]

@@ -52,6 +52,7 @@ async def test_a_probe_is_fitted_applied_to_the_answer_slot_state_and_refitted_f
             )
             assert told.status_code == 200, told.text
             refit = told.json()["refit"] or refit
+        metrics = (await client.get("/metrics")).text
     assert (
         calibration["mode"] == "probe"
         and calibration["probe_dimension"] == local_engine.model.config.hidden_size
@@ -63,12 +64,20 @@ async def test_a_probe_is_fitted_applied_to_the_answer_slot_state_and_refitted_f
     # The answer is the stored map applied to this read's own hidden state.
     reading = await Reader(local_engine).read(NoulQuestion.model_validate(QUESTION).to_spec(), STATE)
     raw = [answer["x_reading"]["raw_probabilities"][o] for o in ("true", "false")]
-    expected = stored.probe.apply(as_logits(raw), reading.features)
+    expected = store.load_probe(stored).apply(as_logits(raw), reading.features)
     assert answer["noul"] == pytest.approx(float(expected[0]), abs=1e-5)
     # The caller named the mode: the refit from feedback keeps it, fitted on the recorded states.
     assert (
         refit is not None and refit["mode"] == "probe" and refit["source"] == "feedback" and refit["n"] == 12
     )
+    # The fit and the refit were each decoded once, as they were stored; thirteen answers read them
+    # from the probe cache, loading nothing.
+    for line in (
+        "decide_probe_cache_probes 2.0",
+        "decide_probe_cache_loads_total 2.0",
+        "decide_probe_cache_evictions_total 0.0",
+    ):
+        assert line in metrics.splitlines(), line
 
 
 async def test_a_probe_is_refused_by_name_on_an_engine_without_hidden_states(
