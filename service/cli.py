@@ -81,7 +81,7 @@ def serve(
     probe_cache_mib: Annotated[
         float,
         typer.Option(
-            help="MiB of decoded probe calibrations kept in memory, all tenants; one tenant at most a quarter (0: none)"
+            help="MiB of decoded probe calibrations kept in memory, all tenants; past it the tenant holding the most gives back (0: none)"
         ),
     ] = DEFAULT.probe_cache_mib,
     max_in_flight: Annotated[

@@ -51,8 +51,8 @@ class ServeOptions:
     store: str | None = None
     """A SQLite file or a postgresql:// URL; default ``~/.cache/opendecide/calibration.sqlite3``."""
     probe_cache_mib: float = DEFAULT_PROBE_CACHE_MIB
-    """Decoded probe weights kept in memory, all tenants together; a tenant at most a quarter
-    (``calibration.probe_cache``)."""
+    """Decoded probe weights kept in memory, all tenants together; past it the tenant holding the most
+    gives back (``calibration.probe_cache``)."""
     auto_refit_every: int | None = None
     images: ServedImages = ServedImages()
     api_key_file: Path | None = None

@@ -36,7 +36,7 @@ BELOW = {
     "deploy": {"eval", "service", "readers", "calibration"},
     "opendecide": {"deploy", "eval", "service", "readers", "calibration"},
 }
-EVERY_LAYER = {"opendecide.extras"}
+EVERY_LAYER = {"opendecide.extras", "opendecide.tenant_cache"}
 WEB_FRAMEWORKS = {"fastapi", "starlette", "uvicorn"}
 # Folder → the service packages its modules may import; any other service module is HTTP.
 APART_FROM_HTTP = {

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from opendecide.tenant_cache import TenantCache
 from readers.prompt import QuestionSpec
 
 if TYPE_CHECKING:
@@ -77,8 +77,9 @@ class PriorCorrection(enum.StrEnum):
 DEFAULT_PRIOR_CORRECTION = PriorCorrection.CHOICE_SCORE
 PRIOR_MARK = "+prior"
 MAX_PRIORS = 4096
-"""Questions whose priors a process keeps (least recently used dropped first): callers choose the
-questions, so the cache is bounded like every other per-caller structure."""
+"""Questions whose priors a process keeps: callers choose the questions, so the cache is bounded like
+every other per-caller structure; past it, the cache salt (tenant or cache group) holding the most
+gives back its least recently used (``opendecide.tenant_cache``)."""
 
 
 def read_version(prompt_version: str, corrected: bool) -> str:
@@ -144,8 +145,10 @@ class OptionPriors:
     cache group) measures its own, so no caller learns from its latency which questions another asked.
 
     Concurrent first requests for one question share one measurement; one that failed (an engine
-    fault) is measured again by the next request. At most ``limit`` questions are kept. ``states``:
-    the content-free states (default ``calibration.bias.CONTENT_FREE_STATES``).
+    fault) is measured again by the next request. At most ``limit`` questions are kept, and past it
+    the cache salt holding the most gives back first: a tenant sending ever-new questions evicts its
+    own priors, never those of a tenant asking fewer, whose answers would otherwise wait on three
+    reads again. ``states``: the content-free states (default ``calibration.bias.CONTENT_FREE_STATES``).
     """
 
     def __init__(
@@ -164,15 +167,19 @@ class OptionPriors:
         self.policy = policy
         self.states = states
         self.limit = limit
-        self._measured: OrderedDict[tuple, asyncio.Task[OptionPrior | None]] = OrderedDict()
+        self._measured: TenantCache[asyncio.Task[OptionPrior | None]] = TenantCache(limit)
         self._waiting: dict[asyncio.Task[OptionPrior | None], int] = {}  # callers awaiting each measurement
 
     def __len__(self) -> int:
         return len(self._measured)
 
+    def measuring(self) -> int:
+        """Measurements held and still running."""
+        return sum(not task.done() for task in self._measured.values())
+
     def __contains__(self, question: object) -> bool:
         """Whether a prior for ``question`` is held (under any model or layout)."""
-        return any(key[-1] == question for key in self._measured)
+        return any(key[-1] == question for _, key in self._measured.keys())
 
     async def prior(self, reader: Reader, question: QuestionSpec) -> OptionPrior | None:
         """The question's prior, or None where the policy does not cover it or it cannot be measured."""
@@ -189,14 +196,13 @@ class OptionPriors:
             reader.cache_salt,
             question,
         )
-        task = self._measured.get(key)
+        task = self._measured.get(reader.cache_salt, key)
         if task is None or (
             task.done() and (task.cancelled() or task.exception() is not None)
         ):  # a failed measurement is retried
-            task = self._measured[key] = asyncio.ensure_future(measure_prior(reader, question, self.states))
-            while len(self._measured) > self.limit:
-                self._measured.popitem(last=False)  # a dropped one still running finishes for its callers
-        self._measured.move_to_end(key)
+            task = asyncio.ensure_future(measure_prior(reader, question, self.states))
+            # An evicted one still running finishes for its callers.
+            self._measured.put(reader.cache_salt, key, task)
         self._waiting[task] = self._waiting.get(task, 0) + 1
         try:
             return await asyncio.shield(task)  # one caller cancelled does not cancel the others' measurement

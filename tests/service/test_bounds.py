@@ -281,10 +281,10 @@ async def test_a_prior_measurement_stops_when_its_last_caller_leaves(client_fact
         response = await client.post("/v1/systemone", json=choice(["red", "blue"], state="Zebra crossing."))
         await asyncio.sleep(0.1)
         priors = client._transport.app.state.priors
-        pending = [task for task in priors._measured.values() if not task.done()]
+        pending = priors.measuring()
     assert response.status_code == 504
     started = prior_reads.count("started")
-    assert started >= 1 and prior_reads.count("cancelled") == started and pending == []
+    assert started >= 1 and prior_reads.count("cancelled") == started and pending == 0
 
 
 async def test_an_abandoned_embedded_read_stops_between_chunks(local_engine, monkeypatch):

@@ -264,6 +264,28 @@ async def test_the_prior_cache_keeps_the_latest_questions_only(local_engine):
     )
 
 
+@pytest.mark.slow  # content-free states read for six questions
+async def test_a_tenant_sending_new_questions_evicts_its_own_priors_not_anothers(local_engine):
+    """Priors are kept per cache salt, and past the limit the salt holding the most gives back: b's
+    stream of new questions never evicts a's two, which a's next answers would wait on again."""
+    priors = OptionPriors(PriorCorrection.ALL, limit=4)
+    a, b = (Reader(local_engine).for_tenant(tenant, f"salt-{tenant}") for tenant in ("a", "b"))
+    questions = [
+        NoulQuestion.model_validate({"type": "noul", "instructions": f"Is this about topic {i}?"}).to_spec()
+        for i in range(6)
+    ]
+    for question in questions[:2]:
+        await priors.prior(a, question)
+    for question in questions[2:]:
+        await priors.prior(b, question)
+    before = local_engine.batched_reads
+    for question in questions[:2]:  # a's priors are still held: no content-free state read again
+        await priors.prior(a, question)
+    assert local_engine.batched_reads == before and len(priors) == 4
+    await priors.prior(b, questions[2])  # b's oldest was its own to give back: measured again
+    assert local_engine.batched_reads > before
+
+
 async def test_a_fit_made_under_another_prompt_version_is_kept_but_not_applied(
     client_factory, local_engine, tmp_path
 ):
