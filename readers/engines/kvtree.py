@@ -27,8 +27,11 @@ on its own instead (no reuse): one tenant never waits out another's batch, which
 shared prefix, the system prompt and what follows, computed twice). A batch that fails takes its
 uncomputed nodes out of the tree.
 
-Memory: the tree keeps at most ``max_bytes`` of keys, values and kept hidden states, least recently used leaves evicted
-first once a batch is done; a running batch holds its own snapshot and chunks on top of that. Tokens
+Memory: the tree keeps at most ``max_bytes`` of keys, values and kept hidden states, for all salts
+together; once a batch is done, the salt holding the most bytes gives back its least recently used
+leaves first (as ``opendecide.tenant_cache`` does), so a tenant streaming new states evicts its own
+tokens, never those of a tenant holding less. A running batch holds its own snapshot and chunks on top
+of that. Tokens
 only reads marked not to keep computed (``ReadRequest.keep``: content-free prior reads) are shared
 within their batch and leave the tree after it.
 """
@@ -519,48 +522,40 @@ class KVTree:
             del self._roots[salt]
 
     def _evict(self, limit: int | None = None) -> None:
-        """Least recently used leaves first, until the tree holds at most ``limit`` bytes (default
-        ``max_bytes``). A node being computed is never a candidate, nor an ancestor of one (it is
-        not a leaf)."""
+        """Until the tree holds at most ``limit`` bytes (default ``max_bytes``): the least recently
+        used leaf of the salt holding the most bytes first. A node being computed is never a
+        candidate, nor an ancestor of one (it is not a leaf)."""
         limit = self.max_bytes if limit is None else limit
         if self.bytes <= limit:
             return
-        heap = [(node.used, id(node), node) for node in self._leaves()]
-        heapq.heapify(heap)
-        while heap and self.bytes > limit:
-            _, _, node = heapq.heappop(heap)
+        held, heaps = {}, {}
+        for salt, root in self._roots.items():
+            held[salt] = sum(node.nbytes for node in _descendants(root))
+            heaps[salt] = [(node.used, id(node), node) for node in _leaves(root)]
+            heapq.heapify(heaps[salt])
+        while self.bytes > limit:
+            candidates = [salt for salt, heap in heaps.items() if heap]
+            if not candidates:
+                return
+            salt = max(candidates, key=held.__getitem__)
+            _, _, node = heapq.heappop(heaps[salt])
             parent = node.parent
             if parent is None or node.children or node.kv is None:
                 continue
             del parent.children[node.tokens[0]]
             self.bytes -= node.nbytes
+            held[salt] -= node.nbytes
             node.kv, node.hidden = None, {}
             self.evicted_nodes += 1
             if parent.parent is not None and not parent.children and parent.kv is not None:
-                heapq.heappush(heap, (parent.used, id(parent), parent))
-
-    def _top_nodes(self) -> list[_Node]:
-        return [node for root in self._roots.values() for node in root.children.values()]
-
-    def _leaves(self):
-        stack = self._top_nodes()
-        while stack:
-            node = stack.pop()
-            if node.children:
-                stack.extend(node.children.values())
-            elif node.kv is not None:
-                yield node
+                heapq.heappush(heaps[salt], (parent.used, id(parent), parent))
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            nodes = tokens = 0
-            stack = self._top_nodes()
-            while stack:
-                node = stack.pop()
-                stack.extend(node.children.values())
-                if node.kv is not None:
-                    nodes += 1
-                    tokens += len(node.tokens)
+            computed = [
+                node for root in self._roots.values() for node in _descendants(root) if node.kv is not None
+            ]
+            nodes, tokens = len(computed), sum(len(node.tokens) for node in computed)
             return {
                 "salts": len(self._roots),
                 "nodes": nodes,
@@ -571,6 +566,19 @@ class KVTree:
                 "reused_tokens": self.reused_tokens,
                 "evicted_nodes": self.evicted_nodes,
             }
+
+
+def _descendants(root: _Node):
+    stack = list(root.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        yield node
+
+
+def _leaves(root: _Node):
+    """``root``'s computed leaves: what eviction may take."""
+    return (node for node in _descendants(root) if not node.children and node.kv is not None)
 
 
 def _common(tokens: tuple[int, ...], ids: tuple[int, ...], at: int) -> int:

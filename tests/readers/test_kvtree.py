@@ -264,3 +264,18 @@ def test_common_counts_the_matching_run_at_every_mismatch(length):
             ids = (9,) * at + changed
             assert _common(tokens, ids, at) == cut
             assert _common(tokens, (9,) * at + tokens[:cut], at) == cut  # the prompt ends inside the node
+
+
+def test_a_salt_streaming_new_states_evicts_its_own_tokens_not_a_salt_holding_less():
+    """Past the bound, the salt holding the most gives back its least recently used leaves first: b's
+    stream of new prompts never evicts a's prompt, though a's was used least recently of all."""
+    tree = KVTree(max_bytes=40 * TOKEN_BYTES)
+    kept = tuple(range(10))
+    run(tree, [kept], salts=["a"])
+    for i in range(10):
+        run(tree, [tuple(range(1000 * (i + 1), 1000 * (i + 1) + 10))], salts=["b"])
+    assert tree.stats()["bytes"] <= 40 * TOKEN_BYTES
+    assert run(tree, [kept + (1,)], salts=["a"]).computed_tokens == [1]  # a's ten tokens were kept
+    # b's own: its latest prompts are kept, its oldest went.
+    assert run(tree, [tuple(range(10_000, 10_010)) + (1,)], salts=["b"]).computed_tokens == [1]
+    assert run(tree, [tuple(range(1000, 1010)) + (1,)], salts=["b"]).computed_tokens == [11]
