@@ -142,7 +142,7 @@ class ServiceMetrics:
             self.abstentions.labels(reason)
         for kind in ("computed", "reused"):
             self.prompt_tokens.labels(kind)
-        for outcome in ("made", "skipped"):
+        for outcome in ("made", "skipped", "failed"):
             self.automatic_refits.labels(outcome)
 
     def set_engine(self, engine) -> None:

@@ -31,9 +31,8 @@ Memory: the tree keeps at most ``max_bytes`` of keys, values and kept hidden sta
 together; once a batch is done, the salt holding the most bytes gives back its least recently used
 leaves first (as ``opendecide.tenant_cache`` does), so a tenant streaming new states evicts its own
 tokens, never those of a tenant holding less. A running batch holds its own snapshot and chunks on top
-of that. Tokens
-only reads marked not to keep computed (``ReadRequest.keep``: content-free prior reads) are shared
-within their batch and leave the tree after it.
+of that. Tokens only reads marked not to keep computed (``ReadRequest.keep``: content-free prior
+reads) are shared within their batch and leave the tree after it.
 """
 
 from __future__ import annotations

@@ -128,6 +128,10 @@ class FeedbackResponse(ResponseModel):
         description="decisions with gold answers now stored for this decision's calibration key"
     )
     refit: CalibrationOut | None = None
+    refit_skipped: str | None = Field(
+        default=None,
+        description="why an automatic refit due at this feedback was not made (over the refit limit, or the key's records cannot be fitted in its mode); the key keeps its fit",
+    )
 
 
 class RefitRequest(BodyModel):

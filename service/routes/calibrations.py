@@ -159,7 +159,7 @@ async def feedback(request: Request) -> FeedbackResponse:
         tenant=caller.tenant,
     )
     gold_answers = await asyncio.to_thread(store.feedback_count, key)
-    refit = None
+    refit = skipped = None
     every = request.app.state.auto_refit_every
     limits = request.app.state.refit_limits
     # Every N gold answers, or at the next feedback after a refit the limit skipped.
@@ -167,15 +167,26 @@ async def feedback(request: Request) -> FeedbackResponse:
     current = store.lookup(key)  # memory only
     # A key whose caller named its mode keeps it; one on the defaults (None) follows them at its new n.
     mode = refit_mode(current if current is not None and current.key == key else None)
-    if due:
-        made = limits.take_automatic(key, mode or "default")  # the defaults' own slot, as in refit()
-        request.app.state.metrics.automatic_refits.labels("made" if made else "skipped").inc()
-        if made:
+    if due and not limits.take_automatic(key, mode or "default"):  # the defaults' own slot, as in refit()
+        outcome, skipped = "skipped", "over the refit limit: the key is refitted at its next feedback"
+    elif due:
+        try:
             # Read again, with each decision's hidden state (a probe refit fits on it; only then worth reading).
             refitted = await asyncio.to_thread(refit_from_store, store, key, mode)
-            refit = stored(caller, refitted, "auto_refit")
+        except ValueError as error:
+            # The feedback is stored either way; a refit its records cannot make (a caller's probe
+            # over decisions read without the hidden state) leaves the key's fit as it is.
+            outcome, skipped = "failed", str(error)
+        else:
+            outcome, refit = "made", stored(caller, refitted, "auto_refit")
+    if due:
+        request.app.state.metrics.automatic_refits.labels(outcome).inc()
     return FeedbackResponse(
-        decision_id=decision.id, recorded=recorded, gold_answers=gold_answers, refit=refit
+        decision_id=decision.id,
+        recorded=recorded,
+        gold_answers=gold_answers,
+        refit=refit,
+        refit_skipped=skipped,
     )
 
 

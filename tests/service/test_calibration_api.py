@@ -309,16 +309,20 @@ async def test_an_automatic_refit_over_the_limit_is_skipped_counted_and_made_at_
         states = [f"review {i}" for i in range(17)]
         batch = await client.post("/decide/batch", json={"states": states, "questions": {"s": QUESTION}})
         ids = [result["answers"]["s"]["x_reading"]["decision_id"] for result in batch.json()["results"]]
-        refits = {}
+        refits, skipped = {}, {}
         for i, decision_id in enumerate(ids, start=1):
             if i == 17:
                 now[0] = 5.0  # the key's interval has passed
             reply = await client.post("/v1/feedback", json={"decision_id": decision_id, "gold": "positive"})
             assert reply.status_code == 200, reply.text
             refits[i] = reply.json()["refit"]
+            skipped[i] = reply.json()["refit_skipped"]
         # Due at 10 and 15; 15 is skipped (5 s per key), so 16 is due again and skipped, and 17 refits.
         assert [i for i, refit in refits.items() if refit is not None] == [10, 17]
+        assert [i for i, why in skipped.items() if why is not None] == [15, 16]
+        assert "over the refit limit" in skipped[15]
         assert refits[17]["n"] == 17
         metrics = (await client.get("/metrics")).text
         assert 'decide_automatic_refits_total{outcome="skipped"} 2.0' in metrics
         assert 'decide_automatic_refits_total{outcome="made"} 2.0' in metrics
+        assert 'decide_automatic_refits_total{outcome="failed"} 0.0' in metrics

@@ -4,10 +4,13 @@ states, and refused by name on an engine that returns no state."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from calibration.fit import MIN_GOLD
 from calibration.open import open_store
-from calibration.probe import PROBE_MEMBERS
+from calibration.probe import PROBE_MEMBERS, ProbeMap, ProbeMember
+from calibration.store import CalibrationKey
 from calibration.temperature import as_logits
 from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.reader import Reader
@@ -94,3 +97,47 @@ async def test_a_probe_is_refused_by_name_on_an_engine_without_hidden_states(
         assert response.status_code == 422, response.text
         (error,) = response.json()["detail"]
         assert error["loc"] == ["body", "mode"] and "hidden state" in error["msg"]
+
+
+async def test_feedback_on_a_named_probe_key_without_hidden_states_is_kept_and_says_why_no_refit(
+    client_factory, local_engine, tmp_path
+):
+    """A caller named the probe for a key (stored here directly), and the key's decisions come from a
+    replica without hidden states (a function engine, as a vLLM one): the feedback is recorded and
+    acknowledged, and the automatic refit that cannot be made is reported, not a 500."""
+    store = open_store(tmp_path / "c.sqlite3")
+    engine = function_engine(local_engine, favour_first)
+    records = spread(load_sample("irony"), MIN_GOLD)
+    async with client_factory(engine, store=store, auto_refit_every=MIN_GOLD) as client:
+        ids = []
+        for record in records:
+            decided = await client.post(
+                "/v1/systemone", json={"state": record.text, "questions": {"q": QUESTION}}
+            )
+            ids.append(decided.json()["answers"]["q"]["x_reading"]["decision_id"])
+        made = store.decision(ids[0])
+        key = CalibrationKey(
+            made.model, made.revision, "noul", 2, None, read_version=made.read_version, tenant=made.tenant
+        )
+        member = ProbeMember(1.0, np.zeros(2), np.zeros(4), np.ones(4), np.zeros((2, 4)))
+        store.add_calibration(
+            key,
+            temperature=1.0,
+            n=24,
+            source="examples",
+            mode="probe",
+            bias=[0, 0],
+            probe=ProbeMap.of([member]),
+        )
+        replies = []
+        for decision_id, record in zip(ids, records):
+            told = await client.post(
+                "/v1/feedback", json={"decision_id": decision_id, "gold": record.gold == "true"}
+            )
+            replies.append(told)
+        metrics = (await client.get("/metrics")).text
+    assert [r.status_code for r in replies] == [200] * MIN_GOLD, replies[-1].text
+    last = replies[-1].json()
+    assert last["gold_answers"] == MIN_GOLD and last["refit"] is None
+    assert "hidden state" in last["refit_skipped"] and store.lookup(key).n == 24
+    assert 'decide_automatic_refits_total{outcome="failed"} 1.0' in metrics
