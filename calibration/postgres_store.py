@@ -35,7 +35,7 @@ with needs_extra("postgres", "a postgresql:// calibration store"):
     from psycopg.types.json import Jsonb
     from psycopg_pool import ConnectionPool
 
-from calibration.probe import ProbeMap, encode_floats, stored_features
+from calibration.probe import ProbeMap, stored_features
 from calibration.probe_cache import ProbeCache
 from calibration.store import (
     CALIBRATION_COLUMNS,
@@ -196,8 +196,9 @@ class PostgresStore(CalibrationStore):
         connect_timeout_s: float = 10.0,
         keep_fits: int = KEEP_FITS,
         probe_cache: ProbeCache | None = None,
+        record_features: bool = True,
     ) -> None:
-        super().__init__(keep_fits=keep_fits, probe_cache=probe_cache)
+        super().__init__(keep_fits=keep_fits, probe_cache=probe_cache, record_features=record_features)
         self.url = url
         self.poll_s = poll_s
         try:
@@ -307,7 +308,7 @@ class PostgresStore(CalibrationStore):
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, Jsonb(list(d.options)),
              Jsonb(list(d.uncalibrated_probabilities)), bool(d.informative), d.read_version, d.tenant,
-             None if d.features is None else encode_floats(d.features))
+             self._features_text(d))
             for d in decisions
         ]  # fmt: skip
         if not rows:

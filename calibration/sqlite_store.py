@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
-from calibration.probe import ProbeMap, encode_floats, stored_features
+from calibration.probe import ProbeMap, stored_features
 from calibration.probe_cache import ProbeCache
 from calibration.store import (
     CALIBRATION_KEY_COLUMNS,
@@ -167,8 +167,9 @@ class SQLiteStore(CalibrationStore):
         poll_s: float = POLL_S,
         keep_fits: int = KEEP_FITS,
         probe_cache: ProbeCache | None = None,
+        record_features: bool = True,
     ) -> None:
-        super().__init__(keep_fits=keep_fits, probe_cache=probe_cache)
+        super().__init__(keep_fits=keep_fits, probe_cache=probe_cache, record_features=record_features)
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.poll_s = poll_s
@@ -301,7 +302,7 @@ class SQLiteStore(CalibrationStore):
         rows = [
             (d.id, d.model, d.revision, d.question_type, d.option_count, d.domain, json.dumps(d.options),
              json.dumps(d.uncalibrated_probabilities), int(d.informative), d.read_version, d.tenant, utc_now(),
-             None if d.features is None else encode_floats(d.features))
+             self._features_text(d))
             for d in decisions
         ]  # fmt: skip
         with self._transaction() as db:

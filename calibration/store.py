@@ -62,7 +62,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from calibration.probe import FoldedProbe, ProbeMap
+from calibration.probe import FoldedProbe, ProbeMap, encode_floats
 from calibration.probe_cache import ProbeCache
 
 DEFAULT_TENANT = "default"
@@ -237,10 +237,19 @@ class CalibrationStore(ABC):
     database round trip (one transaction for writes), for a worker thread.
     """
 
-    def __init__(self, *, keep_fits: int = KEEP_FITS, probe_cache: ProbeCache | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        keep_fits: int = KEEP_FITS,
+        probe_cache: ProbeCache | None = None,
+        record_features: bool = True,
+    ) -> None:
         if keep_fits < 1:
             raise ValueError("keep_fits must be at least 1: a key's latest fit is never deleted")
         self.keep_fits = keep_fits
+        # False: decisions are stored without their hidden state (derived from the caller's text), at
+        # the cost of probe refits from feedback (docs/security.md).
+        self.record_features = record_features
         self.probe_cache = ProbeCache() if probe_cache is None else probe_cache
         # key → (order, calibration); order is the backend's insertion counter, so "latest" does not
         # depend on the clocks of the replicas that wrote the fits.
@@ -369,6 +378,13 @@ class CalibrationStore(ABC):
     def _insert_calibration(self, calibration: Calibration) -> int:
         """Write one fit in one durable transaction, deleting in it the key's fits beyond its latest
         ``keep_fits``; return its insertion order (later fits of a key win)."""
+
+    def _features_text(self, decision: DecisionRecord) -> str | None:
+        """What a decision's row holds of its hidden state: base64 float32 (``encode_floats``), or NULL
+        where it has none or the store does not record them."""
+        if decision.features is None or not self.record_features:
+            return None
+        return encode_floats(decision.features)
 
     @abstractmethod
     def _probe_text(self, calibration_id: str) -> str | None:

@@ -78,6 +78,12 @@ def serve(
     auto_refit_every: Annotated[
         int | None, typer.Option(help="refit a calibration from feedback every N labels")
     ] = None,
+    record_hidden_states: Annotated[
+        bool,
+        typer.Option(
+            help="store each decision's answer-slot hidden state (local engine), what probe refits from feedback fit on; it is computed from the caller's text"
+        ),
+    ] = DEFAULT.record_hidden_states,
     probe_cache_mib: Annotated[
         float,
         typer.Option(
@@ -187,7 +193,7 @@ def serve(
     try:
         options = ServeOptions(
             host=host, port=port, engine=engine, engine_url=engine_url, top_k=top_k, model=model, model_dir=model_dir,
-            chat_template=chat_template, tokenizer=tokenizer, dtype=dtype, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store, probe_cache_mib=probe_cache_mib,
+            chat_template=chat_template, tokenizer=tokenizer, dtype=dtype, batching=local_batching(batch_window_ms, max_batch, prefix_cache_mib), max_in_flight=max_in_flight, engine_timeout_s=engine_timeout, store=store, record_hidden_states=record_hidden_states, probe_cache_mib=probe_cache_mib,
             auto_refit_every=auto_refit_every, images=ServedImages(engine=engine_image, service=service_image),
             api_key_file=api_key_file, metrics_port=metrics_port, no_auth=no_auth, rate_limit=(rate_limit, rate_burst) if rate_limit else None,
             admission=AdmissionLimits(in_flight_cost=max_cost_in_flight, queued_cost=max_cost_queued, request_cost=max_request_cost,

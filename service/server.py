@@ -50,6 +50,9 @@ class ServeOptions:
     engine_timeout_s: float = DEFAULT_TIMEOUT_S
     store: str | None = None
     """A SQLite file or a postgresql:// URL; default ``~/.cache/opendecide/calibration.sqlite3``."""
+    record_hidden_states: bool = True
+    """Store each decision's answer-slot hidden state (the local engine's; what a probe refit fits on).
+    Off, the store holds nothing computed from the caller's text but option names and probabilities."""
     probe_cache_mib: float = DEFAULT_PROBE_CACHE_MIB
     """Decoded probe weights kept in memory, all tenants together; past it the tenant holding the most
     gives back (``calibration.probe_cache``)."""
@@ -278,6 +281,7 @@ def _serve(options: ServeOptions) -> None:
         store = open_store(
             options.store or default_cache_dir() / "calibration.sqlite3",
             probe_cache=ProbeCache(total_bytes=int(options.probe_cache_mib * 2**20)),
+            record_features=options.record_hidden_states,
         )
     except (ConnectionError, SchemaTooNew) as error:
         raise ServeRefused(str(error), option="--store") from None

@@ -132,6 +132,16 @@ def test_a_probe_fit_and_decisions_hidden_states_survive_a_reopen(new_store):
         )  # fmt: skip
 
 
+def test_a_store_told_not_to_record_hidden_states_keeps_none(new_store):
+    """``record_features=False`` (decide serve --no-record-hidden-states): the decision and its
+    feedback are stored, its hidden state is not, and a probe refit then has nothing to fit on."""
+    store = new_store(record_features=False)
+    store.add_decisions([replace(decision("d1"), features=(0.5,) * 8)])
+    store.add_feedback("d1", "b")
+    assert store.decision("d1").features is None
+    assert store.gold_rows(KEY, features=True) == [([0.5, 0.3, 0.2], 1, None)]
+
+
 def test_writes_are_durable_at_commit(new_store, location):
     new_store()
     if location.startswith("postgresql://"):
