@@ -177,13 +177,24 @@ class ProbeMap:
             weights=np.stack(scaled).astype(np.float32),
         )
 
+    @functools.cached_property
+    def _shape(self) -> tuple[int, int, int]:
+        """(dimension, options, members), from the text without decoding the weights: what a store's
+        lookup cache keeps of each probe it reads."""
+        value = json.loads(self.encoded)
+        return value["dimension"], value["options"], len(value["members"])
+
     @property
     def dimension(self) -> int:
-        return self.members[0].weights.shape[1]
+        return self._shape[0]
 
     @property
     def options(self) -> int:
-        return self.members[0].weights.shape[0]
+        return self._shape[1]
+
+    @property
+    def member_count(self) -> int:
+        return self._shape[2]
 
     def term(self, features) -> np.ndarray:
         """Each member's W x for one row of features (d,) or many (n, d): shape (members, ..., k);

@@ -36,8 +36,8 @@ This module is the contract the backends implement; it knows none of them.
   and ``calibrations`` are pure memory and never touch the database, so the service calls them on its
   event loop and a decision's lookup costs the same at 25 stored fits as at 50,000. The cache holds a
   probe's shape, not its weights (tens of kilobytes to megabytes a key): those are loaded on first use
-  (``load_probe``, one query) into a ``ProbeCache`` bounded per tenant and in all, and ``cached_probe``
-  reads them from memory after that. A write by this process updates the cache at once. Fits stored
+  (``load_probe``, one query) into a bounded ``ProbeCache`` that the tenant holding the most gives
+  back from, and ``cached_probe`` reads them from memory after that. A write by this process updates the cache at once. Fits stored
   by other processes reach it without a restart, by
   ``refresh``: one incremental query that reads only the rows stored after the last one seen, never
   the whole table, run by each backend's own background thread (so no caller, and no decision, waits
@@ -166,7 +166,7 @@ class Calibration:
     def __post_init__(self) -> None:
         if self.probe is not None:  # frozen: set once, from the probe it was made with
             object.__setattr__(self, "probe_dimension", self.probe.dimension)
-            object.__setattr__(self, "probe_members", len(self.probe.members))
+            object.__setattr__(self, "probe_members", self.probe.member_count)
 
     @property
     def shared(self) -> bool:

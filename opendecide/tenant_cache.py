@@ -36,7 +36,7 @@ class TenantCache(Generic[V]):
         self._held: dict[Hashable, OrderedDict[Hashable, tuple[V, int]]] = {}
         self._owner_total: dict[Hashable, int] = {}
         self._total = 0
-        self.puts = self.evictions = 0  # counted under the lock
+        self.puts = self.evictions = 0  # values taken in, and entries given back; counted under the lock
         self._lock = threading.Lock()
 
     def get(self, owner: Hashable, key: Hashable) -> V | None:
@@ -53,10 +53,10 @@ class TenantCache(Generic[V]):
         limit, or its owner, holding the most with it, gave it back (it was the owner's only entry)."""
         size = self.size(value)
         with self._lock:
-            self.puts += 1
             self._drop(owner, key)
             if size > self.limit:
                 return False
+            self.puts += 1
             self._held.setdefault(owner, OrderedDict())[key] = (value, size)
             self._owner_total[owner] = self._owner_total.get(owner, 0) + size
             self._total += size

@@ -39,6 +39,7 @@ ABSTENTION_REASONS = ("uninformative_read", "low_confidence")
 class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._process_collectors: list[_ProbeCacheCollector] = []  # read at scrape from this process
         r = self.registry
         self.requests = Counter(
             "decide_requests", "HTTP requests by route and status", ["route", "status"], registry=r
@@ -100,7 +101,7 @@ class ServiceMetrics:
         # No tenant label: the metrics port takes no key, and tenant names are callers' data.
         self.automatic_refits = Counter(
             "decide_automatic_refits",
-            "Refits feedback made due, by outcome: made, or skipped over the refit limit (made at the key's next feedback)",
+            "Refits feedback made due, by outcome: made, skipped over the refit limit (made at a later feedback), or failed: the key's records cannot be fitted in its mode",
             ["outcome"],
             registry=r,
         )
@@ -190,7 +191,8 @@ class ServiceMetrics:
 
     def watch_probe_cache(self, cache: ProbeCache) -> None:
         """Expose the store's probe cache (calibration/probe_cache.py), read at each scrape."""
-        self.registry.register(_ProbeCacheCollector(cache))
+        self._process_collectors.append(_ProbeCacheCollector(cache))
+        self.registry.register(self._process_collectors[-1])
 
     def observe_error(self, error_type: str) -> None:
         kind = ENGINE_ERROR_KINDS.get(error_type)
@@ -201,13 +203,15 @@ class ServiceMetrics:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
+            for collector in self._process_collectors:  # read from this process only: not aggregated
+                registry.register(collector)
             return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 class _ProbeCacheCollector:
     """The probe cache's totals as metrics: what it holds now, how many probes were decoded into it
-    and how many it gave back to stay within its bounds."""
+    and how many it gave back to stay within its bound."""
 
     def __init__(self, cache: ProbeCache) -> None:
         self.cache = cache
@@ -222,11 +226,11 @@ class _ProbeCacheCollector:
         )
         yield CounterMetricFamily(
             "decide_probe_cache_loads",
-            "Probes decoded into the cache (first use or a new fit)",
+            "Probes decoded and taken into the cache (a first use, or a fit made here)",
             value=stats.loads,
         )
         yield CounterMetricFamily(
             "decide_probe_cache_evictions",
-            "Probes evicted to keep a tenant's or the total bound",
+            "Probes evicted to keep the bound (from the tenant holding the most)",
             value=stats.evictions,
         )

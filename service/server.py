@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,7 +248,7 @@ def _serve(options: ServeOptions) -> None:
     from service.keys import KEYS_ENV, check_bind, hold_sighup, redact_access_log
 
     check_engine(options)
-    if options.probe_cache_mib < 0:
+    if not math.isfinite(options.probe_cache_mib) or options.probe_cache_mib < 0:
         raise ServeRefused("the probe cache cannot be negative (0: keep none)", option="--probe-cache-mib")
     if options.max_body_bytes <= 0:
         raise ServeRefused("the body limit must be positive", option="--max-body-bytes")

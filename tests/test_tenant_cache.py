@@ -38,6 +38,7 @@ def test_sizes_count_and_what_cannot_be_kept_is_not():
     assert not cache.put("b", "big", "x" * 70) and cache.get("a", "small") == "x" * 60
     cache.put("a", "small", "x" * 10)  # a replaced value counts its new size
     assert cache.total == 10 and cache.keys() == [("a", "small")]
+    assert (cache.puts, cache.evictions) == (3, 1)  # the huge one was never taken in
     nothing = TenantCache(0)
     assert not nothing.put("a", "k", 1) and len(nothing) == 0
     with pytest.raises(ValueError, match="cannot be negative"):

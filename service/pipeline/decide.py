@@ -239,7 +239,9 @@ async def probe_of(
         store is None
         or calibration is None
         or calibration.mode not in FEATURE_MODES
+        or not reading.label_probabilities.informative  # no calibration applies: nothing to load
         or reading.features is None
+        or len(reading.features) != calibration.probe_dimension
     ):
         return None
     probe = store.cached_probe(calibration)
@@ -258,7 +260,8 @@ def calibrated_probabilities(
     ``features``)."""
     read = corrected_read(raw, prior)
     if calibration is not None and calibration.mode in FEATURE_MODES:
-        assert probe is not None, "applies() keeps a probe calibration without its probe out"
+        if probe is None:  # applies() keeps such a calibration out of every answer
+            raise ValueError(f"calibration {calibration.id} is a probe: its weights are needed")
         return probe.apply(as_logits(read), features)
     if calibration is not None and calibration.mode in BIAS_MODES:
         return apply_temperature_bias(as_logits(read), calibration.temperature, calibration.bias)

@@ -168,7 +168,7 @@ async def feedback(request: Request) -> FeedbackResponse:
     # A key whose caller named its mode keeps it; one on the defaults (None) follows them at its new n.
     mode = refit_mode(current if current is not None and current.key == key else None)
     if due and not limits.take_automatic(key, mode or "default"):  # the defaults' own slot, as in refit()
-        outcome, skipped = "skipped", "over the refit limit: the key is refitted at its next feedback"
+        outcome, skipped = "skipped", "over the refit limit: the key is refitted at a later feedback"
     elif due:
         try:
             # Read again, with each decision's hidden state (a probe refit fits on it; only then worth reading).

@@ -1,6 +1,6 @@
-"""The probe cache (calibration/probe_cache.py): decoded probes bounded per tenant and in all, so one
-tenant's many probe keys cannot take another's memory; and the stores keep no weights in their lookup
-cache, loading them on first use."""
+"""The probe cache (calibration/probe_cache.py): decoded probes bounded in all, the tenant holding the
+most giving back first, so one tenant's many probe keys cannot take another's memory; and the stores
+keep no weights in their lookup cache, loading them on first use."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_probes_are_counted_in_bytes_and_a_tenant_cycling_keys_evicts_its_own():
     assert (stats.probes, stats.loads, stats.evictions) == (7, 52, 45)
     off = ProbeCache(total_bytes=0)
     off.put("a", "cal_0", probe())
-    assert off.get("a", "cal_0") is None and off.stats() == ProbeCacheStats(0, 0, 1, 0)
+    assert off.get("a", "cal_0") is None and off.stats() == ProbeCacheStats(0, 0, 0, 0)
 
 
 def test_the_store_keeps_shapes_in_its_lookup_cache_and_weights_in_the_bounded_one(new_store):

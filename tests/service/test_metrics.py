@@ -118,8 +118,13 @@ def test_several_worker_processes_aggregate(tmp_path):
     count = "from service.metrics import ServiceMetrics; m = ServiceMetrics(); m.requests.labels('/decide', '200').inc({n})"
     for n in (2, 3):
         subprocess.run([sys.executable, "-c", count.format(n=n)], cwd=root, env=env, check=True)
-    show = "from service.metrics import ServiceMetrics; print(ServiceMetrics().exposition()[0].decode())"
+    # The serving process's probe cache is read from it at the scrape (a process's own, not summed).
+    show = (
+        "from calibration.probe_cache import ProbeCache; from service.metrics import ServiceMetrics; "
+        "m = ServiceMetrics(); m.watch_probe_cache(ProbeCache(total_bytes=7)); print(m.exposition()[0].decode())"
+    )
     text = subprocess.run(
         [sys.executable, "-c", show], cwd=root, env=env, check=True, capture_output=True, text=True
     ).stdout
     assert value(samples(text), "decide_requests_total", route="/decide", status="200") == 5
+    assert samples(text)[("decide_probe_cache_bytes", ())] == 0  # present: absent reads as a KeyError
