@@ -51,6 +51,7 @@ from calibration.store import (
     DecisionRecord,
     calibration_filter,
     check_schema_version,
+    gold_filter,
     key_filter,
 )
 
@@ -358,7 +359,7 @@ class PostgresStore(CalibrationStore):
         self, key: CalibrationKey, *, features: bool = False, limit: int = GOLD_LIMIT
     ) -> list[tuple]:
         state = ", d.features" if features else ""
-        gold, params = _gold_of(key)
+        gold, params = gold_filter(key, "%s")
         query = f"SELECT d.options, d.uncalibrated_probabilities, f.gold{state} {gold} ORDER BY f.seq DESC LIMIT %s"
         with self._connection() as db:
             rows = db.execute(query, [*params, limit]).fetchall()
@@ -371,7 +372,7 @@ class PostgresStore(CalibrationStore):
         return [(uncalibrated, options.index(gold)) for options, uncalibrated, gold in rows]
 
     def feedback_count(self, key: CalibrationKey) -> int:
-        gold, params = _gold_of(key)
+        gold, params = gold_filter(key, "%s")
         with self._connection() as db:
             return db.execute(f"SELECT count(*) {gold}", params).fetchone()[0]
 
@@ -390,15 +391,3 @@ def _calibration(row: dict) -> Calibration:
     bias = None if row["bias"] is None else tuple(row["bias"])
     probe = None if row["probe"] is None else ProbeMap(row["probe"])
     return Calibration(**{**row, "fitted_at": fitted_at, "bias": bias, "probe": probe})
-
-
-def _gold_of(key: CalibrationKey) -> tuple[str, list]:
-    """FROM and WHERE of ``key``'s decisions with feedback, each once with its latest feedback
-    (abstentions left out): what ``gold_rows`` reads and ``feedback_count`` counts."""
-    where, params = key_filter(key, "%s")
-    return (
-        "FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant"
-        f" WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback"
-        " WHERE decision_id = f.decision_id AND tenant = f.tenant)",
-        params,
-    )

@@ -39,6 +39,7 @@ from calibration.store import (
     DecisionRecord,
     calibration_filter,
     check_schema_version,
+    gold_filter,
     key_filter,
     utc_now,
 )
@@ -348,7 +349,7 @@ class SQLiteStore(CalibrationStore):
         self, key: CalibrationKey, *, features: bool = False, limit: int = GOLD_LIMIT
     ) -> list[tuple]:
         state = ", d.features" if features else ""
-        gold, params = _gold_of(key)
+        gold, params = gold_filter(key, "?")
         query = f"SELECT d.options, d.uncalibrated_probabilities, f.gold{state} {gold} ORDER BY f.seq DESC LIMIT ?"
         rows = self._connection().execute(query, [*params, limit]).fetchall()
         return [
@@ -358,7 +359,7 @@ class SQLiteStore(CalibrationStore):
         ]
 
     def feedback_count(self, key: CalibrationKey) -> int:
-        gold, params = _gold_of(key)
+        gold, params = gold_filter(key, "?")
         return self._connection().execute(f"SELECT count(*) {gold}", params).fetchone()[0]
 
     def recorded(
@@ -418,15 +419,3 @@ class _Transaction:
 
     def __exit__(self, error_type, error, traceback) -> None:
         self.db.execute("ROLLBACK" if error_type else "COMMIT")
-
-
-def _gold_of(key: CalibrationKey) -> tuple[str, list]:
-    """FROM and WHERE of ``key``'s decisions with feedback, each once with its latest feedback
-    (abstentions left out): what ``gold_rows`` reads and ``feedback_count`` counts."""
-    where, params = key_filter(key, "?")
-    return (
-        "FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant"
-        f" WHERE {where} AND d.informative = 1 AND f.seq = (SELECT MAX(seq) FROM feedback"
-        " WHERE decision_id = f.decision_id AND tenant = f.tenant)",
-        params,
-    )

@@ -473,6 +473,18 @@ def calibration_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list
     return " AND ".join(clauses), params
 
 
+def gold_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
+    """FROM and WHERE of ``key``'s decisions with feedback, each once with its latest feedback
+    (abstentions left out): what ``gold_rows`` reads and ``feedback_count`` counts, on either backend."""
+    where, params = key_filter(key, placeholder)
+    return (
+        "FROM feedback f JOIN decisions d ON d.id = f.decision_id AND d.tenant = f.tenant"
+        f" WHERE {where} AND d.informative AND f.seq = (SELECT max(seq) FROM feedback"
+        " WHERE decision_id = f.decision_id AND tenant = f.tenant)",
+        params,
+    )
+
+
 def key_filter(key: CalibrationKey, placeholder: str) -> tuple[str, list]:
     """The WHERE clause (on decisions ``d``) selecting ``key``'s decisions (its tenant's), and its parameters."""
     if key.tenant is None:
