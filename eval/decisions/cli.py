@@ -91,7 +91,10 @@ def eval_tasks(
     limit: Annotated[int | None, typer.Option(help="records per task (default all 300)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
     split: Annotated[
-        str, typer.Option(help="test (the shipped samples evals report) or dev (what defaults are chosen on)")
+        str,
+        typer.Option(
+            help="test (the shipped samples evals report), dev (what defaults are chosen on) or fresh (read once, to confirm a rule written first)"
+        ),
     ] = "test",
     engine_image: EngineImageOption = None,
     service_image: ServiceImageOption = None,

@@ -1,9 +1,11 @@
-"""Build the shipped task samples, test and dev, from the upstream files in ``../shared/data``.
+"""Build the shipped task samples, test, dev and fresh, from the upstream files in ``../shared/data``.
 
 Test: 300 records per sample, stratified by class with proportional allocation (largest remainders),
 drawn with a fixed seed, written in upstream row order. Dev: 200 more, stratified the same way with
 the next seed, from the rows the test sample does not hold (SST-5, which has its own dev split
-upstream: from that split). Record ids are ``<sample>-<row index>`` with the 0-based row of the
+upstream: from that split). Fresh: up to 300 more, stratified with the seed after that, from the
+rows neither holds (:func:`unsampled_records`; irony has 284, all taken): records kept out of every
+choice and report until a rule written first reads them once (evidence/few-shot/round-5/rule.md). Record ids are ``<sample>-<row index>`` with the 0-based row of the
 upstream split (SST-5 dev: ``sst5-dev-<row>``). Texts are stripped of surrounding whitespace (the
 upstream SST-2 and TweetEval files keep a trailing space that the Hugging Face copies do not). AG
 News text is ``title + " " + description``. SST-5's Penn Treebank brackets ``-LRB-``/``-RRB-`` are
@@ -26,6 +28,8 @@ SAMPLE_SIZE = 300
 SEED = 20260924
 DEV_SIZE = 200
 DEV_SEED = SEED + 1
+FRESH_SIZE = 300
+FRESH_SEED = SEED + 2
 
 SOURCES = {
     "sst2": {
@@ -158,6 +162,15 @@ def unsampled_records(data: Path, sample: str) -> list[Record]:
     ]
 
 
+def fresh_records(data: Path, sample: str) -> list[Record]:
+    """The fresh split: up to ``FRESH_SIZE`` of :func:`unsampled_records`, stratified by class with
+    ``FRESH_SEED``, in upstream order."""
+    rest = unsampled_records(data, sample)
+    if len(rest) <= FRESH_SIZE:
+        return rest
+    return [rest[i] for i in stratified_rows([r.gold for r in rest], FRESH_SIZE, FRESH_SEED)]
+
+
 def _write(records: list[Record], path: Path) -> bytes:
     payload = "".join(json.dumps(record.__dict__, ensure_ascii=False) + "\n" for record in records).encode()
     path.write_bytes(payload)
@@ -165,13 +178,15 @@ def _write(records: list[Record], path: Path) -> bytes:
 
 
 def build_samples(data: Path, out: Path) -> dict:
-    """Write ``<sample>.jsonl`` (test) and ``<sample>.dev.jsonl`` for every sample and ``MANIFEST.json``;
-    returns the manifest."""
+    """Write ``<sample>.jsonl`` (test), ``<sample>.dev.jsonl`` and ``<sample>.fresh.jsonl`` for every
+    sample and ``MANIFEST.json``; returns the manifest."""
     manifest = {
         "sample_size": SAMPLE_SIZE,
         "seed": SEED,
         "dev_size": DEV_SIZE,
         "dev_seed": DEV_SEED,
+        "fresh_size": FRESH_SIZE,
+        "fresh_seed": FRESH_SEED,
         "allocation": "proportional, largest remainders",
         "tasks": {},
     }
@@ -189,6 +204,8 @@ def build_samples(data: Path, out: Path) -> dict:
             for row in dev_picked
         ]
         dev_payload = _write(dev, out / sample_file(sample, "dev"))
+        fresh = fresh_records(data, sample)
+        fresh_payload = _write(fresh, out / sample_file(sample, "fresh"))
         source = SOURCES[sample]
         files = source["files"] + source.get("dev_files", [])
         manifest["tasks"][sample] = {
@@ -201,6 +218,9 @@ def build_samples(data: Path, out: Path) -> dict:
             "source_sha256": {name: sha256_bytes((data / name).read_bytes()) for name in files},
             "sample_sha256": sha256_bytes(payload),
             "dev_sha256": sha256_bytes(dev_payload),
+            "fresh_records": len(fresh),
+            "fresh_classes": dict(sorted(Counter(record.gold for record in fresh).items())),
+            "fresh_sha256": sha256_bytes(fresh_payload),
         }
     (out / "MANIFEST.json").write_text(
         json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

@@ -5,9 +5,11 @@ score tasks (SST-5's five levels, and the same sentences on three). Choice tasks
 option order reversed (the ``reversed`` variant): a reader that depends on option position shows it
 there; a score's levels have one order.
 
-Every task has two splits, both shipped in ``eval.data``: ``test`` (the sample the evals report,
-``<sample>.jsonl``) and ``dev`` (``<sample>.dev.jsonl``, disjoint from it: what read defaults are
-chosen on, docs/reads.md). ``eval.decisions.samples`` builds both from the upstream files.
+Every task has three splits, all shipped in ``eval.data`` and disjoint: ``test`` (the sample the
+evals report, ``<sample>.jsonl``), ``dev`` (``<sample>.dev.jsonl``: what read defaults are chosen on,
+docs/reads.md) and ``fresh`` (``<sample>.fresh.jsonl``: kept unread until a rule written first
+confirms on it, evidence/few-shot/round-5/rule.md). ``eval.decisions.samples`` builds them from the
+upstream files.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from importlib import resources
 from typing import Any, Literal
 
 SAMPLES_PACKAGE = "eval.data"
-SPLITS = ("test", "dev")
-Split = Literal["test", "dev"]
+SPLITS = ("test", "dev", "fresh")
+Split = Literal["test", "dev", "fresh"]
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ def sample_file(sample: str, split: Split = "test") -> str:
 
 def read_sample(sample: str, split: Split = "test") -> list[Record]:
     """A shipped sample's records of ``split``, in file order: test holds 300 class-stratified
-    records, dev 200 others (``eval.decisions.samples``)."""
+    records, dev 200 others, fresh up to 300 more (``eval.decisions.samples``)."""
     text = resources.files(SAMPLES_PACKAGE).joinpath(sample_file(sample, split)).read_text(encoding="utf-8")
     return [Record(**json.loads(line)) for line in text.splitlines() if line]
 

@@ -11,9 +11,11 @@ import pytest
 
 from eval.decisions.samples import (
     DEV_SIZE,
+    FRESH_SIZE,
     SAMPLE_SIZE,
     build_samples,
     dev_rows,
+    fresh_records,
     stratified_rows,
     unsampled_records,
 )
@@ -27,11 +29,17 @@ MANIFEST = json.loads(resources.files("eval.data").joinpath("MANIFEST.json").rea
 @pytest.mark.parametrize("sample", list(MANIFEST["tasks"]))
 def test_shipped_samples_match_their_manifest(sample):
     entry = MANIFEST["tasks"][sample]
-    for split, size, digest in [("test", SAMPLE_SIZE, "sample_sha256"), ("dev", DEV_SIZE, "dev_sha256")]:
+    # Irony's upstream holds 284 rows besides test and dev: its fresh split is all of them.
+    fresh_size = 284 if sample == "irony" else FRESH_SIZE
+    for split, size, count, digest in [
+        ("test", SAMPLE_SIZE, "records", "sample_sha256"),
+        ("dev", DEV_SIZE, "dev_records", "dev_sha256"),
+        ("fresh", fresh_size, "fresh_records", "fresh_sha256"),
+    ]:
         payload = resources.files("eval.data").joinpath(sample_file(sample, split)).read_bytes()
         assert hashlib.sha256(payload).hexdigest() == entry[digest]
         records = load_sample(sample, split)
-        assert len(records) == size == entry["records" if split == "test" else "dev_records"]
+        assert len(records) == size == entry[count]
         assert len({record.id for record in records}) == size
         assert all(
             record.id.startswith(f"{sample}-") and record.text == record.text.strip() and record.text
@@ -40,16 +48,18 @@ def test_shipped_samples_match_their_manifest(sample):
     assert entry["licence"] and entry["upstream"] and entry["source_sha256"]
 
 
-def test_dev_and_test_never_share_a_record():
+@pytest.mark.parametrize("a, b", [("test", "dev"), ("test", "fresh"), ("dev", "fresh")])
+def test_no_two_splits_share_a_record(a, b):
     for sample in MANIFEST["tasks"]:
-        test, dev = load_sample(sample, "test"), load_sample(sample, "dev")
-        assert not {r.id for r in test} & {r.id for r in dev}
-        assert not {r.text for r in test} & {r.text for r in dev}, sample
+        one, other = load_sample(sample, a), load_sample(sample, b)
+        assert not {r.id for r in one} & {r.id for r in other}
+        # SST-5's dev split is upstream's own: its ids differ from the test file's by prefix.
+        assert not {r.text for r in one} & {r.text for r in other}, sample
 
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_every_task_asks_its_records_gold_answers_as_options(task):
-    for split in ("test", "dev"):
+    for split in ("test", "dev", "fresh"):
         records = TASKS[task].records(split)
         assert {record.gold for record in records} == set(TASKS[task].options)
         assert all(record.task == task for record in records)
@@ -86,9 +96,22 @@ def test_samples_rebuild_byte_for_byte_from_shared_data(tmp_path):
     rebuilt = build_samples(SHARED, tmp_path)
     assert rebuilt == MANIFEST
     for sample in MANIFEST["tasks"]:
-        for split in ("test", "dev"):
+        for split in ("test", "dev", "fresh"):
             name = sample_file(sample, split)
             assert (tmp_path / name).read_bytes() == resources.files("eval.data").joinpath(name).read_bytes()
+
+
+def test_the_fresh_split_is_a_stratified_draw_of_the_unsampled_rows(tmp_path):
+    fake_irony(tmp_path / "few")
+    assert fresh_records(tmp_path / "few", "irony") == unsampled_records(
+        tmp_path / "few", "irony"
+    )  # 120: all
+    fake_irony(tmp_path / "many", rows=1500)
+    rest = unsampled_records(tmp_path / "many", "irony")
+    fresh = fresh_records(tmp_path / "many", "irony")
+    assert len(rest) == 1000 and len(fresh) == FRESH_SIZE
+    assert {r.id for r in fresh} <= {r.id for r in rest} and fresh == sorted(fresh, key=rest.index)
+    assert sum(r.gold == "true" for r in fresh) == FRESH_SIZE * 2 // 5  # the rows' share, two in five
 
 
 def test_unsampled_records_are_the_upstream_rows_neither_split_holds(tmp_path):
