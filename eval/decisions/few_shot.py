@@ -13,7 +13,9 @@ are in evidence/few-shot/rule.md, committed before the dev curve was computed; :
 :func:`confirm` implement its steps 1–4 and 5. Round 2 (evidence/few-shot/round-2/rule.md) runs the same
 rule over more modes (``ROUNDS``): ``gold_prior`` for reference and ``cv_selected``, the mode chosen
 per fit by cross-validation on the fit's own gold answers (calibration/select.py), as a candidate; it
-adds the issue's pass check (:func:`done_when`). Every figure comes from committed record rows.
+adds the issue's pass check (:func:`done_when`). Round 5 reads a type's ECE as the mean of its tasks'
+and confirms on the fresh split, records first read for it (evidence/few-shot/round-5/rule.md). Every
+figure comes from committed record rows.
 """
 
 from __future__ import annotations
@@ -50,13 +52,24 @@ ROUNDS = {
         "probe_members": PROBE_MEMBERS,
         "ece": "pooled_ece",
     },
+    5: {
+        "modes": MODES + ("probe",),
+        "candidates": CANDIDATES + ("probe",),
+        "probe_members": PROBE_MEMBERS,
+        "ece": "task_ece",
+        "confirm_ece": "task_ece",
+        "fresh": True,
+    },
 }
 """Per round of the rule, the modes its curve scores and the candidates it chooses among, simplest
 first (round 2: evidence/few-shot/round-2/rule.md; round 3, the probe on the answer slot's hidden
 state: evidence/few-shot/round-3/rule.md; round 4, the probe averaged over bootstrap fits and ECE
-read over all splits pooled: evidence/few-shot/round-4/rule.md). ``probe_members``: the fits a
-probe averages (round 3's was one); ``ece``: the ECE figure the rule and the pass check read
-(``ece``, the mean of the splits', unless named)."""
+read over all splits pooled: evidence/few-shot/round-4/rule.md; round 5, a type's ECE the mean of
+its tasks' pooled ECEs, confirmed on the fresh split: evidence/few-shot/round-5/rule.md).
+``probe_members``: the fits a probe averages (round 3's was one); ``ece``: the ECE figure the rule
+and the dev pass check read (``ece``, the mean of the splits', unless named); ``confirm_ece``: the
+one a confirmation's type rows read (``ece``, the tasks' reads pooled, unless named); ``fresh``:
+the rule also confirms on ``FRESH_RUN``."""
 FEATURE_MODES = ("probe",)
 """Modes fitted on the answer slot's hidden state as well as the reads (``eval.decisions.features``)."""
 SCORE_ONLY = ("cumulative_logit",)
@@ -75,6 +88,8 @@ DEV_RUNS = {
 }
 """Committed dev runs holding decide-prompt/7's reads of each type (evidence/few-shot/rule.md)."""
 TEST_RUN = "evidence/reads/regression-7/candidate"
+FRESH_RUN = "evidence/reads/fresh-7"
+"""The fresh split's reads under decide-prompt/7, made once for round 5 (its rule.md)."""
 
 Scaler = (
     TemperatureScaler
@@ -227,7 +242,8 @@ def curve_report(
 
 def type_means(tasks: Mapping[str, dict]) -> dict:
     """Per type, mode and N: mean over the type's tasks of each task's split means (lift =
-    accuracy − the held-out majority rate), and each task's mean accuracy (rule step 2c)."""
+    accuracy − the held-out majority rate), the ECE of the tasks' reads pooled (``pooled_ece``) and
+    the mean of each task's own pooled ECE (``task_ece``), and each task's mean accuracy (rule step 2c)."""
     out = {}
     for question_type in QUESTION_TYPES:
         mine = {t: e for t, e in tasks.items() if e["type"] == question_type}
@@ -252,8 +268,10 @@ def type_means(tasks: Mapping[str, dict]) -> dict:
                         np.mean([np.mean(e["modes"][mode][n]["macro_f1"]) for e in mine.values()])
                     ),
                     "ece": float(np.mean([np.mean(e["modes"][mode][n]["ece"]) for e in mine.values()])),
-                    # Every task's held-out reads in one pool, as the test confirmation pools them.
+                    # Every task's held-out reads in one pool, as round 4's confirmation pools them.
                     "pooled_ece": pooled_ece([e["modes"][mode][n]["pooled"] for e in mine.values()]),
+                    # Each task's reads pooled on their own, then the tasks' mean (round 5).
+                    "task_ece": float(np.mean([e["modes"][mode][n]["pooled_ece"] for e in mine.values()])),
                     "task_accuracy": {
                         t: float(np.mean(e["modes"][mode][n]["accuracy"])) for t, e in mine.items()
                     },
@@ -322,11 +340,15 @@ def confirm(
     uncalibrated: bool = False,
     features: Mapping[str, np.ndarray] | None = None,
     probe_members: int = PROBE_MEMBERS,
+    ece_figure: str = "ece",
+    split_name: str = "test",
 ) -> dict:
     """Rule step 5: temperature against each type's chosen mode after ``n_gold`` gold answers, on the
     held-out halves of ``splits`` splits; pooled over splits, with cluster-bootstrap intervals.
     ``uncalibrated``: also the reads as answered without a fit (round 2's pass check); ``features``:
-    per task, its rows' hidden states (a chosen ``FEATURE_MODES`` mode)."""
+    per task, its rows' hidden states (a chosen ``FEATURE_MODES`` mode); ``ece_figure``: the ECE a
+    row's regression reads, ``ece`` (its tasks' reads pooled) or ``task_ece`` (the mean of its tasks'
+    ECEs, round 5); ``split_name``: which split ``rows`` are of, for the tables."""
     held: dict[str, dict] = {}
     for task in TASKS:
         question_type = TASKS[task].question_type
@@ -366,6 +388,8 @@ def confirm(
         "seed": seed,
         "resamples": resamples,
         "n_bins": N_BINS,
+        "split": split_name,
+        "ece_figure": ece_figure,
         "rows": {},
     }
     for name, tasks in groups.items():
@@ -374,7 +398,7 @@ def confirm(
         row = {"type": held[tasks[0]]["type"], "tasks": tasks, "n": sum(held[t]["n"] for t in tasks),
                "majority": sum(held[t]["majority"] * held[t]["n"] for t in tasks) / sum(held[t]["n"] for t in tasks),
                "mode": chosen[held[tasks[0]]["type"]]["mode"]}  # fmt: skip
-        for metric in ("accuracy", "macro_f1", "ece"):
+        for metric in ("accuracy", "macro_f1", "ece", "task_ece"):
             for side in point:
                 values = [b[side][metric] for b in boot]
                 row[f"{side}_{metric}"] = point[side][metric]
@@ -385,7 +409,7 @@ def confirm(
         row["regresses"] = bool(
             row["difference_accuracy_ci95"][1] < 0
             or row["difference_macro_f1_ci95"][1] < 0
-            or row["difference_ece_ci95"][0] > 0
+            or row[f"difference_{ece_figure}_ci95"][0] > 0
         )
         report["rows"][name] = row
     report["regresses"] = sorted(name for name, row in report["rows"].items() if row["regresses"])
@@ -396,12 +420,13 @@ def _group_metrics(
     held: Mapping[str, dict], tasks: Sequence[str], resample: Mapping[str, np.ndarray] | None
 ) -> dict:
     """Accuracy and ECE over the tasks' held-out reads pooled (each task's records resampled as
-    given: a record's reads over the splits stay together), macro-F1 the mean of the tasks'."""
+    given: a record's reads over the splits stay together), macro-F1 and ``task_ece`` (each task's
+    reads' ECE) the means of the tasks'."""
     out = {}
     for side in ("baseline", "candidate", "uncalibrated"):
         if side not in held[tasks[0]]:
             continue
-        top, right, f1 = [], [], []
+        top, right, f1, eces = [], [], [], []
         for task in tasks:
             e = held[task]
             index = (
@@ -414,10 +439,12 @@ def _group_metrics(
             # Top-label figures only: the pooled tasks have different option counts.
             top.append(p.max(axis=1))
             right.append(p.argmax(axis=1) == y)
+            eces.append(top_label_ece(top[-1], right[-1]))
         confidence, correct = np.concatenate(top), np.concatenate(right)
         out[side] = {
             "accuracy": float(correct.mean()),
             "ece": top_label_ece(confidence, correct),
+            "task_ece": float(np.mean(eces)),
             "macro_f1": float(np.mean(f1)),
         }
     return out
@@ -492,13 +519,17 @@ def curve_table(report: dict) -> str:
     pooled ECE where the curve has it), then per task at N = 50."""
     counts = [str(n) for n in report["counts"]]
     pooled = "pooled_ece" in next(iter(report["types"].values()))["modes"]["temperature"]["50"]
+    task_mean = ROUNDS[report.get("round", 1)].get("ece") == "task_ece"
     lines = [
         f"Dev split; {report['splits']} splits per task, N gold answers drawn from one half, the other half scored; "
         f"accuracy / macro-F1 / ECE ({report['n_bins']} bins), means over splits, then over the type's tasks"
         + (
-            "; then the ECE of every split's held-out reads pooled (the type's tasks' together)."
+            "; then the ECE of every split's held-out reads pooled (the type's tasks' together)"
             if pooled
-            else "."
+            else ""
+        )
+        + (
+            "; then the mean of each task's own pooled ECE (the figure the rule reads)." if task_mean else "."
         ),
         "",
         "| type | mode | " + " | ".join(f"N = {n}" for n in counts) + " |",
@@ -509,6 +540,7 @@ def curve_table(report: dict) -> str:
             cells = [
                 f"{curve[n]['accuracy']:.1%} / {curve[n]['macro_f1']:.3f} / {curve[n]['ece']:.3f}"
                 + (f" / {curve[n]['pooled_ece']:.3f}" if pooled else "")
+                + (f" / **{curve[n]['task_ece']:.3f}**" if task_mean else "")
                 for n in counts
             ]
             lines.append(f"| {question_type} | {mode} | " + " | ".join(cells) + " |")
@@ -536,11 +568,16 @@ def curve_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+SPLIT_TITLES = {"test": "Test samples", "fresh": "Fresh records (read once, for round 5)"}
+
+
 def confirm_table(report: dict) -> str:
     """Rule step 5's regression table: every task and question type, each figure with its 95% interval."""
+    figure = report.get("ece_figure", "ece")
     lines = [
-        f"Test samples; after {report['n_gold']} gold answers, {report['splits']} splits (half held out), reads pooled over splits; "
-        f"95% intervals: cluster bootstrap over records ({report['resamples']:,} resamples, seed {report['seed']}); ECE over {report['n_bins']} bins.",
+        f"{SPLIT_TITLES[report.get('split', 'test')]}; after {report['n_gold']} gold answers, {report['splits']} splits (half held out), reads pooled over splits; "
+        f"95% intervals: cluster bootstrap over records ({report['resamples']:,} resamples, seed {report['seed']}); ECE over {report['n_bins']} bins"
+        + ("; a type's ECE the mean of its tasks'." if figure == "task_ece" else "."),
         "",
         "| task | type | n | majority | default | accuracy: temperature → default | Δ accuracy | macro-F1: temperature → default | Δ macro-F1 | ECE: temperature → default | Δ ECE | regresses |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -559,7 +596,7 @@ def confirm_table(report: dict) -> str:
     for name, row in report["rows"].items():
         cells = [
             cell
-            for metric, pct in (("accuracy", True), ("macro_f1", False), ("ece", False))
+            for metric, pct in (("accuracy", True), ("macro_f1", False), (figure, False))
             for cell in pair(row, metric, pct)
         ]
         label = name if name in TASKS else f"{name} ({', '.join(row['tasks'])})"
@@ -572,14 +609,16 @@ def confirm_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def done_when(dev: dict, test: dict | None = None) -> dict:
+def done_when(dev: dict, test: dict | None = None, fresh: dict | None = None) -> dict:
     """The issue's pass check per question type after 50 gold answers (round 2's rule): accuracy at
     or above the majority rate, above the uncalibrated accuracy where that was below it, ECE no worse
     than temperature's. Dev: the rule's means over splits and tasks, ECE as the round's rule reads it
-    (``ROUNDS``' ``ece``); test: the pooled figures of :func:`confirm` (with ``uncalibrated``), each
-    with its interval."""
-    figure = ROUNDS[dev.get("round", 1)].get("ece", "ece")
-    out: dict = {"dev": {}, "test": {}}
+    (``ROUNDS``' ``ece``); test and fresh: the pooled figures of :func:`confirm` (with
+    ``uncalibrated``), ECE as the round's confirmation reads it (``confirm_ece``), each with its
+    interval."""
+    spec = ROUNDS[dev.get("round", 1)]
+    figure, confirmed = spec.get("ece", "ece"), spec.get("confirm_ece", "ece")
+    out: dict = {"dev": {}, "test": {}} | ({"fresh": {}} if fresh is not None else {})
     for question_type, entry in dev["types"].items():
         mode = dev["chosen"][question_type]["mode"]
         modes = entry["modes"]
@@ -588,22 +627,26 @@ def done_when(dev: dict, test: dict | None = None) -> dict:
         out["dev"][f"all {question_type}"] = _verdict(
             mode, majority, raw["accuracy"], pick["accuracy"], temp[figure], pick[figure]
         )
-        for task in entry["tasks"]:  # each task of the type under the type's default, for the detail
+        # Each task of the type under the type's default, for the detail (a task's own figure:
+        # its pooled ECE where the type reads pooled figures, else its splits' mean).
+        task_figure = "ece" if figure == "ece" else "pooled_ece"
+        for task in entry["tasks"]:
             curves = dev["tasks"][task]["modes"]
             out["dev"][task] = _verdict(
                 mode, float(np.mean(dev["tasks"][task]["majority"])),
                 *(float(np.mean(curves[m][n]["accuracy"])) for m, n in (("temperature", "0"), (mode, "50"))),
-                *(float(np.mean(curves[m]["50"][figure])) for m in ("temperature", mode)),
+                *(float(np.mean(curves[m]["50"][task_figure])) for m in ("temperature", mode)),
             )  # fmt: skip
-    for name, row in (test or {}).get("rows", {}).items():
-        out["test"][name] = _verdict(
-            row["mode"], row["majority"], row["uncalibrated_accuracy"], row["candidate_accuracy"],
-            row["baseline_ece"], row["candidate_ece"],
-        ) | {
-            "uncalibrated_accuracy_ci95": row["uncalibrated_accuracy_ci95"],
-            "accuracy_ci95": row["candidate_accuracy_ci95"],
-            "difference_ece_ci95": row["difference_ece_ci95"],
-        }  # fmt: skip
+    for split_, report in (("test", test), ("fresh", fresh)):
+        for name, row in (report or {}).get("rows", {}).items():
+            out[split_][name] = _verdict(
+                row["mode"], row["majority"], row["uncalibrated_accuracy"], row["candidate_accuracy"],
+                row[f"baseline_{confirmed}"], row[f"candidate_{confirmed}"],
+            ) | {
+                "uncalibrated_accuracy_ci95": row["uncalibrated_accuracy_ci95"],
+                "accuracy_ci95": row["candidate_accuracy_ci95"],
+                "difference_ece_ci95": row[f"difference_{confirmed}_ci95"],
+            }  # fmt: skip
     return out
 
 
@@ -651,27 +694,33 @@ def run_few_shot(
     *,
     dev_runs: Mapping[str, Path] | None = None,
     test_run: Path | None = None,
+    fresh_run: Path | None = None,
     seed: int = 0,
     round_: int = 1,
 ) -> dict:
-    """The dev curve, the rule's choice and (with ``test_run``) its confirmation, written into ``out``:
-    dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}; from round 2 also read-signal.{json,md}
-    (:func:`read_signal`, the study written before round 2's rule) and done-when.{json,md}."""
+    """The dev curve, the rule's choice and (with ``test_run``, ``fresh_run``) its confirmations,
+    written into ``out``: dev-curve.{json,md}, few-shot.png, test-confirm.{json,md},
+    fresh-confirm.{json,md}; from round 2 also read-signal.{json,md} (:func:`read_signal`, the study
+    written before round 2's rule) and done-when.{json,md}."""
     from eval.evidence.figures import plot_few_shot_curves
 
     spec = ROUNDS[round_]
     members = spec.get("probe_members", PROBE_MEMBERS)
     runs = {k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}
-    dev_features = test_features = None
+    confirmations = {
+        name: Path(run) for name, run in (("test", test_run), ("fresh", fresh_run)) if run is not None
+    }
+    dev_features = None
+    split_features: dict[str, dict | None] = dict.fromkeys(confirmations)
     if any(mode in FEATURE_MODES for mode in spec["modes"]):
         import asyncio
 
         from eval.decisions.features import run_features
 
         dev_features = asyncio.run(run_features(runs, "dev"))
-        if test_run is not None:
-            types = {TASKS[task].question_type for task in TASKS}
-            test_features = asyncio.run(run_features({t: Path(test_run) for t in types}, "test"))
+        types = {TASKS[task].question_type for task in TASKS}
+        for name, run in confirmations.items():
+            split_features[name] = asyncio.run(run_features(dict.fromkeys(types, run), name))
     dev = curve_report(
         runs, seed=seed, modes=spec["modes"], probe_members=members,
         features=None if dev_features is None else {t: f for t, (f, _) in dev_features.items()},
@@ -685,21 +734,23 @@ def run_few_shot(
     (out / "dev-curve.md").write_text(curve_table(dev))
     plot_few_shot_curves(dev, out / "few-shot.png", spec.get("ece", "ece"))
     result = {"dev": dev}
-    if test_run is not None:
-        test = confirm(
-            load_rows(Path(test_run)), dev["chosen"], seed=seed, uncalibrated=round_ > 1, probe_members=members,
-            features=None if test_features is None else {t: f for t, (f, _) in test_features.items()},
+    for name, run in confirmations.items():
+        features = split_features[name]
+        report = confirm(
+            load_rows(run), dev["chosen"], seed=seed, uncalibrated=round_ > 1, probe_members=members,
+            features=None if features is None else {t: f for t, (f, _) in features.items()},
+            ece_figure=spec.get("confirm_ece", "ece"), split_name=name,
         )  # fmt: skip
-        if test_features is not None:
-            test["features_sha256"] = {task: sha for task, (_, sha) in test_features.items()}
-        write_json(out / "test-confirm.json", test)
-        (out / "test-confirm.md").write_text(confirm_table(test))
-        result["test"] = test
+        if features is not None:
+            report["features_sha256"] = {task: sha for task, (_, sha) in features.items()}
+        write_json(out / f"{name}-confirm.json", report)
+        (out / f"{name}-confirm.md").write_text(confirm_table(report))
+        result[name] = report
     if round_ > 1:
         signal = read_signal({k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed)
         write_json(out / "read-signal.json", signal)
         (out / "read-signal.md").write_text(signal_table(signal))
-        result["done_when"] = done_when(dev, result.get("test"))
+        result["done_when"] = done_when(dev, result.get("test"), result.get("fresh"))
         write_json(out / "done-when.json", result["done_when"])
         (out / "done-when.md").write_text(done_table(result["done_when"]))
     return result

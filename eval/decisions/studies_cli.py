@@ -307,21 +307,36 @@ def eval_few_shot(
         int,
         typer.Option(
             "--round",
-            help="the rule's round: 1 (evidence/few-shot/rule.md), 2 (evidence/few-shot/round-2/rule.md: more modes, the pass check), 3 (evidence/few-shot/round-3/rule.md: the probe; reads the records again on the embedded engine) or 4 (evidence/few-shot/round-4/rule.md: the probe averaged over bootstrap fits, ECE pooled over splits)",
+            help="the rule's round: 1 (evidence/few-shot/rule.md), 2 (evidence/few-shot/round-2/rule.md: more modes, the pass check), 3 (evidence/few-shot/round-3/rule.md: the probe; reads the records again on the embedded engine), 4 (evidence/few-shot/round-4/rule.md: the probe averaged over bootstrap fits, ECE pooled over splits) or 5 (evidence/few-shot/round-5/rule.md: a type's ECE the mean of its tasks', confirmed on the fresh split as well)",
         ),
     ] = 1,
 ) -> None:
     """Accuracy, macro-F1 and ECE after N gold answers per mode, the default the committed rule picks
     on the dev rows, and its confirmation on the test rows (eval/decisions/few_shot.py; rows only, no reads)."""
-    from eval.decisions.few_shot import ROUNDS, TEST_RUN, confirm_table, curve_table, done_table, run_few_shot
+    from eval.decisions.few_shot import (
+        FRESH_RUN,
+        ROUNDS,
+        TEST_RUN,
+        confirm_table,
+        curve_table,
+        done_table,
+        run_few_shot,
+    )
 
     if round_ not in ROUNDS:
         raise typer.BadParameter(f"--round is one of {', '.join(map(str, ROUNDS))}, not {round_}")
     # The committed rows, candidates and rule only: each round's test table is what it reported,
     # regenerated, never another confirmation of another candidate set (its rule.md).
-    result = run_few_shot(out, test_run=Path(TEST_RUN) if confirm else None, seed=seed, round_=round_)
+    result = run_few_shot(
+        out,
+        test_run=Path(TEST_RUN) if confirm else None,
+        fresh_run=Path(FRESH_RUN) if confirm and ROUNDS[round_].get("fresh") else None,
+        seed=seed,
+        round_=round_,
+    )
     typer.echo(curve_table(result["dev"]), nl=False)
-    if confirm:
-        typer.echo(confirm_table(result["test"]), nl=False)
+    for name in ("fresh", "test"):
+        if name in result:
+            typer.echo(confirm_table(result[name]), nl=False)
     if "done_when" in result:
         typer.echo(done_table(result["done_when"]), nl=False)

@@ -159,8 +159,8 @@ def plot_risk_coverage(points: list[dict], path: Path, *, title: str) -> None:
 
 def plot_few_shot_curves(report: dict, path: Path, ece: str = "ece") -> None:
     """Accuracy and ECE against N per question type, one line per mode (the docs' figure); the ECE
-    figure is ``ece``, the one the round's rule reads (``pooled_ece`` from round 4, else ``ece``, the
-    mean of the splits')."""
+    figure is ``ece``, the one the round's rule reads (``task_ece`` from round 5, ``pooled_ece`` in
+    round 4, else ``ece``, the mean of the splits')."""
     types = list(report["types"])
     figure, axes = plt.subplots(2, len(types), figsize=(4.2 * len(types), 6.4), dpi=110, squeeze=False)
     counts = report["counts"]
@@ -182,7 +182,10 @@ def plot_few_shot_curves(report: dict, path: Path, ece: str = "ece") -> None:
         axes[0][column].axhline(majority, color="grey", linestyle="--", label="majority rate")
         axes[0][column].set_title(f"{question_type} ({', '.join(entry['tasks'])})")
         axes[0][column].set_ylabel("held-out accuracy")
-        pooled = ", splits pooled" if ece == "pooled_ece" else ""
+        pooled = {
+            "pooled_ece": ", splits pooled",
+            "task_ece": ", each task's splits pooled, tasks' mean",
+        }.get(ece, "")
         axes[1][column].set_ylabel(f"held-out ECE ({report['n_bins']} bins{pooled})")
         axes[1][column].set_xlabel("gold answers fitted on (N)")
         for axis in (axes[0][column], axes[1][column]):
