@@ -33,27 +33,28 @@ Gold = bool | int | str
 MIN_GOLD = 10
 """Fewest decisions with a gold answer a calibration is fitted on."""
 NOUL_GOLD = {True: 0, "true": 0, "yes": 0, False: 1, "false": 1, "no": 1}
-DEFAULT_MODES: dict[str, tuple[str, int]] = {"noul": ("probe", 32), "choice": ("probe", 32)}
+DEFAULT_MODES: dict[str, tuple[str, int]] = {"noul": ("probe", 32), "choice": ("probe", 16)}
 """Per question type, (mode, fewest gold answers): the mode a fit gets when the caller names none,
 every decision it is fitted on comes with the answer slot's hidden state (the local engine), and it
 has at least that many gold answers; ``temperature`` otherwise and for the types not listed. Chosen
-per type on the dev split by rules committed before each run, confirmed on the test samples
+per type on the dev split by rules committed before each run, confirmed on held-out records
 (docs/calibration.md): round 1 (evidence/few-shot/rule.md) made choice questions ``temperature_bias``
 from 32 and kept temperature for yes/no and score; round 2 (a mode chosen per fit by cross-validation)
 changed nothing; round 3 (evidence/few-shot/round-3/rule.md) made choice questions ``probe`` from 32;
 round 4 (evidence/few-shot/round-4/rule.md: the probe averaged over fits on resampled gold answers,
 ECE read over all splits pooled) made yes/no and choice questions ``probe`` from 32 and kept
-temperature for score."""
-DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {}
+temperature for score; round 5 (evidence/few-shot/round-5/rule.md: a type's ECE the mean of its
+tasks', confirmed on the fresh split) moved choice's start to 16."""
+DEFAULT_MODES_WITHOUT_FEATURES: dict[str, tuple[str, int]] = {"choice": ("temperature_bias", 32)}
 """``DEFAULT_MODES`` where a decision comes without the hidden state (a vLLM engine; a decision
-recorded before the state was): round 4's rule without the probe, which keeps temperature for every
-type (``temperature_bias``, round 1's choice default, has a pooled ECE 0.018 over temperature's on
-choice questions, beyond the rule's 0.01)."""
-PROBE_DEFAULT_MAX_OPTIONS = 6
-"""The most options a key gets the probe by default: the most the rule's tasks had (emotion's six).
-Beyond that it is untested, and its weights grow with the options (576 numbers each per fit on
-SmolLM2-135M; ten fits are ~8 MB of stored text at 255): such a key gets ``DEFAULT_MODES_WITHOUT_FEATURES``, and a caller
-may still name ``probe``."""
+recorded before the state was): round 5's rule without the probe, confirmed on the fresh split
+(choice 56.4% → 62.1%, nothing regresses; evidence/few-shot/round-5/fresh-confirm-without-features.md).
+Round 4's reading of ECE had kept temperature for every type."""
+DEFAULT_MAX_OPTIONS = 6
+"""The most options a key gets a default other than temperature: the most the rules' tasks had
+(emotion's six). Beyond that the defaults are untested, and the probe's weights grow with the
+options (576 numbers each per fit on SmolLM2-135M; ten fits are ~8 MB of stored text at 255); a
+caller may still name any mode."""
 
 
 def gold_index(question_type: str, options: Sequence[str], gold: Gold) -> int:
@@ -87,13 +88,14 @@ def _padded(probabilities: list[np.ndarray]) -> np.ndarray:
 
 def default_mode(question_type: str, n: int, option_count: int | None, *, features: bool = False) -> str:
     """The mode of a fit on ``n`` gold answers that names none: ``DEFAULT_MODES`` where every
-    decision comes with the answer slot's hidden state (``features``) and the key has at most
-    ``PROBE_DEFAULT_MAX_OPTIONS`` options, else ``DEFAULT_MODES_WITHOUT_FEATURES``; temperature on a
-    key without an option count, where a per-option bias has no options to belong to."""
-    probe_allowed = features and (option_count or 0) <= PROBE_DEFAULT_MAX_OPTIONS
-    table = DEFAULT_MODES if probe_allowed else DEFAULT_MODES_WITHOUT_FEATURES
-    mode, fewest = table.get(question_type, ("temperature", 0))
-    if n < fewest or (mode in BIAS_MODES and option_count is None):
+    decision comes with the answer slot's hidden state (``features``), else
+    ``DEFAULT_MODES_WITHOUT_FEATURES``; temperature below the table's count, past
+    ``DEFAULT_MAX_OPTIONS`` options, and on a key without an option count, where a per-option bias
+    has no options to belong to."""
+    mode, fewest = (DEFAULT_MODES if features else DEFAULT_MODES_WITHOUT_FEATURES).get(
+        question_type, ("temperature", 0)
+    )
+    if n < fewest or option_count is None or option_count > DEFAULT_MAX_OPTIONS:
         return "temperature"
     return mode
 

@@ -565,6 +565,10 @@ def curve_table(report: dict) -> str:
         lines.append(
             f"chosen for {question_type}: {pick['mode']}{start} (eligible at 50: {', '.join(pick['eligible'])})"
         )
+    if report.get("round", 1) >= 5:
+        for question_type, pick in report.get("chosen_without_features", {}).items():
+            start = f" from {pick['from_n']} gold answers" if pick["from_n"] else ""
+            lines.append(f"chosen for {question_type} without the hidden state: {pick['mode']}{start}")
     return "\n".join(lines) + "\n"
 
 
@@ -700,7 +704,8 @@ def run_few_shot(
 ) -> dict:
     """The dev curve, the rule's choice and (with ``test_run``, ``fresh_run``) its confirmations,
     written into ``out``: dev-curve.{json,md}, few-shot.png, test-confirm.{json,md},
-    fresh-confirm.{json,md}; from round 2 also read-signal.{json,md} (:func:`read_signal`, the study
+    fresh-confirm.{json,md} (from round 5, also ``*-confirm-without-features`` where the rule without
+    the probe picks anything but temperature: the defaults without the hidden state); from round 2 also read-signal.{json,md} (:func:`read_signal`, the study
     written before round 2's rule) and done-when.{json,md}."""
     from eval.evidence.figures import plot_few_shot_curves
 
@@ -729,6 +734,10 @@ def run_few_shot(
     if dev_features is not None:
         dev["features_sha256"] = {task: sha for task, (_, sha) in dev_features.items()}
     dev["chosen"] = choose(dev["types"], spec["candidates"], spec.get("ece", "ece"))
+    plain = [mode for mode in spec["candidates"] if mode not in FEATURE_MODES]
+    if len(plain) < len(spec["candidates"]):
+        # The defaults where a decision comes without the hidden state: the same rule without the probe.
+        dev["chosen_without_features"] = choose(dev["types"], plain, spec.get("ece", "ece"))
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "dev-curve.json", dev)
     (out / "dev-curve.md").write_text(curve_table(dev))
@@ -742,10 +751,20 @@ def run_few_shot(
             ece_figure=spec.get("confirm_ece", "ece"), split_name=name,
         )  # fmt: skip
         if features is not None:
-            report["features_sha256"] = {task: sha for task, (_, sha) in features.items()}
+            report["features_sha256"] = {task: sha for task, (_, sha) in sorted(features.items())}
         write_json(out / f"{name}-confirm.json", report)
         (out / f"{name}-confirm.md").write_text(confirm_table(report))
         result[name] = report
+        without = dev.get("chosen_without_features", {})
+        if round_ >= 5 and any(pick["mode"] != "temperature" for pick in without.values()):
+            # A pick without the probe that moves a default is confirmed as the rule confirms any pick.
+            report = confirm(
+                load_rows(run), without, seed=seed, uncalibrated=True,
+                ece_figure=spec.get("confirm_ece", "ece"), split_name=name,
+            )  # fmt: skip
+            write_json(out / f"{name}-confirm-without-features.json", report)
+            (out / f"{name}-confirm-without-features.md").write_text(confirm_table(report))
+            result[f"{name} without features"] = report
     if round_ > 1:
         signal = read_signal({k: Path(v) for k, v in (dev_runs or DEV_RUNS).items()}, seed=seed)
         write_json(out / "read-signal.json", signal)

@@ -335,7 +335,7 @@ def eval_few_shot(
         round_=round_,
     )
     typer.echo(curve_table(result["dev"]), nl=False)
-    for name in ("fresh", "test"):
+    for name in ("fresh", "test", "fresh without features", "test without features"):
         if name in result:
             typer.echo(confirm_table(result[name]), nl=False)
     if "done_when" in result:

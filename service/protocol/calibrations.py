@@ -48,9 +48,9 @@ MODE_DESCRIPTION = (
     "probe: the mean over 10 fits, each on a bootstrap resample of the gold answers, of softmax(z / T + b + W x), "
     "x the model's hidden state at the answer slot, W one L2-regularised row per option (only on an engine that "
     "returns the state: the local engine); "
-    "omitted: the default per question type and number of gold answers (for yes/no questions, and choice questions "
-    "of up to 6 options, probe from 32 gold answers where the engine returns the hidden state; temperature "
-    "otherwise; docs/calibration.md)"
+    "omitted: the default per question type and number of gold answers (questions of up to 6 options: where the "
+    "engine returns the hidden state, probe from 32 gold answers for yes/no and from 16 for choice; elsewhere "
+    "temperature_bias from 32 for choice; temperature otherwise; docs/calibration.md)"
 )
 
 

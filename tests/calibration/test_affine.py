@@ -12,8 +12,8 @@ import pytest
 from calibration.bias import AffineScaler, TemperatureBiasScaler
 from calibration.fit import (
     DEFAULT_MODES,
+    DEFAULT_MAX_OPTIONS,
     DEFAULT_MODES_WITHOUT_FEATURES,
-    PROBE_DEFAULT_MAX_OPTIONS,
     default_mode,
     fit_and_store,
     refit_from_store,
@@ -80,18 +80,29 @@ def test_a_refit_without_a_mode_takes_the_default_of_its_type_and_n(tmp_path):
     # Stored and read back from SQLite as the mode, bias and n it was fitted with.
     stored = store.lookup(choice)
     assert (stored.mode, stored.n, len(stored.bias), stored.probe_dimension) == (mode, fewest, 6, 16)
-    # Without the states (a vLLM engine) round 4's rule keeps temperature for every type.
-    without = refit_from_store(store, replace(choice, domain="vllm"), None, [row[:2] for row in rows])
-    assert DEFAULT_MODES_WITHOUT_FEATURES == {} and without.mode == "temperature"
+    # Without the states (a vLLM engine) round 5's rule without the probe: temperature_bias for
+    # choice from 32, temperature below that and for the other types.
+    plain, plain_fewest = DEFAULT_MODES_WITHOUT_FEATURES["choice"]
+    without = [row[:2] for row in rows]
+    vllm = replace(choice, domain="vllm")
+    below = refit_from_store(store, vllm, None, without[: plain_fewest - 1])
+    at = refit_from_store(store, vllm, None, without[:plain_fewest])
+    assert (below.mode, at.mode) == ("temperature", plain) == ("temperature", "temperature_bias")
+    assert at.probe_dimension is None and len(at.bias) == 6
     # With every decision's hidden state: yes/no and choice questions get the probe, score keeps temperature.
     assert default_mode("noul", 200, 2, features=True) == DEFAULT_MODES["noul"][0] == "probe"
     assert default_mode("choice", 200, 6, features=True) == DEFAULT_MODES["choice"][0] == "probe"
-    assert default_mode("score", 200, 5, features=True) == "temperature"
-    assert default_mode("noul", 200, 2) == default_mode("choice", 200, 6) == "temperature"
+    assert default_mode("score", 200, 5, features=True) == default_mode("score", 200, 5) == "temperature"
+    assert (
+        default_mode("noul", 200, 2) == "temperature" and default_mode("choice", 200, 6) == "temperature_bias"
+    )
     # A type-level key (no options for a per-option bias or W) keeps temperature.
-    assert default_mode("choice", 200, None, features=True) == "temperature"
-    # Past the option counts the rule was chosen on, the probe is not a default (a caller may name it).
-    assert default_mode("choice", 200, PROBE_DEFAULT_MAX_OPTIONS + 1, features=True) == "temperature"
+    assert (
+        default_mode("choice", 200, None, features=True) == default_mode("choice", 200, None) == "temperature"
+    )
+    # Past the option counts the rules were chosen on, no default but temperature (a caller may name any).
+    assert default_mode("choice", 200, DEFAULT_MAX_OPTIONS + 1, features=True) == "temperature"
+    assert default_mode("choice", 200, DEFAULT_MAX_OPTIONS + 1) == "temperature"
 
 
 def test_feedback_refits_keep_a_mode_the_caller_named_and_move_a_default_one_on(new_store):
@@ -101,8 +112,9 @@ def test_feedback_refits_keep_a_mode_the_caller_named_and_move_a_default_one_on(
     key = CalibrationKey("smol", "rev", "choice", 6, None, read_version="decide-prompt/7+prior")
     named, defaulted = replace(key, domain="named"), replace(key, domain="defaulted")
     store = new_store()
-    # Both temperature fits on 20 answers: one because its caller asked, one because 20 is below 32.
-    pairs, states = [row[:2] for row in rows[:20]], [row[2] for row in rows[:20]]
+    # Both temperature fits on one answer fewer than the default's: one because its caller asked,
+    # one because that is below the default's count.
+    pairs, states = [row[:2] for row in rows[: fewest - 1]], [row[2] for row in rows[: fewest - 1]]
     fit_and_store(store, named, pairs, source="examples", mode="temperature", features=states)
     fit_and_store(store, defaulted, pairs, source="examples", features=states)
     store.close()

@@ -271,11 +271,9 @@ def test_round_4_choice_defaults_and_pass_check_follow_from_its_committed_figure
     again = choose(dev["types"], ROUNDS[4]["candidates"], "pooled_ece")
     assert {t: (c["mode"], c["from_n"]) for t, c in again.items()} == picks
     assert {t: (c["mode"], c["from_n"]) for t, c in dev["chosen"].items()} == picks
-    # The committed defaults are the round's picks where the hidden state comes with every decision,
-    # and what the same rule picks without the probe elsewhere: temperature for every type.
-    assert DEFAULT_MODES == {t: pick for t, pick in picks.items() if pick[0] != "temperature"}
+    # Without the probe the same rule kept temperature for every type (round 5 reads ECE otherwise).
     without = choose(dev["types"], [m for m in ROUNDS[4]["candidates"] if m != "probe"], "pooled_ece")
-    assert {c["mode"] for c in without.values()} == {"temperature"} and DEFAULT_MODES_WITHOUT_FEATURES == {}
+    assert {c["mode"] for c in without.values()} == {"temperature"}
     # Read by the mean of the splits' ECEs, as rounds 1-3 did, the yes/no probe would not have been
     # eligible: that figure sits at its sampling floor, higher for the probe's spread reads.
     noul = dev["types"]["noul"]["modes"]
@@ -321,3 +319,51 @@ async def test_round_3_and_4_probe_curves_regenerate_their_first_splits_from_fre
         for n, metrics in again["modes"]["probe"].items():
             for metric, bound in tolerance.items():
                 assert metrics[metric] == pytest.approx(committed[n][metric][:2], abs=bound), (folder.name, n)
+
+
+ROUND_5 = EVIDENCE / "round-5"
+
+
+def test_round_5_defaults_and_pass_check_follow_from_its_committed_figures():
+    dev = json.loads((ROUND_5 / "dev-curve.json").read_text())
+    fresh, test = (json.loads((ROUND_5 / f"{name}-confirm.json").read_text()) for name in ("fresh", "test"))
+    assert dev["round"] == 5 and ROUNDS[5]["ece"] == ROUNDS[5]["confirm_ece"] == "task_ece"
+    picks = {"noul": ("probe", 32), "choice": ("probe", 16), "score": ("temperature", None)}
+    plain = {
+        "noul": ("temperature", None),
+        "choice": ("temperature_bias", 32),
+        "score": ("temperature", None),
+    }
+    for candidates, chosen, key in ((ROUNDS[5]["candidates"], picks, "chosen"),
+                                    ([m for m in ROUNDS[5]["candidates"] if m != "probe"], plain, "chosen_without_features")):  # fmt: skip
+        again = choose(dev["types"], candidates, "task_ece")
+        assert {t: (c["mode"], c["from_n"]) for t, c in again.items()} == chosen
+        assert {t: (c["mode"], c["from_n"]) for t, c in dev[key].items()} == chosen
+    # The committed defaults: the picks with the hidden state, and without it (vLLM).
+    assert DEFAULT_MODES == {t: pick for t, pick in picks.items() if pick[0] != "temperature"}
+    assert DEFAULT_MODES_WITHOUT_FEATURES == {
+        t: pick for t, pick in plain.items() if pick[0] != "temperature"
+    }
+    # Neither the picks nor the picks without the probe regress a row on fresh records or on test.
+    for name in ("fresh", "test", "fresh-confirm-without-features", "test-confirm-without-features"):
+        path = ROUND_5 / (f"{name}.json" if "without" in name else f"{name}-confirm.json")
+        report = json.loads(path.read_text())
+        assert report["ece_figure"] == "task_ece" and report["regresses"] == [], name
+        # A type's row reads the mean of its tasks' ECEs.
+        for row in report["rows"].values():
+            tasks = [report["rows"][t]["candidate_ece"] for t in row["tasks"]]
+            assert row["candidate_task_ece"] == pytest.approx(np.mean(tasks), abs=1e-12)
+    committed = json.loads((ROUND_5 / "done-when.json").read_text())
+    verdicts = done_when(dev, test, fresh)
+    for split_ in ("dev", "test", "fresh"):
+        assert {k: (v["mode"], v["passes"], v["checks"]) for k, v in verdicts[split_].items()} == {
+            k: (v["mode"], v["passes"], v["checks"]) for k, v in committed[split_].items()
+        }
+    # What the round found: every type passes on dev and on test; on the fresh records choice and
+    # score pass, and yes/no misses by its ECE's point estimate alone, by less than 0.005.
+    types = ("all noul", "all choice", "all score")
+    assert all(verdicts["dev"][k]["passes"] and verdicts["test"][k]["passes"] for k in types)
+    assert [k for k in types if not verdicts["fresh"][k]["passes"]] == ["all noul"]
+    noul = verdicts["fresh"]["all noul"]
+    assert [c for c, ok in noul["checks"].items() if not ok] == ["ece_no_worse_than_temperature"]
+    assert 0 < noul["ece"] - noul["temperature_ece"] < 0.005

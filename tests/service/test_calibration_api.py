@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from calibration.fit import DEFAULT_MODES, DEFAULT_MODES_WITHOUT_FEATURES
+from calibration.fit import DEFAULT_MODES
 from calibration.open import open_store
 from eval.decisions.tasks import TASKS, load_sample, spread
 from readers.prompt import CURRENT_LAYOUT
@@ -79,7 +79,7 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
 
     # No mode named, 60 gold answers of a 2-option choice: the documented default (docs/calibration.md).
     mode, fewest = DEFAULT_MODES["choice"]  # the local engine returns the hidden state: the probe's
-    assert (mode, fewest) == ("probe", 32) and 60 >= fewest
+    assert (mode, fewest) == ("probe", 16) and 60 >= fewest
     assert (calibration["mode"], calibration["mode_chosen_by"], len(calibration["bias"])) == (
         mode,
         "default",
@@ -119,7 +119,7 @@ async def test_fit_apply_report_and_survive_a_restart(client_factory, local_engi
     assert again["x_reading"]["calibration"]["id"] == calibration["id"]
 
 
-@pytest.mark.slow  # 32 examples with gold answers read, three times
+@pytest.mark.slow  # the choice default's count of examples with gold answers read, three times
 async def test_affine_and_default_fits_are_applied_and_reported(client_factory, local_engine, tmp_path):
     mode, fewest = DEFAULT_MODES["choice"]
     async with client_factory(
@@ -154,7 +154,7 @@ async def test_affine_and_default_fits_are_applied_and_reported(client_factory, 
     assert abs(fits["affine"]["bias"][0]) < abs(fits["temperature_bias"]["bias"][0])
 
 
-@pytest.mark.slow  # 64 decisions and 20 examples read on the embedded model
+@pytest.mark.slow  # 2 × DEFAULT_MODES["choice"]'s count of decisions and 20 examples read on the embedded model
 async def test_a_feedback_refit_keeps_a_named_temperature_and_moves_a_default_one_on(
     client_factory, local_engine, tmp_path
 ):
@@ -162,7 +162,7 @@ async def test_a_feedback_refit_keeps_a_named_temperature_and_moves_a_default_on
     temperature stays temperature at the default's N, a default temperature becomes the default's mode
     (the local engine returns the hidden state, recorded with each decision: the probe)."""
     mode, fewest = DEFAULT_MODES["choice"]
-    assert mode == "probe" and "choice" not in DEFAULT_MODES_WITHOUT_FEATURES
+    assert mode == "probe"  # the local engine records each decision's hidden state
     records = spread(load_sample("sst2"), fewest)
     store = tmp_path / "c.sqlite3"
     async with client_factory(local_engine, store=open_store(store)) as client:
@@ -185,7 +185,7 @@ async def test_a_feedback_refit_keeps_a_named_temperature_and_moves_a_default_on
                     "/v1/feedback", json={"decision_id": decision_id, "gold": record.gold}
                 )
                 assert reply.status_code == 200, reply.text
-            refits[domain] = reply.json()["refit"]  # the 32nd gold answer's: due
+            refits[domain] = reply.json()["refit"]  # the default's fewest-th gold answer's: due
     assert (refits["named"]["mode"], refits["named"]["mode_chosen_by"], refits["named"]["n"]) == (
         "temperature",
         "caller",
