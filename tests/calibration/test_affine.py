@@ -11,8 +11,8 @@ import pytest
 
 from calibration.bias import AffineScaler, TemperatureBiasScaler
 from calibration.fit import (
-    DEFAULT_MODES,
     DEFAULT_MAX_OPTIONS,
+    DEFAULT_MODES,
     DEFAULT_MODES_WITHOUT_FEATURES,
     default_mode,
     fit_and_store,
