@@ -4,7 +4,8 @@ A probe key's weights are tens to hundreds of kilobytes (``FoldedProbe.nbytes``:
 two-option fits on a 576-number state, ~6 MB for 255 options), and a tenant may fit one per domain
 without limit. The store's lookup cache therefore holds every key's calibration without its probe, and
 this cache holds the probes answers applied lately, each loaded from the store on first use
-(``CalibrationStore.load_probe``, one query in a worker thread). It is an
+(``CalibrationStore.probe``: one query in a worker thread, shared by the answers that ask for it
+together). It is an
 ``opendecide.tenant_cache.TenantCache`` counted in bytes, owned by the fit's tenant (shared fits,
 tenant None, count as one more): past ``total_bytes``, the tenant holding the most gives back its
 least recently used probe, so a tenant cycling through many keys evicts its own probes, never those of

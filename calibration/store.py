@@ -36,7 +36,7 @@ This module is the contract the backends implement; it knows none of them.
   and ``calibrations`` are pure memory and never touch the database, so the service calls them on its
   event loop and a decision's lookup costs the same at 25 stored fits as at 50,000. The cache holds a
   probe's shape, not its weights (tens of kilobytes to megabytes a key): those are loaded on first use
-  (``load_probe``, one query) into a bounded ``ProbeCache`` that the tenant holding the most gives
+  (``probe``: one query, shared by the answers that ask together) into a bounded ``ProbeCache`` that the tenant holding the most gives
   back from, and ``cached_probe`` reads them from memory after that. A write by this process updates the cache at once. Fits stored
   by other processes reach it without a restart, by
   ``refresh``: one incremental query that reads only the rows stored after the last one seen, never
@@ -55,6 +55,7 @@ This module is the contract the backends implement; it knows none of them.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import threading
 import uuid
@@ -233,8 +234,9 @@ class CalibrationStore(ABC):
     """The store contract, and the cache of latest calibrations both backends share.
 
     Thread-safe: the service calls it from worker threads. ``lookup`` and ``calibrations`` read the
-    cache in memory only (no query, on any thread: safe on an event loop); every other method is one
-    database round trip (one transaction for writes), for a worker thread.
+    cache in memory only (no query, on any thread: safe on an event loop); ``probe`` is a coroutine
+    for the event loop; every other method is one database round trip (one transaction for writes),
+    for a worker thread.
     """
 
     def __init__(
@@ -255,6 +257,9 @@ class CalibrationStore(ABC):
         # depend on the clocks of the replicas that wrote the fits.
         self._latest: dict[CalibrationKey, tuple[int, Calibration]] = {}
         self._cache_lock = threading.Lock()
+        # (event loop, tenant, calibration id) → the load under way: answers arriving together for a
+        # key not yet held share one read of its weights instead of taking a worker thread each.
+        self._probe_loads: dict[tuple[object, str | None, str], asyncio.Future] = {}
 
     # -- the cache ------------------------------------------------------------------------------
 
@@ -300,6 +305,21 @@ class CalibrationStore(ABC):
     def cached_probe(self, calibration: Calibration) -> FoldedProbe | None:
         """The probe of a ``probe`` calibration if this process holds it decoded. Memory only."""
         return self.probe_cache.get(calibration.tenant, calibration.id)
+
+    async def probe(self, calibration: Calibration) -> FoldedProbe | None:
+        """The probe of a ``probe`` calibration: held, or loaded (``load_probe``, in a worker thread)
+        once however many answers ask for it at the same time. A caller cancelled while it waits
+        (its deadline) does not cancel the load the others wait on."""
+        held = self.cached_probe(calibration)
+        if held is not None:
+            return held
+        key = (asyncio.get_running_loop(), calibration.tenant, calibration.id)
+        loading = self._probe_loads.get(key)
+        if loading is None:
+            loading = asyncio.ensure_future(asyncio.to_thread(self.load_probe, calibration))
+            self._probe_loads[key] = loading
+            loading.add_done_callback(lambda _: self._probe_loads.pop(key, None))
+        return await asyncio.shield(loading)
 
     def load_probe(self, calibration: Calibration) -> FoldedProbe | None:
         """The probe of a ``probe`` calibration, read from the store and kept in the probe cache (one

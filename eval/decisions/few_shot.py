@@ -705,8 +705,9 @@ def run_few_shot(
     """The dev curve, the rule's choice and (with ``test_run``, ``fresh_run``) its confirmations,
     written into ``out``: dev-curve.{json,md}, few-shot.png, test-confirm.{json,md},
     fresh-confirm.{json,md} (from round 5, also ``*-confirm-without-features`` where the rule without
-    the probe picks anything but temperature: the defaults without the hidden state); from round 2 also read-signal.{json,md} (:func:`read_signal`, the study
-    written before round 2's rule) and done-when.{json,md}."""
+    the probe picks anything but temperature: the defaults without the hidden state); from round 2
+    also read-signal.{json,md} (:func:`read_signal`, the study written before round 2's rule) and
+    done-when.{json,md}."""
     from eval.evidence.figures import plot_few_shot_curves
 
     spec = ROUNDS[round_]

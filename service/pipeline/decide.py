@@ -233,8 +233,9 @@ async def probe_of(
     store: CalibrationStore | None, calibration: Calibration | None, reading: Reading
 ) -> FoldedProbe | None:
     """A ``probe`` calibration's weights where ``reading`` can take them (it came with the hidden
-    state): from the store's probe cache, or read from the store in a worker thread on first use (the
-    lookup cache holds no weights: calibration/probe_cache.py)."""
+    state): from the store's probe cache, or read from the store on first use, once for the answers
+    that ask together (``CalibrationStore.probe``; the lookup cache holds no weights:
+    calibration/probe_cache.py)."""
     if (
         store is None
         or calibration is None
@@ -244,8 +245,7 @@ async def probe_of(
         or len(reading.features) != calibration.probe_dimension
     ):
         return None
-    probe = store.cached_probe(calibration)
-    return probe if probe is not None else await asyncio.to_thread(store.load_probe, calibration)
+    return await store.probe(calibration)
 
 
 def calibrated_probabilities(

@@ -4,6 +4,8 @@ keep no weights in their lookup cache, loading them on first use."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -89,6 +91,27 @@ def test_a_pruned_fit_loads_as_none(new_store):
         for _ in range(2)
     ]
     assert store.load_probe(fit[0]) is None and store.load_probe(fit[1]) is not None
+
+
+@pytest.mark.anyio
+async def test_answers_asking_together_for_a_probe_not_held_load_it_once(new_store):
+    """Eight answers of a key whose weights this process does not hold (a fit another replica
+    stored) share one read of them, in one worker thread; one cancelled by its deadline while it
+    waits does not cancel the read the others wait on."""
+    member = ProbeMember(1.0, np.zeros(2), np.zeros(576), np.ones(576), np.ones((2, 576)))
+    key = CalibrationKey("m", "r", "choice", 2, None, read_version="v", tenant="a")
+    fitted = new_store().add_calibration(
+        key, temperature=1.0, n=40, source="examples", mode="probe", bias=[0, 0], probe=ProbeMap.of([member])
+    )
+    store = new_store()  # another process: the fit's shape in its lookup, no weights held
+    assert store.cached_probe(fitted) is None
+    impatient = asyncio.ensure_future(store.probe(fitted))
+    await asyncio.sleep(0)  # it starts the load, then its deadline cancels it
+    impatient.cancel()
+    probes = await asyncio.gather(*(store.probe(fitted) for _ in range(8)))
+    assert all(p is probes[0] for p in probes) and probes[0] is not None
+    assert impatient.cancelled() and store.probe_cache.stats().loads == 1
+    assert await store.probe(fitted) is probes[0] and store.probe_cache.stats().loads == 1  # held now
 
 
 def test_decide_serve_refuses_a_negative_probe_cache():
