@@ -313,12 +313,20 @@ class CalibrationStore(ABC):
         held = self.cached_probe(calibration)
         if held is not None:
             return held
+        # Only event loops touch the map, each under its own key: no lock needed.
         key = (asyncio.get_running_loop(), calibration.tenant, calibration.id)
         loading = self._probe_loads.get(key)
         if loading is None:
-            loading = asyncio.ensure_future(asyncio.to_thread(self.load_probe, calibration))
-            self._probe_loads[key] = loading
-            loading.add_done_callback(lambda _: self._probe_loads.pop(key, None))
+
+            async def load() -> FoldedProbe | None:
+                try:
+                    return await asyncio.to_thread(self.load_probe, calibration)
+                finally:  # before any waiter resumes; a failed load is tried again by the next answer
+                    self._probe_loads.pop(key, None)
+
+            loading = self._probe_loads[key] = asyncio.ensure_future(load())
+            # Seen, so that a failure no waiter is left for is not logged as never retrieved.
+            loading.add_done_callback(lambda future: future.cancelled() or future.exception())
         return await asyncio.shield(loading)
 
     def load_probe(self, calibration: Calibration) -> FoldedProbe | None:

@@ -406,14 +406,20 @@ def confirm(
             differences = [b["candidate"][metric] - b["baseline"][metric] for b in boot]
             row[f"difference_{metric}"] = point["candidate"][metric] - point["baseline"][metric]
             row[f"difference_{metric}_ci95"] = [float(v) for v in np.percentile(differences, [2.5, 97.5])]
-        row["regresses"] = bool(
-            row["difference_accuracy_ci95"][1] < 0
-            or row["difference_macro_f1_ci95"][1] < 0
-            or row[f"difference_{ece_figure}_ci95"][0] > 0
-        )
+        row["regresses"] = regresses(row, ece_figure)
         report["rows"][name] = row
     report["regresses"] = sorted(name for name, row in report["rows"].items() if row["regresses"])
     return report
+
+
+def regresses(row: Mapping[str, list[float]], ece_figure: str = "ece") -> bool:
+    """Rule step 5 for one row of :func:`confirm`: the accuracy or macro-F1 difference's interval
+    lies below zero, or the interval of the ECE difference (``ece_figure``'s) above zero."""
+    return bool(
+        row["difference_accuracy_ci95"][1] < 0
+        or row["difference_macro_f1_ci95"][1] < 0
+        or row[f"difference_{ece_figure}_ci95"][0] > 0
+    )
 
 
 def _group_metrics(
@@ -736,7 +742,7 @@ def run_few_shot(
         dev["features_sha256"] = {task: sha for task, (_, sha) in dev_features.items()}
     dev["chosen"] = choose(dev["types"], spec["candidates"], spec.get("ece", "ece"))
     plain = [mode for mode in spec["candidates"] if mode not in FEATURE_MODES]
-    if len(plain) < len(spec["candidates"]):
+    if round_ >= 5 and len(plain) < len(spec["candidates"]):
         # The defaults where a decision comes without the hidden state: the same rule without the probe.
         dev["chosen_without_features"] = choose(dev["types"], plain, spec.get("ece", "ece"))
     out.mkdir(parents=True, exist_ok=True)

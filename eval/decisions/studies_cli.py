@@ -293,13 +293,16 @@ def eval_regression(
 @eval_commands.command("few-shot")
 def eval_few_shot(
     out: Annotated[
-        Path, typer.Option(help="directory for dev-curve.{json,md}, few-shot.png, test-confirm.{json,md}")
+        Path,
+        typer.Option(
+            help="directory for dev-curve.{json,md}, few-shot.png, test-confirm.{json,md} (round 5: also fresh-confirm.{json,md})"
+        ),
     ] = Path("evidence/few-shot"),
     confirm: Annotated[
         bool,
         typer.Option(
             "--confirm/--no-confirm",
-            help="also score the rule's choice on the committed test reads (reported once: rerun only to regenerate it)",
+            help="also score the rule's choice on the committed test reads, and from round 5 the fresh reads (reported once: rerun only to regenerate it)",
         ),
     ] = True,
     seed: Annotated[int, typer.Option(help="split, bootstrap and ECE-floor seed")] = 0,
@@ -312,7 +315,8 @@ def eval_few_shot(
     ] = 1,
 ) -> None:
     """Accuracy, macro-F1 and ECE after N gold answers per mode, the default the committed rule picks
-    on the dev rows, and its confirmation on the test rows (eval/decisions/few_shot.py; rows only, no reads)."""
+    on the dev rows, and its confirmation on the test rows and from round 5 the fresh rows
+    (eval/decisions/few_shot.py; rows only, no reads but the hidden states rounds 3-5 need)."""
     from eval.decisions.few_shot import (
         FRESH_RUN,
         ROUNDS,

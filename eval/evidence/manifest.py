@@ -101,6 +101,7 @@ def run_manifest(
         "prompt_version": prompt_version,
         "data_sha256": {task: entry["sample_sha256"] for task, entry in tasks.items()},
         "dev_data_sha256": {task: entry["dev_sha256"] for task, entry in tasks.items()},
+        "fresh_data_sha256": {task: entry["fresh_sha256"] for task, entry in tasks.items()},
         "engines": {name: describe_engine(engine) for name, engine in engines.items()},
         "images": asdict(images or Images()),
         "args": args,
@@ -111,13 +112,18 @@ def write_json(path: Path, payload: Any) -> None:
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+SPLIT_CHECKSUMS = {"test": "data_sha256", "dev": "dev_data_sha256", "fresh": "fresh_data_sha256"}
+"""The manifest key holding the sha256 of each split's sample files."""
+
+
 def _read_data(manifest: dict) -> dict[str, str | None]:
     """The checksums of the samples a run reads: its split's, for its tasks' samples."""
     from eval.decisions.tasks import TASKS
 
     args = manifest["args"]
     split = args.get("split", "test")
-    checksums = manifest["data_sha256" if split == "test" else "dev_data_sha256"]
+    # Manifests written before the fresh split existed name no checksums of it.
+    checksums = manifest.get(SPLIT_CHECKSUMS[split], {})
     samples = {TASKS[task].sample_name if task in TASKS else task for task in args.get("tasks") or checksums}
     return {sample: checksums.get(sample) for sample in sorted(samples)} | {"split": split}
 

@@ -112,6 +112,31 @@ async def test_answers_asking_together_for_a_probe_not_held_load_it_once(new_sto
     assert all(p is probes[0] for p in probes) and probes[0] is not None
     assert impatient.cancelled() and store.probe_cache.stats().loads == 1
     assert await store.probe(fitted) is probes[0] and store.probe_cache.stats().loads == 1  # held now
+    assert not store._probe_loads  # nothing left in flight
+
+
+@pytest.mark.anyio
+async def test_a_failed_shared_load_fails_its_waiters_and_is_tried_again(new_store):
+    """The store's query fails once (a database restarting): every answer waiting on that load gets
+    the error, nothing stays in flight, and the next answer loads the weights."""
+    member = ProbeMember(1.0, np.zeros(2), np.zeros(8), np.ones(8), np.ones((2, 8)))
+    key = CalibrationKey("m", "r", "choice", 2, None, read_version="v", tenant="a")
+    fitted = new_store().add_calibration(
+        key, temperature=1.0, n=40, source="examples", mode="probe", bias=[0, 0], probe=ProbeMap.of([member])
+    )
+    store = new_store()
+    query, calls = store._probe_text, []
+
+    def restarting(calibration_id: str) -> str | None:  # the backend's one query, failing the first time
+        calls.append(calibration_id)
+        if len(calls) == 1:
+            raise ConnectionError("the database is restarting")
+        return query(calibration_id)
+
+    store._probe_text = restarting
+    failed = await asyncio.gather(*(store.probe(fitted) for _ in range(4)), return_exceptions=True)
+    assert all(isinstance(e, ConnectionError) for e in failed) and not store._probe_loads
+    assert await store.probe(fitted) is not None and len(calls) == 2 and not store._probe_loads
 
 
 def test_decide_serve_refuses_a_negative_probe_cache():

@@ -24,6 +24,7 @@ from eval.decisions.few_shot import (
     mode_curve,
     pooled_ece,
     read_signal,
+    regresses,
     task_reads,
     task_rows,
     top_label_ece,
@@ -159,8 +160,7 @@ def test_the_pooled_ece_is_the_ece_of_every_split_and_task_read_together():
 def test_a_types_task_ece_keeps_what_opposite_miscalibrations_cancel_in_one_pool():
     """Round 5's reading: one task read too confident and one not confident enough, at the same
     confidence, are both miscalibrated; pooled, their gaps cancel within the bin. The type's
-    ``task_ece`` is the mean of the tasks' own ECEs, in the curve and in the confirmation, whose
-    regression then reads it."""
+    ``task_ece`` is the mean of the tasks' own ECEs, in the curve and in the confirmation."""
     rng = np.random.default_rng(5)
     n, tasks, rows = 400, {}, []
     for task, right in (("sst2", 0.35), ("ag_news", 0.85)):  # read at ~0.6 on both, right 35% and 85%
@@ -181,16 +181,30 @@ def test_a_types_task_ece_keeps_what_opposite_miscalibrations_cancel_in_one_pool
     typed = type_means(tasks)["choice"]["modes"]["temperature"]["0"]
     assert min(own.values()) > 0.15 and typed["pooled_ece"] < 0.05  # each far off; the pool near nil
     assert typed["task_ece"] == pytest.approx(np.mean(list(own.values())), abs=1e-12)
-    for figure in ("ece", "task_ece"):
-        report = confirm(
-            rows, {"choice": {"mode": "temperature"}}, n_gold=0, splits=2, resamples=20, ece_figure=figure
-        )
-        row = report["rows"]["all choice"]
-        assert row["baseline_task_ece"] > 0.15 > 0.05 > row["baseline_ece"]
-        assert row["baseline_task_ece"] == pytest.approx(
-            np.mean([report["rows"][t]["baseline_ece"] for t in ("sst2", "ag_news")]), abs=1e-12
-        )
-        assert report["ece_figure"] == figure
+    report = confirm(
+        rows, {"choice": {"mode": "temperature"}}, n_gold=0, splits=2, resamples=20, ece_figure="task_ece"
+    )
+    row = report["rows"]["all choice"]
+    assert row["baseline_task_ece"] > 0.15 > 0.05 > row["baseline_ece"]
+    assert row["baseline_task_ece"] == pytest.approx(
+        np.mean([report["rows"][t]["baseline_ece"] for t in ("sst2", "ag_news")]), abs=1e-12
+    )
+    assert report["ece_figure"] == "task_ece"
+
+
+def test_a_confirmation_row_regresses_by_the_ece_its_round_reads():
+    """Round 5 reads a type's row by its tasks' mean ECE: a row whose pooled-ECE difference lies
+    above zero but whose tasks' mean does not regresses in round 4's reading only, and back."""
+    row = {
+        "difference_accuracy_ci95": [0.01, 0.1],
+        "difference_macro_f1_ci95": [0.0, 0.1],
+        "difference_ece_ci95": [0.002, 0.03],
+        "difference_task_ece_ci95": [-0.04, -0.001],
+    }
+    assert regresses(row) and not regresses(row, "task_ece")
+    swapped = row | {"difference_ece_ci95": [-0.04, -0.001], "difference_task_ece_ci95": [0.002, 0.03]}
+    assert regresses(swapped, "task_ece") and not regresses(swapped)
+    assert regresses(row | {"difference_accuracy_ci95": [-0.1, -0.01]}, "task_ece")
 
 
 def test_round_2_curve_regenerates_its_first_splits():
@@ -349,6 +363,7 @@ def test_round_5_defaults_and_pass_check_follow_from_its_committed_figures():
         path = ROUND_5 / (f"{name}.json" if "without" in name else f"{name}-confirm.json")
         report = json.loads(path.read_text())
         assert report["ece_figure"] == "task_ece" and report["regresses"] == [], name
+        assert all(row["regresses"] == regresses(row, "task_ece") for row in report["rows"].values())
         # A type's row reads the mean of its tasks' ECEs.
         for row in report["rows"].values():
             tasks = [report["rows"][t]["candidate_ece"] for t in row["tasks"]]

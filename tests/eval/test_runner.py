@@ -13,7 +13,7 @@ import pytest
 
 from eval.decisions.runner import run_tasks
 from eval.decisions.score import score_run, score_table, write_score
-from eval.evidence.manifest import Images, RunRefused
+from eval.evidence.manifest import MANIFEST, Images, RunRefused, check_directory, run_manifest, write_json
 from eval.evidence.rows import (
     RECORDS,
     journal_path,
@@ -65,6 +65,23 @@ async def test_a_slice_of_every_task_end_to_end(local_engine, tmp_path):
         tmp_path / "reliability-emotion.png"
     ).stat().st_size > 0
     assert "| sst2 | 6 |" in score_table(report)
+
+
+def test_a_directory_is_checked_against_the_sample_files_of_its_own_split(tmp_path):
+    """A fresh run's manifest pins the fresh files; a directory whose fresh files differ is refused,
+    and the dev files, which it does not read, do not matter."""
+    manifest = run_manifest(
+        "tasks", engines={}, args={"tasks": ["irony"], "split": "fresh"}, status="started"
+    )
+    manifest["engines"]["run"] = {"model": "m", "revision": "r", "read_mode": "exact", "top_k": None}
+    assert set(manifest["fresh_data_sha256"]) == set(manifest["dev_data_sha256"])
+    for key, refused in (("dev_data_sha256", False), ("fresh_data_sha256", True)):
+        write_json(tmp_path / MANIFEST, manifest | {key: manifest[key] | {"irony": "0" * 64}})
+        if refused:
+            with pytest.raises(RunRefused, match="data"):
+                check_directory(tmp_path, manifest)
+        else:
+            check_directory(tmp_path, manifest)
 
 
 @pytest.mark.slow  # a run, then another engine loaded
