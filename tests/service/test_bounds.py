@@ -70,15 +70,15 @@ async def test_a_deadline_counts_the_wait_in_the_queue(client_factory, local_eng
             await release.wait()
             raise
 
-    limits = AdmissionLimits(in_flight_cost=1, deadline_s=0.6)
+    limits = AdmissionLimits(in_flight_cost=1, deadline_s=2.0)  # time to reach the read on a loaded runner
     async with client_factory(
         function_engine(local_engine, held, ReadMode.EXACT), admission=limits
     ) as client:
         first = asyncio.ensure_future(client.post("/v1/systemone", json=one_question("state 0")))
-        await started.wait()
+        await asyncio.wait_for(started.wait(), timeout=60)  # a failure, not a hang, if it never reads
         # Two more, queued behind the first: had their deadlines started only at admission, they would
         # wait for ever (the slot is never freed while they wait); counted from arrival, both end.
-        # (The bound only turns a hang into a failure; the deadline is 0.6 s.)
+        # (The bound only turns a hang into a failure; the deadline is 2 s.)
         queued = await asyncio.wait_for(
             asyncio.gather(*(client.post("/v1/systemone", json=one_question(f"state {i}")) for i in (1, 2))),
             timeout=120,
@@ -277,7 +277,7 @@ async def test_a_prior_measurement_stops_when_its_last_caller_leaves(client_fact
             prior_reads.append("cancelled")
             raise
 
-    limits = AdmissionLimits(deadline_s=0.5)
+    limits = AdmissionLimits(deadline_s=2.0)  # time for the prior reads to start on a loaded runner
     engine = function_engine(local_engine, fn, ReadMode.EXACT)
     async with client_factory(engine, admission=limits) as client:
         response = await client.post("/v1/systemone", json=choice(["red", "blue"], state="Zebra crossing."))
