@@ -45,8 +45,6 @@ import atexit
 import collections
 import concurrent.futures
 import copy
-import ctypes
-import ctypes.util
 import threading
 import time
 from collections.abc import Generator, Sequence
@@ -70,6 +68,7 @@ from readers.engines.base import (
     ReadRequest,
 )
 from readers.engines.chunked import ChunkedForward
+from readers.engines.freed_memory import TRIM_ABOVE_BYTES, return_freed_memory
 from readers.engines.jobs import EngineClosed, Job, JobQueue, ReadsAbandoned
 from readers.engines.turns import (
     MAX_RUNNING_BATCHES,
@@ -81,8 +80,6 @@ from readers.engines.turns import (
     passed_over,
 )
 
-TRIM_ABOVE_BYTES = 64 * 2**20
-"""A batch whose chunks worked in more memory than this returns what it freed to the system."""
 PICK_ROWS = 64
 """Full-vocabulary rows turned into label log-probs at once: Gemma's 262,144-token rows take 1 MiB
 each in float32, so a 255-option trie level is never held whole."""
@@ -343,7 +340,7 @@ class LocalEngine(ChunkedForward, ClosingEngine):
                 raise
             return
         if computed.peak_bytes > TRIM_ABOVE_BYTES:
-            _return_freed_memory()
+            return_freed_memory()
         latency_ms = (time.monotonic() - started) * 1000
         self.batches += 1
         self.batched_reads += len(requests)
@@ -375,25 +372,6 @@ def _pick(logprobs: torch.Tensor, label_ids: Sequence[int], top_k: int | None) -
         return {token_id: float(logprobs[token_id]) for token_id in label_ids}
     values, ids = torch.topk(logprobs, top_k)
     return dict(zip(ids.tolist(), values.tolist()))
-
-
-def _load_malloc_trim():
-    library = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(library).malloc_trim if library else None
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def _return_freed_memory() -> None:
-    """Hands a batch's freed working memory back to the system. glibc keeps freed blocks below its
-    (adaptive) mmap threshold in its arenas, so after one large read the process would stay as large
-    as that read's peak; ``malloc_trim`` releases them (measured in bench/latency.py: retained RSS)."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 def _stop_worker(jobs: JobQueue, worker: threading.Thread) -> None:
