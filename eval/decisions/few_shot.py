@@ -628,6 +628,9 @@ def done_when(dev: dict, test: dict | None = None, fresh: dict | None = None) ->
     interval."""
     spec = ROUNDS[dev.get("round", 1)]
     figure, confirmed = spec.get("ece", "ece"), spec.get("confirm_ece", "ece")
+    # Each task's own figure for the detail rows: its pooled ECE where the type reads pooled
+    # figures, else its splits' mean.
+    task_figure = "ece" if figure == "ece" else "pooled_ece"
     out: dict = {"dev": {}, "test": {}} | ({"fresh": {}} if fresh is not None else {})
     for question_type, entry in dev["types"].items():
         mode = dev["chosen"][question_type]["mode"]
@@ -637,10 +640,7 @@ def done_when(dev: dict, test: dict | None = None, fresh: dict | None = None) ->
         out["dev"][f"all {question_type}"] = _verdict(
             mode, majority, raw["accuracy"], pick["accuracy"], temp[figure], pick[figure]
         )
-        # Each task of the type under the type's default, for the detail (a task's own figure:
-        # its pooled ECE where the type reads pooled figures, else its splits' mean).
-        task_figure = "ece" if figure == "ece" else "pooled_ece"
-        for task in entry["tasks"]:
+        for task in entry["tasks"]:  # each task of the type under the type's default, for the detail
             curves = dev["tasks"][task]["modes"]
             out["dev"][task] = _verdict(
                 mode, float(np.mean(dev["tasks"][task]["majority"])),
@@ -740,22 +740,23 @@ def run_few_shot(
     dev["round"] = round_
     if dev_features is not None:
         dev["features_sha256"] = {task: sha for task, (_, sha) in dev_features.items()}
-    dev["chosen"] = choose(dev["types"], spec["candidates"], spec.get("ece", "ece"))
+    figure, confirmed = spec.get("ece", "ece"), spec.get("confirm_ece", "ece")
+    dev["chosen"] = choose(dev["types"], spec["candidates"], figure)
     plain = [mode for mode in spec["candidates"] if mode not in FEATURE_MODES]
     if round_ >= 5 and len(plain) < len(spec["candidates"]):
         # The defaults where a decision comes without the hidden state: the same rule without the probe.
-        dev["chosen_without_features"] = choose(dev["types"], plain, spec.get("ece", "ece"))
+        dev["chosen_without_features"] = choose(dev["types"], plain, figure)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "dev-curve.json", dev)
     (out / "dev-curve.md").write_text(curve_table(dev))
-    plot_few_shot_curves(dev, out / "few-shot.png", spec.get("ece", "ece"))
+    plot_few_shot_curves(dev, out / "few-shot.png", figure)
     result = {"dev": dev}
     for name, run in confirmations.items():
         features = split_features[name]
         report = confirm(
             load_rows(run), dev["chosen"], seed=seed, uncalibrated=round_ > 1, probe_members=members,
             features=None if features is None else {t: f for t, (f, _) in features.items()},
-            ece_figure=spec.get("confirm_ece", "ece"), split_name=name,
+            ece_figure=confirmed, split_name=name,
         )  # fmt: skip
         if features is not None:
             report["features_sha256"] = {task: sha for task, (_, sha) in sorted(features.items())}
@@ -767,7 +768,7 @@ def run_few_shot(
             # A pick without the probe that moves a default is confirmed as the rule confirms any pick.
             report = confirm(
                 load_rows(run), without, seed=seed, uncalibrated=True,
-                ece_figure=spec.get("confirm_ece", "ece"), split_name=name,
+                ece_figure=confirmed, split_name=name,
             )  # fmt: skip
             write_json(out / f"{name}-confirm-without-features.json", report)
             (out / f"{name}-confirm-without-features.md").write_text(confirm_table(report))
