@@ -25,7 +25,8 @@ from opendecide.extras import MissingExtra
 from service.cli import app as service_commands
 
 app = typer.Typer(
-    help="Typed decisions with probabilities from open models, in Jev's wire format.", no_args_is_help=True
+    help="Typed decisions with probabilities from open models, in Jev's, OpenAI's and Google's wire formats.",
+    no_args_is_help=True,
 )
 for commands in (service_commands, eval_commands, deploy_commands, repack_commands):
     app.add_typer(commands)

@@ -188,7 +188,8 @@ def serve(
         ),
     ] = DEFAULT.connections.total,
 ) -> None:
-    """Serve POST /v1/systemone (and /decide, /decide/batch) and GET /v1/models."""
+    """Serve decisions: Jev's POST /v1/systemone (and /decide, /decide/batch), OpenAI's POST /v1/decisions,
+    Google's POST /v1beta/decisions; GET /v1/models; calibrations and feedback."""
     quiet_loaders()
     try:
         options = ServeOptions(
