@@ -228,12 +228,14 @@ def ask(
     model_dir: ModelDirOption = None,
     chat_template: ChatTemplateOption = None,
     tokenizer: TokenizerOption = None,
+    dtype: DtypeOption = DEFAULT.dtype,
 ) -> None:
     """Ask one question and print the answer (the same request path as the service)."""
     quiet_loaders()
     from readers.embedded import ModelUnavailable
     from readers.engines import NoChatTemplate
     from service.client import ask_once, one_question
+    from service.server import check_engine
 
     kinds = [choice is not None, noul, score is not None]
     if sum(kinds) != 1:
@@ -245,6 +247,19 @@ def ask(
         raise typer.BadParameter(str(error)) from None
     if model is not None and model_dir is not None:
         raise typer.BadParameter("give --model (an embedded model) or --model-dir (a folder), not both")
+    if url is not None and dtype != DEFAULT.dtype:
+        raise typer.BadParameter(
+            "--url asks a running server, which computes in its own --dtype", param_hint="--dtype"
+        )
+    if url is None:  # the in-process engine takes serve's engine options, refused as serve refuses them
+        try:
+            check_engine(
+                ServeOptions(
+                    engine=engine, engine_url=engine_url, model=model, model_dir=model_dir, dtype=dtype
+                )
+            )
+        except ServeRefused as error:
+            raise typer.BadParameter(str(error), param_hint=error.option) from None
     try:
         template = chat_template.read_text() if chat_template else None
     except (OSError, UnicodeDecodeError) as error:
@@ -253,7 +268,7 @@ def ask(
         status, reply = asyncio.run(
             ask_once(
                 body, url=url, engine=engine, engine_url=engine_url, top_k=top_k, model=model,
-                model_dir=model_dir, chat_template=template, tokenizer=tokenizer,
+                model_dir=model_dir, chat_template=template, tokenizer=tokenizer, dtype=dtype,
             )
         )  # fmt: skip
     except ModelUnavailable as error:

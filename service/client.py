@@ -42,8 +42,10 @@ async def ask_once(
     model_dir: Path | None = None,
     chat_template: str | None = None,
     tokenizer: str | None = None,
+    dtype: str = "float32",
 ) -> tuple[int, Any]:
-    """POST ``body`` to ``url``, or to an in-process app over the given engine; (status, JSON)."""
+    """POST ``body`` to ``url``, or to an in-process app over the given engine (``dtype``: what the local
+    engine computes in); (status, JSON)."""
     if url is not None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             response = await client.post("/v1/systemone", json=body)
@@ -56,6 +58,7 @@ async def ask_once(
         chat_template=chat_template,
         top_k=top_k,
         tokenizer=tokenizer,
+        dtype=dtype,
     ) as served:
         transport = httpx.ASGITransport(app=create_app(served))
         async with httpx.AsyncClient(

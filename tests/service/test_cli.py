@@ -44,6 +44,36 @@ def test_ask_refuses_two_question_kinds():
     assert result.exit_code != 0 and "exactly one of" in result.output
 
 
+@pytest.mark.slow  # decide ask loads its own engine
+def test_ask_reads_in_the_precision_it_is_given(embedded_model_dir):
+    """``--dtype`` reaches the in-process engine as ``decide serve --dtype`` does: the answer names the
+    precision in its model revision."""
+    result = CliRunner().invoke(
+        app,
+        ["ask", "--state", "The soup was cold.", "--noul", "--instructions", "Bad?", "--dtype", "bfloat16"],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["x_provenance"]["model_revision"].endswith("+bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--dtype", "float16"], "choose one of float32, bfloat16"),
+        (
+            ["--engine", "vllm", "--engine-url", "http://127.0.0.1:9", "--dtype", "bfloat16"],
+            "a vLLM server's",
+        ),
+        (["--url", "http://127.0.0.1:9", "--dtype", "bfloat16"], "its own --dtype"),
+    ],
+)
+def test_ask_refuses_a_precision_the_engine_does_not_take(flags, says):
+    """Refused before anything loads or connects, naming the flag, as serve refuses it."""
+    result = CliRunner().invoke(app, ["ask", "--state", "s", "--noul", *flags])
+    output = " ".join(result.output.replace("│", " ").split())  # unwrapped from the error box
+    assert result.exit_code != 0 and "--dtype" in output and says in output, output
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
