@@ -1,8 +1,8 @@
 """``decide``: one command line, mounted from each layer's own commands.
 
-Each layer owns its commands (``service/cli.py``: serve, ask; ``eval/cli.py``: eval, cost, survey;
+Each layer owns its commands (``service/cli.py``: serve, ask; ``eval/cli.py``: eval, cost, survey-study, survey, plan;
 ``deploy/cli.py``: engine, deploy; ``deploy/repack_cli.py``: repack). This module only puts them under one name, so ``decide --help``
-imports typer and the three command modules, never a model library.
+imports typer and the four command modules, never a model library.
 """
 
 from __future__ import annotations
