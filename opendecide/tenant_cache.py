@@ -48,6 +48,12 @@ class TenantCache(Generic[V]):
             held.move_to_end(key)
             return held[key][0]
 
+    def peek(self, owner: Hashable, key: Hashable) -> V | None:
+        """The value, its recency unchanged (a look that is not a use); None if not held."""
+        with self._lock:
+            held = self._held.get(owner)
+            return None if held is None or key not in held else held[key][0]
+
     def put(self, owner: Hashable, key: Hashable, value: V) -> bool:
         """Hold ``value`` (replacing the key's). False if it is not held after all: larger than the
         limit, or its owner, holding the most with it, gave it back (it was the owner's only entry)."""

@@ -61,10 +61,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 INLINE_PRICE_BYTES = 16_384
-INLINE_PRICE_OPTIONS = 32
-"""Bodies up to this size, asking about at most this many options in all, are priced on the event
-loop (``admitted``): about a millisecond. A 255-option question takes tens of milliseconds (its
-label styles are tried, its prior reads built), which belongs off the loop."""
+INLINE_PRICE_ITEMS = 32
+"""Bodies up to this size, asking at most this many questions and options in all (choice options,
+score levels), are priced on the event loop (``admitted``): about a millisecond. Each question is
+prepared once per state and per content-free prior state, each option's labels tried: a 255-option
+question takes tens of milliseconds, and so do a hundred score questions in a small body, which
+belongs off the loop."""
 
 
 @dataclass(frozen=True)
@@ -449,13 +451,25 @@ class Admission:
             waiter.future.set_result(None)
 
 
+def priced_inline(body_bytes: int, jobs: list[tuple[Callable[[], list[str]], dict[str, Any], tuple]]) -> bool:
+    """Whether a request is priced on the event loop (``INLINE_PRICE_BYTES``, ``INLINE_PRICE_ITEMS``)."""
+    items = sum(
+        1 + (len(question.criteria) if question.type in ("choice", "score") else 0)
+        for _, questions, _ in jobs
+        for question in questions.values()
+    )
+    return body_bytes <= INLINE_PRICE_BYTES and items <= INLINE_PRICE_ITEMS
+
+
 async def admitted(
     request: Request,
     reader: Reader,
     jobs: list[tuple[Callable[[], list[str]], dict[str, Any], tuple]],
     work: Callable[[], Awaitable[T]],
 ) -> T:
-    """Run ``work()`` once the cost of its reads is admitted for the request's tenant. ``jobs``:
+    """Run ``work()`` once the cost of its reads is admitted for the request's tenant. ``reader``: the
+    caller's (``Reader.for_tenant``), so the price counts what that tenant's own reads hold (option
+    priors, image sizes) and nothing another tenant's do. ``jobs``:
     (what renders the states, wire questions asked of each, their body location); the states are
     rendered where the price is made, off the event loop for a large body (a 14 MB JSON state takes
     ~150 ms to render). Option names over their token bound
@@ -480,13 +494,6 @@ async def admitted(
     # A small request is priced on the event loop, in about a millisecond: with no thread hop in
     # between, pricing and the admission decision happen at once, so a burst of small requests is
     # admitted or refused in arrival order without waiting for threads. A large one is priced off the loop.
-    options = sum(
-        len(question.criteria)
-        for _, questions, _ in jobs
-        for question in questions.values()
-        if question.type == "choice"
-    )
-    small = len(await request.body()) <= INLINE_PRICE_BYTES and options <= INLINE_PRICE_OPTIONS
-    cost = price() if small else await asyncio.to_thread(price)
+    cost = price() if priced_inline(len(await request.body()), jobs) else await asyncio.to_thread(price)
     async with admission.admit(cost, caller.tenant, caller.share):
         return await work()

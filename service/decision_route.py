@@ -123,7 +123,7 @@ async def serve_decisions(
 
     jobs = [(asked.states, asked.jev.questions, ("body",))]
     try:
-        decided = await unless_disconnected(request, admitted(request, reader, jobs, work))
+        decided = await unless_disconnected(request, admitted(request, reads, jobs, work))
     except EngineBadReply as error:
         refuse_over_engine_image_limit(asked.jev, reader.engine, error)
         raise

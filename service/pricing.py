@@ -84,7 +84,8 @@ def planned_reads(
 ) -> list[tuple[QuestionSpec, str, Loc]]:
     """Every read the pipeline makes for ``plans`` asked of each of ``states``: each question in the
     orders it is read in (``readers.debias.expand_rotations``), and for each question read as asked
-    that ``priors`` covers and holds no prior for, its content-free prior reads."""
+    that ``priors`` covers and holds no prior for under ``reader``'s cache salt (the caller's), its
+    content-free prior reads."""
     reads: list[tuple[QuestionSpec, str, Loc]] = []
     specs = [plan.spec for plan in plans]
     rotations = [plan.rotations for plan in plans]
@@ -102,7 +103,7 @@ def planned_reads(
             for plan in plans
             if plan.rotations == 1
             and priors.policy.covers(plan.spec.question_type)
-            and plan.spec not in priors
+            and not priors.held(reader, plan.spec)
         }
         reads += [(spec, state, loc) for spec, loc in unmeasured for state in free_states]
     return reads

@@ -177,18 +177,19 @@ class OptionPriors:
         """Measurements held and still running."""
         return sum(not task.done() for task in self._measured.values())
 
-    def __contains__(self, question: object) -> bool:
-        """Whether a prior for ``question`` is held (under any model or layout)."""
-        return any(key[-1] == question for _, key in self._measured.keys())
+    def held(self, reader: Reader, question: QuestionSpec) -> bool:
+        """Whether ``reader`` would get ``question``'s prior without reading it: measured or being
+        measured under the reader's own cache salt (a failed measurement is read again). Pricing asks
+        this, so one tenant's price never shows which questions another asked."""
+        task = self._measured.peek(reader.cache_salt, self._key(reader, question))
+        return task is not None and not (task.done() and (task.cancelled() or task.exception() is not None))
 
-    async def prior(self, reader: Reader, question: QuestionSpec) -> OptionPrior | None:
-        """The question's prior, or None where the policy does not cover it or it cannot be measured."""
-        if not self.policy.covers(question.question_type):
-            return None
-        info = reader.engine.info
+    @staticmethod
+    def _key(reader: Reader, question: QuestionSpec) -> tuple:
         # Per cache salt: the reads are the caller's (salted), and a prior measured for another
         # tenant would answer at once, showing that someone asked this question (issue 40).
-        key = (
+        info = reader.engine.info
+        return (
             info.name,
             info.revision,
             reader.layout.version,
@@ -196,6 +197,12 @@ class OptionPriors:
             reader.cache_salt,
             question,
         )
+
+    async def prior(self, reader: Reader, question: QuestionSpec) -> OptionPrior | None:
+        """The question's prior, or None where the policy does not cover it or it cannot be measured."""
+        if not self.policy.covers(question.question_type):
+            return None
+        key = self._key(reader, question)
         task = self._measured.get(reader.cache_salt, key)
         if task is None or (
             task.done() and (task.cancelled() or task.exception() is not None)

@@ -105,10 +105,12 @@ async def create_calibrations(request: Request) -> CalibrationList:
     caller = caller_for(request, "POST /v1/calibrations", shared=body.shared)
     refuse_unreadable_mode(reader, body.mode)
 
+    reads = reader.for_tenant(caller.tenant, caller.cache_salt, "batch")
+
     def work():
         return fit_from_examples(
             body,
-            reader.for_tenant(caller.tenant, caller.cache_salt, "batch"),
+            reads,
             store_of(request),
             priors=request.app.state.priors,
             tenant=caller.tenant,
@@ -119,7 +121,7 @@ async def create_calibrations(request: Request) -> CalibrationList:
         (lambda state=example.state: [content_text(state)], example.questions, ("body", "examples", i))
         for i, example in enumerate(body.examples)
     ]
-    fitted = await unless_disconnected(request, admitted(request, reader, jobs, work))
+    fitted = await unless_disconnected(request, admitted(request, reads, jobs, work))
     return CalibrationList(calibrations=[stored(caller, c, "examples") for c in fitted])
 
 

@@ -108,6 +108,59 @@ def test_cost_is_each_distinct_prompt_token_once(local_engine):
     assert four < cost([body.state_text(), "term " * 500], 4) < four + other  # the system prompt is shared
 
 
+async def test_a_price_counts_only_the_priors_held_for_the_caller(local_engine):
+    """A prior another tenant measured does not lower a caller's price: if it did, a caller could
+    learn from its prices (shown in 413 and 529 bodies) which questions others ask (issue 40)."""
+    from service.pipeline.prior import OptionPriors, PriorCorrection
+    from service.pipeline.reads import to_read
+    from service.pricing import distinct_tokens, planned_reads
+
+    engine = function_engine(local_engine, favour_first, ReadMode.EXACT)
+    a, b = (Reader(engine).for_tenant(tenant, f"salt-{tenant}") for tenant in ("a", "b"))
+    priors = OptionPriors(PriorCorrection.ALL)
+    asked = SystemOneRequest.model_validate(
+        {
+            "state": "s",
+            "questions": {
+                "q": {"type": "choice", "instructions": "Which?", "criteria": {"red": None, "blue": None}}
+            },
+        }
+    )
+    plans = [to_read(asked.questions["q"])]
+
+    def cost(reader: Reader) -> int:
+        return distinct_tokens(reader, planned_reads(reader, plans, ["A red car."], priors))
+
+    unmeasured = cost(a)
+    assert cost(b) == unmeasured
+    await priors.prior(a, plans[0].spec)
+    assert priors.held(a, plans[0].spec) and not priors.held(b, plans[0].spec)
+    assert cost(a) < unmeasured and cost(b) == unmeasured
+
+
+def test_many_questions_in_a_small_body_are_priced_off_the_event_loop():
+    """Pricing prepares every question on each state and content-free state: what keeps it on the
+    event loop is how many questions and options there are, whatever their type, not the body's bytes."""
+    from service.admission import INLINE_PRICE_ITEMS, priced_inline
+
+    def jobs(questions: dict) -> list:
+        return [
+            (
+                lambda: ["s"],
+                SystemOneRequest.model_validate({"state": "s", "questions": questions}).questions,
+                (),
+            )
+        ]
+
+    levels = ["low", "mid", "high"]
+    few = {f"q{i}": {"type": "score", "instructions": "How?", "criteria": levels} for i in range(2)}
+    many = {f"q{i}": {"type": "score", "instructions": "How?", "criteria": levels} for i in range(130)}
+    nouls = {f"q{i}": {"type": "noul", "instructions": "Is it?"} for i in range(INLINE_PRICE_ITEMS + 1)}
+    assert priced_inline(2_000, jobs(few))
+    assert not priced_inline(2_000, jobs(many)) and not priced_inline(2_000, jobs(nouls))
+    assert not priced_inline(20_000, jobs(few))  # a large body, whatever it asks
+
+
 def blocking_engine(local_engine, gate: asyncio.Event):
     async def fn(request):
         await gate.wait()
