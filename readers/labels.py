@@ -14,10 +14,11 @@ cached on that tail, never on the state.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,10 +67,11 @@ class ChatTemplate:
         # transformers flips a flag on the shared Rust tokenizer for split_special_tokens=True on every
         # call, so concurrent calls would tokenize with each other's setting: caller text gets its own
         # copy with the flag set for good, and every encode holds a lock (tokenizing takes far less
-        # than the forward pass).
+        # than the forward pass). Re-entrant, so the event loop can hold it around a whole inline
+        # price (``held_if_free``).
         self._text_tokenizer = copy.deepcopy(tokenizer)
         self._text_tokenizer.split_special_tokens = True
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         specials = set(tokenizer.all_special_tokens)
         specials.update(token.content for token in tokenizer.added_tokens_decoder.values() if token.special)
         self._specials = tuple(sorted((s for s in specials if s), key=len, reverse=True))
@@ -77,6 +79,19 @@ class ChatTemplate:
         self._resolve = functools.lru_cache(maxsize=4096)(self._resolve_tail)
         self._single = functools.lru_cache(maxsize=65536)(self._single_token)
         self._sequences = functools.lru_cache(maxsize=4096)(self._sequences_tail)
+
+    @contextlib.contextmanager
+    def held_if_free(self) -> Iterator[bool]:
+        """The tokenizer held by this thread if no other holds it now (True), else not held (False),
+        never waiting: the event loop tokenizes only while no worker thread is tokenizing, since a
+        worker may be in a caller's 600,000-character state for half a second, and every other
+        tenant's request would wait on the loop with it."""
+        taken = self._lock.acquire(blocking=False)
+        try:
+            yield taken
+        finally:
+            if taken:
+                self._lock.release()
 
     def encode(self, text: str) -> list[int]:
         """Template text: special-token strings are special tokens."""

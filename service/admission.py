@@ -493,7 +493,14 @@ async def admitted(
 
     # A small request is priced on the event loop, in about a millisecond: with no thread hop in
     # between, pricing and the admission decision happen at once, so a burst of small requests is
-    # admitted or refused in arrival order without waiting for threads. A large one is priced off the loop.
-    cost = price() if priced_inline(len(await request.body()), jobs) else await asyncio.to_thread(price)
+    # admitted or refused in arrival order without waiting for threads. A large one is priced off the
+    # loop, and so is any request while a worker thread holds the tokenizer (another request's long
+    # state): the loop never waits on it.
+    cost = None
+    if priced_inline(len(await request.body()), jobs):
+        with reader.template.held_if_free() as held:
+            cost = price() if held else None
+    if cost is None:
+        cost = await asyncio.to_thread(price)
     async with admission.admit(cost, caller.tenant, caller.share):
         return await work()

@@ -4,6 +4,7 @@ per-request cap; cancelled waiters leave the queue."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -136,6 +137,35 @@ async def test_a_price_counts_only_the_priors_held_for_the_caller(local_engine):
     await priors.prior(a, plans[0].spec)
     assert priors.held(a, plans[0].spec) and not priors.held(b, plans[0].spec)
     assert cost(a) < unmeasured and cost(b) == unmeasured
+
+
+async def test_a_small_request_is_priced_off_the_loop_while_a_worker_holds_the_tokenizer(local_engine):
+    """A worker thread tokenizing a caller's long state holds the tokenizer; a small request arriving
+    then is priced in a thread of its own, so the event loop (every other request) keeps running."""
+    from service.app import create_app
+
+    app = create_app(function_engine(local_engine, favour_first, ReadMode.EXACT))
+    template = app.state.reader.template
+    holding, release, released_by_the_loop = threading.Event(), threading.Event(), []
+
+    def tokenizing() -> None:  # what a worker pricing a 600,000-character state does for ~0.5 s
+        with template.held_if_free() as held:
+            assert held
+            holding.set()
+            released_by_the_loop.append(release.wait(10))  # False: the loop was stuck behind it
+
+    worker = threading.Thread(target=tokenizing)
+    worker.start()
+    assert holding.wait(30)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://decide.test", timeout=60) as client:
+        request = asyncio.create_task(client.post("/v1/systemone", json=body(20)))
+        for _ in range(10):  # turns of the loop while the worker still holds the tokenizer
+            await asyncio.sleep(0.01)
+        release.set()
+        response = await request
+    worker.join(30)
+    assert released_by_the_loop == [True] and response.status_code == 200
 
 
 def test_many_questions_in_a_small_body_are_priced_off_the_event_loop():
