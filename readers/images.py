@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -25,11 +26,14 @@ class StateImage:
     width: int
     height: int
 
-    @property
+    # Both computed once per image: a request's every read (pricing, each question's engine call)
+    # asks for them, and a 12 MiB image's base64 text is 16 MB.
+    @functools.cached_property
     def sha256(self) -> str:
         """The hex digest of the bytes: what ``x_reading.images`` reports, to trace a decision to its input."""
         return hashlib.sha256(self.data).hexdigest()
 
+    @functools.cached_property
     def data_url(self) -> str:
         """The image as a ``data:`` URL, the only form the engine is sent (it fetches nothing either)."""
         return f"data:{self.media_type};base64,{base64.b64encode(self.data).decode('ascii')}"

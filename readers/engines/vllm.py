@@ -44,6 +44,7 @@ import asyncio
 import base64
 import dataclasses
 import hashlib
+import json
 import math
 import re
 import secrets
@@ -217,7 +218,7 @@ class VLLMEngine(ClosingEngine):
         body = chat_body(
             self.served_name,
             prompt,
-            [image.data_url() for image in request.images],
+            [image.data_url for image in request.images],
             top_k=self.capabilities.top_k,
         )
         reply, started, waiting = await self._post("/v1/chat/completions", body, request)
@@ -242,7 +243,14 @@ class VLLMEngine(ClosingEngine):
         waiting = time.monotonic()
         async with self._in_flight:
             started = time.monotonic()
-            reply = await _call(self._client, "POST", path, json=body, headers=headers)
+            if request.images:
+                # Megabytes of base64 per read: made into JSON in a thread, not on the event loop,
+                # and only once in flight, so at most max_in_flight such bodies exist at once.
+                content = await asyncio.to_thread(_json_bytes, body)
+                headers = {**(headers or {}), "content-type": "application/json"}
+                reply = await _call(self._client, "POST", path, content=content, headers=headers)
+            else:
+                reply = await _call(self._client, "POST", path, json=body, headers=headers)
         return reply, started, waiting
 
     def _check_vocabulary(self, logprobs: dict[int, float]) -> None:
@@ -373,6 +381,11 @@ def cached_prompt_tokens(reply: Any, prompt_tokens: int) -> int | None:
     if isinstance(cached, bool) or not isinstance(cached, int) or not 0 <= cached <= prompt_tokens:
         return None
     return cached
+
+
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    """``body`` as httpx's ``json=`` sends it."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 async def _call(client: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> Any:

@@ -53,6 +53,7 @@ class FakeVLLM:
         self.images = images
         self.tokenizer = None  # loaded for the first chat request: it counts the prompt's tokens
         self.bodies: list[dict] = []
+        self.content_types: list[str | None] = []
         self.fault = None  # set after the probe: a handler that answers every completion
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -64,6 +65,7 @@ class FakeVLLM:
             )
         body = json.loads(request.content)
         self.bodies.append(body)
+        self.content_types.append(request.headers.get("content-type"))
         if request.url.path == "/v1/chat/completions":
             return self.chat(body)
         if body["logprobs"] > self.max_logprobs:
@@ -356,8 +358,11 @@ async def test_an_image_read_goes_to_the_chat_endpoint_as_data_urls_with_the_sam
     body = fake.bodies[-1]
     assert "prompt" in text_body and "messages" not in text_body  # a text read is unchanged
     parts = body["messages"][0]["content"]
-    assert [part["image_url"]["url"] for part in parts[:2]] == [image.data_url()] * 2
-    assert image.data_url().startswith("data:image/png;base64,iVBOR")
+    assert [part["image_url"]["url"] for part in parts[:2]] == [image.data_url] * 2
+    assert image.data_url.startswith("data:image/png;base64,iVBOR")
+    # Encoded and hashed once per image however many reads send it (a 12 MiB image is 16 MB of base64).
+    assert image.data_url is image.data_url and image.sha256 is image.sha256
+    assert fake.content_types[-1] == "application/json"  # the body made off the event loop is still JSON
     assert parts[2] == {"type": "text", "text": engine.tokenizer.decode(list(prompt_ids))}
     assert body["chat_template"] == RAW_CHAT_TEMPLATE and body["add_generation_prompt"] is False
     assert body["logprob_token_ids"] == [10407, 4607] and body["max_tokens"] == 1 and body["temperature"] == 0
