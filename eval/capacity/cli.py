@@ -213,7 +213,7 @@ def eval_load(
         Path, typer.Option(help="directory for load.jsonl, load.md, load.png, summary.json, manifest.json")
     ],
     engine: Annotated[
-        str, typer.Option("--engine", help="KIND[:MODE][@URL]: the engine behind the service")
+        str, typer.Option("--engine", help="KIND[:MODE]\\[@URL]: the engine behind the service")
     ] = "local",
     engine_url: EngineUrlOption = None,
     url: Annotated[

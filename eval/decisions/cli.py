@@ -25,10 +25,10 @@ eval_commands = typer.Typer()
 @eval_commands.command("agree")
 def eval_agree(
     a: Annotated[
-        str, typer.Option("--a", help="engine KIND[:MODE][@URL], e.g. local or local:topk")
+        str, typer.Option("--a", help="engine KIND[:MODE]\\[@URL], e.g. local or local:topk")
     ] = "local",
     b: Annotated[
-        str, typer.Option("--b", help="engine KIND[:MODE][@URL], e.g. vllm:masked@http://127.0.0.1:8100")
+        str, typer.Option("--b", help="engine KIND[:MODE]\\[@URL], e.g. vllm:masked@http://127.0.0.1:8100")
     ] = "vllm",
     engine_url: EngineUrlOption = None,
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks")] = "sst2,ag_news,emotion,irony",
@@ -79,7 +79,7 @@ def eval_tasks(
         Path, typer.Option(help="run directory: records.jsonl.gz + manifest.json (resumed if it exists)")
     ],
     engine: Annotated[
-        str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")
+        str, typer.Option("--engine", help="KIND[:MODE]\\[@URL], e.g. local, vllm@http://127.0.0.1:8100")
     ] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,

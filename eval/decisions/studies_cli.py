@@ -31,7 +31,7 @@ def eval_label_styles(
         ),
     ],
     engine: Annotated[
-        str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local, vllm@http://127.0.0.1:8100")
+        str, typer.Option("--engine", help="KIND[:MODE]\\[@URL], e.g. local, vllm@http://127.0.0.1:8100")
     ] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
@@ -86,7 +86,7 @@ def eval_calibration_modes(
     ],
     engine: Annotated[
         str,
-        typer.Option("--engine", help="engine for the content-free reads of the prior (KIND[:MODE][@URL])"),
+        typer.Option("--engine", help="engine for the content-free reads of the prior (KIND[:MODE]\\[@URL])"),
     ] = "local",
     engine_url: EngineUrlOption = None,
     prior: Annotated[
@@ -138,7 +138,7 @@ def eval_debias(
             help="run directory: one sub-directory of records per setting, debias.json and debias.md"
         ),
     ],
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE]\\[@URL], e.g. local")] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     tasks: Annotated[str, typer.Option(help="comma-separated choice tasks")] = "sst2,ag_news,emotion",
@@ -194,7 +194,7 @@ def eval_dev_reads(
     tasks: Annotated[str, typer.Option(help="comma-separated shipped tasks (default: every one)")] = "",
     limit: Annotated[int | None, typer.Option(help="dev records per task (default: all 200)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE]\\[@URL], e.g. local")] = "local",
     engine_url: EngineUrlOption = None,
     model: ModelOption = None,
 ) -> None:
@@ -231,7 +231,7 @@ def eval_many_options(
     out: Annotated[Path, typer.Option(help="run directory: rows.jsonl (resumable per cell), report beside")],
     limit: Annotated[int | None, typer.Option(help="dev records per task (default: all 200)")] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE]\\[@URL], e.g. local")] = "local",
 ) -> None:
     """decide-prompt/7 against options-first /8 on many-option dev questions, and the option count the
     rule picks (eval/decisions/many_options.py)."""
@@ -256,7 +256,7 @@ def eval_regression(
         int | None, typer.Option(help="records per task (default: the whole test sample)")
     ] = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL], e.g. local")] = "local",
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE]\\[@URL], e.g. local")] = "local",
     engine_url: EngineUrlOption = None,
     model: ModelOption = None,
 ) -> None:

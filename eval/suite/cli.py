@@ -23,7 +23,7 @@ def eval_suite(
         Path | None, typer.Option(help="suite directory: <subset>/all.jsonl (+ manifest.json)")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="run directory (resumed if it exists)")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE][@URL]")] = "local",
+    engine: Annotated[str, typer.Option("--engine", help="KIND[:MODE]\\[@URL]")] = "local",
     engine_url: EngineUrlOption = None,
     top_k: TopKOption = None,
     concurrency: Annotated[int, typer.Option(help="reads in flight")] = 4,
