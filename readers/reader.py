@@ -148,7 +148,9 @@ class Reader:
                 name = f"{style} after {lead!r}" if lead else str(style)
                 labels = candidates
                 if style is LabelStyle.CODES:
-                    labels = self.template.single_token_labels(candidates, n, lead=lead, separator=separator)
+                    labels = self.template.single_token_labels(
+                        candidates, n, lead=lead, separator=separator, cache_salt=self.cache_salt
+                    )
                     if len(labels) < n:
                         failures.append(f"{name}: only {len(labels)} letter codes are single tokens")
                         continue
@@ -167,6 +169,7 @@ class Reader:
                         sequences=style.reads_sequences,
                         lead=lead,
                         preamble=prompt.preamble,
+                        cache_salt=self.cache_salt,
                     )
                     if style is LabelStyle.FIRST_TOKENS and len(set(slot.label_ids)) != n:
                         raise LabelsUnresolvable("two labels begin with the same token")

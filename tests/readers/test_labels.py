@@ -144,3 +144,21 @@ def test_concurrent_slots_tokenize_like_sequential_ones(tokenizer):
     with ThreadPoolExecutor(8) as pool:
         concurrent = list(pool.map(lambda job: template.slot(*job), jobs))
     assert concurrent == sequential
+
+
+@pytest.mark.parametrize("sequences", [False, True])
+def test_labels_resolved_for_one_cache_salt_are_resolved_again_for_another(tokenizer, sequences):
+    """Option names are the caller's: a resolution another tenant made would answer at once and show
+    that someone asked them, so each cache salt resolves its own (and reuses them)."""
+    template = ChatTemplate(tokenizer)
+    encode, encoded = template.encode, []
+    template.encode = lambda text: encoded.append(text) or encode(text)  # this instance's, to count
+    names = tuple(f"queue {i}" for i in range(20)) if sequences else ("positive", "negative")
+
+    def resolving(salt: str) -> int:
+        encoded.clear()
+        template.slot("S", "state", "Q", names, sequences=sequences, cache_salt=salt)
+        return len(encoded)
+
+    first, again, other = resolving("a"), resolving("a"), resolving("b")
+    assert again < first and other == first
