@@ -18,6 +18,7 @@ import json.scanner
 import math
 import re
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -232,16 +233,28 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: 
         loop.call_soon_threadsafe(fn, *args)
 
 
+MAX_COLLECTION_PAUSE_S = 5.0
+"""How long parses may keep the collector paused without a collection between them."""
+
+
 class _CollectionPause:
     """The cyclic garbage collector paused while large bodies are parsed (``paused()``, nestable across
     threads). Parsing a 14 MB body allocates millions of objects, and the collector's passes over them
     run inside the parse holding the GIL: the event loop stalled ~270 ms at a time, /healthz with it.
     None of the parsed objects form cycles (JSON builds trees; they are freed by reference count once
-    validated), so nothing is lost by deferring collection for the parse's second."""
+    validated), so nothing is lost by deferring collection for the parse's second.
 
-    def __init__(self) -> None:
+    The pause is the whole process's, and parses that overlap keep it: one tenant sending large bodies
+    back to back would leave every tenant's cyclic garbage uncollected for as long as it kept on. So
+    a parse that ends more than ``MAX_COLLECTION_PAUSE_S`` after the pause began (or after the last
+    such collection) while others go on collects once, in its own thread: at most one ~270 ms
+    collection per interval, against memory that would grow without bound."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
         self._parsing = 0
+        self._clock = clock
+        self._collected = 0.0  # when the pause began, or a parse last collected during it
 
     @contextlib.contextmanager
     def paused(self):
@@ -250,13 +263,20 @@ class _CollectionPause:
             if self._parsing == 1:
                 self._was_enabled = gc.isenabled()
                 gc.disable()
+                self._collected = self._clock()
         try:
             yield
         finally:
+            collect = False
             with self._lock:
                 self._parsing -= 1
-                if self._parsing == 0 and self._was_enabled:
-                    gc.enable()
+                if self._parsing == 0:
+                    if self._was_enabled:
+                        gc.enable()
+                elif self._was_enabled and self._clock() - self._collected > MAX_COLLECTION_PAUSE_S:
+                    collect, self._collected = True, self._clock()
+            if collect:
+                gc.collect()
 
 
 COLLECTION_PAUSE = _CollectionPause()
