@@ -72,6 +72,11 @@ class TenantCache(Generic[V]):
                 self.evictions += 1
             return key in self._held.get(owner, ())
 
+    def pop(self, owner: Hashable, key: Hashable) -> None:
+        """Give the entry back, if held."""
+        with self._lock:
+            self._drop(owner, key)
+
     def _drop(self, owner: Hashable, key: Hashable) -> None:
         held = self._held.get(owner)
         if held is None or key not in held:

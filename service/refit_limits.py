@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from calibration.store import CalibrationKey
+from opendecide.tenant_cache import TenantCache
 from service.errors import TenantLimited, retry_after_s
 from service.middleware.rate_limit import MAX_CALLERS, TokenBuckets
 
@@ -39,6 +40,7 @@ class RefitLimits:
         key_interval_s: float = KEY_INTERVAL_S,
         per_minute: int = PER_TENANT_PER_MINUTE,
         clock: Callable[[], float] = time.monotonic,
+        max_owed: int = MAX_CALLERS,
     ) -> None:
         if key_interval_s < 0:
             raise ValueError("key_interval_s must not be negative")
@@ -47,7 +49,10 @@ class RefitLimits:
         self.clock = clock
         self._tenants = TokenBuckets(per_minute / 60, per_minute, clock=clock)
         self._last: OrderedDict[tuple[CalibrationKey, str], float] = OrderedDict()  # → when it last refitted
-        self._owed: set[CalibrationKey] = set()
+        # Per tenant, bounded in all: past the bound the tenant owed the most refits gives back
+        # first, so one tenant's skipped refits never push another's out (who would then wait for
+        # their next multiple of N feedbacks).
+        self._owed: TenantCache[bool] = TenantCache(max_owed)
 
     def check(self, key: CalibrationKey, mode: str) -> None:
         """Take a refit of ``key`` (its tenant's) in ``mode``, or raise ``TenantLimited`` naming the limit
@@ -69,13 +74,13 @@ class RefitLimits:
             )
         self._last.pop((key, mode), None)
         self._last[key, mode] = now
-        self._owed.discard(key)
+        self._owed.pop(key.tenant, key)
         if len(self._last) > MAX_CALLERS:  # the oldest is past its interval long before this
             self._last.popitem(last=False)
 
     def owed(self, key: CalibrationKey) -> bool:
         """Whether an automatic refit of ``key`` was skipped and not made since."""
-        return key in self._owed
+        return self._owed.peek(key.tenant, key) is not None
 
     def take_automatic(self, key: CalibrationKey, mode: str) -> bool:
         """Whether an automatic refit of ``key`` in ``mode`` may run now; if not, it is skipped and
@@ -83,8 +88,7 @@ class RefitLimits:
         try:
             self.check(key, mode)
         except TenantLimited as refused:
-            if len(self._owed) < MAX_CALLERS:
-                self._owed.add(key)
+            self._owed.put(key.tenant, key, True)
             logger.info("automatic refit skipped (%s)", refused.message)
             return False
         return True

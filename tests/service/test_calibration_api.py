@@ -298,6 +298,25 @@ async def test_refits_over_the_limit_get_429_naming_it_with_retry_after(
         assert "3 refits a minute per tenant" in tenant.json()["detail"]["message"]
 
 
+def test_one_tenants_skipped_refits_never_push_out_anothers():
+    """Skipped automatic refits are owed per tenant within one bound: a tenant owed many gives back
+    its own, and another's owed refit is still made at its next feedback."""
+    from calibration.store import CalibrationKey
+
+    now = [0.0]
+    limits = RefitLimits(key_interval_s=5, clock=lambda: now[0], max_owed=4)
+
+    def key(tenant: str, options: int) -> CalibrationKey:
+        return CalibrationKey("m", "r", "choice", options, read_version="v", tenant=tenant)
+
+    for options in range(2, 12):  # a's keys, each refitted and then skipped within its interval
+        limits.take_automatic(key("a", options), "temperature")
+        assert not limits.take_automatic(key("a", options), "temperature")
+    assert limits.take_automatic(key("b", 2), "temperature")
+    assert not limits.take_automatic(key("b", 2), "temperature")
+    assert limits.owed(key("b", 2)) and limits.owed(key("a", 11)) and not limits.owed(key("a", 2))
+
+
 async def test_an_automatic_refit_over_the_limit_is_skipped_counted_and_made_at_the_next_feedback(
     client_factory, quick_engine, tmp_path
 ):
