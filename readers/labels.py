@@ -69,7 +69,7 @@ class ChatTemplate:
         # call, so concurrent calls would tokenize with each other's setting: caller text gets its own
         # copy with the flag set for good, and every encode holds a lock (tokenizing takes far less
         # than the forward pass). Re-entrant, so the event loop can hold it around a whole inline
-        # price (``held_if_free``).
+        # price (``held_within``).
         self._text_tokenizer = copy.deepcopy(tokenizer)
         self._text_tokenizer.split_special_tokens = True
         self._lock = threading.RLock()
@@ -85,12 +85,12 @@ class ChatTemplate:
         self._sequenced: TenantCache[tuple] = TenantCache(4096)
 
     @contextlib.contextmanager
-    def held_if_free(self) -> Iterator[bool]:
-        """The tokenizer held by this thread if no other holds it now (True), else not held (False),
-        never waiting: the event loop tokenizes only while no worker thread is tokenizing, since a
-        worker may be in a caller's 600,000-character state for half a second, and every other
-        tenant's request would wait on the loop with it."""
-        taken = self._lock.acquire(blocking=False)
+    def held_within(self, wait_s: float) -> Iterator[bool]:
+        """The tokenizer held by this thread if it comes free within ``wait_s`` (True), else not held
+        (False): the event loop waits out a worker's short hold (a read's prompt, a millisecond) but
+        not a long one (a caller's 600,000-character state, half a second, which every other
+        tenant's request would wait out on the loop with it)."""
+        taken = self._lock.acquire(timeout=wait_s)
         try:
             yield taken
         finally:

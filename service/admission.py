@@ -67,6 +67,10 @@ score levels), are priced on the event loop (``admitted``): about a millisecond.
 prepared once per state and per content-free prior state, each option's labels tried: a 255-option
 question takes tens of milliseconds, and so do a hundred score questions in a small body, which
 belongs off the loop."""
+INLINE_TOKENIZER_WAIT_S = 0.01
+"""How long a small request's price waits on the event loop for the tokenizer before it is priced in a
+thread instead: longer than a read's prompt holds it (about a millisecond), so a burst of small
+requests keeps its arrival order, and far shorter than a long state's hold (half a second)."""
 
 
 @dataclass(frozen=True)
@@ -494,11 +498,11 @@ async def admitted(
     # A small request is priced on the event loop, in about a millisecond: with no thread hop in
     # between, pricing and the admission decision happen at once, so a burst of small requests is
     # admitted or refused in arrival order without waiting for threads. A large one is priced off the
-    # loop, and so is any request while a worker thread holds the tokenizer (another request's long
-    # state): the loop never waits on it.
+    # loop, and so is one that finds the tokenizer held past INLINE_TOKENIZER_WAIT_S (a worker in
+    # another request's long state): the loop waits out a read's short hold, never a long one.
     cost = None
     if priced_inline(len(await request.body()), jobs):
-        with reader.template.held_if_free() as held:
+        with reader.template.held_within(INLINE_TOKENIZER_WAIT_S) as held:
             cost = price() if held else None
     if cost is None:
         cost = await asyncio.to_thread(price)

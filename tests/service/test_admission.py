@@ -149,7 +149,7 @@ async def test_a_small_request_is_priced_off_the_loop_while_a_worker_holds_the_t
     holding, release, released_by_the_loop = threading.Event(), threading.Event(), []
 
     def tokenizing() -> None:  # what a worker pricing a 600,000-character state does for ~0.5 s
-        with template.held_if_free() as held:
+        with template.held_within(0) as held:
             assert held
             holding.set()
             released_by_the_loop.append(release.wait(10))  # False: the loop was stuck behind it
