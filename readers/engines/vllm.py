@@ -199,22 +199,9 @@ class VLLMEngine(ClosingEngine):
         count is the engine's own, image tokens included: what the read cost."""
         if not self.capabilities.images:
             raise EngineError(f"engine {self.kind} serving {self.info.name} does not read images")
-        prompt = self.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False)
-        # The chat endpoint takes text, which the server tokenizes again with special tokens parsed:
-        # caller text that spells one ("<|im_start|>", the model's image placeholder) would become a
-        # real turn or image slot there, though the reader encoded it as plain text. Sent only where
-        # the text comes back with the reader's special tokens, in order, and its answer slot (the
-        # ids after the last of them) unchanged. Plain text between them may come back split at
-        # other token boundaries (the reader encodes the state and the question apart: "door." then
-        # "\n\n" re-encodes as "door.", "\n", "\n"): the same text, read as the server tokenizes it.
-        back = self.tokenizer.encode(prompt, add_special_tokens=False)
-        if not same_structure(request.prompt_ids, back, set(self.tokenizer.added_tokens_decoder)):
-            raise InvalidQuestion(
-                "the state or question spells the model's special tokens (chat markers, image "
-                "placeholders): with images it is sent as text, where they would not stay plain text; "
-                "remove them, or send no images",
-                loc=("body",),
-            )
+        # A long prompt's round trip through the tokenizer takes milliseconds, once per question of
+        # the request: in a thread, not on the event loop every tenant's requests share.
+        prompt = await asyncio.to_thread(self._chat_text, request.prompt_ids)
         body = chat_body(
             self.served_name,
             prompt,
@@ -226,6 +213,27 @@ class VLLMEngine(ClosingEngine):
         self._check_vocabulary(logprobs)
         counted = prompt_tokens if prompt_tokens is not None else len(request.prompt_ids)
         return self._reply(reply, logprobs, counted, started, waiting)
+
+    def _chat_text(self, prompt_ids: Sequence[int]) -> str:
+        """The prompt as the chat endpoint's text, refused where it would not read back the same.
+
+        The chat endpoint takes text, which the server tokenizes again with special tokens parsed:
+        caller text that spells one ("<|im_start|>", the model's image placeholder) would become a
+        real turn or image slot there, though the reader encoded it as plain text. Sent only where
+        the text comes back with the reader's special tokens, in order, and its answer slot (the
+        ids after the last of them) unchanged. Plain text between them may come back split at
+        other token boundaries (the reader encodes the state and the question apart: "door." then
+        "\\n\\n" re-encodes as "door.", "\\n", "\\n"): the same text, read as the server tokenizes it."""
+        prompt = self.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+        back = self.tokenizer.encode(prompt, add_special_tokens=False)
+        if not same_structure(prompt_ids, back, set(self.tokenizer.added_tokens_decoder)):
+            raise InvalidQuestion(
+                "the state or question spells the model's special tokens (chat markers, image "
+                "placeholders): with images it is sent as text, where they would not stay plain text; "
+                "remove them, or send no images",
+                loc=("body",),
+            )
+        return prompt
 
     async def _post(self, path: str, body: dict[str, Any], request: ReadRequest) -> tuple[Any, float, float]:
         """Send one read's ``body`` with what every read carries (the read mode's label fields, the
